@@ -1,0 +1,2 @@
+//! Shared helpers for the project's benchmarks.
+#![warn(missing_docs)]
