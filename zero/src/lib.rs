@@ -1,2 +1,7 @@
 //! ZeRO: partitioned optimizer states, gradients and parameters, and the bundled GPT-2 trainer.
 #![warn(missing_docs)]
+
+pub mod checkpoint;
+pub mod data;
+pub mod gpt;
+pub mod optim;

@@ -1,0 +1,1 @@
+//! Optimizers: AdamW and the learning-rate schedule.
