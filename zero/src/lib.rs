@@ -3,5 +3,6 @@
 
 pub mod checkpoint;
 pub mod data;
+pub mod engine;
 pub mod gpt;
 pub mod optim;

@@ -1,0 +1,210 @@
+//! The paper's memory and communication math, as code.
+//!
+//! The engine reports these expected figures beside the bytes its arena measures, so a
+//! discrepancy between design and implementation shows up in every run's metrics.
+//! Notation follows the paper: Ψ parameters, N_d data-parallel ranks, K bytes of optimizer
+//! state per parameter (K = 12 for mixed-precision Adam: fp32 master weights, m and v).
+
+use super::partition::{Partition, PartitionError};
+use std::fmt;
+
+/// Which model states are partitioned across the data-parallel ranks (DeepSpeed's `stage`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum ZeroStage {
+    /// Plain data parallelism: everything replicated.
+    Zero0 = 0,
+    /// P_os: optimizer states partitioned.
+    Zero1 = 1,
+    /// P_os+g: optimizer states and gradients partitioned.
+    Zero2 = 2,
+    /// P_os+g+p: optimizer states, gradients and parameters partitioned.
+    Zero3 = 3,
+}
+
+impl ZeroStage {
+    /// All stages, in order.
+    pub const ALL: [ZeroStage; 4] = [Self::Zero0, Self::Zero1, Self::Zero2, Self::Zero3];
+
+    /// The stage numbered `n` (0..=3).
+    pub fn from_index(n: u8) -> Option<Self> {
+        Self::ALL.get(usize::from(n)).copied()
+    }
+
+    fn optimizer_partitioned(self) -> bool {
+        self >= Self::Zero1
+    }
+
+    fn gradients_partitioned(self) -> bool {
+        self >= Self::Zero2
+    }
+
+    fn parameters_partitioned(self) -> bool {
+        self >= Self::Zero3
+    }
+}
+
+impl fmt::Display for ZeroStage {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "stage {}", *self as u8)
+    }
+}
+
+/// How parameters and gradients are stored, and so what the optimizer keeps.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Precision {
+    /// fp32 parameters and gradients; Adam keeps m and v (the parameters are the master copy).
+    Fp32,
+    /// bf16 parameters and gradients; fp32 master weights, m and v.
+    Bf16,
+    /// fp16 parameters and gradients (with loss scaling); fp32 master weights, m and v.
+    Fp16,
+}
+
+impl Precision {
+    /// Bytes per stored parameter element.
+    pub fn param_bytes(self) -> u64 {
+        match self {
+            Self::Fp32 => 4,
+            Self::Bf16 | Self::Fp16 => 2,
+        }
+    }
+
+    /// Bytes per stored gradient element.
+    pub fn grad_bytes(self) -> u64 {
+        self.param_bytes()
+    }
+
+    /// K: optimizer-state bytes per parameter for Adam.
+    pub fn optimizer_bytes(self) -> u64 {
+        match self {
+            Self::Fp32 => 8,
+            Self::Bf16 | Self::Fp16 => 12,
+        }
+    }
+}
+
+/// Model-state bytes on one rank, by kind.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct ModelStateBytes {
+    /// Parameters as stored for compute (2 or 4 bytes per element).
+    pub params: f64,
+    /// Gradients as stored for compute.
+    pub grads: f64,
+    /// Optimizer states (master weights and moments).
+    pub optimizer: f64,
+}
+
+impl ModelStateBytes {
+    /// The sum of the three kinds.
+    pub fn total(&self) -> f64 {
+        self.params + self.grads + self.optimizer
+    }
+}
+
+/// The paper's per-rank model-state bytes for `psi` parameters over `world` ranks.
+///
+/// Exact real-valued formulas (stage 1: 2Ψ + 2Ψ + KΨ/N_d, ...), without padding; the engine's
+/// own figure, [`padded_model_state_bytes`], differs from this only by shard padding.
+pub fn expected_model_state_bytes(
+    psi: u64,
+    world: usize,
+    stage: ZeroStage,
+    precision: Precision,
+) -> ModelStateBytes {
+    let psi = psi as f64;
+    let n = world.max(1) as f64;
+    let part = |partitioned: bool| if partitioned { 1.0 / n } else { 1.0 };
+    ModelStateBytes {
+        params: precision.param_bytes() as f64 * psi * part(stage.parameters_partitioned()),
+        grads: precision.grad_bytes() as f64 * psi * part(stage.gradients_partitioned()),
+        optimizer: precision.optimizer_bytes() as f64 * psi * part(stage.optimizer_partitioned()),
+    }
+}
+
+/// The model-state bytes the engine actually stores on one rank for units of the given sizes:
+/// replicated kinds hold whole units, partitioned kinds hold one padded shard of each.
+///
+/// # Errors
+/// A [`PartitionError`] when a unit cannot be partitioned (zero ranks, overflow).
+pub fn padded_model_state_bytes(
+    unit_numels: &[usize],
+    world: usize,
+    align: usize,
+    stage: ZeroStage,
+    precision: Precision,
+) -> Result<ModelStateBytes, PartitionError> {
+    let mut whole = 0u64;
+    let mut shards = 0u64;
+    for &numel in unit_numels {
+        let p = Partition::new(numel, world, align)?;
+        whole += numel as u64;
+        shards += p.shard_len() as u64;
+    }
+    let count = |partitioned: bool| (if partitioned { shards } else { whole }) as f64;
+    Ok(ModelStateBytes {
+        params: precision.param_bytes() as f64 * count(stage.parameters_partitioned()),
+        grads: precision.grad_bytes() as f64 * count(stage.gradients_partitioned()),
+        optimizer: precision.optimizer_bytes() as f64 * count(stage.optimizer_partitioned()),
+    })
+}
+
+/// Elements each rank moves per optimizer step, in the paper's accounting (before the ring's
+/// (N_d - 1)/N_d factor): 2Ψ for stages 0-2 (all-reduce, or reduce-scatter + all-gather), 3Ψ
+/// for stage 3 (an all-gather before forward and before backward, a reduce-scatter after).
+pub fn comm_elements_per_step(psi: u64, stage: ZeroStage) -> u64 {
+    if stage.parameters_partitioned() {
+        3 * psi
+    } else {
+        2 * psi
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GB: f64 = 1e9;
+
+    /// The paper's Figure 1: Ψ = 7.5B, N_d = 64, K = 12.
+    #[test]
+    fn matches_the_papers_figure_one() {
+        let psi = 7_500_000_000;
+        let at = |stage| expected_model_state_bytes(psi, 64, stage, Precision::Bf16).total() / GB;
+        assert_eq!(at(ZeroStage::Zero0), 120.0);
+        assert!((at(ZeroStage::Zero1) - 31.4).abs() < 0.01);
+        assert!((at(ZeroStage::Zero2) - 16.6).abs() < 0.05);
+        assert!((at(ZeroStage::Zero3) - 1.875).abs() < 1e-9);
+    }
+
+    /// The paper's Table 1 row for 1T parameters at N_d = 1024: stage 3 needs 15.6 GB.
+    #[test]
+    fn a_trillion_parameters_fit_on_1024_ranks_at_stage_three() {
+        let b =
+            expected_model_state_bytes(1_000_000_000_000, 1024, ZeroStage::Zero3, Precision::Fp16);
+        assert!((b.total() / GB - 15.6).abs() < 0.05);
+    }
+
+    #[test]
+    fn fp32_adam_keeps_only_moments_beside_the_parameters() {
+        let b = expected_model_state_bytes(1000, 1, ZeroStage::Zero0, Precision::Fp32);
+        assert_eq!((b.params, b.grads, b.optimizer), (4000.0, 4000.0, 8000.0));
+    }
+
+    #[test]
+    fn padding_only_adds_less_than_one_quantum_per_unit() {
+        let units = [1001, 7, 4096];
+        for stage in ZeroStage::ALL {
+            let exact = expected_model_state_bytes(5104, 4, stage, Precision::Bf16);
+            let padded = padded_model_state_bytes(&units, 4, 64, stage, Precision::Bf16).unwrap();
+            let slack = (2 + 2 + 12) as f64 * 64.0 * units.len() as f64;
+            assert!(padded.total() >= exact.total(), "{stage}");
+            assert!(padded.total() - exact.total() <= slack, "{stage}");
+        }
+    }
+
+    #[test]
+    fn stage_three_moves_one_and_a_half_times_the_traffic() {
+        assert_eq!(comm_elements_per_step(10, ZeroStage::Zero2), 20);
+        assert_eq!(comm_elements_per_step(10, ZeroStage::Zero3), 30);
+    }
+}
