@@ -6,3 +6,4 @@ pub mod data;
 pub mod engine;
 pub mod gpt;
 pub mod optim;
+pub mod train;
