@@ -1,0 +1,121 @@
+//! CUDA device memory behind an arena (feature `cuda`).
+//!
+//! The arena owns one `CudaSlice<u8>` and orders every copy on its own stream, so cudarc's
+//! per-slice event tracking is turned off: it would only add events to a single-stream user.
+
+use std::sync::Arc;
+
+use cudarc::driver::{
+    result as cu, sys, CudaContext, CudaSlice, CudaStream, DevicePtr, DriverError,
+};
+
+use crate::error::{AllocError, Result};
+
+/// Maps a driver error to the crate error, keeping the CUDA code in the message.
+pub(crate) fn cuda_err(what: &'static str) -> impl Fn(DriverError) -> AllocError {
+    move |err| AllocError::Cuda {
+        what,
+        message: format!("{err:?}"),
+    }
+}
+
+/// Opens the context of `ordinal`, after checking the driver library exists (cudarc panics
+/// when it does not).
+pub(crate) fn context(ordinal: usize) -> Result<Arc<CudaContext>> {
+    // SAFETY: only probes for the shared library; no CUDA state is touched.
+    if !unsafe { sys::is_culib_present() } {
+        return Err(AllocError::CudaUnavailable);
+    }
+    CudaContext::new(ordinal).map_err(cuda_err("CudaContext::new"))
+}
+
+/// One device allocation and the stream that orders its copies.
+#[derive(Debug)]
+pub(crate) struct DeviceRegion {
+    stream: Arc<CudaStream>,
+    // Owns the allocation; addresses are taken once from it.
+    _buf: CudaSlice<u8>,
+    base: sys::CUdeviceptr,
+    len: usize,
+}
+
+impl DeviceRegion {
+    pub(crate) fn new(ordinal: usize, len: usize) -> Result<Self> {
+        let ctx = context(ordinal)?;
+        // SAFETY: the arena issues every copy on `stream` and synchronises it before any
+        // address leaves the arena's borrow, which is the ordering event tracking would add.
+        unsafe { ctx.disable_event_tracking() };
+        let stream = ctx.default_stream();
+        let buf = stream
+            .alloc_zeros::<u8>(len.max(1))
+            .map_err(cuda_err("alloc_zeros"))?;
+        let base = {
+            let (ptr, _sync) = buf.device_ptr(&stream);
+            ptr
+        };
+        Ok(Self {
+            stream,
+            _buf: buf,
+            base,
+            len,
+        })
+    }
+
+    pub(crate) fn base(&self) -> sys::CUdeviceptr {
+        self.base
+    }
+
+    /// Moves `len` bytes down from `src` to `dst` (offsets). A device memcpy of overlapping
+    /// ranges is undefined, so the move goes in ascending chunks no longer than the distance:
+    /// each chunk's destination only covers bytes already copied.
+    pub(crate) fn move_down(&self, src: usize, dst: usize, len: usize) -> Result<()> {
+        assert!(
+            dst < src && src + len <= self.len,
+            "device move out of range"
+        );
+        let step = src - dst;
+        let mut done = 0;
+        while done < len {
+            let n = step.min(len - done);
+            // SAFETY: both ranges lie inside the allocation (asserted) and do not overlap
+            // (n <= src - dst); the copy is ordered on the arena's own stream.
+            unsafe {
+                cu::memcpy_dtod_async(
+                    self.base + (dst + done) as u64,
+                    self.base + (src + done) as u64,
+                    n,
+                    self.stream.cu_stream(),
+                )
+            }
+            .map_err(cuda_err("memcpy_dtod_async"))?;
+            done += n;
+        }
+        Ok(())
+    }
+
+    /// Copies host bytes into the region at `offset` and waits.
+    pub(crate) fn write(&self, offset: usize, src: &[u8]) -> Result<()> {
+        assert!(offset + src.len() <= self.len, "device write out of range");
+        // SAFETY: the destination range is inside the allocation (asserted); the copy is
+        // synchronous so `src` outlives it.
+        unsafe { cu::memcpy_htod_sync(self.base + offset as u64, src) }
+            .map_err(cuda_err("memcpy_htod"))
+    }
+
+    /// Copies bytes at `offset` to the host and waits.
+    pub(crate) fn read(&self, offset: usize, dst: &mut [u8]) -> Result<()> {
+        assert!(offset + dst.len() <= self.len, "device read out of range");
+        self.synchronize()?;
+        // SAFETY: the source range is inside the allocation (asserted); the copy is
+        // synchronous so `dst` outlives it.
+        unsafe { cu::memcpy_dtoh_sync(dst, self.base + offset as u64) }
+            .map_err(cuda_err("memcpy_dtoh"))
+    }
+
+    /// Waits for every copy issued on the arena's stream.
+    pub(crate) fn synchronize(&self) -> Result<()> {
+        self.stream
+            .synchronize()
+            .map_err(cuda_err("stream synchronize"))
+    }
+}

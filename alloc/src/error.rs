@@ -1,0 +1,143 @@
+//! The crate's one error type.
+
+use crate::{Device, Handle, Stats};
+
+/// Everything that can go wrong in `zero-alloc`.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum AllocError {
+    /// No hole large enough, even after any defragmentation the arena was allowed to do.
+    #[error("out of memory on {device}: requested {} ({requested} bytes, {rounded} after alignment)\n{stats}", crate::stats::human_bytes(*requested as u64))]
+    OutOfMemory {
+        /// The device of the arena that refused.
+        device: Device,
+        /// Bytes asked for.
+        requested: usize,
+        /// Bytes the request occupies once rounded up to the arena's alignment.
+        rounded: usize,
+        /// The arena's statistics at the moment of refusal.
+        stats: Box<Stats>,
+    },
+    /// A size computation (element count times element size, alignment rounding) overflowed.
+    #[error("size overflow: {count} elements of {elem_size} bytes")]
+    SizeOverflow {
+        /// Number of elements requested.
+        count: usize,
+        /// Size of one element in bytes.
+        elem_size: usize,
+    },
+    /// The arena's block table is full (u32 slots).
+    #[error("too many live blocks ({live})")]
+    TooManyBlocks {
+        /// Live blocks at the time.
+        live: usize,
+    },
+    /// The handle was made by a different arena.
+    #[error("{handle:?} belongs to arena {handle_arena}, not to arena {arena}")]
+    ForeignHandle {
+        /// The offending handle.
+        handle: Handle,
+        /// Arena that made the handle.
+        handle_arena: u64,
+        /// Arena it was presented to.
+        arena: u64,
+    },
+    /// The handle's block was freed (a double free or a use after free).
+    #[error("{handle:?} is stale: its block was freed")]
+    StaleHandle {
+        /// The offending handle.
+        handle: Handle,
+    },
+    /// The block is pinned by an in-flight operation.
+    #[error("{handle:?} is pinned by {pins} in-flight operation(s); it cannot be {action}")]
+    Pinned {
+        /// The pinned block's handle.
+        handle: Handle,
+        /// Current pin count.
+        pins: u32,
+        /// What was attempted ("freed", "viewed").
+        action: &'static str,
+    },
+    /// An unpin without a matching pin.
+    #[error("{handle:?} is not pinned")]
+    NotPinned {
+        /// The handle.
+        handle: Handle,
+    },
+    /// A typed view whose element type does not divide the block, or is over-aligned.
+    #[error("block of {len} bytes cannot be viewed as {type_name} (size {elem_size}, align {elem_align}, arena alignment {arena_align})")]
+    BadView {
+        /// Block length in bytes.
+        len: usize,
+        /// Element type name.
+        type_name: &'static str,
+        /// Element size.
+        elem_size: usize,
+        /// Element alignment.
+        elem_align: usize,
+        /// The arena's alignment.
+        arena_align: usize,
+    },
+    /// The same handle was asked for twice where at least one request was mutable.
+    #[error("{handle:?} is already borrowed; simultaneous views need distinct blocks")]
+    AlreadyBorrowed {
+        /// The handle asked for twice.
+        handle: Handle,
+    },
+    /// The arena has no host-addressable memory (accounting mode, or device memory).
+    #[error("arena on {device} has no host memory to view ({reason})")]
+    NoHostMemory {
+        /// The arena's device.
+        device: Device,
+        /// Why: "accounting mode" or "device memory".
+        reason: &'static str,
+    },
+    /// A configuration that cannot work (alignment not a power of two, ...).
+    #[error("invalid arena configuration: {reason}")]
+    InvalidConfig {
+        /// What is wrong.
+        reason: String,
+    },
+    /// Reserving or locking memory failed at the OS level.
+    #[error("{what} of {bytes} bytes failed: {source}")]
+    Os {
+        /// The operation ("reserve", "lock").
+        what: &'static str,
+        /// Size involved.
+        bytes: usize,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// Lengths of a copy's source and destination differ.
+    #[error("copy length mismatch: source {src} bytes, destination {dst} bytes")]
+    LengthMismatch {
+        /// Source bytes.
+        src: usize,
+        /// Destination bytes.
+        dst: usize,
+    },
+    /// The copy engine's thread is gone (it panicked or was shut down).
+    #[error("copy engine is shut down")]
+    CopyEngineGone,
+    /// CUDA was asked for in a build without the `cuda` feature.
+    #[error("{device} requested but zero-alloc was built without the `cuda` feature")]
+    NotCompiledWithCuda {
+        /// The device asked for.
+        device: Device,
+    },
+    /// The CUDA driver library could not be found at run time.
+    #[error("CUDA driver library not found (is an NVIDIA driver installed?)")]
+    CudaUnavailable,
+    /// A CUDA driver call failed.
+    #[error("CUDA error during {what}: {message}")]
+    Cuda {
+        /// The operation.
+        what: &'static str,
+        /// The driver's message, code included.
+        message: String,
+    },
+}
+
+/// `Result` with [`AllocError`].
+pub type Result<T, E = AllocError> = std::result::Result<T, E>;

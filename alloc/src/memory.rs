@@ -1,0 +1,118 @@
+//! Host reservations: one anonymous mapping per arena or pinned buffer.
+//!
+//! An anonymous `mmap` with `MAP_NORESERVE` is used instead of `std::alloc` because the kernel
+//! commits its pages lazily: an arena capped at 80 GB costs nothing until blocks are written,
+//! which is what lets a small machine emulate a large device.
+
+use std::io;
+
+use memmap2::{MmapMut, MmapOptions};
+
+use crate::error::{AllocError, Result};
+
+/// A zero-initialised, aligned, host-addressable byte range.
+#[derive(Debug)]
+pub(crate) struct HostRegion {
+    // Kept only to unmap on drop; all access goes through `base`.
+    map: Option<MmapMut>,
+    base: *mut u8,
+    len: usize,
+    locked: bool,
+}
+
+// SAFETY: the region is plain memory owned by this value; the raw pointer is only a cached
+// address inside `map`. Who may touch which bytes is decided by the arena (views borrow it) and
+// the copy engine (which only touches pinned blocks), not by this type.
+unsafe impl Send for HostRegion {}
+// SAFETY: as above: `&HostRegion` only hands out the address, never a reference to the bytes.
+unsafe impl Sync for HostRegion {}
+
+impl HostRegion {
+    /// Reserves `len` bytes whose start is aligned to `alignment` (a power of two).
+    pub(crate) fn reserve(len: usize, alignment: usize) -> Result<Self> {
+        if len == 0 {
+            return Ok(Self {
+                map: None,
+                base: std::ptr::null_mut(),
+                len: 0,
+                locked: false,
+            });
+        }
+        // mmap returns page-aligned addresses; only larger alignments need slack to slide into.
+        let slack = if alignment > page_size() {
+            alignment
+        } else {
+            0
+        };
+        let total = len.checked_add(slack).ok_or(AllocError::SizeOverflow {
+            count: len,
+            elem_size: 1,
+        })?;
+        let mut map = MmapOptions::new()
+            .len(total)
+            .no_reserve_swap()
+            .map_anon()
+            .map_err(|source| AllocError::Os {
+                what: "reserve",
+                bytes: total,
+                source,
+            })?;
+        let start = map.as_mut_ptr();
+        let pad = start.align_offset(alignment);
+        // SAFETY: `pad < alignment <= slack` when slack is non-zero, and 0 otherwise (mmap is
+        // page aligned), so `start + pad .. start + pad + len` stays inside the mapping.
+        let base = unsafe { start.add(pad) };
+        Ok(Self {
+            map: Some(map),
+            base,
+            len,
+            locked: false,
+        })
+    }
+
+    pub(crate) fn base(&self) -> *mut u8 {
+        self.base
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.len
+    }
+
+    pub(crate) fn is_locked(&self) -> bool {
+        self.locked
+    }
+
+    /// Page-locks the whole mapping (`mlock`).
+    pub(crate) fn lock(&mut self) -> io::Result<()> {
+        if let Some(map) = &self.map {
+            map.lock()?;
+        }
+        self.locked = true;
+        Ok(())
+    }
+}
+
+fn page_size() -> usize {
+    // SAFETY: sysconf has no preconditions; it returns -1 on error, handled below.
+    let size = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    usize::try_from(size).unwrap_or(4096)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reservation_is_aligned_beyond_a_page() {
+        let region = HostRegion::reserve(1 << 16, 1 << 20).unwrap();
+        assert_eq!(region.base() as usize % (1 << 20), 0);
+        assert_eq!(region.len(), 1 << 16);
+    }
+
+    #[test]
+    fn large_reservation_is_lazy() {
+        // 64 GiB of address space on a 24 GB machine: only works if pages are not committed.
+        let region = HostRegion::reserve(64 << 30, 256).unwrap();
+        assert_eq!(region.len(), 64 << 30);
+    }
+}
