@@ -41,6 +41,8 @@ mod memory;
 mod pinned;
 mod stats;
 mod storage;
+#[doc(hidden)]
+pub mod testing;
 mod view;
 
 pub use arena::{Arena, DefragReport};
