@@ -50,6 +50,7 @@ pub use config::{ArenaConfig, Backing, DEFAULT_ALIGNMENT};
 pub use device::Device;
 pub use error::{AllocError, Result};
 pub use handle::{Block, Handle};
+pub use pinned::PinnedBuffer;
 pub use stats::{human_bytes, Stats};
 #[cfg(feature = "cuda")]
 pub use view::DeviceView;

@@ -33,7 +33,8 @@ impl HostRegion {
         if len == 0 {
             return Ok(Self {
                 map: None,
-                base: std::ptr::null_mut(),
+                // Non-null and aligned, so an empty slice over it is valid.
+                base: std::ptr::without_provenance_mut(alignment),
                 len: 0,
                 locked: false,
             });

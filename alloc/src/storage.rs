@@ -32,7 +32,8 @@ impl Storage {
             }
             (Device::Cpu, Backing::Pinned) => {
                 let mut region = HostRegion::reserve(len, alignment)?;
-                crate::pinned::lock_or_warn(&mut region);
+                // A refusal is logged there; the arena still works on pageable memory.
+                let _refusal = crate::pinned::lock_or_warn(&mut region);
                 Ok(Self::Host(Arc::new(region)))
             }
             (Device::Cuda(_), Backing::Pinned) => Err(AllocError::InvalidConfig {
