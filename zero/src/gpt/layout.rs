@@ -1,0 +1,225 @@
+//! The parameter size table: units, their named tensors, shapes and offsets.
+//!
+//! Legend: C channels, L layers, Vp padded vocabulary, maxT = `max_seq_len`.
+//!
+//! Parameters live in UNITS, each one flat buffer owned by the caller (the ZeRO engine keeps
+//! them in an arena, or gathers them on demand at stage 3):
+//! - unit 0: embeddings, `wte` (Vp, C) then `wpe` (maxT, C);
+//! - units 1..=L: one transformer block each (12 tensors, the same table for every block);
+//! - unit L+1: the final LayerNorm, `lnfw` (C), `lnfb` (C).
+//!
+//! Gradients use the same table: a unit's gradient buffer has the unit's length and the same
+//! offsets. Sizes are element counts, not bytes, so the table serves any dtype.
+
+use super::config::GptConfig;
+
+/// One named tensor inside a unit.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TensorSpec {
+    /// llm.c's name (`wte`, `qkvw`, ...).
+    pub name: &'static str,
+    /// Row-major shape; matrices are (out, in).
+    pub shape: Vec<usize>,
+    /// First element inside the unit's buffer.
+    pub offset: usize,
+    /// Number of elements (product of `shape`).
+    pub len: usize,
+    /// Whether AdamW's weight decay applies (see [`decays`]).
+    pub weight_decay: bool,
+}
+
+/// What a unit holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum UnitKind {
+    /// Token and position embeddings (unit 0). The token embedding is also the LM head.
+    Embedding,
+    /// Transformer block `layer` (unit `layer + 1`).
+    Block {
+        /// Layer index in `0..L`.
+        layer: usize,
+    },
+    /// The final LayerNorm (unit L+1).
+    FinalNorm,
+}
+
+/// One unit's table.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UnitLayout {
+    /// What the unit is.
+    pub kind: UnitKind,
+    /// Its tensors, in buffer order, contiguous from offset 0.
+    pub tensors: Vec<TensorSpec>,
+    /// Elements in the unit's flat buffer.
+    pub len: usize,
+}
+
+impl UnitLayout {
+    fn new(kind: UnitKind, specs: Vec<(&'static str, Vec<usize>)>) -> Self {
+        let mut offset = 0;
+        let tensors = specs
+            .into_iter()
+            .map(|(name, shape)| {
+                let len = shape.iter().product();
+                let spec = TensorSpec {
+                    name,
+                    weight_decay: decays(name),
+                    shape,
+                    offset,
+                    len,
+                };
+                offset += len;
+                spec
+            })
+            .collect();
+        Self {
+            kind,
+            tensors,
+            len: offset,
+        }
+    }
+
+    /// The tensor called `name`, if the unit has one.
+    #[must_use]
+    pub fn tensor(&self, name: &str) -> Option<&TensorSpec> {
+        self.tensors.iter().find(|t| t.name == name)
+    }
+
+    /// Element counts in buffer order (what the model carves a unit buffer by).
+    pub(crate) fn lens<const K: usize>(&self) -> [usize; K] {
+        debug_assert_eq!(self.tensors.len(), K);
+        std::array::from_fn(|i| self.tensors[i].len)
+    }
+}
+
+/// Whether a tensor gets weight decay.
+///
+/// Decision: matrices decay, including `wte` (a matrix, and as the tied LM head the largest
+/// projection of the model; GPT-2, llm.c and nanoGPT decay it too); biases, LayerNorm weights
+/// and biases, and the position embedding `wpe` do not, as the issue specifies (minGPT's
+/// rule). The rejected alternative, "every 2-D tensor", would decay `wpe` as nanoGPT does.
+#[must_use]
+pub fn decays(name: &str) -> bool {
+    matches!(name, "wte" | "qkvw" | "attprojw" | "fcw" | "fcprojw")
+}
+
+/// The block's tensors, in buffer order, with their shapes.
+fn block_specs(c: usize) -> Vec<(&'static str, Vec<usize>)> {
+    vec![
+        ("ln1w", vec![c]),
+        ("ln1b", vec![c]),
+        ("qkvw", vec![3 * c, c]),
+        ("qkvb", vec![3 * c]),
+        ("attprojw", vec![c, c]),
+        ("attprojb", vec![c]),
+        ("ln2w", vec![c]),
+        ("ln2b", vec![c]),
+        ("fcw", vec![4 * c, c]),
+        ("fcb", vec![4 * c]),
+        ("fcprojw", vec![c, 4 * c]),
+        ("fcprojb", vec![c]),
+    ]
+}
+
+/// The size table of a whole model: one [`UnitLayout`] per unit.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ParamLayout {
+    units: Vec<UnitLayout>,
+}
+
+impl ParamLayout {
+    /// The table for `config` (assumed validated).
+    #[must_use]
+    pub fn new(config: &GptConfig) -> Self {
+        let c = config.channels;
+        let mut units = Vec::with_capacity(config.num_layers + 2);
+        units.push(UnitLayout::new(
+            UnitKind::Embedding,
+            vec![
+                ("wte", vec![config.padded_vocab_size, c]),
+                ("wpe", vec![config.max_seq_len, c]),
+            ],
+        ));
+        for layer in 0..config.num_layers {
+            units.push(UnitLayout::new(UnitKind::Block { layer }, block_specs(c)));
+        }
+        units.push(UnitLayout::new(
+            UnitKind::FinalNorm,
+            vec![("lnfw", vec![c]), ("lnfb", vec![c])],
+        ));
+        Self { units }
+    }
+
+    /// All units, in order: embedding, blocks 0..L, final norm.
+    #[must_use]
+    pub fn units(&self) -> &[UnitLayout] {
+        &self.units
+    }
+
+    /// Number of units (L + 2).
+    #[must_use]
+    pub fn num_units(&self) -> usize {
+        self.units.len()
+    }
+
+    /// Elements of every unit, in order: what to allocate for parameters (and gradients).
+    #[must_use]
+    pub fn unit_lens(&self) -> Vec<usize> {
+        self.units.iter().map(|u| u.len).collect()
+    }
+
+    /// Total parameter count, padded vocabulary rows included.
+    #[must_use]
+    pub fn num_params(&self) -> usize {
+        self.units.iter().map(|u| u.len).sum()
+    }
+
+    /// Unit index of block `layer`.
+    #[must_use]
+    pub fn block_unit(layer: usize) -> usize {
+        layer + 1
+    }
+
+    /// Unit index of the final LayerNorm.
+    #[must_use]
+    pub fn final_norm_unit(&self) -> usize {
+        self.units.len() - 1
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn gpt2_has_124m_parameters() {
+        let layout = ParamLayout::new(&GptConfig::gpt2());
+        // 124,475,904 with the padded vocabulary (llm.c prints the same figure).
+        assert_eq!(layout.num_params(), 124_475_904);
+        assert_eq!(layout.num_units(), 14);
+    }
+
+    #[test]
+    fn tensors_tile_each_unit_without_gaps() {
+        let layout = ParamLayout::new(&GptConfig::tiny());
+        for unit in layout.units() {
+            let mut next = 0;
+            for t in &unit.tensors {
+                assert_eq!(t.offset, next, "{}", t.name);
+                assert_eq!(t.len, t.shape.iter().product::<usize>());
+                next += t.len;
+            }
+            assert_eq!(next, unit.len);
+        }
+    }
+
+    #[test]
+    fn decay_applies_to_matrices_only() {
+        let layout = ParamLayout::new(&GptConfig::tiny());
+        for unit in layout.units() {
+            for t in &unit.tensors {
+                let matrix = t.shape.len() == 2 && t.name != "wpe";
+                assert_eq!(t.weight_decay, matrix, "{}", t.name);
+            }
+        }
+    }
+}

@@ -1,0 +1,459 @@
+//! The GPT-2 model: forward and backward unit by unit over caller-owned parameter buffers.
+//!
+//! Legend: B batch, T sequence, C channels, L layers, NH heads, N = B*T, V vocabulary,
+//! Vp padded vocabulary, maxT = `max_seq_len`.
+//!
+//! The model owns no parameters and no gradients: every call takes the unit buffers it needs
+//! as slices (see `layout`), so the ZeRO engine decides where they live and when they exist.
+//! Forward order: `embed_forward`, `block_forward(0..L)`, `head_forward`. Backward is the
+//! exact reverse: `head_backward`, `block_backward(L-1..0)`, `embed_backward`.
+//!
+//! The LM head is tied to `wte`: `head_forward`/`head_backward` read the EMBEDDING unit's
+//! parameters, and `head_backward` adds the head's share of d(wte) into the embedding unit's
+//! gradient buffer, which `embed_backward` completes at the very end. An engine that frees or
+//! reduces gradients per unit must therefore keep unit 0's gradient buffer (and, at stage 3,
+//! its gathered parameters) alive from `head_backward` until `embed_backward` returns.
+//!
+//! Gradients accumulate (`+=`) into the caller's buffers: zero them before the first
+//! micro-batch of a step; further micro-batches add to them.
+
+use super::activations::{Activations, Progress};
+use super::backend::{Backend, CpuBackend};
+use super::config::GptConfig;
+use super::error::{GptError, Result};
+use super::layout::ParamLayout;
+use super::views::{carve, carve_mut};
+
+/// A GPT-2 model: its shape, its size table and the backend that runs its kernels.
+#[derive(Debug, Clone)]
+pub struct Gpt {
+    config: GptConfig,
+    layout: ParamLayout,
+    backend: CpuBackend,
+}
+
+impl Gpt {
+    /// A model of shape `config`.
+    ///
+    /// # Errors
+    /// [`GptError::InvalidConfig`] if `config` does not validate.
+    pub fn new(config: GptConfig) -> Result<Self> {
+        config.validate()?;
+        Ok(Self {
+            layout: ParamLayout::new(&config),
+            config,
+            backend: CpuBackend,
+        })
+    }
+
+    /// The model's shape.
+    #[must_use]
+    pub fn config(&self) -> &GptConfig {
+        &self.config
+    }
+
+    /// The parameter (and gradient) size table.
+    #[must_use]
+    pub fn layout(&self) -> &ParamLayout {
+        &self.layout
+    }
+
+    /// Activation buffers for batches of shape (B, T).
+    ///
+    /// # Errors
+    /// [`GptError::BadBatch`] if the shape is empty or T > maxT.
+    pub fn activations(&self, b: usize, t: usize) -> Result<Activations> {
+        Activations::new(&self.config, b, t)
+    }
+
+    /// Embeds `tokens` (B,T): encoded = wte[tokens] + wpe. Starts a new forward pass.
+    ///
+    /// # Errors
+    /// Wrong buffer sizes, or a token >= V.
+    pub fn embed_forward(
+        &self,
+        acts: &mut Activations,
+        embed: &[f32],
+        tokens: &[u32],
+    ) -> Result<()> {
+        self.check_unit(0, embed.len(), "embedding parameters")?;
+        check_ids("tokens", tokens, acts, self.config.vocab_size)?;
+        let (b, t, c) = (acts.b, acts.t, self.config.channels);
+        let [wte, wpe] = carve(embed, self.layout.units()[0].lens()); // (Vp,C), (maxT,C)
+        acts.tokens.copy_from_slice(tokens);
+        let encoded = &mut acts.fwd[..b * t * c]; // (B,T,C)
+        self.backend
+            .encoder_forward(encoded, &acts.tokens, wte, wpe, b, t, c);
+        acts.progress = Progress::Forward { next: 1 };
+        Ok(())
+    }
+
+    /// Runs transformer block `layer` on the previous unit's output.
+    ///
+    /// # Errors
+    /// Wrong buffer size, a layer past L, or a call out of order.
+    pub fn block_forward(
+        &self,
+        acts: &mut Activations,
+        layer: usize,
+        params: &[f32],
+    ) -> Result<()> {
+        let unit = self.block_unit(layer)?;
+        self.check_unit(unit, params.len(), "block parameters")?;
+        expect(
+            acts.progress,
+            Progress::Forward { next: unit },
+            "block_forward",
+        )?;
+        let be = &self.backend;
+        let (b, t, c, nh) = (acts.b, acts.t, self.config.channels, self.config.num_heads);
+        let n = b * t;
+        let [ln1w, ln1b, qkvw, qkvb, attprojw, attprojb, ln2w, ln2b, fcw, fcb, fcprojw, fcprojb] =
+            carve(params, self.layout.units()[unit].lens());
+        let (offset, len) = (acts.layer_offset(layer), acts.layer_len());
+        let (before, rest) = acts.fwd.split_at_mut(offset);
+        let x = &before[offset - n * c..]; // (N,C) the block's input
+        let [ln1, ln1_mean, ln1_rstd, qkv, atty, att, attproj, res2, ln2, ln2_mean, ln2_rstd, fch, fch_gelu, fcproj, res3] =
+            carve_mut(&mut rest[..len], acts.layer_lens);
+        be.layernorm_forward(ln1, ln1_mean, ln1_rstd, x, ln1w, ln1b, n, c);
+        be.matmul_forward(qkv, ln1, qkvw, Some(qkvb), n, c, 3 * c);
+        be.attention_forward(atty, att, qkv, b, t, c, nh);
+        be.matmul_forward(attproj, atty, attprojw, Some(attprojb), n, c, c);
+        be.residual_forward(res2, x, attproj);
+        be.layernorm_forward(ln2, ln2_mean, ln2_rstd, res2, ln2w, ln2b, n, c);
+        be.matmul_forward(fch, ln2, fcw, Some(fcb), n, c, 4 * c);
+        be.gelu_forward(fch_gelu, fch);
+        be.matmul_forward(fcproj, fch_gelu, fcprojw, Some(fcprojb), n, 4 * c, c);
+        be.residual_forward(res3, res2, fcproj);
+        acts.progress = Progress::Forward { next: unit + 1 };
+        Ok(())
+    }
+
+    /// Final LayerNorm, tied LM head and, with `targets` (B,T), the mean cross-entropy.
+    ///
+    /// With `Some(targets)` returns the mean loss and readies backward; with `None` it stops at
+    /// the logits ([`Gpt::logits`]) and returns `None`.
+    ///
+    /// # Errors
+    /// Wrong buffer sizes, a target >= V, or a call out of order.
+    pub fn head_forward(
+        &self,
+        acts: &mut Activations,
+        final_norm: &[f32],
+        embed: &[f32],
+        targets: Option<&[u32]>,
+    ) -> Result<Option<f32>> {
+        let last = self.layout.final_norm_unit();
+        self.check_unit(last, final_norm.len(), "final norm parameters")?;
+        self.check_unit(0, embed.len(), "embedding parameters")?;
+        expect(
+            acts.progress,
+            Progress::Forward { next: last },
+            "head_forward",
+        )?;
+        if let Some(targets) = targets {
+            check_ids("targets", targets, acts, self.config.vocab_size)?;
+            acts.targets.copy_from_slice(targets);
+        }
+        let be = &self.backend;
+        let (n, c) = (acts.b * acts.t, self.config.channels);
+        let (v, vp) = (self.config.vocab_size, self.config.padded_vocab_size);
+        let [lnfw, lnfb] = carve(final_norm, self.layout.units()[last].lens()); // (C,), (C,)
+        let [wte, _] = carve(embed, self.layout.units()[0].lens()); // (Vp,C)
+        let offset = acts.head_offset();
+        let (before, head) = acts.fwd.split_at_mut(offset);
+        let x = &before[offset - n * c..]; // (N,C) last block's output
+        let [lnf, lnf_mean, lnf_rstd, logits, losses] = carve_mut(head, acts.head_lens);
+        be.layernorm_forward(lnf, lnf_mean, lnf_rstd, x, lnfw, lnfb, n, c);
+        be.matmul_forward(logits, lnf, wte, None, n, c, vp);
+        if targets.is_none() {
+            acts.progress = Progress::Logits;
+            return Ok(None);
+        }
+        be.crossentropy_forward(losses, logits, &acts.targets, n, v, vp);
+        // f64 sum in a fixed order: the same loss to the bit on every run.
+        let mean = losses.iter().map(|&l| f64::from(l)).sum::<f64>() / n as f64;
+        acts.progress = Progress::Loss;
+        Ok(Some(mean as f32))
+    }
+
+    /// Logits (B,T,Vp) of the last `head_forward` without targets (columns V..Vp are padding).
+    ///
+    /// # Errors
+    /// [`GptError::OutOfOrder`] unless the last call was `head_forward(.., None)`.
+    pub fn logits<'a>(&self, acts: &'a Activations) -> Result<&'a [f32]> {
+        expect(acts.progress, Progress::Logits, "logits")?;
+        let [_, _, _, logits, _] = carve(&acts.fwd[acts.head_offset()..], acts.head_lens);
+        Ok(logits)
+    }
+
+    /// Backward of the head: adds d(lnfw), d(lnfb) into `final_norm_grad` and the LM head's
+    /// d(wte) into `embed_grad` (tied weights; see the module doc), and seeds the residual
+    /// gradient for the blocks.
+    ///
+    /// # Errors
+    /// Wrong buffer sizes, or no `head_forward` with targets just before.
+    pub fn head_backward(
+        &self,
+        acts: &mut Activations,
+        final_norm: &[f32],
+        embed: &[f32],
+        final_norm_grad: &mut [f32],
+        embed_grad: &mut [f32],
+    ) -> Result<()> {
+        let last = self.layout.final_norm_unit();
+        self.check_unit(last, final_norm.len(), "final norm parameters")?;
+        self.check_unit(last, final_norm_grad.len(), "final norm gradients")?;
+        self.check_unit(0, embed.len(), "embedding parameters")?;
+        self.check_unit(0, embed_grad.len(), "embedding gradients")?;
+        expect(acts.progress, Progress::Loss, "head_backward")?;
+        let be = &self.backend;
+        let (n, c) = (acts.b * acts.t, self.config.channels);
+        let (v, vp) = (self.config.vocab_size, self.config.padded_vocab_size);
+        let [lnfw, _] = carve(final_norm, self.layout.units()[last].lens()); // (C,)
+        let [dlnfw, dlnfb] = carve_mut(final_norm_grad, self.layout.units()[last].lens());
+        let [wte, _] = carve(embed, self.layout.units()[0].lens()); // (Vp,C)
+        let [dwte, _] = carve_mut(embed_grad, self.layout.units()[0].lens()); // (Vp,C)
+        let offset = acts.head_offset();
+        let (before, head) = acts.fwd.split_at_mut(offset);
+        let x = &before[offset - n * c..]; // (N,C)
+        let [lnf, lnf_mean, lnf_rstd, logits, _] = carve_mut(head, acts.head_lens);
+        let [dres, dln, ..] = carve_mut(&mut acts.grad, acts.grad_lens); // (N,C) each
+        be.crossentropy_backward(logits, &acts.dlosses, &acts.targets, n, v, vp);
+        dln.fill(0.0);
+        be.matmul_backward(dln, dwte, None, logits, lnf, wte, n, c, vp);
+        dres.fill(0.0);
+        be.layernorm_backward(dres, dlnfw, dlnfb, dln, x, lnfw, lnf_mean, lnf_rstd, n, c);
+        acts.progress = Progress::Backward { next: last - 1 };
+        Ok(())
+    }
+
+    /// Backward of block `layer`: adds its parameter gradients into `grads` and turns the
+    /// residual gradient at its output into the one at its input.
+    ///
+    /// # Errors
+    /// Wrong buffer sizes, a layer past L, or a call out of order.
+    pub fn block_backward(
+        &self,
+        acts: &mut Activations,
+        layer: usize,
+        params: &[f32],
+        grads: &mut [f32],
+    ) -> Result<()> {
+        let unit = self.block_unit(layer)?;
+        self.check_unit(unit, params.len(), "block parameters")?;
+        self.check_unit(unit, grads.len(), "block gradients")?;
+        expect(
+            acts.progress,
+            Progress::Backward { next: unit },
+            "block_backward",
+        )?;
+        let be = &self.backend;
+        let (b, t, c, nh) = (acts.b, acts.t, self.config.channels, self.config.num_heads);
+        let n = b * t;
+        let lens = self.layout.units()[unit].lens();
+        let [ln1w, _, qkvw, _, attprojw, _, ln2w, _, fcw, _, fcprojw, _] = carve(params, lens);
+        let [dln1w, dln1b, dqkvw, dqkvb, dattprojw, dattprojb, dln2w, dln2b, dfcw, dfcb, dfcprojw, dfcprojb] =
+            carve_mut(grads, lens);
+        let (offset, len) = (acts.layer_offset(layer), acts.layer_len());
+        let x = &acts.fwd[offset - n * c..offset]; // (N,C) the block's input
+        let [ln1, ln1_mean, ln1_rstd, qkv, atty, att, _, res2, ln2, ln2_mean, ln2_rstd, fch, fch_gelu, _, _] =
+            carve(&acts.fwd[offset..offset + len], acts.layer_lens);
+        // dres (N,C) holds d(block output) and leaves holding d(block input).
+        let [dres, dln, datty, dqkv, dfch, dfch_gelu] = carve_mut(&mut acts.grad, acts.grad_lens);
+        for scratch in [
+            &mut *dln,
+            &mut *datty,
+            &mut *dqkv,
+            &mut *dfch,
+            &mut *dfch_gelu,
+        ] {
+            scratch.fill(0.0);
+        }
+        // MLP branch; the residual passes dres through unchanged, and ln2's input gradient is
+        // added onto it, giving d(res2).
+        be.matmul_backward(
+            dfch_gelu,
+            dfcprojw,
+            Some(dfcprojb),
+            dres,
+            fch_gelu,
+            fcprojw,
+            n,
+            4 * c,
+            c,
+        );
+        be.gelu_backward(dfch, fch, dfch_gelu);
+        be.matmul_backward(dln, dfcw, Some(dfcb), dfch, ln2, fcw, n, c, 4 * c);
+        be.layernorm_backward(
+            dres, dln2w, dln2b, dln, res2, ln2w, ln2_mean, ln2_rstd, n, c,
+        );
+        // Attention branch, the same way, giving d(x).
+        be.matmul_backward(
+            datty,
+            dattprojw,
+            Some(dattprojb),
+            dres,
+            atty,
+            attprojw,
+            n,
+            c,
+            c,
+        );
+        be.attention_backward(dqkv, datty, qkv, att, b, t, c, nh);
+        dln.fill(0.0);
+        be.matmul_backward(dln, dqkvw, Some(dqkvb), dqkv, ln1, qkvw, n, c, 3 * c);
+        be.layernorm_backward(dres, dln1w, dln1b, dln, x, ln1w, ln1_mean, ln1_rstd, n, c);
+        acts.progress = Progress::Backward { next: unit - 1 };
+        Ok(())
+    }
+
+    /// Backward of the embedding: adds d(wte) rows and d(wpe) into `embed_grad`, finishing the
+    /// backward pass.
+    ///
+    /// # Errors
+    /// Wrong buffer size, or a call out of order.
+    pub fn embed_backward(&self, acts: &mut Activations, embed_grad: &mut [f32]) -> Result<()> {
+        self.check_unit(0, embed_grad.len(), "embedding gradients")?;
+        expect(
+            acts.progress,
+            Progress::Backward { next: 0 },
+            "embed_backward",
+        )?;
+        let (b, t, c) = (acts.b, acts.t, self.config.channels);
+        let [dwte, dwpe] = carve_mut(embed_grad, self.layout.units()[0].lens());
+        let [dres, ..] = carve(&acts.grad, acts.grad_lens); // (N,C)
+        self.backend
+            .encoder_backward(dwte, dwpe, dres, &acts.tokens, b, t, c);
+        acts.progress = Progress::Done;
+        Ok(())
+    }
+
+    /// Forward through every unit; with targets returns the mean loss (and leaves the
+    /// activations ready for backward), without targets leaves logits for [`Gpt::logits`].
+    ///
+    /// `params` holds one buffer per unit, in layout order.
+    ///
+    /// # Errors
+    /// As the unit calls; also a wrong number of units.
+    pub fn forward<P: AsRef<[f32]>>(
+        &self,
+        acts: &mut Activations,
+        params: &[P],
+        tokens: &[u32],
+        targets: Option<&[u32]>,
+    ) -> Result<Option<f32>> {
+        self.check_num_units(params.len(), "parameter units")?;
+        let last = self.layout.final_norm_unit();
+        self.embed_forward(acts, params[0].as_ref(), tokens)?;
+        for layer in 0..self.config.num_layers {
+            self.block_forward(acts, layer, params[ParamLayout::block_unit(layer)].as_ref())?;
+        }
+        self.head_forward(acts, params[last].as_ref(), params[0].as_ref(), targets)
+    }
+
+    /// One training micro-step: forward with targets, then backward, adding the gradients
+    /// into `grads` (one buffer per unit, layout order). Returns the mean loss.
+    ///
+    /// # Errors
+    /// As the unit calls; also a wrong number of units.
+    pub fn forward_backward<P: AsRef<[f32]>, G: AsMut<[f32]>>(
+        &self,
+        acts: &mut Activations,
+        params: &[P],
+        grads: &mut [G],
+        tokens: &[u32],
+        targets: &[u32],
+    ) -> Result<f32> {
+        self.check_num_units(grads.len(), "gradient units")?;
+        let loss = self
+            .forward(acts, params, tokens, Some(targets))?
+            .unwrap_or(f32::NAN);
+        let last = self.layout.final_norm_unit();
+        let (embed_grad, rest) = grads.split_at_mut(1);
+        let (block_grads, final_grad) = rest.split_at_mut(self.config.num_layers);
+        let embed_grad = embed_grad[0].as_mut();
+        self.head_backward(
+            acts,
+            params[last].as_ref(),
+            params[0].as_ref(),
+            final_grad[0].as_mut(),
+            embed_grad,
+        )?;
+        for layer in (0..self.config.num_layers).rev() {
+            let unit = ParamLayout::block_unit(layer);
+            self.block_backward(
+                acts,
+                layer,
+                params[unit].as_ref(),
+                block_grads[layer].as_mut(),
+            )?;
+        }
+        self.embed_backward(acts, embed_grad)?;
+        Ok(loss)
+    }
+
+    fn block_unit(&self, layer: usize) -> Result<usize> {
+        if layer >= self.config.num_layers {
+            return Err(GptError::NoSuchLayer {
+                layer,
+                num_layers: self.config.num_layers,
+            });
+        }
+        Ok(ParamLayout::block_unit(layer))
+    }
+
+    fn check_unit(&self, unit: usize, got: usize, what: &'static str) -> Result<()> {
+        let expected = self.layout.units()[unit].len;
+        if got != expected {
+            return Err(GptError::SizeMismatch {
+                what,
+                expected,
+                got,
+            });
+        }
+        Ok(())
+    }
+
+    fn check_num_units(&self, got: usize, what: &'static str) -> Result<()> {
+        let expected = self.layout.num_units();
+        if got != expected {
+            return Err(GptError::SizeMismatch {
+                what,
+                expected,
+                got,
+            });
+        }
+        Ok(())
+    }
+}
+
+fn expect(progress: Progress, want: Progress, call: &'static str) -> Result<()> {
+    if progress == want {
+        return Ok(());
+    }
+    Err(GptError::OutOfOrder {
+        call,
+        reason: format!("expected state {want:?}, found {progress:?}"),
+    })
+}
+
+fn check_ids(what: &'static str, ids: &[u32], acts: &Activations, vocab_size: usize) -> Result<()> {
+    let n = acts.b * acts.t;
+    if ids.len() != n {
+        return Err(GptError::SizeMismatch {
+            what,
+            expected: n,
+            got: ids.len(),
+        });
+    }
+    match ids.iter().position(|&id| id as usize >= vocab_size) {
+        Some(index) => Err(GptError::TokenOutOfRange {
+            what,
+            index,
+            id: ids[index],
+            vocab_size,
+        }),
+        None => Ok(()),
+    }
+}
