@@ -1,2 +1,57 @@
-//! Collectives for ZeRO: one `Communicator` API over in-process threads, MPI and NCCL.
+//! Collectives for ZeRO: one [`Communicator`] API over in-process threads (the [`local`]
+//! backend), and later MPI and NCCL.
+//!
+//! - Blocking collectives over plain slices `&[T]` / `&mut [T]` (`T` = `f32`, `bf16`, `f16`;
+//!   halves reduce in f32), in-place and out-of-place, sum/avg/max/min, and `split` for
+//!   data-parallel x model-parallel grids.
+//! - Non-blocking forms that take owned buffers and return them from [`Work::wait`],
+//!   completed in issue order by a progress thread per communicator.
+//! - A [`Bucketer`] that packs many tensors into fixed-size buffers.
+//! - Timeouts, fail-fast on dead ranks, mismatch detection, counters and history.
+//!
+//! # Examples
+//! ```
+//! use zero_comm::{local, ReduceOp};
+//!
+//! let comms = local::create(4)?;
+//! std::thread::scope(|s| {
+//!     for comm in comms {
+//!         s.spawn(move || -> zero_comm::Result<()> {
+//!             let r = comm.rank() as f32;
+//!             let grads = vec![r; 8]; // padded to a multiple of 4 ranks
+//!             let mut shard = vec![0.0; 2];
+//!             comm.reduce_scatter(&grads, &mut shard, ReduceOp::Sum)?;
+//!             assert_eq!(shard, vec![6.0; 2]); // 0 + 1 + 2 + 3
+//!             let mut full = vec![0.0; 8];
+//!             comm.all_gather(&shard, &mut full)?;
+//!             assert_eq!(full, vec![6.0; 8]);
+//!             Ok(())
+//!         });
+//!     }
+//! });
+//! # Ok::<(), zero_comm::CommError>(())
+//! ```
 #![warn(missing_docs)]
+
+mod backend;
+mod bucket;
+mod communicator;
+mod config;
+mod dtype;
+mod error;
+pub mod local;
+mod op;
+mod record;
+mod reduce_op;
+mod work;
+
+pub use backend::{Backend, Leave};
+pub use bucket::{BucketKind, Bucketer};
+pub use communicator::{Collective, Communicator};
+pub use config::Config;
+pub use dtype::{BufMut, BufRef, DType, Element};
+pub use error::{BreakCause, CommError, Result};
+pub use op::{OpDesc, OpKind};
+pub use record::{ring_bytes, History, OpRecord, Stats};
+pub use reduce_op::{reduce_slices, ReduceOp};
+pub use work::Work;

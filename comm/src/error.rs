@@ -1,0 +1,172 @@
+//! The crate's error type.
+
+use std::time::Duration;
+
+use crate::dtype::DType;
+use crate::op::OpKind;
+use crate::record::History;
+
+/// Why a group can no longer run collectives.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum BreakCause {
+    /// The rank's thread panicked (its communicator was dropped while unwinding).
+    Panicked {
+        /// The rank.
+        rank: usize,
+    },
+    /// The rank dropped its communicator (returned early or finished).
+    Left {
+        /// The rank.
+        rank: usize,
+    },
+    /// A rank gave up waiting for its peers at this sequence number.
+    TimedOut {
+        /// The rank that timed out.
+        rank: usize,
+        /// The sequence number.
+        seq: u64,
+    },
+    /// Ranks issued different collectives at this sequence number.
+    Mismatch {
+        /// The sequence number.
+        seq: u64,
+    },
+}
+
+impl std::fmt::Display for BreakCause {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            BreakCause::Panicked { rank } => write!(f, "rank {rank} panicked"),
+            BreakCause::Left { rank } => write!(f, "rank {rank} dropped its communicator"),
+            BreakCause::TimedOut { rank, seq } => write!(f, "rank {rank} timed out at op #{seq}"),
+            BreakCause::Mismatch { seq } => write!(f, "ranks issued different ops at #{seq}"),
+        }
+    }
+}
+
+/// Everything that can go wrong in a collective.
+#[derive(Debug, thiserror::Error)]
+pub enum CommError {
+    /// Peers did not arrive in time.
+    #[error("{op} #{seq} ({bytes} bytes) timed out after {waited:?} on rank {rank}: ranks {missing:?} did not arrive{history}")]
+    Timeout {
+        /// The operation.
+        op: OpKind,
+        /// Its sequence number.
+        seq: u64,
+        /// Bytes of the whole array.
+        bytes: usize,
+        /// The rank reporting.
+        rank: usize,
+        /// How long it waited.
+        waited: Duration,
+        /// Ranks that had not arrived.
+        missing: Vec<usize>,
+        /// This rank's last operations.
+        history: Box<History>,
+    },
+    /// The group failed earlier (a peer died, left, timed out or mismatched).
+    #[error("{op} #{seq} ({bytes} bytes) failed on rank {rank}: group is broken: {cause}{history}")]
+    Broken {
+        /// The operation.
+        op: OpKind,
+        /// Its sequence number.
+        seq: u64,
+        /// Bytes of the whole array.
+        bytes: usize,
+        /// The rank reporting.
+        rank: usize,
+        /// The first failure in the group.
+        cause: BreakCause,
+        /// This rank's last operations.
+        history: Box<History>,
+    },
+    /// Ranks called different collectives at the same sequence number.
+    #[error("collective mismatch at #{seq}: rank {rank} has {field} = {value} but rank {peer} has {field} = {peer_value}{history}")]
+    Mismatch {
+        /// Sequence number.
+        seq: u64,
+        /// The field that differs (`op`, `dtype`, `count`, `root`, `redop`).
+        field: &'static str,
+        /// The reporting rank.
+        rank: usize,
+        /// Its value.
+        value: String,
+        /// The first rank whose value differs.
+        peer: usize,
+        /// That rank's value.
+        peer_value: String,
+        /// This rank's last operations.
+        history: Box<History>,
+    },
+    /// A buffer has the wrong length for the call.
+    #[error("{op}: {what} has {got} elements, expected {expected}")]
+    Length {
+        /// The operation.
+        op: OpKind,
+        /// Which buffer.
+        what: &'static str,
+        /// Required length.
+        expected: usize,
+        /// Given length.
+        got: usize,
+    },
+    /// A root outside the group.
+    #[error("{op}: root {root} is not a rank of a group of {size}")]
+    Root {
+        /// The operation.
+        op: OpKind,
+        /// The root given.
+        root: usize,
+        /// Group size.
+        size: usize,
+    },
+    /// Send and receive buffers of different element types.
+    #[error("{op}: send buffer is {send} but receive buffer is {recv}")]
+    DtypeMismatch {
+        /// The operation.
+        op: OpKind,
+        /// Send dtype.
+        send: DType,
+        /// Receive dtype.
+        recv: DType,
+    },
+    /// A bad argument outside any collective (group size 0, bucket too small, ...).
+    #[error("invalid argument: {what}")]
+    InvalidArgument {
+        /// What is wrong.
+        what: String,
+    },
+    /// The backend cannot do this.
+    #[error("backend {backend} does not support {what}")]
+    Unsupported {
+        /// Backend name.
+        backend: &'static str,
+        /// What was asked.
+        what: String,
+    },
+    /// A non-blocking operation was lost: its progress thread died before completing it.
+    #[error("{op}: the progress thread of rank {rank} died before completing the operation")]
+    ProgressLost {
+        /// The operation.
+        op: OpKind,
+        /// The rank.
+        rank: usize,
+    },
+}
+
+impl CommError {
+    /// Attaches `history` to the variants that print one.
+    pub(crate) fn with_history(mut self, h: &History) -> Self {
+        match &mut self {
+            CommError::Timeout { history, .. }
+            | CommError::Broken { history, .. }
+            | CommError::Mismatch { history, .. } => **history = h.clone(),
+            _ => {}
+        }
+        self
+    }
+}
+
+/// The crate's result type.
+pub type Result<T, E = CommError> = std::result::Result<T, E>;

@@ -1,0 +1,119 @@
+//! Reductions (sum, avg, max, min) and the block kernel every backend on the CPU shares.
+//!
+//! Accumulation is always in `f32`, inputs combined in the order given (rank 0, 1, ...,
+//! N-1), and the result rounded once: so a reduction is bitwise reproducible whatever the
+//! timing, and a half-precision sum loses no more than one rounding.
+
+use crate::dtype::Element;
+
+/// A reduction operator.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ReduceOp {
+    /// Sum of the inputs.
+    Sum,
+    /// Sum divided by the number of inputs (in f32, before the final rounding).
+    Avg,
+    /// Largest input (`f32::max` semantics: a NaN input is ignored unless all are NaN).
+    Max,
+    /// Smallest input (`f32::min` semantics).
+    Min,
+}
+
+impl ReduceOp {
+    /// The nccl-tests name (`sum`, `avg`, `max`, `min`).
+    pub const fn name(self) -> &'static str {
+        match self {
+            ReduceOp::Sum => "sum",
+            ReduceOp::Avg => "avg",
+            ReduceOp::Max => "max",
+            ReduceOp::Min => "min",
+        }
+    }
+
+    /// Parses an nccl-tests name.
+    pub fn parse(s: &str) -> Option<ReduceOp> {
+        match s {
+            "sum" => Some(ReduceOp::Sum),
+            "avg" => Some(ReduceOp::Avg),
+            "max" => Some(ReduceOp::Max),
+            "min" => Some(ReduceOp::Min),
+            _ => None,
+        }
+    }
+
+    /// Combines `src` into the accumulator `acc`, element by element.
+    #[inline]
+    fn combine(self, acc: &mut [f32], src: &[f32]) {
+        match self {
+            ReduceOp::Sum | ReduceOp::Avg => acc.iter_mut().zip(src).for_each(|(a, s)| *a += s),
+            ReduceOp::Max => acc.iter_mut().zip(src).for_each(|(a, s)| *a = a.max(*s)),
+            ReduceOp::Min => acc.iter_mut().zip(src).for_each(|(a, s)| *a = a.min(*s)),
+        }
+    }
+}
+
+impl std::fmt::Display for ReduceOp {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// Elements per block: two f32 blocks (8 KiB each) stay in L1 while the inputs stream.
+const BLOCK: usize = 2048;
+
+/// Reduces `inputs` (all of length `len`) into `out`, combining in slice order.
+///
+/// # Safety
+/// Every pointer in `inputs` must be valid for reads of `len` elements and `out` valid for
+/// writes of `len` elements for the duration of the call, and no other thread may write any of
+/// these ranges meanwhile. `out` may equal one of the inputs (in-place): each block is read in
+/// full before it is written.
+pub(crate) unsafe fn reduce_raw<T: Element>(
+    out: *mut T,
+    inputs: &[*const T],
+    len: usize,
+    op: ReduceOp,
+) {
+    let mut acc = [0f32; BLOCK];
+    let mut tmp = [0f32; BLOCK];
+    let mut start = 0;
+    while start < len {
+        let n = BLOCK.min(len - start);
+        for (k, &p) in inputs.iter().enumerate() {
+            // SAFETY: the caller guarantees `p` is readable for `len` elements and unwritten
+            // by others; `start + n <= len`. The slice dies before `out` is written below.
+            let src = unsafe { std::slice::from_raw_parts(p.add(start), n) };
+            if k == 0 {
+                T::load_block(src, &mut acc[..n]);
+            } else {
+                T::load_block(src, &mut tmp[..n]);
+                op.combine(&mut acc[..n], &tmp[..n]);
+            }
+        }
+        if op == ReduceOp::Avg {
+            // A division, not a multiply by 1/N, so avg rounds exactly like sum/N would.
+            let count = inputs.len() as f32;
+            acc[..n].iter_mut().for_each(|a| *a /= count);
+        }
+        // SAFETY: `out` is writable for `len` elements and no reference into this block is
+        // alive (input slices above were dropped).
+        let dst = unsafe { std::slice::from_raw_parts_mut(out.add(start), n) };
+        T::store_block(&acc[..n], dst);
+        start += n;
+    }
+}
+
+/// Safe form of [`reduce_raw`] over slices: the reference semantics of every backend.
+///
+/// # Panics
+/// If `inputs` is empty or an input's length differs from `out`'s.
+pub fn reduce_slices<T: Element>(out: &mut [T], inputs: &[&[T]], op: ReduceOp) {
+    let len = out.len();
+    assert!(
+        !inputs.is_empty() && inputs.iter().all(|s| s.len() == len),
+        "reduce_slices: need at least one input, each of the output's length"
+    );
+    let ptrs: Vec<*const T> = inputs.iter().map(|s| s.as_ptr()).collect();
+    // SAFETY: lengths checked above; the borrow checker forbids `out` aliasing an input.
+    unsafe { reduce_raw(out.as_mut_ptr(), &ptrs, len, op) };
+}
