@@ -53,8 +53,12 @@ pub trait Backend: Send + Debug {
     ///
     /// # Errors
     /// As [`Backend::all_reduce`].
-    fn all_gather(&mut self, desc: &OpDesc, send: Option<BufRef<'_>>, recv: BufMut<'_>)
-        -> Result<()>;
+    fn all_gather(
+        &mut self,
+        desc: &OpDesc,
+        send: Option<BufRef<'_>>,
+        recv: BufMut<'_>,
+    ) -> Result<()>;
     /// See [`Communicator::broadcast`](crate::Communicator::broadcast).
     ///
     /// # Errors

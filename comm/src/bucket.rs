@@ -98,10 +98,15 @@ impl<'a, T: Element> Bucketer<'a, T> {
         let seg_cap = bucket_bytes / std::mem::size_of::<T>() / segments;
         if seg_cap == 0 {
             return Err(CommError::InvalidArgument {
-                what: format!("bucket of {bucket_bytes} bytes holds no {} per rank", T::DTYPE),
+                what: format!(
+                    "bucket of {bucket_bytes} bytes holds no {} per rank",
+                    T::DTYPE
+                ),
             });
         }
-        let spare = (0..2).map(|_| vec![T::default(); seg_cap * segments]).collect();
+        let spare = (0..2)
+            .map(|_| vec![T::default(); seg_cap * segments])
+            .collect();
         Ok(Bucketer {
             comm,
             kind,
@@ -152,7 +157,13 @@ impl<'a, T: Element> Bucketer<'a, T> {
     /// Wrong lengths, and any error of a collective launched or completed meanwhile.
     pub fn push(&mut self, input: &[T], output: &'a mut [T]) -> Result<()> {
         let shard = self.shard_len(input.len(), output.len())?;
-        let id = self.register(Dest { out: output, shard, own: 0, pending: 0, packing: true });
+        let id = self.register(Dest {
+            out: output,
+            shard,
+            own: 0,
+            pending: 0,
+            packing: true,
+        });
         self.pack(id, Source::Slice(input))
     }
 
@@ -166,10 +177,17 @@ impl<'a, T: Element> Bucketer<'a, T> {
         let (n, r) = (self.comm.size(), self.comm.rank());
         let shard = match self.kind {
             BucketKind::AllReduce(_) => buf.len(),
-            _ => self.shard_len(buf.len(), buf.len() / n).map(|_| buf.len() / n)?,
+            BucketKind::ReduceScatter(_) => self.shard_len(buf.len(), buf.len() / n)?,
+            BucketKind::AllGather => self.shard_len(buf.len() / n, buf.len())?,
         };
         let own = if self.segments == 1 { 0 } else { r * shard };
-        let id = self.register(Dest { out: buf, shard, own, pending: 0, packing: true });
+        let id = self.register(Dest {
+            out: buf,
+            shard,
+            own,
+            pending: 0,
+            packing: true,
+        });
         self.pack(id, Source::Dest)
     }
 
@@ -202,7 +220,9 @@ impl<'a, T: Element> Bucketer<'a, T> {
                 self.filling = Some(self.take_spare()?);
             }
             let p = (shard - a).min(self.seg_cap - self.fill);
-            let Some(buf) = self.filling.as_mut() else { break };
+            let Some(buf) = self.filling.as_mut() else {
+                break;
+            };
             let input: &[T] = match (&src, &self.dests[(id - self.base) as usize]) {
                 (Source::Slice(s), _) => s,
                 (Source::Dest, Some(d)) => d.out,
@@ -219,7 +239,12 @@ impl<'a, T: Element> Bucketer<'a, T> {
                 let to = j * self.seg_cap + self.fill;
                 buf[to..to + p].copy_from_slice(&input[from..from + p]);
             }
-            self.items.push(Item { dest: id, a, p, at: self.fill });
+            self.items.push(Item {
+                dest: id,
+                a,
+                p,
+                at: self.fill,
+            });
             if let Some(Some(d)) = self.dests.get_mut((id - self.base) as usize) {
                 d.pending += 1;
             }
@@ -247,7 +272,9 @@ impl<'a, T: Element> Bucketer<'a, T> {
     /// Starts the collective on the filling bucket (compacted to its fill), after completing
     /// the one in flight, so at most two buffers exist.
     fn launch(&mut self) -> Result<()> {
-        let Some(mut buf) = self.filling.take() else { return Ok(()) };
+        let Some(mut buf) = self.filling.take() else {
+            return Ok(());
+        };
         let stride = self.fill;
         for j in 1..self.segments {
             buf.copy_within(j * self.seg_cap..j * self.seg_cap + stride, j * stride);
@@ -267,24 +294,33 @@ impl<'a, T: Element> Bucketer<'a, T> {
             _ => self.comm.all_gather_async(buf),
         };
         self.launched += 1;
-        self.in_flight = Some(InFlight { work, items, stride });
+        self.in_flight = Some(InFlight {
+            work,
+            items,
+            stride,
+        });
         Ok(())
     }
 
     /// Waits for the bucket in flight and copies its results out.
     fn complete(&mut self) -> Result<()> {
-        let Some(f) = self.in_flight.take() else { return Ok(()) };
+        let Some(f) = self.in_flight.take() else {
+            return Ok(());
+        };
         let mut buf = f.work.wait()?;
         let r = self.comm.rank();
         for it in &f.items {
-            let Some(Some(d)) = self.dests.get_mut((it.dest - self.base) as usize) else { continue };
+            let Some(Some(d)) = self.dests.get_mut((it.dest - self.base) as usize) else {
+                continue;
+            };
             match self.kind {
                 BucketKind::AllReduce(_) => {
                     d.out[it.a..it.a + it.p].copy_from_slice(&buf[it.at..it.at + it.p]);
                 }
                 BucketKind::ReduceScatter(_) => {
                     let from = r * f.stride + it.at;
-                    d.out[d.own + it.a..d.own + it.a + it.p].copy_from_slice(&buf[from..from + it.p]);
+                    d.out[d.own + it.a..d.own + it.a + it.p]
+                        .copy_from_slice(&buf[from..from + it.p]);
                 }
                 BucketKind::AllGather => {
                     for j in 0..self.segments {

@@ -9,7 +9,7 @@ use crate::config::Config;
 use crate::dtype::Element;
 use crate::error::{CommError, Result};
 use crate::op::{OpDesc, OpKind};
-use crate::record::{Recorder, Stats, History};
+use crate::record::{History, Recorder, Stats};
 use crate::reduce_op::ReduceOp;
 use crate::work::Progress;
 
@@ -82,7 +82,11 @@ impl Communicator {
         let (rank, size, backend_name) = (backend.rank(), backend.size(), backend.name());
         let leave = backend.leave_handle();
         let recorder = Arc::new(Mutex::new(Recorder::new(rank, config.history_len)));
-        let inner = Inner { backend, seq: 0, recorder: Arc::clone(&recorder) };
+        let inner = Inner {
+            backend,
+            seq: 0,
+            recorder: Arc::clone(&recorder),
+        };
         Communicator {
             inner: Arc::new(Mutex::new(inner)),
             recorder,
@@ -160,7 +164,12 @@ impl Communicator {
     ///
     /// # Errors
     /// As [`Communicator::collective`].
-    pub fn reduce_scatter<T: Element>(&self, send: &[T], recv: &mut [T], op: ReduceOp) -> Result<()> {
+    pub fn reduce_scatter<T: Element>(
+        &self,
+        send: &[T],
+        recv: &mut [T],
+        op: ReduceOp,
+    ) -> Result<()> {
         self.collective(Collective::ReduceScatter(op), Some(send), recv)
     }
     /// In-place reduce-scatter: `buf.len()` is a multiple of `size()`; rank r's result is
@@ -204,14 +213,25 @@ impl Communicator {
     ///
     /// # Errors
     /// As [`Communicator::collective`].
-    pub fn reduce<T: Element>(&self, send: &[T], recv: &mut [T], op: ReduceOp, root: usize) -> Result<()> {
+    pub fn reduce<T: Element>(
+        &self,
+        send: &[T],
+        recv: &mut [T],
+        op: ReduceOp,
+        root: usize,
+    ) -> Result<()> {
         self.collective(Collective::Reduce(op, root), Some(send), recv)
     }
     /// In-place reduce into the root's `buf`; other ranks' buffers are inputs only.
     ///
     /// # Errors
     /// As [`Communicator::collective`].
-    pub fn reduce_in_place<T: Element>(&self, buf: &mut [T], op: ReduceOp, root: usize) -> Result<()> {
+    pub fn reduce_in_place<T: Element>(
+        &self,
+        buf: &mut [T],
+        op: ReduceOp,
+        root: usize,
+    ) -> Result<()> {
         self.collective(Collective::Reduce(op, root), None, buf)
     }
 
@@ -265,7 +285,14 @@ pub(crate) fn next_desc(
     root: Option<usize>,
     op: Option<ReduceOp>,
 ) -> OpDesc {
-    let desc = OpDesc { seq: inner.seq, kind, dtype, count, root, op };
+    let desc = OpDesc {
+        seq: inner.seq,
+        kind,
+        dtype,
+        count,
+        root,
+        op,
+    };
     inner.seq += 1;
     desc
 }
@@ -295,29 +322,53 @@ fn length(op: OpKind, what: &'static str, expected: usize, got: usize) -> Result
     if expected == got {
         Ok(())
     } else {
-        Err(CommError::Length { op, what, expected, got })
+        Err(CommError::Length {
+            op,
+            what,
+            expected,
+            got,
+        })
     }
 }
 
 /// Checks this rank's buffers and returns the count of the whole array.
-fn count_of<T>(call: Collective, size: usize, rank: usize, send: Option<&[T]>, recv: &[T]) -> Result<usize> {
+fn count_of<T>(
+    call: Collective,
+    size: usize,
+    rank: usize,
+    send: Option<&[T]>,
+    recv: &[T],
+) -> Result<usize> {
     let kind = call.kind();
     let multiple = |len: usize| {
         if len % size == 0 {
             Ok(len)
         } else {
-            Err(CommError::Length { op: kind, what: "array (not a multiple of the group size)", expected: len.div_ceil(size) * size, got: len })
+            Err(CommError::Length {
+                op: kind,
+                what: "array (not a multiple of the group size)",
+                expected: len.div_ceil(size) * size,
+                got: len,
+            })
         }
     };
     match (call, send) {
-        (Collective::AllReduce(_), Some(s)) => length(kind, "recv", s.len(), recv.len()).map(|()| s.len()),
+        (Collective::AllReduce(_), Some(s)) => {
+            length(kind, "recv", s.len(), recv.len()).map(|()| s.len())
+        }
         (Collective::ReduceScatter(_), Some(s)) => {
             length(kind, "send", recv.len() * size, s.len()).map(|()| s.len())
         }
-        (Collective::AllGather, Some(s)) => length(kind, "recv", s.len() * size, recv.len()).map(|()| recv.len()),
+        (Collective::AllGather, Some(s)) => {
+            length(kind, "recv", s.len() * size, recv.len()).map(|()| recv.len())
+        }
         (Collective::ReduceScatter(_) | Collective::AllGather, None) => multiple(recv.len()),
-        (Collective::Broadcast(root), Some(s)) if root == rank => length(kind, "send", recv.len(), s.len()).map(|()| recv.len()),
-        (Collective::Reduce(_, root), Some(s)) if root == rank => length(kind, "recv", s.len(), recv.len()).map(|()| s.len()),
+        (Collective::Broadcast(root), Some(s)) if root == rank => {
+            length(kind, "send", recv.len(), s.len()).map(|()| recv.len())
+        }
+        (Collective::Reduce(_, root), Some(s)) if root == rank => {
+            length(kind, "recv", s.len(), recv.len()).map(|()| s.len())
+        }
         (Collective::Reduce(..), Some(s)) => Ok(s.len()),
         _ => Ok(recv.len()),
     }
@@ -339,7 +390,11 @@ pub(crate) fn run_call<T: Element>(
         Collective::Reduce(op, root) => (Some(op), Some(root)),
     };
     if let Some(root) = root.filter(|&r| r >= size) {
-        return Err(CommError::Root { op: call.kind(), root, size });
+        return Err(CommError::Root {
+            op: call.kind(),
+            root,
+            size,
+        });
     }
     // The local backend indexes peers' buffers by the agreed count; a non-root's ignored
     // buffer must not be handed over with a shorter length than it claims.

@@ -18,13 +18,20 @@ pub struct Config {
 
 impl Default for Config {
     fn default() -> Self {
-        Config { timeout: Duration::from_secs(600), history_len: 16, debug_checks: false }
+        Config {
+            timeout: Duration::from_secs(600),
+            history_len: 16,
+            debug_checks: false,
+        }
     }
 }
 
 impl Config {
     /// The default settings with another timeout.
     pub fn with_timeout(timeout: Duration) -> Self {
-        Config { timeout, ..Config::default() }
+        Config {
+            timeout,
+            ..Config::default()
+        }
     }
 }

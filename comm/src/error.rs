@@ -66,7 +66,9 @@ pub enum CommError {
         history: Box<History>,
     },
     /// The group failed earlier (a peer died, left, timed out or mismatched).
-    #[error("{op} #{seq} ({bytes} bytes) failed on rank {rank}: group is broken: {cause}{history}")]
+    #[error(
+        "{op} #{seq} ({bytes} bytes) failed on rank {rank}: group is broken: {cause}{history}"
+    )]
     Broken {
         /// The operation.
         op: OpKind,

@@ -75,13 +75,21 @@ impl OpDesc {
             return Some(("op", self.kind.to_string(), other.kind.to_string()));
         }
         if self.dtype != other.dtype {
-            return Some(("dtype", format!("{:?}", self.dtype), format!("{:?}", other.dtype)));
+            return Some((
+                "dtype",
+                format!("{:?}", self.dtype),
+                format!("{:?}", other.dtype),
+            ));
         }
         if self.count != other.count {
             return Some(("count", self.count.to_string(), other.count.to_string()));
         }
         if self.root != other.root {
-            return Some(("root", format!("{:?}", self.root), format!("{:?}", other.root)));
+            return Some((
+                "root",
+                format!("{:?}", self.root),
+                format!("{:?}", other.root),
+            ));
         }
         if self.op != other.op {
             return Some(("redop", format!("{:?}", self.op), format!("{:?}", other.op)));

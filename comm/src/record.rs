@@ -62,7 +62,11 @@ pub struct History {
 impl History {
     /// An empty history keeping at most `capacity` records.
     pub fn new(rank: usize, capacity: usize) -> Self {
-        History { rank, records: VecDeque::with_capacity(capacity), capacity }
+        History {
+            rank,
+            records: VecDeque::with_capacity(capacity),
+            capacity,
+        }
     }
 
     /// Appends a record, dropping the oldest when full.
@@ -82,7 +86,12 @@ impl fmt::Display for History {
         if self.records.is_empty() {
             return Ok(());
         }
-        write!(f, "\n  last {} ops on rank {}:", self.records.len(), self.rank)?;
+        write!(
+            f,
+            "\n  last {} ops on rank {}:",
+            self.records.len(),
+            self.rank
+        )?;
         for r in &self.records {
             let d = &r.desc;
             write!(f, "\n    #{} {}", d.seq, d.kind)?;
@@ -110,7 +119,10 @@ pub(crate) struct Recorder {
 
 impl Recorder {
     pub fn new(rank: usize, capacity: usize) -> Self {
-        Recorder { stats: Stats::default(), history: History::new(rank, capacity) }
+        Recorder {
+            stats: Stats::default(),
+            history: History::new(rank, capacity),
+        }
     }
 
     pub fn record(&mut self, desc: &OpDesc, size: usize, elapsed: Duration, ok: bool) {
@@ -120,6 +132,10 @@ impl Recorder {
         self.stats.bytes_sent += sent;
         self.stats.bytes_received += received;
         self.stats.time += elapsed;
-        self.history.push(OpRecord { desc: *desc, elapsed, ok });
+        self.history.push(OpRecord {
+            desc: *desc,
+            elapsed,
+            ok,
+        });
     }
 }

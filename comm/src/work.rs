@@ -42,7 +42,11 @@ impl Progress {
                     done.1.notify_all();
                 }
             })?;
-        Ok(Progress { tx, thread, completed })
+        Ok(Progress {
+            tx,
+            thread,
+            completed,
+        })
     }
 
     /// Finishes the queued operations and joins the thread.
@@ -70,7 +74,9 @@ pub struct Work<R> {
 
 impl<R> std::fmt::Debug for Work<R> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Work").field("done", &self.is_done()).finish()
+        f.debug_struct("Work")
+            .field("done", &self.is_done())
+            .finish()
     }
 }
 
@@ -92,7 +98,11 @@ impl<R> Work<R> {
             if let Some(v) = value.take() {
                 return v;
             }
-            value = self.cell.cv.wait(value).unwrap_or_else(std::sync::PoisonError::into_inner);
+            value = self
+                .cell
+                .cv
+                .wait(value)
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
         }
     }
 }
@@ -107,8 +117,19 @@ struct Completer<R> {
 
 impl<R> Completer<R> {
     fn new(op: OpKind, rank: usize) -> (Completer<R>, Work<R>) {
-        let cell = Arc::new(Cell { value: Mutex::new(None), cv: Condvar::new(), done: AtomicBool::new(false) });
-        (Completer { cell: Arc::clone(&cell), op, rank }, Work { cell })
+        let cell = Arc::new(Cell {
+            value: Mutex::new(None),
+            cv: Condvar::new(),
+            done: AtomicBool::new(false),
+        });
+        (
+            Completer {
+                cell: Arc::clone(&cell),
+                op,
+                rank,
+            },
+            Work { cell },
+        )
     }
 
     fn fill(&self, v: Result<R>) {
@@ -125,7 +146,10 @@ impl<R> Completer<R> {
 impl<R> Drop for Completer<R> {
     fn drop(&mut self) {
         if !self.cell.done.load(Ordering::Acquire) {
-            self.fill(Err(CommError::ProgressLost { op: self.op, rank: self.rank }));
+            self.fill(Err(CommError::ProgressLost {
+                op: self.op,
+                rank: self.rank,
+            }));
         }
     }
 }
@@ -138,7 +162,11 @@ impl Communicator {
         let target = self.issued.get();
         let mut done = lock(&p.completed.0);
         while *done < target {
-            done = p.completed.1.wait(done).unwrap_or_else(std::sync::PoisonError::into_inner);
+            done = p
+                .completed
+                .1
+                .wait(done)
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
         }
     }
 
@@ -178,7 +206,12 @@ impl Communicator {
 
     /// Non-blocking [`Communicator::collective`]: `send` (`None`: in place) and `recv` are
     /// moved in and returned by [`Work::wait`].
-    pub fn collective_async<T, S, R>(&self, call: Collective, send: Option<S>, mut recv: R) -> Work<(Option<S>, R)>
+    pub fn collective_async<T, S, R>(
+        &self,
+        call: Collective,
+        send: Option<S>,
+        mut recv: R,
+    ) -> Work<(Option<S>, R)>
     where
         T: Element,
         S: AsRef<[T]> + Send + 'static,
@@ -202,11 +235,19 @@ impl Communicator {
     }
 
     /// Non-blocking [`Communicator::all_reduce_in_place`].
-    pub fn all_reduce_async<T: Element, B: AsMut<[T]> + Send + 'static>(&self, buf: B, op: ReduceOp) -> Work<B> {
+    pub fn all_reduce_async<T: Element, B: AsMut<[T]> + Send + 'static>(
+        &self,
+        buf: B,
+        op: ReduceOp,
+    ) -> Work<B> {
         self.in_place_async(Collective::AllReduce(op), buf)
     }
     /// Non-blocking [`Communicator::reduce_scatter_in_place`].
-    pub fn reduce_scatter_async<T: Element, B: AsMut<[T]> + Send + 'static>(&self, buf: B, op: ReduceOp) -> Work<B> {
+    pub fn reduce_scatter_async<T: Element, B: AsMut<[T]> + Send + 'static>(
+        &self,
+        buf: B,
+        op: ReduceOp,
+    ) -> Work<B> {
         self.in_place_async(Collective::ReduceScatter(op), buf)
     }
     /// Non-blocking [`Communicator::all_gather_in_place`].
@@ -214,11 +255,20 @@ impl Communicator {
         self.in_place_async(Collective::AllGather, buf)
     }
     /// Non-blocking [`Communicator::broadcast_in_place`].
-    pub fn broadcast_async<T: Element, B: AsMut<[T]> + Send + 'static>(&self, buf: B, root: usize) -> Work<B> {
+    pub fn broadcast_async<T: Element, B: AsMut<[T]> + Send + 'static>(
+        &self,
+        buf: B,
+        root: usize,
+    ) -> Work<B> {
         self.in_place_async(Collective::Broadcast(root), buf)
     }
     /// Non-blocking [`Communicator::reduce_in_place`].
-    pub fn reduce_async<T: Element, B: AsMut<[T]> + Send + 'static>(&self, buf: B, op: ReduceOp, root: usize) -> Work<B> {
+    pub fn reduce_async<T: Element, B: AsMut<[T]> + Send + 'static>(
+        &self,
+        buf: B,
+        op: ReduceOp,
+        root: usize,
+    ) -> Work<B> {
         self.in_place_async(Collective::Reduce(op, root), buf)
     }
     /// Non-blocking [`Communicator::barrier`].

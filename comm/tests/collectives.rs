@@ -46,7 +46,12 @@ fn reduce_scatter_case<T: FromF64>(n: usize, per: usize, op: ReduceOp, in_place:
         }
     });
     for (r, g) in got.iter().enumerate() {
-        assert_close(g, &want[r * per..(r + 1) * per], op, &format!("reduce_scatter rank {r}"));
+        assert_close(
+            g,
+            &want[r * per..(r + 1) * per],
+            op,
+            &format!("reduce_scatter rank {r}"),
+        );
     }
 }
 
@@ -88,7 +93,14 @@ fn broadcast_case<T: FromF64>(n: usize, len: usize, root: usize, in_place: bool,
     }
 }
 
-fn reduce_case<T: FromF64>(n: usize, len: usize, op: ReduceOp, root: usize, in_place: bool, seed: u64) {
+fn reduce_case<T: FromF64>(
+    n: usize,
+    len: usize,
+    op: ReduceOp,
+    root: usize,
+    in_place: bool,
+    seed: u64,
+) {
     let inputs: Vec<Vec<T>> = (0..n).map(|r| data(seed, r, len)).collect();
     let want = reference(&inputs, op);
     let got = run(local::create(n).unwrap(), |c| {
@@ -109,7 +121,6 @@ fn reduce_case<T: FromF64>(n: usize, len: usize, op: ReduceOp, root: usize, in_p
     });
     assert_close(&got[root], &want, op, "reduce at root");
 }
-
 
 macro_rules! per_dtype {
     ($d:expr, $f:ident ( $($arg:expr),* )) => {

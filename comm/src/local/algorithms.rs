@@ -78,7 +78,14 @@ pub(crate) fn all_reduce(m: &Member, desc: &OpDesc, e: &Entered, op: ReduceOp) -
         let (lo, hi) = chunk(n, size, j);
         // SAFETY: rank j's chunk j was finished in phase 1 and nobody writes it now; rank r
         // alone writes its own chunk j.
-        unsafe { copy(dt, at(e.slots[j].recv, lo, dt), at(e.slots[r].recv, lo, dt), hi - lo) };
+        unsafe {
+            copy(
+                dt,
+                at(e.slots[j].recv, lo, dt),
+                at(e.slots[r].recv, lo, dt),
+                hi - lo,
+            )
+        };
     }
     m.exit(desc)
 }
@@ -88,7 +95,11 @@ pub(crate) fn reduce_scatter(m: &Member, desc: &OpDesc, e: &Entered, op: ReduceO
     let (size, r, dt) = (m.group.size, m.rank, dtype_of(desc));
     let per = desc.count / size;
     let mine = &e.slots[r];
-    let out = if mine.in_place { at(mine.recv, r * per, dt) } else { at(mine.recv, 0, dt) };
+    let out = if mine.in_place {
+        at(mine.recv, r * per, dt)
+    } else {
+        at(mine.recv, 0, dt)
+    };
     reduce_chunk(e, dt, r * per, (r + 1) * per, out, op);
     m.exit(desc)
 }
@@ -100,7 +111,14 @@ pub(crate) fn all_gather(m: &Member, desc: &OpDesc, e: &Entered) -> Result<()> {
     for j in 0..size {
         // SAFETY: inputs are only read in this phase; rank r alone writes its recv, and an
         // in-place rank's own chunk is its input (skipped by `copy` as src == dst).
-        unsafe { copy(dt, at(e.slots[j].send, 0, dt), at(e.slots[r].recv, j * per, dt), per) };
+        unsafe {
+            copy(
+                dt,
+                at(e.slots[j].send, 0, dt),
+                at(e.slots[r].recv, j * per, dt),
+                per,
+            )
+        };
     }
     m.exit(desc)
 }
@@ -110,12 +128,25 @@ pub(crate) fn broadcast(m: &Member, desc: &OpDesc, e: &Entered, root: usize) -> 
     let (r, dt) = (m.rank, dtype_of(desc));
     // SAFETY: the root's input is only read in this phase (in-place root: src == dst, no
     // copy); rank r alone writes its recv.
-    unsafe { copy(dt, at(e.slots[root].send, 0, dt), at(e.slots[r].recv, 0, dt), desc.count) };
+    unsafe {
+        copy(
+            dt,
+            at(e.slots[root].send, 0, dt),
+            at(e.slots[r].recv, 0, dt),
+            desc.count,
+        )
+    };
     m.exit(desc)
 }
 
 /// Rank r reduces chunk r of every input into chunk r of the root's recv.
-pub(crate) fn reduce(m: &Member, desc: &OpDesc, e: &Entered, op: ReduceOp, root: usize) -> Result<()> {
+pub(crate) fn reduce(
+    m: &Member,
+    desc: &OpDesc,
+    e: &Entered,
+    op: ReduceOp,
+    root: usize,
+) -> Result<()> {
     let (n, size, r, dt) = (desc.count, m.group.size, m.rank, dtype_of(desc));
     let (lo, hi) = chunk(n, size, r);
     reduce_chunk(e, dt, lo, hi, at(e.slots[root].recv, lo, dt), op);

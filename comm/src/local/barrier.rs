@@ -26,7 +26,10 @@ pub(crate) enum Wait {
 /// Why a wait failed.
 #[derive(Debug)]
 pub(crate) enum BarrierError {
-    Timeout { missing: Vec<usize>, waited: Duration },
+    Timeout {
+        missing: Vec<usize>,
+        waited: Duration,
+    },
     Broken(BreakCause),
 }
 
@@ -141,7 +144,11 @@ impl Barrier {
                         return Err(BarrierError::Timeout { missing, waited });
                     }
                     let slice = SLICE.min(timeout - waited);
-                    st = self.cv.wait_timeout(st, slice).unwrap_or_else(PoisonError::into_inner).0;
+                    st = self
+                        .cv
+                        .wait_timeout(st, slice)
+                        .unwrap_or_else(PoisonError::into_inner)
+                        .0;
                 }
                 Wait::Committed => {
                     let gone = (0..self.size).find(|&r| !st.arrived[r] && st.gone[r]);
@@ -149,7 +156,11 @@ impl Barrier {
                         let cause = st.broken.clone().unwrap_or(BreakCause::Left { rank: r });
                         return Err(BarrierError::Broken(cause));
                     }
-                    st = self.cv.wait_timeout(st, SLICE).unwrap_or_else(PoisonError::into_inner).0;
+                    st = self
+                        .cv
+                        .wait_timeout(st, SLICE)
+                        .unwrap_or_else(PoisonError::into_inner)
+                        .0;
                 }
             }
         }

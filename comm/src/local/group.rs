@@ -57,11 +57,16 @@ impl Group {
 
     pub fn publish(&self, rank: usize, f: impl FnOnce(&mut Slot)) {
         // A slot is plain data rewritten whole by its owner; poisoning cannot tear it.
-        f(&mut self.slots[rank].lock().unwrap_or_else(PoisonError::into_inner));
+        f(&mut self.slots[rank]
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner));
     }
 
     pub fn read(&self, rank: usize) -> Slot {
-        self.slots[rank].lock().unwrap_or_else(PoisonError::into_inner).clone()
+        self.slots[rank]
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
     }
 }
 
@@ -75,8 +80,11 @@ pub(crate) struct Member {
 impl Leave for Member {
     fn leave(&self, panicked: bool) {
         let rank = self.rank;
-        let cause =
-            if panicked { BreakCause::Panicked { rank } } else { BreakCause::Left { rank } };
+        let cause = if panicked {
+            BreakCause::Panicked { rank }
+        } else {
+            BreakCause::Left { rank }
+        };
         self.group.barrier.leave(rank, cause);
     }
 }
@@ -135,7 +143,9 @@ impl Member {
             // Every rank found a mismatch (if all equalled us, all would be equal), so every
             // rank takes this path: leave together, then break the group.
             self.exit(desc)?;
-            self.group.barrier.break_with(BreakCause::Mismatch { seq: desc.seq });
+            self.group
+                .barrier
+                .break_with(BreakCause::Mismatch { seq: desc.seq });
             return Err(CommError::Mismatch {
                 seq: desc.seq,
                 field,
@@ -150,12 +160,21 @@ impl Member {
     }
 
     pub fn wait_entry(&self, desc: &OpDesc) -> Result<()> {
-        let how = Wait::Entry { timeout: self.group.config.timeout, seq: desc.seq };
-        self.group.barrier.wait(self.rank, how).map_err(|e| self.to_error(desc, e))
+        let how = Wait::Entry {
+            timeout: self.group.config.timeout,
+            seq: desc.seq,
+        };
+        self.group
+            .barrier
+            .wait(self.rank, how)
+            .map_err(|e| self.to_error(desc, e))
     }
 
     /// A committed wait: between phases, and step 5.
     pub fn exit(&self, desc: &OpDesc) -> Result<()> {
-        self.group.barrier.wait(self.rank, Wait::Committed).map_err(|e| self.to_error(desc, e))
+        self.group
+            .barrier
+            .wait(self.rank, Wait::Committed)
+            .map_err(|e| self.to_error(desc, e))
     }
 }

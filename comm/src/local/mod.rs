@@ -53,12 +53,17 @@ pub fn create(n: usize) -> Result<Vec<Communicator>> {
 /// [`CommError::InvalidArgument`] when `n` is 0.
 pub fn create_with(n: usize, config: Config) -> Result<Vec<Communicator>> {
     if n == 0 {
-        return Err(CommError::InvalidArgument { what: "a group needs at least one rank".into() });
+        return Err(CommError::InvalidArgument {
+            what: "a group needs at least one rank".into(),
+        });
     }
     let group = Arc::new(Group::new(n, config));
     Ok((0..n)
         .map(|rank| {
-            let member = Arc::new(Member { rank, group: Arc::clone(&group) });
+            let member = Arc::new(Member {
+                rank,
+                group: Arc::clone(&group),
+            });
             Communicator::new(Box::new(LocalComm { member }), config)
         })
         .collect())
@@ -79,10 +84,18 @@ fn send_addr(send: &Option<BufRef<'_>>) -> Addr {
 fn io(send: &Option<BufRef<'_>>, recv: &mut BufMut<'_>, own_chunk: usize) -> Io {
     let recv_addr = recv.as_mut_ptr().expose_provenance();
     match send {
-        Some(_) => Io { send: send_addr(send), recv: Addr(recv_addr), in_place: false },
+        Some(_) => Io {
+            send: send_addr(send),
+            recv: Addr(recv_addr),
+            in_place: false,
+        },
         None => {
             let offset = own_chunk * recv.dtype().size();
-            Io { send: Addr(recv_addr + offset), recv: Addr(recv_addr), in_place: true }
+            Io {
+                send: Addr(recv_addr + offset),
+                recv: Addr(recv_addr),
+                in_place: true,
+            }
         }
     }
 }
@@ -160,7 +173,9 @@ impl Backend for LocalComm {
 
     fn split(&mut self, desc: &OpDesc, color: u32, key: u32) -> Result<Box<dyn Backend>> {
         let (rank, group) = split::split(&self.member, desc, color, key)?;
-        Ok(Box::new(LocalComm { member: Arc::new(Member { rank, group }) }))
+        Ok(Box::new(LocalComm {
+            member: Arc::new(Member { rank, group }),
+        }))
     }
 
     fn leave_handle(&self) -> Arc<dyn Leave> {

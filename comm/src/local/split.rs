@@ -10,9 +10,18 @@ use crate::op::OpDesc;
 use super::group::{Group, Io, Member, Slot};
 
 /// Returns (new rank, new group) for `m`.
-pub(crate) fn split(m: &Member, desc: &OpDesc, color: u32, key: u32) -> Result<(usize, Arc<Group>)> {
+pub(crate) fn split(
+    m: &Member,
+    desc: &OpDesc,
+    color: u32,
+    key: u32,
+) -> Result<(usize, Arc<Group>)> {
     m.group.publish(m.rank, |s| s.split = (color, key));
-    let io = Io { send: Default::default(), recv: Default::default(), in_place: true };
+    let io = Io {
+        send: Default::default(),
+        recv: Default::default(),
+        in_place: true,
+    };
     let entered = m.enter(desc, io)?;
     let mut members: Vec<(u32, usize)> = entered
         .slots

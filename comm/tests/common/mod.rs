@@ -10,7 +10,10 @@ pub fn run<R: Send>(comms: Vec<Communicator>, f: impl Fn(Communicator) -> R + Sy
     let f = &f;
     std::thread::scope(|s| {
         let handles: Vec<_> = comms.into_iter().map(|c| s.spawn(move || f(c))).collect();
-        handles.into_iter().map(|h| h.join().expect("rank thread panicked")).collect()
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("rank thread panicked"))
+            .collect()
     })
 }
 
@@ -76,8 +79,15 @@ pub fn assert_close<T: FromF64>(got: &[T], want: &[T], op: ReduceOp, what: &str)
     assert_eq!(got.len(), want.len(), "{what}: length");
     for (i, (g, w)) in got.iter().zip(want).enumerate() {
         let (g, w) = (f64::from(g.to_f32()), f64::from(w.to_f32()));
-        let tol = if op == ReduceOp::Avg { w.abs() * T::EPS * 1.01 } else { 0.0 };
-        assert!((g - w).abs() <= tol, "{what}: element {i}: got {g}, want {w} ({op})");
+        let tol = if op == ReduceOp::Avg {
+            w.abs() * T::EPS * 1.01
+        } else {
+            0.0
+        };
+        assert!(
+            (g - w).abs() <= tol,
+            "{what}: element {i}: got {g}, want {w} ({op})"
+        );
     }
 }
 
