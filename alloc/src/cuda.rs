@@ -33,6 +33,8 @@ pub(crate) fn context(ordinal: usize) -> Result<Arc<CudaContext>> {
 #[derive(Debug)]
 pub(crate) struct DeviceRegion {
     stream: Arc<CudaStream>,
+    // Offload copies run here so they overlap kernels on the compute streams.
+    copy_stream: Arc<CudaStream>,
     // Owns the allocation; addresses are taken once from it.
     _buf: CudaSlice<u8>,
     base: sys::CUdeviceptr,
@@ -46,6 +48,7 @@ impl DeviceRegion {
         // address leaves the arena's borrow, which is the ordering event tracking would add.
         unsafe { ctx.disable_event_tracking() };
         let stream = ctx.default_stream();
+        let copy_stream = ctx.new_stream().map_err(cuda_err("new_stream"))?;
         let buf = stream
             .alloc_zeros::<u8>(len.max(1))
             .map_err(cuda_err("alloc_zeros"))?;
@@ -110,6 +113,42 @@ impl DeviceRegion {
         // synchronous so `dst` outlives it.
         unsafe { cu::memcpy_dtoh_sync(dst, self.base + offset as u64) }
             .map_err(cuda_err("memcpy_dtoh"))
+    }
+
+    /// Offload copy on the copy stream, from any thread: region bytes at `offset` to `dst`
+    /// (`to_host`) or `dst` to the region. Waits for completion.
+    pub(crate) fn copy_on_copy_stream(
+        &self,
+        offset: usize,
+        host: *mut u8,
+        len: usize,
+        to_host: bool,
+    ) -> Result<()> {
+        assert!(offset + len <= self.len, "device copy out of range");
+        self.stream
+            .context()
+            .bind_to_thread()
+            .map_err(cuda_err("bind_to_thread"))?;
+        // Moves by a defragmentation are ordered on the arena stream; wait for them first.
+        self.synchronize()?;
+        let dev = self.base + offset as u64;
+        let stream = self.copy_stream.cu_stream();
+        // SAFETY: the device range is inside the allocation (asserted); the host range is
+        // `len` bytes owned by the in-flight job, which outlives the copy because we wait on
+        // the copy stream before returning.
+        unsafe {
+            if to_host {
+                let dst = std::slice::from_raw_parts_mut(host, len);
+                cu::memcpy_dtoh_async(dst, dev, stream)
+            } else {
+                let src = std::slice::from_raw_parts(host.cast_const(), len);
+                cu::memcpy_htod_async(dev, src, stream)
+            }
+        }
+        .map_err(cuda_err("offload memcpy"))?;
+        self.copy_stream
+            .synchronize()
+            .map_err(cuda_err("copy stream synchronize"))
     }
 
     /// Waits for every copy issued on the arena's stream.

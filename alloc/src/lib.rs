@@ -38,6 +38,7 @@ mod error;
 mod free_list;
 mod handle;
 mod memory;
+mod offload;
 mod pinned;
 mod stats;
 mod storage;
@@ -50,6 +51,7 @@ pub use config::{ArenaConfig, Backing, DEFAULT_ALIGNMENT};
 pub use device::Device;
 pub use error::{AllocError, Result};
 pub use handle::{Block, Handle};
+pub use offload::{offload_double_buffered, Chunk, CopyEngine, Transfer};
 pub use pinned::PinnedBuffer;
 pub use stats::{human_bytes, Stats};
 #[cfg(feature = "cuda")]

@@ -15,7 +15,7 @@ pub(crate) enum Storage {
     Host(Arc<HostRegion>),
     /// CUDA device memory.
     #[cfg(feature = "cuda")]
-    Cuda(crate::cuda::DeviceRegion),
+    Cuda(Arc<crate::cuda::DeviceRegion>),
 }
 
 impl Storage {
@@ -40,9 +40,9 @@ impl Storage {
                 reason: "pinned backing is host memory; use Device::Cpu".into(),
             }),
             #[cfg(feature = "cuda")]
-            (Device::Cuda(ordinal), Backing::Memory) => {
-                Ok(Self::Cuda(crate::cuda::DeviceRegion::new(ordinal, len)?))
-            }
+            (Device::Cuda(ordinal), Backing::Memory) => Ok(Self::Cuda(Arc::new(
+                crate::cuda::DeviceRegion::new(ordinal, len)?,
+            ))),
             #[cfg(not(feature = "cuda"))]
             (device @ Device::Cuda(_), Backing::Memory) => {
                 Err(AllocError::NotCompiledWithCuda { device })
