@@ -58,6 +58,7 @@ impl DeviceRegion {
         };
         Ok(Self {
             stream,
+            copy_stream,
             _buf: buf,
             base,
             len,
