@@ -1,0 +1,384 @@
+//! llm.c's float32 model checkpoint: 256 little-endian int32 (magic 20240326, version 3,
+//! maxT, V, L, NH, C, Vp, the rest zero), then every parameter as little-endian f32 in the
+//! order of [`super::LLMC_TENSOR_NAMES`].
+//!
+//! Sizes from the header are validated, and compared with the bytes actually present,
+//! before any parameter memory is allocated, so a corrupt header cannot make the reader
+//! allocate terabytes.
+
+use std::fs::File;
+use std::io::{BufWriter, Read, Write};
+use std::path::{Path, PathBuf};
+
+use super::error::{Error, FormatError, Result};
+use super::layout::ModelShape;
+
+/// Magic number of llm.c float32 model checkpoints.
+pub const LLMC_MAGIC: i32 = 20_240_326;
+/// The supported version (float32 parameters, padded vocabulary in the header).
+pub const LLMC_VERSION: i32 = 3;
+/// Header size in bytes.
+pub const LLMC_HEADER_BYTES: usize = 256 * 4;
+
+/// Read granularity for streams: memory grows with bytes present, not with the header.
+const CHUNK_BYTES: usize = 1 << 20;
+
+/// A GPT-2 model in llm.c's layout: its shape and all parameters, flat, in file order.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LlmcCheckpoint {
+    shape: ModelShape,
+    params: Vec<f32>,
+}
+
+fn format_err(path: &Path, source: FormatError) -> Error {
+    Error::Format {
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+/// Parses and validates the header; returns the shape and the parameter byte count.
+fn parse_header(header: &[u8]) -> Result<(ModelShape, u64), FormatError> {
+    if header.len() < LLMC_HEADER_BYTES {
+        return Err(FormatError::TruncatedHeader {
+            expected: LLMC_HEADER_BYTES,
+            got: header.len(),
+        });
+    }
+    let word = |i: usize| {
+        i32::from_le_bytes([
+            header[4 * i],
+            header[4 * i + 1],
+            header[4 * i + 2],
+            header[4 * i + 3],
+        ])
+    };
+    if word(0) != LLMC_MAGIC {
+        return Err(FormatError::BadMagic {
+            expected: LLMC_MAGIC,
+            found: word(0),
+        });
+    }
+    if word(1) != LLMC_VERSION {
+        return Err(FormatError::BadVersion {
+            supported: LLMC_VERSION,
+            found: word(1),
+        });
+    }
+    let dim = |i: usize, field: &'static str| {
+        let v = word(i);
+        usize::try_from(v)
+            .ok()
+            .filter(|&v| v > 0)
+            .ok_or(FormatError::BadDimension {
+                field,
+                value: i64::from(v),
+            })
+    };
+    let shape = ModelShape {
+        max_t: dim(2, "max_t")?,
+        vocab: dim(3, "vocab")?,
+        layers: dim(4, "layers")?,
+        heads: dim(5, "heads")?,
+        channels: dim(6, "channels")?,
+        padded_vocab: dim(7, "padded_vocab")?,
+    };
+    shape.validate()?;
+    Ok((shape, shape.num_params() as u64 * 4))
+}
+
+fn check_len(expected_bytes: u64, got_bytes: u64) -> Result<(), FormatError> {
+    if expected_bytes == got_bytes {
+        Ok(())
+    } else {
+        Err(FormatError::LengthMismatch {
+            expected_bytes,
+            got_bytes,
+        })
+    }
+}
+
+fn decode_f32(bytes: &[u8], out: &mut Vec<f32>) {
+    out.extend(
+        bytes
+            .chunks_exact(4)
+            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])),
+    );
+}
+
+impl LlmcCheckpoint {
+    /// A model of `shape` with every parameter zero.
+    ///
+    /// # Errors
+    /// [`Error::Format`] if the shape is invalid.
+    pub fn zeros(shape: ModelShape) -> Result<Self> {
+        shape
+            .validate()
+            .map_err(|e| format_err(Path::new("<shape>"), e))?;
+        Ok(Self {
+            shape,
+            params: vec![0.0; shape.num_params()],
+        })
+    }
+
+    /// Wraps flat parameters in llm.c order.
+    ///
+    /// # Errors
+    /// [`Error::Format`] for an invalid shape, [`Error::ShapeMismatch`] for a wrong length.
+    pub fn from_flat(shape: ModelShape, params: Vec<f32>) -> Result<Self> {
+        shape
+            .validate()
+            .map_err(|e| format_err(Path::new("<shape>"), e))?;
+        if params.len() != shape.num_params() {
+            return Err(Error::ShapeMismatch {
+                what: "llm.c parameters".into(),
+                expected: shape.num_params(),
+                got: params.len(),
+            });
+        }
+        Ok(Self { shape, params })
+    }
+
+    /// Builds a checkpoint from per-unit buffers (see [`ModelShape::unit_sizes`]).
+    ///
+    /// # Errors
+    /// As [`ModelShape::units_to_llmc`].
+    pub fn from_units<U: AsRef<[f32]>>(shape: ModelShape, units: &[U]) -> Result<Self> {
+        let params = shape.units_to_llmc(units)?;
+        Ok(Self { shape, params })
+    }
+
+    /// The parameters as per-unit buffers.
+    ///
+    /// # Errors
+    /// Cannot fail for a checkpoint built by this module; kept fallible as the layout check.
+    pub fn to_units(&self) -> Result<Vec<Vec<f32>>> {
+        self.shape.llmc_to_units(&self.params)
+    }
+
+    /// The model shape.
+    pub fn shape(&self) -> &ModelShape {
+        &self.shape
+    }
+
+    /// All parameters, flat, in llm.c order.
+    pub fn params(&self) -> &[f32] {
+        &self.params
+    }
+
+    /// One tensor by llm.c name (`"qkvw"` is all layers, (L, 3C, C)).
+    pub fn tensor(&self, name: &str) -> Option<&[f32]> {
+        let mut offset = 0;
+        for spec in self.shape.tensors() {
+            let n = spec.numel();
+            if spec.name == name {
+                return Some(&self.params[offset..offset + n]);
+            }
+            offset += n;
+        }
+        None
+    }
+
+    /// Loads a checkpoint file, checking its length against the header before allocating.
+    ///
+    /// # Errors
+    /// [`Error::Io`] if the file cannot be opened or read; [`Error::Format`] naming the file
+    /// for a truncated, foreign, wrong-version, absurd or length-mismatched file.
+    pub fn load(path: impl AsRef<Path>) -> Result<Self> {
+        let path = path.as_ref();
+        let io = |op| {
+            move |source| Error::Io {
+                op,
+                path: path.to_path_buf(),
+                source,
+            }
+        };
+        let mut file = File::open(path).map_err(io("open"))?;
+        let mut header = vec![0u8; LLMC_HEADER_BYTES];
+        let got = read_up_to(&mut file, &mut header).map_err(io("read"))?;
+        let (shape, expected) = parse_header(&header[..got]).map_err(|e| format_err(path, e))?;
+        let file_len = file.metadata().map_err(io("stat"))?.len();
+        check_len(expected, file_len.saturating_sub(LLMC_HEADER_BYTES as u64))
+            .map_err(|e| format_err(path, e))?;
+        // The length was checked against the file, so reserving it all is safe here.
+        let params = read_params(&mut file, expected, shape.num_params()).map_err(|e| match e {
+            ReadError::Io(source) => Error::Io {
+                op: "read",
+                path: path.to_path_buf(),
+                source,
+            },
+            ReadError::Format(source) => format_err(path, source),
+        })?;
+        Ok(Self { shape, params })
+    }
+
+    /// Parses a checkpoint held in memory (the entry point of the fuzz target).
+    ///
+    /// # Errors
+    /// [`Error::Format`] (path `<memory>`) as for [`LlmcCheckpoint::load`].
+    pub fn from_bytes(bytes: &[u8]) -> Result<Self> {
+        let path = Path::new("<memory>");
+        let (shape, expected) = parse_header(bytes).map_err(|e| format_err(path, e))?;
+        let payload = &bytes[LLMC_HEADER_BYTES..];
+        check_len(expected, payload.len() as u64).map_err(|e| format_err(path, e))?;
+        let mut params = Vec::with_capacity(shape.num_params());
+        decode_f32(payload, &mut params);
+        Ok(Self { shape, params })
+    }
+
+    /// Parses a checkpoint from a stream, reading at most one byte past what the header
+    /// announces; memory grows with the bytes present, not with the header's claim.
+    ///
+    /// # Errors
+    /// [`Error::Io`] on read failure, [`Error::Format`] (path `<stream>`) on malformed data.
+    pub fn read_from(mut reader: impl Read) -> Result<Self> {
+        let path = PathBuf::from("<stream>");
+        let mut header = vec![0u8; LLMC_HEADER_BYTES];
+        let got = read_up_to(&mut reader, &mut header).map_err(|source| Error::Io {
+            op: "read",
+            path: path.clone(),
+            source,
+        })?;
+        let (shape, expected) = parse_header(&header[..got]).map_err(|e| format_err(&path, e))?;
+        let reserve = shape.num_params().min(CHUNK_BYTES / 4);
+        let params = read_params(&mut reader, expected, reserve).map_err(|e| match e {
+            ReadError::Io(source) => Error::Io {
+                op: "read",
+                path: path.clone(),
+                source,
+            },
+            ReadError::Format(source) => format_err(&path, source),
+        })?;
+        Ok(Self { shape, params })
+    }
+
+    fn header_bytes(&self) -> [u8; LLMC_HEADER_BYTES] {
+        let s = &self.shape;
+        // Validated shapes fit i32 only if the writer produced them; clamp rather than wrap
+        // so a huge shape fails on reading instead of aliasing to a small one.
+        let w = |v: usize| i32::try_from(v).unwrap_or(i32::MAX);
+        let words = [
+            LLMC_MAGIC,
+            LLMC_VERSION,
+            w(s.max_t),
+            w(s.vocab),
+            w(s.layers),
+            w(s.heads),
+            w(s.channels),
+            w(s.padded_vocab),
+        ];
+        let mut out = [0u8; LLMC_HEADER_BYTES];
+        for (i, v) in words.iter().enumerate() {
+            out[4 * i..4 * i + 4].copy_from_slice(&v.to_le_bytes());
+        }
+        out
+    }
+
+    /// The file's bytes.
+    pub fn to_bytes(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(LLMC_HEADER_BYTES + 4 * self.params.len());
+        out.extend_from_slice(&self.header_bytes());
+        for p in &self.params {
+            out.extend_from_slice(&p.to_le_bytes());
+        }
+        out
+    }
+
+    /// Writes the checkpoint to a stream.
+    ///
+    /// # Errors
+    /// The writer's I/O error.
+    pub fn write_to(&self, mut writer: impl Write) -> std::io::Result<()> {
+        writer.write_all(&self.header_bytes())?;
+        let mut buf = Vec::with_capacity(CHUNK_BYTES);
+        for chunk in self.params.chunks(CHUNK_BYTES / 4) {
+            buf.clear();
+            for p in chunk {
+                buf.extend_from_slice(&p.to_le_bytes());
+            }
+            writer.write_all(&buf)?;
+        }
+        writer.flush()
+    }
+
+    /// Saves atomically: to `<path>.tmp`, then renamed over `path`.
+    ///
+    /// # Errors
+    /// [`Error::Io`] naming the file.
+    pub fn save(&self, path: impl AsRef<Path>) -> Result<()> {
+        let path = path.as_ref();
+        let mut tmp = path.as_os_str().to_owned();
+        tmp.push(".tmp");
+        let tmp = PathBuf::from(tmp);
+        let io = |op, p: &Path| {
+            let p = p.to_path_buf();
+            move |source| Error::Io {
+                op,
+                path: p,
+                source,
+            }
+        };
+        let file = File::create(&tmp).map_err(io("create", &tmp))?;
+        let mut writer = BufWriter::new(file);
+        self.write_to(&mut writer).map_err(io("write", &tmp))?;
+        let file = writer.into_inner().map_err(|e| Error::Io {
+            op: "write",
+            path: tmp.clone(),
+            source: e.into_error(),
+        })?;
+        file.sync_all().map_err(io("sync", &tmp))?;
+        std::fs::rename(&tmp, path).map_err(io("rename into", path))
+    }
+}
+
+enum ReadError {
+    Io(std::io::Error),
+    Format(FormatError),
+}
+
+/// Reads exactly `expected` parameter bytes in chunks, then checks nothing follows.
+/// `reserve` is the capacity to allocate up front: the full count only where the caller has
+/// already checked that the bytes exist; otherwise the vector grows with the bytes read.
+fn read_params(
+    reader: &mut impl Read,
+    expected: u64,
+    reserve: usize,
+) -> Result<Vec<f32>, ReadError> {
+    let mut params = Vec::with_capacity(reserve);
+    let mut buf = vec![0u8; CHUNK_BYTES];
+    let mut remaining = expected;
+    while remaining > 0 {
+        let want = remaining.min(CHUNK_BYTES as u64) as usize;
+        let got = read_up_to(reader, &mut buf[..want]).map_err(ReadError::Io)?;
+        if got < want {
+            return Err(ReadError::Format(FormatError::LengthMismatch {
+                expected_bytes: expected,
+                got_bytes: expected - remaining + got as u64,
+            }));
+        }
+        decode_f32(&buf[..got], &mut params);
+        remaining -= got as u64;
+    }
+    let extra = read_up_to(reader, &mut buf[..1]).map_err(ReadError::Io)?;
+    if extra > 0 {
+        return Err(ReadError::Format(FormatError::LengthMismatch {
+            expected_bytes: expected,
+            got_bytes: expected + 1,
+        }));
+    }
+    Ok(params)
+}
+
+/// Fills `buf` as far as the reader allows; returns the bytes read (short only at EOF).
+fn read_up_to(reader: &mut impl Read, buf: &mut [u8]) -> std::io::Result<usize> {
+    let mut filled = 0;
+    while filled < buf.len() {
+        match reader.read(&mut buf[filled..]) {
+            Ok(0) => break,
+            Ok(n) => filled += n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(filled)
+}
