@@ -69,3 +69,40 @@ fn bad_inputs_are_refused() {
     ));
     std::fs::remove_dir_all(dir).unwrap();
 }
+
+/// The real corpus, when `scripts/fetch-shakespeare.sh` has installed it. Ignored by default
+/// (it needs the download and takes seconds): `cargo test -p zero --test data_prepare -- --ignored`.
+#[test]
+#[ignore = "needs data/shakespeare from scripts/fetch-shakespeare.sh"]
+fn prepares_the_shakespeare_corpus() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../data/shakespeare");
+    let mut texts: Vec<PathBuf> = std::fs::read_dir(root.join("texts"))
+        .expect("run scripts/fetch-shakespeare.sh first")
+        .map(|e| e.unwrap().path())
+        .collect();
+    texts.sort();
+    assert_eq!(texts.len(), 42);
+    let out = temp_dir("shakespeare");
+    let start = std::time::Instant::now();
+    let s = prepare(&texts, &out, 0.01).unwrap();
+    eprintln!(
+        "prepare: {} documents, {} bytes -> {} train + {} val tokens in {:.2?}",
+        s.documents,
+        s.text_bytes,
+        s.train_tokens,
+        s.val_tokens,
+        start.elapsed()
+    );
+    assert_eq!(s.text_bytes, 5_057_198);
+    // The concatenation is 1,565,959 GPT-2 tokens (docs/DEPENDENCIES); the files split at
+    // newlines, so per-file encoding adds exactly the 42 delimiters.
+    assert_eq!(s.train_tokens + s.val_tokens, 1_565_959 + 42);
+    let train = TokenFile::open(&s.train_path).unwrap();
+    assert_eq!(train.len(), s.train_tokens);
+    assert_eq!(
+        train.tokens().iter().filter(|&&t| t == GPT2_EOT).count() + 1,
+        42,
+        "val holds the first EOT"
+    );
+    std::fs::remove_dir_all(out).unwrap();
+}
