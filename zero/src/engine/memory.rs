@@ -122,7 +122,9 @@ pub fn expected_model_state_bytes(
 }
 
 /// The model-state bytes the engine actually stores on one rank for units of the given sizes:
-/// replicated kinds hold whole units, partitioned kinds hold one padded shard of each.
+/// replicated kinds hold whole units, partitioned kinds hold one shard of each. Both are
+/// padded to `world * align` elements per unit: whole buffers too, so that the in-place
+/// reduce-scatter and all-gather can run on them without a staging copy.
 ///
 /// # Errors
 /// A [`PartitionError`] when a unit cannot be partitioned (zero ranks, overflow).
@@ -137,7 +139,7 @@ pub fn padded_model_state_bytes(
     let mut shards = 0u64;
     for &numel in unit_numels {
         let p = Partition::new(numel, world, align)?;
-        whole += numel as u64;
+        whole += p.padded_numel() as u64;
         shards += p.shard_len() as u64;
     }
     let count = |partitioned: bool| (if partitioned { shards } else { whole }) as f64;
@@ -196,7 +198,7 @@ mod tests {
         for stage in ZeroStage::ALL {
             let exact = expected_model_state_bytes(5104, 4, stage, Precision::Bf16);
             let padded = padded_model_state_bytes(&units, 4, 64, stage, Precision::Bf16).unwrap();
-            let slack = (2 + 2 + 12) as f64 * 64.0 * units.len() as f64;
+            let slack = (2 + 2 + 12) as f64 * (4.0 * 64.0) * units.len() as f64;
             assert!(padded.total() >= exact.total(), "{stage}");
             assert!(padded.total() - exact.total() <= slack, "{stage}");
         }

@@ -1,0 +1,192 @@
+//! The engine's memory and traffic match the paper's formulas (plus documented padding),
+//! and misuse fails with clear errors instead of hangs.
+
+use zero::engine::{
+    expected_model_state_bytes, padded_model_state_bytes, Engine, EngineConfig, EngineError,
+    Precision, UnitSpec, ZeroStage, SHARD_ALIGN_ELEMS,
+};
+
+/// Unit sizes that no world size divides evenly.
+const SIZES: [usize; 4] = [1000, 7, 4096, 333];
+
+fn units() -> Vec<UnitSpec> {
+    SIZES
+        .iter()
+        .enumerate()
+        .map(|(i, &n)| UnitSpec::new(format!("u{i}"), n))
+        .collect()
+}
+
+fn engine(comm: zero_comm::Communicator, stage: ZeroStage) -> Engine {
+    let config = EngineConfig {
+        stage,
+        ..EngineConfig::default()
+    };
+    Engine::new(comm, units(), config, |u, w| w.fill(u as f32 + 1.0)).unwrap()
+}
+
+/// One micro-step of a fake model: every unit gathered for forward, then in reverse order
+/// gathered again for a backward whose gradient is the parameters themselves.
+fn fake_step(e: &mut Engine) -> Result<(), EngineError> {
+    for u in 0..SIZES.len() {
+        e.gather(u)?;
+        e.release(u)?;
+    }
+    for u in (0..SIZES.len()).rev() {
+        e.gather(u)?;
+        e.begin_backward(u)?;
+        {
+            let (p, mut g) = e.views(&[u], &[u])?;
+            g[0].copy_from_slice(p[0]);
+        }
+        e.end_backward(u)?;
+        e.release(u)?;
+    }
+    e.end_micro_step();
+    e.step(1e-3)?;
+    Ok(())
+}
+
+/// Runs `f` on every rank of a local group of `world` and collects the results.
+fn on_ranks<R: Send>(world: usize, f: impl Fn(zero_comm::Communicator) -> R + Sync) -> Vec<R> {
+    let comms = zero_comm::local::create(world).unwrap();
+    std::thread::scope(|s| {
+        let hs: Vec<_> = comms.into_iter().map(|c| s.spawn(|| f(c))).collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    })
+}
+
+#[test]
+fn measured_model_states_equal_the_padded_formula() {
+    for world in [1, 2, 4, 8] {
+        for stage in ZeroStage::ALL {
+            let measured = on_ranks(world, |c| {
+                engine(c, stage).measured_model_state_bytes().unwrap()
+            });
+            let padded =
+                padded_model_state_bytes(&SIZES, world, SHARD_ALIGN_ELEMS, stage, Precision::Fp32)
+                    .unwrap();
+            let psi = SIZES.iter().sum::<usize>() as u64;
+            let paper = expected_model_state_bytes(psi, world, stage, Precision::Fp32);
+            for m in measured {
+                assert_eq!(m, padded, "{stage}, N={world}");
+                // Padding: under one shard quantum (world x 64 elements) per unit, per kind.
+                let slack = 16.0 * (world * SHARD_ALIGN_ELEMS * SIZES.len()) as f64;
+                assert!(m.total() >= paper.total() && m.total() - paper.total() < slack);
+            }
+        }
+    }
+}
+
+#[test]
+fn stage_three_saves_memory_linearly_in_ranks() {
+    let at = |world| {
+        on_ranks(world, |c| {
+            engine(c, ZeroStage::Zero3)
+                .measured_model_state_bytes()
+                .unwrap()
+                .total()
+        })[0]
+    };
+    let (one, four) = (at(1), at(4));
+    assert!(four * 4.0 <= one * 1.1, "N=1: {one}, N=4: {four}");
+}
+
+#[test]
+fn traffic_per_step_is_two_psi_or_three_psi_at_stage_three() {
+    let world = 4;
+    let padded: Vec<u64> = SIZES
+        .iter()
+        .map(|&n| zero::engine::Partition::new(n, world, SHARD_ALIGN_ELEMS).unwrap())
+        .map(|p| p.padded_numel() as u64)
+        .collect();
+    let psi: u64 = padded.iter().sum();
+    for stage in ZeroStage::ALL {
+        let traffic = on_ranks(world, |c| {
+            let mut e = engine(c, stage);
+            fake_step(&mut e).unwrap();
+            let first = e.traffic();
+            fake_step(&mut e).unwrap();
+            (first, e.traffic())
+        });
+        for (first, second) in traffic {
+            let per_step = second.elements() - first.elements();
+            // The fake model gathers every unit for forward and again for backward, as the
+            // paper's 3 Psi assumes.
+            let want = if stage == ZeroStage::Zero3 {
+                3 * psi
+            } else {
+                2 * psi
+            };
+            assert_eq!(per_step, want, "{stage}: {second:?}");
+        }
+    }
+}
+
+#[test]
+fn a_cap_too_small_for_stage_zero_names_a_stage_that_fits() {
+    let errors = on_ranks(4, |c| {
+        let config = EngineConfig {
+            stage: ZeroStage::Zero0,
+            memory_limit: Some(100_000),
+            ..EngineConfig::default()
+        };
+        Engine::new(c, units(), config, |_, w| w.fill(0.0)).map(|_| ())
+    });
+    for e in errors {
+        let msg = e.unwrap_err().to_string();
+        assert!(msg.contains("stage 0 needs"), "{msg}");
+        assert!(msg.contains("fits"), "{msg}");
+    }
+}
+
+#[test]
+fn a_rank_that_visits_another_unit_gets_an_error_not_a_hang() {
+    let results = on_ranks(2, |c| {
+        let rank = c.rank();
+        let mut e = engine(c, ZeroStage::Zero3);
+        e.gather(rank).map(|_| ())
+    });
+    for r in results {
+        match r {
+            Err(EngineError::DivergentOrder { position: 0, .. }) => {}
+            other => panic!("expected a divergent order, got {other:?}"),
+        }
+    }
+}
+
+#[test]
+fn using_a_unit_outside_gather_is_an_error() {
+    on_ranks(2, |c| {
+        let mut e = engine(c, ZeroStage::Zero3);
+        assert!(matches!(
+            e.params(0),
+            Err(EngineError::NotGathered { unit: 0 })
+        ));
+        assert!(matches!(e.release(0), Err(EngineError::Order(_))));
+        assert!(matches!(e.step(1e-3), Err(EngineError::Order(_))));
+        assert!(matches!(
+            e.gather(9),
+            Err(EngineError::NoSuchUnit { unit: 9, units: 4 })
+        ));
+    });
+}
+
+#[test]
+fn gradient_clipping_on_shards_equals_clipping_whole() {
+    let clip_norms = |stage| {
+        on_ranks(2, |c| {
+            let config = EngineConfig {
+                stage,
+                grad_clip: 0.5,
+                ..EngineConfig::default()
+            };
+            let mut e = Engine::new(c, units(), config, |u, w| w.fill(u as f32 + 1.0)).unwrap();
+            fake_step(&mut e).unwrap();
+            zero::train::gpt_engine::full_params(&mut e).unwrap()
+        })
+    };
+    let whole = clip_norms(ZeroStage::Zero0);
+    let sharded = clip_norms(ZeroStage::Zero2);
+    assert_eq!(whole, sharded);
+}
