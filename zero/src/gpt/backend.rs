@@ -163,6 +163,14 @@ pub trait Backend {
 #[derive(Debug, Clone, Copy, Default)]
 pub struct CpuBackend;
 
+impl CpuBackend {
+    /// Threads the kernels run on (rayon's current pool).
+    #[must_use]
+    pub fn num_threads() -> usize {
+        rayon::current_num_threads()
+    }
+}
+
 impl Backend for CpuBackend {
     type Slice = [f32];
     type Ids = [u32];

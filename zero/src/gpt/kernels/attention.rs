@@ -10,6 +10,8 @@
 
 use rayon::prelude::*;
 
+use super::math;
+
 /// out[b,t,h] = Σ_{t2<=t} softmax_t2(q[b,t,h]·k[b,t2,h] / sqrt(hs)) v[b,t2,h].
 ///
 /// `out` (B,T,C), `att` (B,T,NH,T) softmax weights (zero above the diagonal), `qkv` (B,T,3C).
@@ -43,13 +45,13 @@ pub fn attention_forward(
                 let mut max = f32::NEG_INFINITY;
                 for (t2, a) in a.iter_mut().enumerate().take(ti + 1) {
                     let k = &seq[t2 * 3 * c + c + h * hs..][..hs];
-                    let s = q.iter().zip(k).map(|(x, y)| x * y).sum::<f32>() * scale;
+                    let s = math::dot(q, k) * scale;
                     max = max.max(s);
                     *a = s;
                 }
                 let mut sum = 0.0f32;
                 for a in &mut a[..=ti] {
-                    *a = (*a - max).exp();
+                    *a = math::exp(*a - max);
                     sum += *a;
                 }
                 let inv = 1.0 / sum;
@@ -99,6 +101,7 @@ pub fn attention_backward(
         .zip(dout.par_chunks(t * c).zip(att.par_chunks(t * nh * t)))
         .for_each(|((dseq, seq), (dout, att))| {
             let mut dpre = vec![0.0f32; t]; // (T,) scratch: d(score) of one row
+            let mut dq = vec![0.0f32; hs]; // (hs,) scratch: d(q) of one row and head
             for ti in 0..t {
                 for h in 0..nh {
                     let a = &att[(ti * nh + h) * t..][..=ti]; // (ti+1,)
@@ -107,24 +110,31 @@ pub fn attention_backward(
                     for (t2, &w) in a.iter().enumerate() {
                         let base = t2 * 3 * c + 2 * c + h * hs;
                         let v = &seq[base..base + hs];
-                        dpre[t2] = d.iter().zip(v).map(|(x, y)| x * y).sum();
+                        dpre[t2] = math::dot(d, v);
                         for (dv, &g) in dseq[base..base + hs].iter_mut().zip(d) {
                             *dv += w * g;
                         }
                     }
                     // Softmax backward: d(score) = att * (d(att) - Σ att * d(att)).
-                    let dot: f32 = a.iter().zip(&dpre).map(|(x, y)| x * y).sum();
+                    let dot = math::dot(a, &dpre);
                     for (dp, &w) in dpre.iter_mut().zip(a) {
                         *dp = w * (*dp - dot) * scale;
                     }
                     // score = q · k[t2] * scale.
-                    let qbase = ti * 3 * c + h * hs;
+                    let q = &seq[ti * 3 * c + h * hs..][..hs]; // (hs,)
+                    dq.fill(0.0);
                     for (t2, &g) in dpre[..=ti].iter().enumerate() {
                         let kbase = t2 * 3 * c + c + h * hs;
-                        for i in 0..hs {
-                            dseq[qbase + i] += g * seq[kbase + i];
-                            dseq[kbase + i] += g * seq[qbase + i];
+                        let k = &seq[kbase..kbase + hs];
+                        for (dq, &k) in dq.iter_mut().zip(k) {
+                            *dq += g * k;
                         }
+                        for (dk, &q) in dseq[kbase..kbase + hs].iter_mut().zip(q) {
+                            *dk += g * q;
+                        }
+                    }
+                    for (d, &g) in dseq[ti * 3 * c + h * hs..][..hs].iter_mut().zip(&dq) {
+                        *d += g;
                     }
                 }
             }

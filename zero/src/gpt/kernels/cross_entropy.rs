@@ -10,7 +10,7 @@
 
 use rayon::prelude::*;
 
-use super::ROWS_PER_TASK;
+use super::{math, ROWS_PER_TASK};
 
 /// losses[i] = -log softmax(logits[i, ..V])[targets[i]]; `logits` is overwritten with the
 /// probabilities (zero in the padded columns).
@@ -43,13 +43,9 @@ pub fn crossentropy_forward(
                 let target = target as usize;
                 assert!(target < v, "target {target} >= vocab {v}");
                 let (real, pad) = row.split_at_mut(v);
-                let max = real.iter().fold(f32::NEG_INFINITY, |m, &x| m.max(x));
+                let max = math::max(real);
                 let target_logit = real[target];
-                let mut sum = 0.0f32;
-                for x in real.iter_mut() {
-                    *x = (*x - max).exp();
-                    sum += *x;
-                }
+                let sum = math::exp_shifted_sum(real, max);
                 // log-sum-exp form: exact even when the target's probability underflows.
                 *loss = max + sum.ln() - target_logit;
                 let inv = 1.0 / sum;

@@ -4,6 +4,8 @@
 
 use rayon::prelude::*;
 
+use super::math;
+
 const CHUNK: usize = 1 << 12;
 /// sqrt(2/pi).
 const S: f32 = 0.797_884_6;
@@ -20,7 +22,7 @@ pub fn gelu_forward(out: &mut [f32], inp: &[f32]) {
         .for_each(|(o, x)| {
             for (o, &x) in o.iter_mut().zip(x) {
                 let u = S * (x + K * x * x * x);
-                *o = 0.5 * x * (1.0 + u.tanh());
+                *o = 0.5 * x * (1.0 + math::tanh(u));
             }
         });
 }
@@ -37,7 +39,7 @@ pub fn gelu_backward(dinp: &mut [f32], inp: &[f32], dout: &[f32]) {
         .for_each(|(di, (x, d))| {
             for ((di, &x), &d) in di.iter_mut().zip(x).zip(d) {
                 let u = S * (x + K * x * x * x);
-                let th = u.tanh();
+                let th = math::tanh(u);
                 let sech2 = 1.0 - th * th;
                 let local = 0.5 * (1.0 + th) + 0.5 * x * sech2 * S * (1.0 + 3.0 * K * x * x);
                 *di += local * d;

@@ -21,6 +21,7 @@ pub mod cross_entropy;
 pub mod encoder;
 pub mod gelu;
 pub mod layernorm;
+mod math;
 pub mod matmul;
 pub mod residual;
 
