@@ -412,3 +412,39 @@ fn pinned_backing_arena_works_locked_or_not() {
     arena.slice_mut::<u8>(h).unwrap().fill(3);
     assert_eq!(arena.slice::<u8>(h).unwrap()[A - 1], 3);
 }
+
+#[test]
+fn byte_copies_check_length_and_mode() {
+    let mut arena = Arena::host(4 * A).unwrap();
+    let h = arena.alloc(8).unwrap();
+    arena.write_bytes(h, &[1, 2, 3]).unwrap();
+    let mut out = [0u8; 3];
+    arena.read_bytes(h, &mut out).unwrap();
+    assert_eq!(out, [1, 2, 3]);
+    assert!(matches!(
+        arena.write_bytes(h, &[0; 9]),
+        Err(AllocError::LengthMismatch { .. })
+    ));
+    assert!(matches!(
+        arena.read_bytes(h, &mut [0; 9]),
+        Err(AllocError::LengthMismatch { .. })
+    ));
+    let mut acct = Arena::accounting(4 * A).unwrap();
+    let g = acct.alloc(8).unwrap();
+    assert!(matches!(
+        acct.write_bytes(g, &[1]),
+        Err(AllocError::NoHostMemory { .. })
+    ));
+}
+
+#[test]
+fn handles_lists_exactly_the_live_blocks() {
+    let mut arena = Arena::host(8 * A).unwrap();
+    let a = arena.alloc(1).unwrap();
+    let b = arena.alloc(1).unwrap();
+    let c = arena.alloc(1).unwrap();
+    arena.free(b).unwrap();
+    let mut live = arena.handles();
+    live.sort_by_key(|h| arena.block(*h).unwrap().offset);
+    assert_eq!(live, vec![a, c]);
+}
