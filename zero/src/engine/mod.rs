@@ -35,6 +35,7 @@
 //! ```
 
 mod error;
+mod export;
 pub mod memory;
 mod order;
 pub mod partition;
@@ -44,6 +45,7 @@ mod step;
 mod unit;
 
 pub use error::{EngineError, Result};
+pub use export::UnitState;
 pub use memory::{
     comm_elements_per_step, expected_model_state_bytes, padded_model_state_bytes, ModelStateBytes,
     Precision, ZeroStage,

@@ -2,7 +2,13 @@
 
 pub mod bytesize;
 pub mod config;
+pub mod error;
 pub mod gpt_engine;
+pub mod metrics;
+pub mod resume;
+pub mod run;
 
 pub use bytesize::ByteSize;
 pub use config::{Backend, ConfigError, PrecisionArg, TrainArgs, TrainConfig};
+pub use error::TrainError;
+pub use run::{model_config, train, RunSummary};

@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# The main job: fetch and prepare the Shakespeare corpus when missing, then run zero-train
+# with its defaults (extra arguments are passed through, e.g. --zero-stage 3 --steps 50).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+DATA=data/shakespeare
+cargo build --release --bin zero-train
+if [[ ! -f "$DATA/train.bin" || ! -f "$DATA/val.bin" ]]; then
+  bash scripts/fetch-shakespeare.sh "$DATA"
+  ./target/release/zero-train prepare --text "$DATA"/texts/*.txt --out "$DATA"
+fi
+exec ./target/release/zero-train --data "$DATA" "$@"

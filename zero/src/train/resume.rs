@@ -1,0 +1,92 @@
+//! Saving a run and resuming it to the bit.
+//!
+//! The state is world-size independent: whole parameters and Adam moments per unit (as the
+//! engine exports them), the optimizer step count, the data loader's position and the run's
+//! configuration. The learning rate is a function of the step and the sample RNG is seeded,
+//! so nothing else is needed for the resumed run to continue exactly as the unbroken one.
+
+use super::config::TrainConfig;
+use super::error::TrainError;
+use crate::checkpoint::{StateReader, StateWriter};
+use crate::data::{DataLoader, LoaderState};
+use crate::engine::{Engine, UnitState};
+use crate::gpt::GptConfig;
+use serde_json::json;
+use std::path::Path;
+
+fn tensor_name(unit: usize, what: &str) -> String {
+    format!("unit{unit}/{what}")
+}
+
+/// Writes `states` and the run's position into `dir` (atomically replaced).
+///
+/// # Errors
+/// Checkpoint I/O errors naming the directory.
+pub fn save_state(
+    dir: &Path,
+    cfg: &TrainConfig,
+    model: &GptConfig,
+    states: &[UnitState],
+    engine_steps: u64,
+    loader: &LoaderState,
+    step: u64,
+) -> Result<(), TrainError> {
+    let mut w = StateWriter::create(dir)?;
+    for (unit, s) in states.iter().enumerate() {
+        w.write(&tensor_name(unit, "params"), &s.params)?;
+        w.write(&tensor_name(unit, "adam_m"), &s.m)?;
+        w.write(&tensor_name(unit, "adam_v"), &s.v)?;
+    }
+    let meta = json!({
+        "model": model,
+        "units": states.len(),
+        "engine_steps": engine_steps,
+        "loader": loader,
+        "config": cfg,
+    });
+    w.finish(step, meta)?;
+    Ok(())
+}
+
+/// Loads a saved state into `engine` and `loader`; returns the step to continue from.
+///
+/// # Errors
+/// [`TrainError::Resume`] when the saved model differs from this run's, checkpoint errors
+/// for missing or corrupt files.
+pub fn load_state(
+    dir: &Path,
+    model: &GptConfig,
+    engine: &mut Engine,
+    loader: &mut DataLoader,
+) -> Result<u64, TrainError> {
+    let bad = |reason: String| TrainError::Resume {
+        dir: dir.to_path_buf(),
+        reason,
+    };
+    let mut r = StateReader::open(dir)?;
+    let meta = r.meta().clone();
+    let saved: GptConfig = serde_json::from_value(meta["model"].clone())
+        .map_err(|e| bad(format!("no model shape in the state ({e})")))?;
+    if saved != *model {
+        return Err(bad(format!(
+            "it holds a model of shape {saved:?}, this run builds {model:?}"
+        )));
+    }
+    let engine_steps = meta["engine_steps"]
+        .as_u64()
+        .ok_or_else(|| bad("no optimizer step count in the state".into()))?;
+    let loader_state: LoaderState = serde_json::from_value(meta["loader"].clone())
+        .map_err(|e| bad(format!("no data loader position in the state ({e})")))?;
+    let states = (0..engine.units().len())
+        .map(|unit| {
+            Ok(UnitState {
+                params: r.read(&tensor_name(unit, "params"))?,
+                m: r.read(&tensor_name(unit, "adam_m"))?,
+                v: r.read(&tensor_name(unit, "adam_v"))?,
+            })
+        })
+        .collect::<Result<Vec<_>, TrainError>>()?;
+    engine.import_states(&states, engine_steps)?;
+    loader.restore(&loader_state)?;
+    Ok(r.step())
+}
