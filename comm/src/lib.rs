@@ -40,6 +40,8 @@ mod config;
 mod dtype;
 mod error;
 pub mod local;
+#[cfg(feature = "mpi")]
+pub mod mpi;
 mod op;
 mod record;
 mod reduce_op;

@@ -1,0 +1,424 @@
+//! The cases. Each is generic over the backend (it only sees a `Communicator`) and runs every
+//! dtype, every reduction, in place and out of place, at lengths 0, 1, non-multiples of the
+//! group size and sizes that cross the reduction kernel's 2048-element blocks.
+
+use half::{bf16, f16};
+use zero_comm::{local, Collective, CommError, Communicator, ReduceOp};
+
+use super::data::{close, data, inputs, reference, rough, same_bits, Val, OPS};
+use super::{Case, Result};
+
+/// Every case, by name.
+pub const CASES: &[(&str, Case)] = &[
+    ("all_reduce", case_all_reduce),
+    ("reduce_scatter", case_reduce_scatter),
+    ("all_gather", case_all_gather),
+    ("broadcast", case_broadcast),
+    ("reduce", case_reduce),
+    ("barrier", case_barrier),
+    ("split_grid", case_split_grid),
+    ("split_key_order", case_split_key_order),
+    ("async_in_issue_order", case_async_in_issue_order),
+    ("async_matches_blocking", case_async_matches_blocking),
+    ("bitwise_equal_to_local", case_bitwise_equal_to_local),
+    ("bad_arguments", case_bad_arguments),
+];
+
+macro_rules! each_dtype {
+    ($f:ident ( $($arg:expr),* )) => {{
+        $f::<f32>($($arg),*)?;
+        $f::<bf16>($($arg),*)?;
+        $f::<f16>($($arg),*)?;
+    }};
+}
+
+fn all_reduce_t<T: Val>(c: &Communicator) -> Result {
+    let n = c.size();
+    for (k, len) in [0, 1, 7, 3 * n + 1, 4099].into_iter().enumerate() {
+        for op in OPS {
+            for in_place in [false, true] {
+                let ins = inputs::<T>(k as u64, n, len);
+                let mine = &ins[c.rank()];
+                let got = if in_place {
+                    let mut buf = mine.clone();
+                    c.all_reduce_in_place(&mut buf, op)?;
+                    buf
+                } else {
+                    let mut out = vec![T::default(); len];
+                    c.all_reduce(mine, &mut out, op)?;
+                    out
+                };
+                let what = format!("all_reduce {:?} len {len} in_place {in_place}", T::DTYPE);
+                close(&got, &reference(&ins, op), op, &what)?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// All-reduce equals the reference on every rank.
+pub fn case_all_reduce(c: &Communicator) -> Result {
+    each_dtype!(all_reduce_t(c));
+    Ok(())
+}
+
+fn reduce_scatter_t<T: Val>(c: &Communicator) -> Result {
+    let (n, r) = (c.size(), c.rank());
+    for (k, per) in [0, 1, 5, 2049].into_iter().enumerate() {
+        for op in OPS {
+            for in_place in [false, true] {
+                let ins = inputs::<T>(10 + k as u64, n, n * per);
+                let mine = &ins[r];
+                let got = if in_place {
+                    let mut buf = mine.clone();
+                    c.reduce_scatter_in_place(&mut buf, op)?;
+                    let (before, after) = (&buf[..r * per], &buf[(r + 1) * per..]);
+                    ensure!(
+                        before == &mine[..r * per] && after == &mine[(r + 1) * per..],
+                        "in-place reduce_scatter touched other chunks"
+                    );
+                    buf[r * per..(r + 1) * per].to_vec()
+                } else {
+                    let mut out = vec![T::default(); per];
+                    c.reduce_scatter(mine, &mut out, op)?;
+                    out
+                };
+                let want = &reference(&ins, op)[r * per..(r + 1) * per];
+                let what = format!(
+                    "reduce_scatter {:?} per {per} in_place {in_place}",
+                    T::DTYPE
+                );
+                close(&got, want, op, &what)?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Rank r gets chunk r of the reduction; in place, the other chunks stay as they were.
+pub fn case_reduce_scatter(c: &Communicator) -> Result {
+    each_dtype!(reduce_scatter_t(c));
+    Ok(())
+}
+
+fn all_gather_t<T: Val>(c: &Communicator) -> Result {
+    let (n, r) = (c.size(), c.rank());
+    for (k, per) in [0, 1, 5, 1000].into_iter().enumerate() {
+        for in_place in [false, true] {
+            let shards = inputs::<T>(20 + k as u64, n, per);
+            let mut out = vec![T::default(); n * per];
+            if in_place {
+                out[r * per..(r + 1) * per].copy_from_slice(&shards[r]);
+                c.all_gather_in_place(&mut out)?;
+            } else {
+                c.all_gather(&shards[r], &mut out)?;
+            }
+            ensure!(
+                out == shards.concat(),
+                "all_gather {:?} per {per} in_place {in_place}",
+                T::DTYPE
+            );
+        }
+    }
+    Ok(())
+}
+
+/// Every rank gets the concatenation of the shards in rank order.
+pub fn case_all_gather(c: &Communicator) -> Result {
+    each_dtype!(all_gather_t(c));
+    Ok(())
+}
+
+fn broadcast_t<T: Val>(c: &Communicator) -> Result {
+    let n = c.size();
+    for root in 0..n {
+        for len in [0, 1, 33] {
+            for in_place in [false, true] {
+                let ins = inputs::<T>(30 + root as u64, n, len);
+                let got = if in_place {
+                    let mut buf = ins[c.rank()].clone();
+                    c.broadcast_in_place(&mut buf, root)?;
+                    buf
+                } else {
+                    let mut out = vec![T::default(); len];
+                    c.broadcast(&ins[c.rank()], &mut out, root)?;
+                    out
+                };
+                ensure!(
+                    got == ins[root],
+                    "broadcast {:?} root {root} len {len} in_place {in_place}",
+                    T::DTYPE
+                );
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Every rank gets the root's array, from every root.
+pub fn case_broadcast(c: &Communicator) -> Result {
+    each_dtype!(broadcast_t(c));
+    Ok(())
+}
+
+fn reduce_t<T: Val>(c: &Communicator) -> Result {
+    let (n, r) = (c.size(), c.rank());
+    for root in 0..n {
+        for len in [0, 1, 2 * n + 1, 2500] {
+            for op in OPS {
+                for in_place in [false, true] {
+                    let ins = inputs::<T>(40 + len as u64, n, len);
+                    let mine = &ins[r];
+                    let got = if in_place {
+                        let mut buf = mine.clone();
+                        c.reduce_in_place(&mut buf, op, root)?;
+                        ensure!(
+                            r == root || &buf == mine,
+                            "in-place reduce changed a non-root input"
+                        );
+                        buf
+                    } else {
+                        // Non-roots may pass an empty receive buffer.
+                        let mut out = vec![T::default(); if r == root { len } else { 0 }];
+                        c.reduce(mine, &mut out, op, root)?;
+                        out
+                    };
+                    if r == root {
+                        let what = format!("reduce {:?} root {root} len {len}", T::DTYPE);
+                        close(&got, &reference(&ins, op), op, &what)?;
+                    }
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The root gets the reduction, from every root; non-root buffers are left alone.
+pub fn case_reduce(c: &Communicator) -> Result {
+    each_dtype!(reduce_t(c));
+    Ok(())
+}
+
+/// Barriers complete and count as operations.
+pub fn case_barrier(c: &Communicator) -> Result {
+    let before = c.stats();
+    for _ in 0..5 {
+        c.barrier()?;
+    }
+    let after = c.stats();
+    ensure!(
+        after.ops == before.ops + 5,
+        "5 barriers counted as {} ops",
+        after.ops - before.ops
+    );
+    Ok(())
+}
+
+/// A dp x tp grid: `split(r / tp, r % tp)` gives tensor-parallel rows, `split(r % tp, r / tp)`
+/// data-parallel columns; each sub-group reduces only its members, and the parent still works.
+pub fn case_split_grid(c: &Communicator) -> Result {
+    let (n, r) = (c.size(), c.rank());
+    let tp = if n % 2 == 0 { 2 } else { 1 };
+    let dp = n / tp;
+    let row = c.split((r / tp) as u32, (r % tp) as u32)?;
+    let col = c.split((r % tp) as u32, (r / tp) as u32)?;
+    let mut x = vec![r as f32; 3];
+    row.all_reduce_in_place(&mut x, ReduceOp::Sum)?;
+    let mut y = vec![r as f32; 3];
+    col.all_reduce_in_place(&mut y, ReduceOp::Sum)?;
+    let mut z = vec![1.0f32];
+    c.all_reduce_in_place(&mut z, ReduceOp::Sum)?;
+    ensure!(
+        (row.size(), row.rank()) == (tp, r % tp),
+        "row group: size {} rank {}",
+        row.size(),
+        row.rank()
+    );
+    ensure!(
+        (col.size(), col.rank()) == (dp, r / tp),
+        "column group: size {} rank {}",
+        col.size(),
+        col.rank()
+    );
+    let row_sum: usize = (0..tp).map(|j| r / tp * tp + j).sum();
+    let col_sum: usize = (0..dp).map(|i| r % tp + i * tp).sum();
+    ensure!(
+        x == vec![row_sum as f32; 3],
+        "row sum {x:?}, want {row_sum}"
+    );
+    ensure!(
+        y == vec![col_sum as f32; 3],
+        "column sum {y:?}, want {col_sum}"
+    );
+    ensure!(z == vec![n as f32], "parent after split: {z:?}");
+    Ok(())
+}
+
+/// Keys order ranks within a color (reversed keys reverse ranks); colors separate groups.
+pub fn case_split_key_order(c: &Communicator) -> Result {
+    let (n, r) = (c.size(), c.rank());
+    let reversed = c.split(0, (100 - r) as u32)?;
+    let parity = c.split((r % 2) as u32, r as u32)?;
+    let mut members = vec![0f32; parity.size()];
+    parity.all_gather(&[r as f32], &mut members)?;
+    ensure!(
+        reversed.rank() == n - 1 - r,
+        "reversed keys: rank {} -> {}",
+        r,
+        reversed.rank()
+    );
+    let want: Vec<f32> = (0..n)
+        .filter(|j| j % 2 == r % 2)
+        .map(|j| j as f32)
+        .collect();
+    ensure!(
+        members == want,
+        "parity group members {members:?}, want {want:?}"
+    );
+    Ok(())
+}
+
+/// Many non-blocking operations in flight complete in issue order; a blocking call after
+/// them waits for them.
+pub fn case_async_in_issue_order(c: &Communicator) -> Result {
+    let (n, r) = (c.size(), c.rank());
+    let works: Vec<_> = (0..16)
+        .map(|i| c.all_reduce_async(vec![(r + i) as f32; 1000], ReduceOp::Sum))
+        .collect();
+    c.barrier()?;
+    let all_done = works.iter().all(|w| w.is_done());
+    let mut got = Vec::new();
+    for w in works {
+        got.push(w.wait()?[999]);
+    }
+    ensure!(
+        all_done,
+        "a blocking barrier returned before earlier async ops"
+    );
+    let want: Vec<f32> = (0..16).map(|i| (n * (n - 1) / 2 + n * i) as f32).collect();
+    ensure!(got == want, "async results {got:?}, want {want:?}");
+    Ok(())
+}
+
+/// Each non-blocking form gives what its blocking form gives, and returns the buffers.
+pub fn case_async_matches_blocking(c: &Communicator) -> Result {
+    let (n, r) = (c.size(), c.rank());
+    let base: Vec<f32> = data(50, r, 2 * n);
+    let rs = c.reduce_scatter_async(base.clone(), ReduceOp::Max);
+    let ag = c.all_gather_async({
+        let mut v = vec![0f32; 2 * n];
+        v[2 * r..2 * r + 2].fill(r as f32);
+        v
+    });
+    let bc = c.broadcast_async(vec![r as f32; 2], n - 1);
+    let rd = c.reduce_async(vec![1f32; 2], ReduceOp::Sum, 0);
+    let oop = c.collective_async(
+        Collective::AllReduce(ReduceOp::Min),
+        Some(base.clone()),
+        vec![0f32; 2 * n],
+    );
+    let bar = c.barrier_async();
+    let rs = rs.wait()?;
+    let ag = ag.wait()?;
+    let bc = bc.wait()?;
+    let rd = rd.wait()?;
+    let (send, recv) = oop.wait()?;
+    bar.wait()?;
+    let ins: Vec<Vec<f32>> = (0..n).map(|j| data(50, j, 2 * n)).collect();
+    let max = reference(&ins, ReduceOp::Max);
+    ensure!(
+        rs[2 * r..2 * r + 2] == max[2 * r..2 * r + 2],
+        "reduce_scatter_async"
+    );
+    let want_ag: Vec<f32> = (0..n).flat_map(|j| [j as f32; 2]).collect();
+    ensure!(ag == want_ag, "all_gather_async {ag:?}");
+    ensure!(bc == vec![(n - 1) as f32; 2], "broadcast_async {bc:?}");
+    ensure!(r != 0 || rd == vec![n as f32; 2], "reduce_async {rd:?}");
+    ensure!(
+        send.as_deref() == Some(&base[..]),
+        "collective_async lost its send buffer"
+    );
+    ensure!(
+        recv == reference(&ins, ReduceOp::Min),
+        "collective_async all_reduce min"
+    );
+    Ok(())
+}
+
+/// Runs `f` on a local group of `n` threads and returns rank `rank`'s result.
+fn on_local<T: Send>(
+    n: usize,
+    rank: usize,
+    f: impl Fn(&Communicator) -> std::result::Result<T, CommError> + Sync,
+) -> Result<T> {
+    let comms = local::create(n)?;
+    let f = &f;
+    let mut results: Vec<std::result::Result<T, CommError>> = std::thread::scope(|s| {
+        let hs: Vec<_> = comms.into_iter().map(|c| s.spawn(move || f(&c))).collect();
+        hs.into_iter()
+            .map(|h| h.join().unwrap_or_else(|_| panic!("local rank panicked")))
+            .collect()
+    });
+    Ok(results.swap_remove(rank)?)
+}
+
+fn bitwise_t<T: Val>(c: &Communicator) -> Result {
+    let (n, r) = (c.size(), c.rank());
+    let len = 4 * n * 257;
+    let ins: Vec<Vec<T>> = (0..n).map(|j| rough(60, j, len)).collect();
+    for op in OPS {
+        let mut ar = ins[r].clone();
+        c.all_reduce_in_place(&mut ar, op)?;
+        let mut rs = vec![T::default(); len / n];
+        c.reduce_scatter(&ins[r], &mut rs, op)?;
+        let mut rd = vec![T::default(); len];
+        c.reduce(&ins[r], &mut rd, op, n - 1)?;
+        let ins = &ins;
+        let want_ar = on_local(n, r, |l| {
+            let mut b = ins[l.rank()].clone();
+            l.all_reduce_in_place(&mut b, op).map(|()| b)
+        })?;
+        let want_rs = on_local(n, r, |l| {
+            let mut b = vec![T::default(); len / n];
+            l.reduce_scatter(&ins[l.rank()], &mut b, op).map(|()| b)
+        })?;
+        let want_rd = on_local(n, r, |l| {
+            let mut b = vec![T::default(); len];
+            l.reduce(&ins[l.rank()], &mut b, op, n - 1).map(|()| b)
+        })?;
+        let what = |k: &str| format!("{k} {:?} {op} vs local", T::DTYPE);
+        same_bits(&ar, &want_ar, &what("all_reduce"))?;
+        same_bits(&rs, &want_rs, &what("reduce_scatter"))?;
+        if r == n - 1 {
+            same_bits(&rd, &want_rd, &what("reduce"))?;
+        }
+    }
+    Ok(())
+}
+
+/// Same inputs, same bits as the local backend (values whose sums round, so the reduction
+/// order shows), for every dtype and reduction.
+pub fn case_bitwise_equal_to_local(c: &Communicator) -> Result {
+    each_dtype!(bitwise_t(c));
+    Ok(())
+}
+
+/// Wrong lengths and roots are errors on the calling rank, before any communication.
+pub fn case_bad_arguments(c: &Communicator) -> Result {
+    let n = c.size();
+    let mut out = vec![0f32; 3];
+    let e = c.all_reduce(&[1.0; 4], &mut out, ReduceOp::Sum);
+    ensure!(matches!(e, Err(CommError::Length { .. })), "length: {e:?}");
+    let e = c.broadcast_in_place(&mut out, n);
+    ensure!(matches!(e, Err(CommError::Root { .. })), "root: {e:?}");
+    let mut odd = vec![0f32; n + 1];
+    let e = c.reduce_scatter_in_place(&mut odd, ReduceOp::Sum);
+    ensure!(
+        n == 1 || matches!(e, Err(CommError::Length { .. })),
+        "non-multiple: {e:?}"
+    );
+    // The group still works.
+    c.barrier()?;
+    Ok(())
+}

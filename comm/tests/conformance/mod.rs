@@ -1,0 +1,46 @@
+//! The conformance suite every backend passes: generic bodies `fn(&Communicator) -> Result`
+//! that every rank of a group runs. `conformance/local.rs` runs them on local groups of 1..=4
+//! threads; `mpi_conformance.rs` runs them with one process per rank under `mpirun`.
+//!
+//! A body issues the same collectives on every rank whatever its data, and checks only after
+//! its collectives, so a failed check on one rank never desynchronises the group. Every rank
+//! computes every rank's input from (seed, rank), so each can check the whole result.
+#![allow(dead_code, reason = "each test binary uses the cases through CASES")]
+
+use zero_comm::{CommError, Communicator};
+
+/// Fails the case with a message unless `cond` holds.
+macro_rules! ensure {
+    ($cond:expr, $($fmt:tt)+) => {
+        if !$cond {
+            return Err($crate::conformance::Failure(format!($($fmt)+)));
+        }
+    };
+}
+
+mod cases;
+mod data;
+
+pub use cases::CASES;
+
+/// A failed check, or a collective's error.
+#[derive(Debug)]
+pub struct Failure(pub String);
+
+impl From<CommError> for Failure {
+    fn from(e: CommError) -> Self {
+        Failure(format!("collective failed: {e}"))
+    }
+}
+
+impl std::fmt::Display for Failure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// What a case returns.
+pub type Result<T = ()> = std::result::Result<T, Failure>;
+
+/// A conformance case: run by every rank of `comm`'s group.
+pub type Case = fn(&Communicator) -> Result;
