@@ -135,10 +135,13 @@ pub struct TrainArgs {
     #[arg(long)]
     pub top_k: Option<usize>,
 
-    /// Directory to save the final state into (resumable with --resume).
+    /// Directory to save states into, as `step-NNNNNN` folders (resumable with --resume).
     #[arg(long)]
     pub save: Option<PathBuf>,
-    /// Directory of a saved state to continue from.
+    /// Steps between saves besides the final one (0: only at the end).
+    #[arg(long)]
+    pub save_every: Option<u64>,
+    /// A saved `step-NNNNNN` folder to continue from, or the --save directory (its latest).
     #[arg(long)]
     pub resume: Option<PathBuf>,
     /// File to write JSON-lines metrics into.
@@ -194,6 +197,7 @@ pub struct TrainConfig {
     pub sample_tokens: usize,
     pub top_k: usize,
     pub save: Option<PathBuf>,
+    pub save_every: u64,
     pub resume: Option<PathBuf>,
     pub metrics: Option<PathBuf>,
     pub zero_stage: u8,
@@ -232,6 +236,7 @@ impl Default for TrainConfig {
             sample_tokens: 64,
             top_k: 40,
             save: None,
+            save_every: 0,
             resume: None,
             metrics: None,
             zero_stage: 2,

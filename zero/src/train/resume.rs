@@ -12,7 +12,27 @@ use crate::data::{DataLoader, LoaderState};
 use crate::engine::{Engine, UnitState};
 use crate::gpt::GptConfig;
 use serde_json::json;
-use std::path::Path;
+use std::path::{Path, PathBuf};
+
+/// The folder a save at `step` goes into, inside the `--save` directory.
+pub fn step_dir(save: &Path, step: u64) -> PathBuf {
+    save.join(format!("step-{step:06}"))
+}
+
+/// The state folder `--resume` names: a `step-NNNNNN` folder itself, or the `--save`
+/// directory, whose latest step folder is taken.
+fn resolve_resume(dir: &Path) -> PathBuf {
+    let step_of =
+        |p: &Path| -> Option<u64> { p.file_name()?.to_str()?.strip_prefix("step-")?.parse().ok() };
+    let latest = std::fs::read_dir(dir).ok().and_then(|entries| {
+        entries
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter_map(|p| step_of(&p).map(|n| (n, p)))
+            .max_by_key(|(n, _)| *n)
+            .map(|(_, p)| p)
+    });
+    latest.unwrap_or_else(|| dir.to_path_buf())
+}
 
 fn tensor_name(unit: usize, what: &str) -> String {
     format!("unit{unit}/{what}")
@@ -59,11 +79,12 @@ pub fn load_state(
     engine: &mut Engine,
     loader: &mut DataLoader,
 ) -> Result<u64, TrainError> {
+    let dir = resolve_resume(dir);
     let bad = |reason: String| TrainError::Resume {
-        dir: dir.to_path_buf(),
+        dir: dir.clone(),
         reason,
     };
-    let mut r = StateReader::open(dir)?;
+    let mut r = StateReader::open(&dir)?;
     let meta = r.meta().clone();
     let saved: GptConfig = serde_json::from_value(meta["model"].clone())
         .map_err(|e| bad(format!("no model shape in the state ({e})")))?;

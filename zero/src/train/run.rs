@@ -5,7 +5,7 @@ use super::config::{Backend, TrainConfig};
 use super::error::TrainError;
 use super::gpt_engine::{eval_loss, gpt_units, micro_step, with_logits};
 use super::metrics::{memory_table, step_json, MetricsFile, RankReport, StepMetrics};
-use super::resume::{load_state, save_state};
+use super::resume::{load_state, save_state, step_dir};
 use crate::data::{DataLoader, LoaderConfig, TokenFile, TRAIN_FILE, VAL_FILE};
 use crate::engine::{expected_model_state_bytes, Engine, EngineConfig, Traffic, ZeroStage};
 use crate::gpt::{init_unit, sample_top_k, Gpt, GptConfig, Rng};
@@ -304,21 +304,26 @@ fn rank_main(shared: &Shared<'_>, comm: Communicator) -> Result<RankOutput, Trai
                 write_metrics(shared, &json!({"step": step + 1, "val_loss": val}))?;
             }
         }
-    }
-    if let Some(dir) = &cfg.save {
-        let states = engine.export_states()?;
-        if rank == 0 {
-            save_state(
-                dir,
-                cfg,
-                &gcfg,
-                &states,
-                engine.steps(),
-                &loader.state(),
-                cfg.steps,
-            )?;
+        if let Some(dir) = &cfg.save {
+            if last || (cfg.save_every > 0 && (step + 1) % cfg.save_every == 0) {
+                let states = engine.export_states()?;
+                if rank == 0 {
+                    let at = step_dir(dir, step + 1);
+                    save_state(
+                        &at,
+                        cfg,
+                        &gcfg,
+                        &states,
+                        engine.steps(),
+                        &loader.state(),
+                        step + 1,
+                    )?;
+                    shared.progress.line(&format!("saved {}", at.display()));
+                }
+                // Nobody reads a half-written state: ranks wait for rank 0's write.
+                engine.comm().barrier()?;
+            }
         }
-        engine.comm().barrier()?;
     }
     if cfg.sample_tokens > 0 {
         out.sample = sample(cfg, &mut engine, &model, t)?;
