@@ -197,3 +197,28 @@ fn missing_data_names_the_file_and_the_fix() {
     assert!(msg.contains("/nonexistent/data/train.bin"), "{msg}");
     assert!(msg.contains("prepare"), "{msg}");
 }
+
+#[test]
+fn a_model_too_big_for_stage_zero_trains_at_stage_three_under_the_same_cap() {
+    let dir = TempDir::new("cap");
+    corpus(&dir.0);
+    // tiny has 30,592 parameters: stage 0 keeps 16 bytes of fp32 model states per parameter
+    // (about 490 KB) on every rank, stage 3 on 4 ranks a quarter of that.
+    let limit = zero::train::ByteSize(560 << 10);
+    let at = |stage: u8| TrainConfig {
+        world_size: 4,
+        zero_stage: stage,
+        memory_limit: Some(limit),
+        steps: 2,
+        eval_every: 0,
+        sample_tokens: 0,
+        ..tiny(&dir.0)
+    };
+    let err = train(&at(0)).unwrap_err();
+    let msg = err.to_string();
+    assert!(msg.contains("stage 0 needs") && msg.contains("fits"), "{msg}");
+    let run = train(&at(3)).unwrap();
+    for r in &run.ranks {
+        assert!(r.peak_bytes <= limit.0, "rank {} peaked at {}", r.rank, r.peak_bytes);
+    }
+}
