@@ -1,2 +1,7 @@
-//! Shared helpers for the project's benchmarks.
+//! Shared helpers for the project's benchmarks: the engine of `zero-bench` (an nccl-tests
+//! style collective benchmark), its size parsing, and the memcpy baseline.
 #![warn(missing_docs)]
+
+pub mod collective;
+pub mod memcpy;
+pub mod size;

@@ -1,5 +1,240 @@
-//! `zero-bench`: an nccl-tests-style collective benchmark (placeholder until zero-comm lands).
-fn main() {
-    eprintln!("zero-bench: not built yet");
-    std::process::exit(2);
+//! `zero-bench`: an nccl-tests-style collective benchmark.
+//!
+//! ```text
+//! zero-bench all_reduce -b 8 -e 256M -f 4 -n 20 -w 5 -c 1 -d float -o sum --ranks 2
+//! ```
+//! prints the machine's memcpy bandwidth first, then nccl-tests' table (out-of-place, then
+//! in-place) with one extra column, `membw`: the bytes the local algorithm read and wrote in
+//! memory per second, comparable with the memcpy line.
+use std::process::ExitCode;
+
+use clap::{Parser, ValueEnum};
+use zero_benches::collective::{bus_factor, run, BenchConfig, Measurement, Row};
+use zero_benches::memcpy::memcpy_bandwidth;
+use zero_benches::size::parse_size;
+use zero_comm::{DType, OpKind, ReduceOp};
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+#[value(rename_all = "snake_case")]
+enum Op {
+    AllReduce,
+    ReduceScatter,
+    AllGather,
+    Broadcast,
+    Reduce,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum, PartialEq, Eq)]
+enum Backend {
+    Local,
+    Mpi,
+    Nccl,
+}
+
+/// Collective benchmark in the style of nccl-tests (sizes in bytes, K/M/G = powers of 1024;
+/// bandwidths in decimal GB/s).
+#[derive(Debug, Parser)]
+#[command(name = "zero-bench", version)]
+struct Args {
+    /// The collective.
+    op: Op,
+    /// Minimum size in bytes.
+    #[arg(short = 'b', long = "minbytes", default_value = "32M", value_parser = parse_size)]
+    min_bytes: u64,
+    /// Maximum size in bytes.
+    #[arg(short = 'e', long = "maxbytes", default_value = "32M", value_parser = parse_size)]
+    max_bytes: u64,
+    /// Multiplication factor between sizes.
+    #[arg(short = 'f', long = "stepfactor", default_value_t = 2)]
+    factor: u64,
+    /// Timed iterations per size.
+    #[arg(short = 'n', long = "iters", default_value_t = 20)]
+    iters: usize,
+    /// Warm-up iterations per size.
+    #[arg(short = 'w', long = "warmup_iters", default_value_t = 5)]
+    warmup: usize,
+    /// Check results (0/1).
+    #[arg(short = 'c', long = "check", default_value_t = 1)]
+    check: u8,
+    /// Element type: float, bfloat16, half (or f32, bf16, f16).
+    #[arg(short = 'd', long = "datatype", default_value = "float")]
+    dtype: String,
+    /// Reduction: sum, avg, max, min.
+    #[arg(short = 'o', long = "op", default_value = "sum")]
+    redop: String,
+    /// Root rank for broadcast and reduce.
+    #[arg(short = 'r', long = "root", default_value_t = 0)]
+    root: usize,
+    /// Number of ranks (threads) on the local backend.
+    #[arg(long, default_value_t = 2)]
+    ranks: usize,
+    /// Backend.
+    #[arg(long, value_enum, default_value = "local")]
+    backend: Backend,
+    /// One JSON object per size instead of the table.
+    #[arg(long)]
+    json: bool,
+    /// Skip the memcpy baseline line.
+    #[arg(long)]
+    no_memcpy: bool,
+}
+
+fn config(a: &Args) -> Result<BenchConfig, String> {
+    let op = match a.op {
+        Op::AllReduce => OpKind::AllReduce,
+        Op::ReduceScatter => OpKind::ReduceScatter,
+        Op::AllGather => OpKind::AllGather,
+        Op::Broadcast => OpKind::Broadcast,
+        Op::Reduce => OpKind::Reduce,
+    };
+    let dtype = DType::parse(&a.dtype).ok_or_else(|| format!("unknown datatype {:?}", a.dtype))?;
+    let redop = ReduceOp::parse(&a.redop).ok_or_else(|| format!("unknown op {:?}", a.redop))?;
+    if a.backend != Backend::Local {
+        return Err(format!(
+            "backend {:?} is not built yet; use --backend local",
+            a.backend
+        ));
+    }
+    if a.ranks == 0 || a.min_bytes > a.max_bytes || a.factor == 0 || a.check > 1 {
+        return Err("need --ranks >= 1, -b <= -e, -f >= 1 and -c 0 or 1".into());
+    }
+    Ok(BenchConfig {
+        op,
+        min_bytes: a.min_bytes,
+        max_bytes: a.max_bytes,
+        factor: a.factor,
+        iters: a.iters,
+        warmup: a.warmup,
+        check: a.check == 1,
+        dtype,
+        redop,
+        root: a.root,
+        ranks: a.ranks,
+    })
+}
+
+fn has_redop(op: OpKind) -> bool {
+    matches!(
+        op,
+        OpKind::AllReduce | OpKind::ReduceScatter | OpKind::Reduce
+    )
+}
+
+fn cells(m: &Measurement) -> String {
+    let wrong = m.wrong.map_or_else(|| "N/A".to_string(), |w| w.to_string());
+    format!(
+        "{:>9.1} {:>7.2} {:>7.2} {:>7.2} {:>6}",
+        m.time_us, m.algbw, m.busbw, m.membw, wrong
+    )
+}
+
+fn json_cells(m: &Measurement) -> serde_json::Value {
+    serde_json::json!({
+        "time_us": m.time_us, "algbw": m.algbw, "busbw": m.busbw, "membw": m.membw, "wrong": m.wrong,
+    })
+}
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    let cfg = match config(&args) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("zero-bench: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let redop = if has_redop(cfg.op) {
+        cfg.redop.name()
+    } else {
+        "none"
+    };
+    let root = if matches!(cfg.op, OpKind::Broadcast | OpKind::Reduce) {
+        cfg.root as i64
+    } else {
+        -1
+    };
+    let memcpy = (!args.no_memcpy).then(|| {
+        let bytes = usize::try_from(cfg.max_bytes)
+            .unwrap_or(usize::MAX)
+            .max(1 << 20);
+        let gbs = memcpy_bandwidth(cfg.ranks, bytes, cfg.iters.max(1));
+        (bytes, gbs)
+    });
+    if !args.json {
+        println!(
+            "# zero-bench {}: {} ranks, local backend, {} {}",
+            cfg.op, cfg.ranks, cfg.dtype, redop
+        );
+        println!("# busbw factor {:.3}; membw = bytes read + written by the algorithm (all ranks) / time", bus_factor(cfg.op, cfg.ranks));
+        if let Some((bytes, gbs)) = memcpy {
+            println!(
+                "# memcpy baseline: {} threads x {bytes} B, read + written / time: {gbs:.2} GB/s",
+                cfg.ranks
+            );
+        }
+        println!("#");
+        println!("#{:>59}{:>43}{:>37}", "", "out-of-place", "in-place");
+        println!(
+            "#{:>11} {:>13} {:>9} {:>7} {:>6}  {:>9} {:>7} {:>7} {:>7} {:>6}  {:>9} {:>7} {:>7} {:>7} {:>6}",
+            "size", "count", "type", "redop", "root", "time", "algbw", "busbw", "membw", "#wrong", "time", "algbw", "busbw", "membw", "#wrong"
+        );
+        println!(
+            "#{:>11} {:>13} {:>9} {:>7} {:>6}  {:>9} {:>7} {:>7} {:>7} {:>6}  {:>9} {:>7} {:>7} {:>7} {:>6}",
+            "(B)", "(elements)", "", "", "", "(us)", "(GB/s)", "(GB/s)", "(GB/s)", "", "(us)", "(GB/s)", "(GB/s)", "(GB/s)", ""
+        );
+    } else if let Some((bytes, gbs)) = memcpy {
+        println!(
+            "{}",
+            serde_json::json!({"memcpy": {"threads": cfg.ranks, "bytes": bytes, "gbps": gbs}})
+        );
+    }
+    let mut busbw_sum = 0.0;
+    let mut rows = 0usize;
+    let mut wrong_total = 0u64;
+    let json = args.json;
+    let (dtype, op, ranks) = (cfg.dtype, cfg.op, cfg.ranks);
+    let mut report = |row: &Row| {
+        busbw_sum += (row.out_of_place.busbw + row.in_place.busbw) / 2.0;
+        rows += 1;
+        wrong_total += row.out_of_place.wrong.unwrap_or(0) + row.in_place.wrong.unwrap_or(0);
+        if json {
+            let v = serde_json::json!({
+                "op": op.name(), "ranks": ranks, "size": row.size, "count": row.count,
+                "type": dtype.name(), "redop": redop, "root": root,
+                "out_of_place": json_cells(&row.out_of_place), "in_place": json_cells(&row.in_place),
+            });
+            println!("{v}");
+        } else {
+            println!(
+                " {:>11} {:>13} {:>9} {:>7} {:>6}  {}  {}",
+                row.size,
+                row.count,
+                dtype.name(),
+                redop,
+                root,
+                cells(&row.out_of_place),
+                cells(&row.in_place)
+            );
+        }
+    };
+    let result = run(&cfg, &mut report);
+    if let Err(e) = result {
+        eprintln!("zero-bench: {e}");
+        return ExitCode::FAILURE;
+    }
+    if !json {
+        println!(
+            "# Out of bounds values : {wrong_total} {}",
+            if wrong_total == 0 { "OK" } else { "FAILED" }
+        );
+        println!(
+            "# Avg bus bandwidth    : {:.4}",
+            busbw_sum / rows.max(1) as f64
+        );
+    }
+    if wrong_total == 0 {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    }
 }
