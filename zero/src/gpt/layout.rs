@@ -199,6 +199,20 @@ mod tests {
     }
 
     #[test]
+    fn preset_parameter_counts_match_the_closed_form() {
+        // wte + wpe + L blocks of 12 C^2 + 13 C + final norm 2 C (see docs/trainer.md).
+        for (cfg, want) in [
+            (GptConfig::tiny(), 30_592),
+            (GptConfig::small(), 16_102_912),
+            (GptConfig::gpt2_medium(), 354_871_296),
+            (GptConfig::gpt2_large(), 774_090_240),
+            (GptConfig::gpt2_xl(), 1_557_686_400),
+        ] {
+            assert_eq!(ParamLayout::new(&cfg).num_params(), want, "{cfg:?}");
+        }
+    }
+
+    #[test]
     fn tensors_tile_each_unit_without_gaps() {
         let layout = ParamLayout::new(&GptConfig::tiny());
         for unit in layout.units() {
