@@ -6,6 +6,8 @@
 
 use half::{bf16, f16};
 
+use crate::reduce_op::ReduceOp;
+
 /// The element type of a buffer, named as nccl-tests names it in its `type` column.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum DType {
@@ -74,6 +76,19 @@ pub trait Element:
     fn load_block(src: &[Self], dst: &mut [f32]);
     /// Rounds `src` into `dst` (same length).
     fn store_block(src: &[f32], dst: &mut [Self]);
+    /// `acc = op(widen(a), widen(b))` element-wise (the first two inputs, fused).
+    #[inline]
+    fn accumulate2(acc: &mut [f32], a: &[Self], b: &[Self], tmp: &mut [f32], op: ReduceOp) {
+        Self::load_block(a, acc);
+        Self::accumulate(acc, b, tmp, op);
+    }
+    /// `acc = op(acc, widen(src))` element-wise; `tmp` (same length) is scratch for types
+    /// that widen through a slice conversion.
+    #[inline]
+    fn accumulate(acc: &mut [f32], src: &[Self], tmp: &mut [f32], op: ReduceOp) {
+        Self::load_block(src, tmp);
+        op.combine_with(acc, tmp, |x| x);
+    }
     /// Tags a shared slice.
     fn buf_ref(s: &[Self]) -> BufRef<'_>;
     /// Tags a mutable slice.
@@ -97,6 +112,14 @@ impl Element for f32 {
     #[inline]
     fn store_block(src: &[f32], dst: &mut [Self]) {
         dst.copy_from_slice(src);
+    }
+    #[inline]
+    fn accumulate(acc: &mut [f32], src: &[Self], _tmp: &mut [f32], op: ReduceOp) {
+        op.combine_with(acc, src, |x| x);
+    }
+    #[inline]
+    fn accumulate2(acc: &mut [f32], a: &[Self], b: &[Self], _tmp: &mut [f32], op: ReduceOp) {
+        op.combine2_with(acc, a, b, |x| x);
     }
     fn buf_ref(s: &[Self]) -> BufRef<'_> {
         BufRef::F32(s)
@@ -145,6 +168,14 @@ impl Element for bf16 {
         for (d, s) in dst.iter_mut().zip(src) {
             *d = f32_to_bf16(*s);
         }
+    }
+    #[inline]
+    fn accumulate(acc: &mut [f32], src: &[Self], _tmp: &mut [f32], op: ReduceOp) {
+        op.combine_with(acc, src, bf16_to_f32);
+    }
+    #[inline]
+    fn accumulate2(acc: &mut [f32], a: &[Self], b: &[Self], _tmp: &mut [f32], op: ReduceOp) {
+        op.combine2_with(acc, a, b, bf16_to_f32);
     }
     fn buf_ref(s: &[Self]) -> BufRef<'_> {
         BufRef::Bf16(s)

@@ -41,13 +41,38 @@ impl ReduceOp {
         }
     }
 
-    /// Combines `src` into the accumulator `acc`, element by element.
-    #[inline]
-    fn combine(self, acc: &mut [f32], src: &[f32]) {
+    /// Combines `src` (widened by `widen`) into the accumulator `acc`, element by element.
+    /// Generic over the widening so the f32 and bf16 paths compile to one fused,
+    /// vectorised loop with no staging buffer.
+    #[inline(always)]
+    pub(crate) fn combine2_with<S: Copy>(
+        self,
+        acc: &mut [f32],
+        a: &[S],
+        b: &[S],
+        widen: impl Fn(S) -> f32,
+    ) {
+        let it = acc.iter_mut().zip(a.iter().zip(b));
         match self {
-            ReduceOp::Sum | ReduceOp::Avg => acc.iter_mut().zip(src).for_each(|(a, s)| *a += s),
-            ReduceOp::Max => acc.iter_mut().zip(src).for_each(|(a, s)| *a = a.max(*s)),
-            ReduceOp::Min => acc.iter_mut().zip(src).for_each(|(a, s)| *a = a.min(*s)),
+            ReduceOp::Sum | ReduceOp::Avg => it.for_each(|(o, (x, y))| *o = widen(*x) + widen(*y)),
+            ReduceOp::Max => it.for_each(|(o, (x, y))| *o = widen(*x).max(widen(*y))),
+            ReduceOp::Min => it.for_each(|(o, (x, y))| *o = widen(*x).min(widen(*y))),
+        }
+    }
+
+    /// As [`ReduceOp::combine_with`] for the first two inputs: `acc = op(a, b)` in one pass.
+    #[inline(always)]
+    pub(crate) fn combine_with<S: Copy>(
+        self,
+        acc: &mut [f32],
+        src: &[S],
+        widen: impl Fn(S) -> f32,
+    ) {
+        let pairs = acc.iter_mut().zip(src);
+        match self {
+            ReduceOp::Sum | ReduceOp::Avg => pairs.for_each(|(a, s)| *a += widen(*s)),
+            ReduceOp::Max => pairs.for_each(|(a, s)| *a = a.max(widen(*s))),
+            ReduceOp::Min => pairs.for_each(|(a, s)| *a = a.min(widen(*s))),
         }
     }
 }
@@ -79,16 +104,19 @@ pub(crate) unsafe fn reduce_raw<T: Element>(
     let mut start = 0;
     while start < len {
         let n = BLOCK.min(len - start);
-        for (k, &p) in inputs.iter().enumerate() {
-            // SAFETY: the caller guarantees `p` is readable for `len` elements and unwritten
-            // by others; `start + n <= len`. The slice dies before `out` is written below.
-            let src = unsafe { std::slice::from_raw_parts(p.add(start), n) };
-            if k == 0 {
-                T::load_block(src, &mut acc[..n]);
-            } else {
-                T::load_block(src, &mut tmp[..n]);
-                op.combine(&mut acc[..n], &tmp[..n]);
+        // SAFETY (both closures' uses): the caller guarantees every input is readable for
+        // `len` elements and unwritten by others; `start + n <= len`. The slices die before
+        // `out` is written below.
+        let block = |p: *const T| unsafe { std::slice::from_raw_parts(p.add(start), n) };
+        match inputs {
+            [a, b, rest @ ..] => {
+                T::accumulate2(&mut acc[..n], block(*a), block(*b), &mut tmp[..n], op);
+                for &p in rest {
+                    T::accumulate(&mut acc[..n], block(p), &mut tmp[..n], op);
+                }
             }
+            [a] => T::load_block(block(*a), &mut acc[..n]),
+            [] => acc[..n].fill(0.0),
         }
         if op == ReduceOp::Avg {
             // A division, not a multiply by 1/N, so avg rounds exactly like sum/N would.
