@@ -104,10 +104,12 @@ pub(crate) unsafe fn reduce_raw<T: Element>(
     let mut start = 0;
     while start < len {
         let n = BLOCK.min(len - start);
-        // SAFETY (both closures' uses): the caller guarantees every input is readable for
-        // `len` elements and unwritten by others; `start + n <= len`. The slices die before
-        // `out` is written below.
-        let block = |p: *const T| unsafe { std::slice::from_raw_parts(p.add(start), n) };
+        let block = |p: *const T| {
+            // SAFETY: the caller guarantees every input is readable for `len` elements and
+            // unwritten by others; `start + n <= len`. The slices die before `out` is
+            // written below.
+            unsafe { std::slice::from_raw_parts(p.add(start), n) }
+        };
         match inputs {
             [a, b, rest @ ..] => {
                 T::accumulate2(&mut acc[..n], block(*a), block(*b), &mut tmp[..n], op);
