@@ -18,8 +18,13 @@ fn units() -> Vec<UnitSpec> {
 }
 
 fn engine(comm: zero_comm::Communicator, stage: ZeroStage) -> Engine {
+    engine_in(comm, stage, Precision::Fp32)
+}
+
+fn engine_in(comm: zero_comm::Communicator, stage: ZeroStage, precision: Precision) -> Engine {
     let config = EngineConfig {
         stage,
+        precision,
         ..EngineConfig::default()
     };
     Engine::new(comm, units(), config, |u, w| w.fill(u as f32 + 1.0)).unwrap()
@@ -58,16 +63,28 @@ fn on_ranks<R: Send>(world: usize, f: impl Fn(zero_comm::Communicator) -> R + Sy
 
 #[test]
 fn measured_model_states_equal_the_padded_formula() {
-    for world in [1, 2, 4, 8] {
-        for stage in ZeroStage::ALL {
+    for precision in [Precision::Fp32, Precision::Bf16] {
+        for world in [1, 2, 4, 8] {
+            for stage in ZeroStage::ALL {
+                check_model_states(precision, world, stage);
+            }
+        }
+    }
+}
+
+fn check_model_states(precision: Precision, world: usize, stage: ZeroStage) {
+    {
+        {
             let measured = on_ranks(world, |c| {
-                engine(c, stage).measured_model_state_bytes().unwrap()
+                engine_in(c, stage, precision)
+                    .measured_model_state_bytes()
+                    .unwrap()
             });
             let padded =
-                padded_model_state_bytes(&SIZES, world, SHARD_ALIGN_ELEMS, stage, Precision::Fp32)
+                padded_model_state_bytes(&SIZES, world, SHARD_ALIGN_ELEMS, stage, precision)
                     .unwrap();
             let psi = SIZES.iter().sum::<usize>() as u64;
-            let paper = expected_model_state_bytes(psi, world, stage, Precision::Fp32);
+            let paper = expected_model_state_bytes(psi, world, stage, precision);
             for m in measured {
                 assert_eq!(m, padded, "{stage}, N={world}");
                 // Padding: under one shard quantum (world x 64 elements) per unit, per kind.
@@ -189,4 +206,41 @@ fn gradient_clipping_on_shards_equals_clipping_whole() {
     let whole = clip_norms(ZeroStage::Zero0);
     let sharded = clip_norms(ZeroStage::Zero2);
     assert_eq!(whole, sharded);
+}
+
+#[test]
+fn an_fp16_overflow_on_one_rank_skips_the_step_everywhere() {
+    let results = on_ranks(2, |c| {
+        let mut e = engine_in(c, ZeroStage::Zero2, Precision::Fp16);
+        let before = zero::train::gpt_engine::full_params(&mut e).unwrap();
+        let scale0 = e.loss_scale();
+        let mut reports = vec![];
+        for _ in 0..2 {
+            // The fake backward, with an inf injected into rank 1's last unit.
+            for u in (0..SIZES.len()).rev() {
+                e.gather(u).unwrap();
+                e.begin_backward(u).unwrap();
+                {
+                    let rank = e.rank();
+                    let (p, mut g) = e.views(&[u], &[u]).unwrap();
+                    g[0].copy_from_slice(p[0]);
+                    if rank == 1 && u == 0 {
+                        g[0][3] = f32::INFINITY;
+                    }
+                }
+                e.end_backward(u).unwrap();
+                e.release(u).unwrap();
+            }
+            e.end_micro_step();
+            reports.push(e.step(1e-3).unwrap());
+        }
+        let after = zero::train::gpt_engine::full_params(&mut e).unwrap();
+        (before == after, scale0, reports, e.loss_scale())
+    });
+    for (unchanged, scale0, reports, scale) in results {
+        assert!(unchanged, "a skipped step changed the parameters");
+        assert!(reports.iter().all(|r| r.skipped));
+        // Hysteresis 2: the first overflow keeps the scale, the second halves it.
+        assert_eq!((scale0, scale), (65536.0, 32768.0));
+    }
 }

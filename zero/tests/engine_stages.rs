@@ -1,7 +1,7 @@
 //! ZeRO stages 0-3 train the tiny GPT to the same parameters and losses, to the bit, at
 //! every world size; world sizes agree to floating-point tolerance.
 
-use zero::engine::{Engine, EngineConfig, ZeroStage};
+use zero::engine::{Engine, EngineConfig, Precision, ZeroStage};
 use zero::gpt::{init_unit, Gpt, GptConfig, Rng};
 use zero::train::gpt_engine::{full_params, gpt_units, micro_step};
 
@@ -26,6 +26,16 @@ struct Run {
 /// Trains `STEPS` steps of a global batch of `global_rows` sequences over `world` ranks with
 /// `accum` micro-steps per step; returns rank 0's view.
 fn train(world: usize, stage: ZeroStage, global_rows: usize, accum: usize) -> Run {
+    train_in(Precision::Fp32, world, stage, global_rows, accum)
+}
+
+fn train_in(
+    precision: Precision,
+    world: usize,
+    stage: ZeroStage,
+    global_rows: usize,
+    accum: usize,
+) -> Run {
     let config = GptConfig::tiny();
     let comms = zero_comm::local::create(world).unwrap();
     let rows = global_rows / world / accum;
@@ -39,6 +49,7 @@ fn train(world: usize, stage: ZeroStage, global_rows: usize, accum: usize) -> Ru
                     let layout = model.layout().clone();
                     let engine_config = EngineConfig {
                         stage,
+                        precision,
                         ..EngineConfig::default()
                     };
                     let mut engine =
@@ -166,4 +177,38 @@ fn the_first_loss_is_about_ln_vocab() {
         "{:?}",
         run.losses
     );
+}
+
+#[test]
+fn half_precision_stages_give_the_same_bits() {
+    for precision in [Precision::Bf16, Precision::Fp16] {
+        for world in [2, 3] {
+            let reference = train_in(precision, world, ZeroStage::Zero0, 12, 1);
+            assert!(reference
+                .grad_norms
+                .iter()
+                .all(|n| n.is_finite() && *n > 0.0));
+            for stage in [ZeroStage::Zero1, ZeroStage::Zero2, ZeroStage::Zero3] {
+                let run = train_in(precision, world, stage, 12, 1);
+                assert_same_bits(
+                    &reference,
+                    &run,
+                    &format!("{precision:?} {stage} vs stage 0 at N={world}"),
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn half_precision_tracks_fp32() {
+    let fp32 = train(2, ZeroStage::Zero2, 12, 1);
+    for precision in [Precision::Bf16, Precision::Fp16] {
+        let half = train_in(precision, 2, ZeroStage::Zero2, 12, 1);
+        for (a, b) in fp32.losses.iter().zip(&half.losses) {
+            assert!((a - b).abs() < 0.05, "{precision:?}: loss {b} vs fp32 {a}");
+        }
+        // Not the same bits: the half types really are in the loop.
+        assert_ne!(bits(&fp32.params), bits(&half.params), "{precision:?}");
+    }
 }

@@ -216,9 +216,17 @@ fn a_model_too_big_for_stage_zero_trains_at_stage_three_under_the_same_cap() {
     };
     let err = train(&at(0)).unwrap_err();
     let msg = err.to_string();
-    assert!(msg.contains("stage 0 needs") && msg.contains("fits"), "{msg}");
+    assert!(
+        msg.contains("stage 0 needs") && msg.contains("fits"),
+        "{msg}"
+    );
     let run = train(&at(3)).unwrap();
     for r in &run.ranks {
-        assert!(r.peak_bytes <= limit.0, "rank {} peaked at {}", r.rank, r.peak_bytes);
+        assert!(
+            r.peak_bytes <= limit.0,
+            "rank {} peaked at {}",
+            r.rank,
+            r.peak_bytes
+        );
     }
 }

@@ -2,15 +2,17 @@
 //!
 //! Exported states are whole units (no padding) whatever the stage and world size, so a run
 //! saved at one configuration resumes at any other; at the same configuration it resumes to
-//! the bit, since every value is copied, never recomputed.
+//! the bit, since every value is copied, never recomputed. For half precision the exported
+//! parameters are the f32 master weights, from which the stored ones are rounded.
 
 use super::error::{EngineError, Result};
-use super::state::Engine;
+use super::state::{write_whole, zeroed, Engine};
+use zero_alloc::Handle;
 
 /// One unit's whole model states.
 #[derive(Debug, Clone, PartialEq)]
 pub struct UnitState {
-    /// Parameters (`numel` elements).
+    /// Parameters (`numel` elements; the f32 master weights for half precision).
     pub params: Vec<f32>,
     /// Adam's first moment.
     pub m: Vec<f32>,
@@ -28,25 +30,32 @@ impl Engine {
         let mut out = Vec::with_capacity(self.specs.len());
         for unit in 0..self.specs.len() {
             let plan = self.plans[unit];
-            let numel = plan.part.numel();
-            let whole = |engine: &Self, h, is_whole: bool| -> Result<Vec<f32>> {
-                let local = engine.arena.slice::<f32>(h)?;
-                if is_whole {
-                    return Ok(local[..numel].to_vec());
-                }
-                let mut full = vec![0f32; plan.part.padded_numel()];
-                engine.comm.all_gather(local, &mut full)?;
-                full.truncate(numel);
-                Ok(full)
-            };
             let b = &self.bufs[unit];
+            let (params, params_whole) = match b.master {
+                Some(master) => (master, plan.whole_optim),
+                None => (b.params, plan.whole_params),
+            };
+            let (m, v) = (b.m, b.v);
             out.push(UnitState {
-                params: whole(self, b.params, plan.whole_params)?,
-                m: whole(self, b.m, plan.whole_optim)?,
-                v: whole(self, b.v, plan.whole_optim)?,
+                params: self.whole_f32(unit, params, params_whole)?,
+                m: self.whole_f32(unit, m, plan.whole_optim)?,
+                v: self.whole_f32(unit, v, plan.whole_optim)?,
             });
         }
         Ok(out)
+    }
+
+    /// The `numel` real elements of an f32 buffer kept whole or sharded (all-gathered).
+    fn whole_f32(&self, unit: usize, h: Handle, whole: bool) -> Result<Vec<f32>> {
+        let part = self.plans[unit].part;
+        let local = self.arena.slice::<f32>(h)?;
+        if whole {
+            return Ok(local[..part.numel()].to_vec());
+        }
+        let mut full = vec![0f32; part.padded_numel()];
+        self.comm.all_gather(local, &mut full)?;
+        full.truncate(part.numel());
+        Ok(full)
     }
 
     /// Loads whole states (as [`Engine::export_states`] gives) and the optimizer step count;
@@ -80,19 +89,26 @@ impl Engine {
                     });
                 }
             }
+            let staged = zeroed::<f32>(&mut self.arena, plan.part.padded_numel())?;
+            self.arena.slice_mut::<f32>(staged)?[..numel].copy_from_slice(&state.params);
             let b = &self.bufs[unit];
-            let targets = [
-                (b.params, plan.whole_params, &state.params),
-                (b.m, plan.whole_optim, &state.m),
-                (b.v, plan.whole_optim, &state.v),
-            ];
-            for (h, is_whole, values) in targets {
+            let written = write_whole(
+                &mut self.arena,
+                &plan,
+                b,
+                self.config.precision,
+                rank,
+                staged,
+            );
+            self.arena.free(staged)?;
+            written?;
+            let data = plan.part.data_shard(rank);
+            for (h, values) in [(b.m, &state.m), (b.v, &state.v)] {
                 let local = self.arena.slice_mut::<f32>(h)?;
                 local.fill(0.0);
-                if is_whole {
+                if plan.whole_optim {
                     local[..numel].copy_from_slice(values);
                 } else {
-                    let data = plan.part.data_shard(rank);
                     local[..data.len].copy_from_slice(&values[data.range()]);
                 }
             }

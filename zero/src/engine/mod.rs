@@ -36,22 +36,25 @@
 
 mod error;
 mod export;
+mod loss_scale;
 pub mod memory;
 mod order;
 pub mod partition;
 mod plan;
 mod state;
 mod step;
+mod storage;
 mod unit;
 
 pub use error::{EngineError, Result};
 pub use export::UnitState;
+pub use loss_scale::LossScaler;
 pub use memory::{
     comm_elements_per_step, expected_model_state_bytes, padded_model_state_bytes, ModelStateBytes,
     Precision, ZeroStage,
 };
 pub use partition::{Partition, PartitionError, Shard};
-pub use plan::{check_fits, plan_memory, MemoryPlan, SHARD_ALIGN_ELEMS};
+pub use plan::{check_fits, plan_memory, MemoryPlan, PlanShape, SHARD_ALIGN_ELEMS};
 pub use state::{Engine, EngineConfig, Traffic, UnitViews};
 pub use step::StepReport;
 pub use unit::UnitSpec;

@@ -24,20 +24,14 @@ impl Shard {
         self.offset + self.len
     }
 
-    /// The part of `self` that also lies in `other` (empty at `self.offset` when disjoint).
+    /// The part of `self` that also lies in `other`. When they are disjoint the result is
+    /// empty, placed where it can slice either range's buffer (at most both ends).
     pub fn intersect(&self, other: Shard) -> Shard {
         let start = self.offset.max(other.offset);
         let end = self.end().min(other.end());
-        if end <= start {
-            Shard {
-                offset: start.min(self.end()),
-                len: 0,
-            }
-        } else {
-            Shard {
-                offset: start,
-                len: end - start,
-            }
+        Shard {
+            offset: start.min(end),
+            len: end.saturating_sub(start),
         }
     }
 
@@ -126,6 +120,16 @@ impl Partition {
         }
     }
 
+    /// `window` (a part of rank `rank`'s shard, possibly empty) in the coordinates of a
+    /// buffer holding the whole padded unit (`whole`) or only that rank's shard.
+    pub fn local(&self, rank: usize, window: Shard, whole: bool) -> std::ops::Range<usize> {
+        if window.len == 0 {
+            return 0..0;
+        }
+        let base = if whole { 0 } else { self.shard(rank).offset };
+        window.offset - base..window.end() - base
+    }
+
     /// The real (unpadded) elements of rank `rank`'s shard; may be empty for the last ranks.
     pub fn data_shard(&self, rank: usize) -> Shard {
         self.shard(rank).intersect(Shard {
@@ -202,7 +206,7 @@ mod tests {
                     *o = r;
                 }
                 let d = p.data_shard(r);
-                prop_assert!(d.len == 0 || d.end() <= numel);
+                prop_assert!(d.end() <= numel, "an empty shard must still slice the unit");
                 prop_assert!(d.len == 0 || d.offset == s.offset);
             }
             prop_assert!(owner.iter().all(|&o| o != usize::MAX));

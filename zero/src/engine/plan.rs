@@ -1,18 +1,15 @@
 //! Where every buffer of a rank goes, and how many bytes that takes, before anything is
 //! allocated: so a configuration that cannot fit fails at start-up, naming a stage that would.
 
-use super::memory::{ModelStateBytes, ZeroStage};
+use super::memory::{ModelStateBytes, Precision, ZeroStage};
 use super::partition::Partition;
 use super::unit::UnitSpec;
 use super::Result;
 
-/// Bytes per stored element. The engine stores fp32 today; mixed precision will make this a
-/// per-kind figure.
-pub(crate) const ELEM: u64 = 4;
-
-/// Shards are multiples of 64 elements: 256 bytes, the arena's alignment, so every shard
-/// starts on an aligned boundary and no block wastes rounding.
-pub const SHARD_ALIGN_ELEMS: usize = 64;
+/// Shards are multiples of 128 elements: 256 bytes (the arena's alignment) for 2-byte
+/// storage and 512 for f32, so every shard of every kind starts on an aligned boundary and
+/// no block wastes rounding.
+pub const SHARD_ALIGN_ELEMS: usize = 128;
 
 /// How one unit is laid out on this rank.
 #[derive(Debug, Clone, Copy)]
@@ -69,38 +66,56 @@ impl MemoryPlan {
     }
 }
 
+/// What one rank's planning depends on besides the units.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PlanShape {
+    /// Data-parallel ranks.
+    pub world: usize,
+    /// The ZeRO stage.
+    pub stage: ZeroStage,
+    /// Storage precision of parameters and gradients.
+    pub precision: Precision,
+    /// Units smaller than this keep whole parameters at stage 3.
+    pub persistence_threshold: usize,
+    /// Units gathered ahead at stage 3.
+    pub prefetch_units: usize,
+}
+
 /// Plans the buffers of `specs` on one rank.
 ///
 /// # Errors
 /// A partition error (zero ranks, overflow).
-pub fn plan_memory(
-    specs: &[UnitSpec],
-    world: usize,
-    stage: ZeroStage,
-    persistence_threshold: usize,
-    prefetch_units: usize,
-) -> Result<MemoryPlan> {
+pub fn plan_memory(specs: &[UnitSpec], shape: PlanShape) -> Result<MemoryPlan> {
+    let PlanShape {
+        world,
+        stage,
+        precision,
+        ..
+    } = shape;
     let mut states = ModelStateBytes::default();
     let mut largest = 0u64;
     for spec in specs {
-        let p = UnitPlan::new(spec, world, stage, persistence_threshold)?;
-        states.params += (p.len(p.whole_params) as u64 * ELEM) as f64;
-        states.grads += (p.len(p.whole_grads) as u64 * ELEM) as f64;
-        // fp32 Adam: m and v (the parameters are the master copy).
-        states.optimizer += (2 * p.len(p.whole_optim) as u64 * ELEM) as f64;
-        largest = largest.max(p.part.padded_numel() as u64 * ELEM);
+        let p = UnitPlan::new(spec, world, stage, shape.persistence_threshold)?;
+        let count = |whole| p.len(whole) as f64;
+        states.params += count(p.whole_params) * precision.param_bytes() as f64;
+        states.grads += count(p.whole_grads) * precision.grad_bytes() as f64;
+        // K bytes: m and v, plus the f32 master weights for half precision.
+        states.optimizer += count(p.whole_optim) * precision.optimizer_bytes() as f64;
+        largest = largest.max(p.part.padded_numel() as u64);
     }
-    // Backward holds at most three unreduced gradient units at once (the tied embedding, the
-    // final norm, the current block); stage 3 also holds that many gathered units plus the
-    // prefetched ones.
-    let gathered = if stage == ZeroStage::Zero3 {
-        3 + prefetch_units as u64
+    // Backward holds at most three unreduced f32 gradient units at once (the tied
+    // embedding, the final norm, the current block). f32 compute copies of parameters exist
+    // at stage 3 (gathered) and at half precision (widened): as many again, plus the
+    // prefetched ones. Half precision also stages one unit in 2 bytes for its collective.
+    let copies = if stage == ZeroStage::Zero3 || precision.has_master() {
+        3 + shape.prefetch_units as u64
     } else {
         0
     };
+    let staging = if precision.has_master() { 2 } else { 0 };
     Ok(MemoryPlan {
         model_states: states,
-        transient: (3 + gathered) * largest,
+        transient: (3 + copies) * largest * 4 + largest * staging,
     })
 }
 
@@ -108,15 +123,9 @@ pub fn plan_memory(
 ///
 /// # Errors
 /// [`EngineError::DoesNotFit`](super::EngineError::DoesNotFit).
-pub fn check_fits(
-    specs: &[UnitSpec],
-    world: usize,
-    stage: ZeroStage,
-    persistence_threshold: usize,
-    prefetch_units: usize,
-    limit: u64,
-) -> Result<MemoryPlan> {
-    let plan = |s| plan_memory(specs, world, s, persistence_threshold, prefetch_units);
+pub fn check_fits(specs: &[UnitSpec], shape: PlanShape, limit: u64) -> Result<MemoryPlan> {
+    let stage = shape.stage;
+    let plan = |stage| plan_memory(specs, PlanShape { stage, ..shape });
     let wanted = plan(stage)?;
     if wanted.total() <= limit {
         return Ok(wanted);
@@ -151,12 +160,22 @@ mod tests {
         vec![UnitSpec::new("a", 1000), UnitSpec::new("b", 64 * 8)]
     }
 
+    fn shape(stage: ZeroStage) -> PlanShape {
+        PlanShape {
+            world: 4,
+            stage,
+            precision: Precision::Fp32,
+            persistence_threshold: 0,
+            prefetch_units: 1,
+        }
+    }
+
     #[test]
     fn each_stage_needs_less_than_the_one_before() {
         let need: Vec<u64> = ZeroStage::ALL
             .iter()
             .map(|&s| {
-                plan_memory(&units(), 4, s, 0, 1)
+                plan_memory(&units(), shape(s))
                     .unwrap()
                     .model_states
                     .total() as u64
@@ -169,14 +188,14 @@ mod tests {
     fn a_tight_cap_names_the_lowest_stage_that_fits() {
         // Units of 1000 and 512 elements over 4 ranks pad to 1024 and 512 (shards 256, 128).
         // Stage 1: params 6144 + grads 6144 + m,v 3072 bytes, plus 3 x 4096 transient = 27648.
-        let stage1 = plan_memory(&units(), 4, ZeroStage::Zero1, 0, 1)
+        let stage1 = plan_memory(&units(), shape(ZeroStage::Zero1))
             .unwrap()
             .total();
         assert_eq!(stage1, 27648);
-        let err = check_fits(&units(), 4, ZeroStage::Zero0, 0, 1, stage1).unwrap_err();
+        let err = check_fits(&units(), shape(ZeroStage::Zero0), stage1).unwrap_err();
         let msg = err.to_string();
         assert!(msg.contains("stage 1 fits"), "{msg}");
         assert!(msg.contains("36864"), "stage 0 needs 24576 + 12288: {msg}");
-        assert!(check_fits(&units(), 4, ZeroStage::Zero1, 0, 1, stage1).is_ok());
+        assert!(check_fits(&units(), shape(ZeroStage::Zero1), stage1).is_ok());
     }
 }

@@ -1,13 +1,15 @@
 //! The engine of one rank: its arena, its communicator, and every unit's buffers.
 //!
 //! Data flow of one optimizer step, the same for every stage:
-//! 1. forward, unit by unit: [`Engine::gather`] (stage 3 all-gathers the unit into a
-//!    transient buffer), the model reads [`Engine::params`], [`Engine::release`];
-//! 2. backward, in reverse: [`Engine::begin_backward`] gives the unit a zeroed transient
-//!    gradient buffer that the model adds into (through [`Engine::views`]), and
-//!    [`Engine::end_backward`] reduces it across ranks (all-reduce at stage 0, reduce-scatter
-//!    otherwise, both summing every element in rank order) and adds the result into the
-//!    persistent gradient (whole at stages 0-1, one shard at stages 2-3);
+//! 1. forward, unit by unit: [`Engine::gather`] makes an f32 copy of the unit's whole
+//!    parameters where the stored ones are not that already (stage 3 all-gathers the
+//!    shards; half precision widens), the model reads [`Engine::params`], then
+//!    [`Engine::release`];
+//! 2. backward, in reverse: [`Engine::begin_backward`] gives the unit a zeroed f32 gradient
+//!    buffer that the model adds into (through [`Engine::views`]), and
+//!    [`Engine::end_backward`] rounds it to the storage type, reduces it across ranks
+//!    (all-reduce at stage 0, reduce-scatter otherwise, both summing every element in rank
+//!    order) and accumulates the part this rank keeps (whole at stages 0-1, a shard at 2-3);
 //! 3. [`Engine::step`]: global norm from per-shard partial sums combined in rank order,
 //!    clipping, AdamW on the owned range, and an all-gather of updated shards where
 //!    parameters are kept whole (stages 1-2).
@@ -16,9 +18,11 @@
 //! give the same parameters to the bit.
 
 use super::error::{EngineError, Result};
+use super::loss_scale::LossScaler;
 use super::memory::{expected_model_state_bytes, ModelStateBytes, Precision, ZeroStage};
 use super::order::OrderCheck;
-use super::plan::{check_fits, plan_memory, MemoryPlan, UnitPlan, ELEM};
+use super::plan::{check_fits, plan_memory, MemoryPlan, PlanShape, UnitPlan};
+use super::storage::{accumulate, any_non_finite, narrow, widen, with_store, Store};
 use super::unit::UnitSpec;
 use crate::optim::AdamW;
 use zero_alloc::{Arena, ArenaConfig, Handle};
@@ -29,6 +33,8 @@ use zero_comm::{Communicator, ReduceOp};
 pub struct EngineConfig {
     /// Which model states are partitioned (`stage`).
     pub stage: ZeroStage,
+    /// Storage of parameters and gradients (`fp16` / `bf16` sections).
+    pub precision: Precision,
     /// Units with fewer elements keep whole parameters at stage 3
     /// (`param_persistence_threshold`).
     pub persistence_threshold: usize,
@@ -46,6 +52,7 @@ impl Default for EngineConfig {
     fn default() -> Self {
         Self {
             stage: ZeroStage::Zero2,
+            precision: Precision::Fp32,
             persistence_threshold: 0,
             prefetch_units: 1,
             grad_clip: 1.0,
@@ -58,17 +65,20 @@ impl Default for EngineConfig {
 /// One unit's arena blocks on this rank.
 #[derive(Debug)]
 pub(crate) struct UnitBuffers {
-    /// Parameters: the padded unit, or this rank's shard.
+    /// Parameters in the storage type: the padded unit, or this rank's shard.
     pub params: Handle,
-    /// Reduced gradients accumulated over micro-steps: padded unit or shard.
+    /// f32 master weights (half precision only): padded unit or shard, like `m` and `v`.
+    pub master: Option<Handle>,
+    /// Reduced gradients in the storage type, accumulated over micro-steps: padded unit or
+    /// shard.
     pub grads: Handle,
-    /// Adam moments: padded unit or shard.
+    /// Adam moments (f32): padded unit or shard.
     pub m: Handle,
     pub v: Handle,
-    /// Stage 3: the gathered unit, and how many users hold it.
+    /// The f32 compute copy of the whole unit while gathered, and how many users hold it.
     pub gathered: Option<Handle>,
     pub gather_refs: usize,
-    /// During the unit's backward: its unreduced gradient.
+    /// During the unit's backward: its unreduced f32 gradient.
     pub unreduced: Option<Handle>,
 }
 
@@ -110,6 +120,10 @@ pub struct Engine {
     pub(crate) steps: u64,
     pub(crate) traffic: Traffic,
     pub(crate) order: OrderCheck,
+    /// fp16's dynamic loss scale (1 and inert otherwise).
+    pub(crate) scaler: LossScaler,
+    /// An inf or NaN reached this rank's reduced gradients since the last step.
+    pub(crate) overflow: bool,
 }
 
 impl Engine {
@@ -130,42 +144,54 @@ impl Engine {
             spec.check()
                 .map_err(|message| EngineError::BadUnit { unit, message })?;
         }
-        let world = comm.size();
-        let (stage, keep, prefetch) = (
-            config.stage,
-            config.persistence_threshold,
-            config.prefetch_units,
-        );
+        let shape = PlanShape {
+            world: comm.size(),
+            stage: config.stage,
+            precision: config.precision,
+            persistence_threshold: config.persistence_threshold,
+            prefetch_units: config.prefetch_units,
+        };
         let memory_plan = match config.memory_limit {
-            Some(limit) => check_fits(&specs, world, stage, keep, prefetch, limit)?,
-            None => plan_memory(&specs, world, stage, keep, prefetch)?,
+            Some(limit) => check_fits(&specs, shape, limit)?,
+            None => plan_memory(&specs, shape)?,
         };
         let capacity = config.memory_limit.unwrap_or(memory_plan.total());
         let capacity = usize::try_from(capacity).unwrap_or(usize::MAX);
         let mut arena = Arena::new(ArenaConfig::new(capacity))?;
         let plans = specs
             .iter()
-            .map(|s| UnitPlan::new(s, world, stage, keep))
+            .map(|s| UnitPlan::new(s, shape.world, shape.stage, shape.persistence_threshold))
             .collect::<Result<Vec<_>>>()?;
+        let precision = config.precision;
         let mut bufs = Vec::with_capacity(specs.len());
         for (unit, plan) in plans.iter().enumerate() {
-            let params = zeroed(&mut arena, plan.len(plan.whole_params))?;
-            let grads = zeroed(&mut arena, plan.len(plan.whole_grads))?;
-            let m = zeroed(&mut arena, plan.len(plan.whole_optim))?;
-            let v = zeroed(&mut arena, plan.len(plan.whole_optim))?;
-            init_unit(&mut arena, plan, params, comm.rank(), |w| init(unit, w))?;
-            bufs.push(UnitBuffers {
-                params,
-                grads,
-                m,
-                v,
+            let b = with_store!(precision, S => UnitBuffers {
+                params: zeroed::<S>(&mut arena, plan.len(plan.whole_params))?,
+                master: if precision.has_master() {
+                    Some(zeroed::<f32>(&mut arena, plan.len(plan.whole_optim))?)
+                } else {
+                    None
+                },
+                grads: zeroed::<S>(&mut arena, plan.len(plan.whole_grads))?,
+                m: zeroed::<f32>(&mut arena, plan.len(plan.whole_optim))?,
+                v: zeroed::<f32>(&mut arena, plan.len(plan.whole_optim))?,
                 gathered: None,
                 gather_refs: 0,
                 unreduced: None,
             });
+            let values = initial_values(&mut arena, plan, |w| init(unit, w))?;
+            let loaded = write_whole(&mut arena, plan, &b, precision, comm.rank(), values);
+            arena.free(values)?;
+            loaded?;
+            bufs.push(b);
         }
         arena.reset_peak();
         let order = OrderCheck::new(comm.rank());
+        let scaler = if precision == Precision::Fp16 {
+            LossScaler::default()
+        } else {
+            LossScaler::new(1.0, u32::MAX, 1, 1.0)
+        };
         Ok(Self {
             comm,
             arena,
@@ -178,6 +204,8 @@ impl Engine {
             steps: 0,
             traffic: Traffic::default(),
             order,
+            scaler,
+            overflow: false,
         })
     }
 
@@ -232,41 +260,79 @@ impl Engine {
         }
     }
 
-    /// Makes `unit`'s whole parameters available (stage 3: all-gathers them into a transient
-    /// buffer; otherwise a no-op). Balanced by [`Engine::release`]; nested calls share one
-    /// buffer.
+    /// True when the model can read the stored parameters directly (whole f32).
+    fn reads_stored(&self, unit: usize) -> bool {
+        self.plans[unit].whole_params && !self.config.precision.has_master()
+    }
+
+    /// Makes `unit`'s whole parameters available in f32: stage 3 all-gathers the shards,
+    /// half precision widens; whole f32 parameters need nothing. Balanced by
+    /// [`Engine::release`]; nested calls share one copy.
     ///
     /// # Errors
     /// Unknown unit, a rank visiting units in another order, arena or collective failures.
     pub fn gather(&mut self, unit: usize) -> Result<()> {
         self.check_unit(unit)?;
         self.order.visit(&self.comm, unit)?;
-        let plan = self.plans[unit];
-        let b = &mut self.bufs[unit];
-        if plan.whole_params {
+        if self.reads_stored(unit) {
             return Ok(());
         }
+        let b = &mut self.bufs[unit];
         b.gather_refs += 1;
         if b.gathered.is_some() {
             return Ok(());
         }
-        let full = self.arena.alloc_elems::<f32>(plan.part.padded_numel())?;
-        let (params, mut views) = (b.params, self.arena.views());
-        let shard = views.get::<f32>(params)?;
-        let whole = views.get_mut::<f32>(full)?;
-        self.comm.all_gather(shard, whole)?;
-        self.traffic.all_gather += whole.len() as u64;
-        b.gathered = Some(full);
+        let copy = with_store!(self.config.precision, S => self.compute_copy::<S>(unit))?;
+        self.bufs[unit].gathered = Some(copy);
         Ok(())
     }
 
-    /// Ends a use begun by [`Engine::gather`]; the last one frees stage 3's buffer.
+    /// A new f32 block holding `unit`'s whole (padded) parameters.
+    fn compute_copy<S: Store>(&mut self, unit: usize) -> Result<Handle> {
+        let plan = self.plans[unit];
+        let padded = plan.part.padded_numel();
+        let params = self.bufs[unit].params;
+        let out = self.arena.alloc_elems::<f32>(padded)?;
+        let staged = if plan.whole_params {
+            None
+        } else {
+            Some(self.arena.alloc_elems::<S>(padded)?)
+        };
+        let result = (|| -> Result<()> {
+            let mut views = self.arena.views();
+            let stored = views.get::<S>(params)?;
+            let out = views.get_mut::<f32>(out)?;
+            let whole: &[S] = match staged {
+                None => stored,
+                Some(h) => {
+                    let staged = views.get_mut::<S>(h)?;
+                    self.comm.all_gather(stored, staged)?;
+                    self.traffic.all_gather += padded as u64;
+                    staged
+                }
+            };
+            widen(whole, out, 1.0);
+            Ok(())
+        })();
+        if let Some(h) = staged {
+            self.arena.free(h)?;
+        }
+        match result {
+            Ok(()) => Ok(out),
+            Err(e) => {
+                self.arena.free(out)?;
+                Err(e)
+            }
+        }
+    }
+
+    /// Ends a use begun by [`Engine::gather`]; the last one frees the compute copy.
     ///
     /// # Errors
     /// Unknown unit, or a release without a gather.
     pub fn release(&mut self, unit: usize) -> Result<()> {
         self.check_unit(unit)?;
-        if self.plans[unit].whole_params {
+        if self.reads_stored(unit) {
             return Ok(());
         }
         let b = &mut self.bufs[unit];
@@ -277,34 +343,34 @@ impl Engine {
         }
         b.gather_refs -= 1;
         if b.gather_refs == 0 {
-            if let Some(full) = b.gathered.take() {
-                self.arena.free(full)?;
+            if let Some(copy) = b.gathered.take() {
+                self.arena.free(copy)?;
             }
         }
         Ok(())
     }
 
-    /// The block holding `unit`'s whole parameters right now.
+    /// The f32 block holding `unit`'s whole parameters right now.
     fn param_block(&self, unit: usize) -> Result<Handle> {
         self.check_unit(unit)?;
-        let b = &self.bufs[unit];
-        if self.plans[unit].whole_params {
-            Ok(b.params)
-        } else {
-            b.gathered.ok_or(EngineError::NotGathered { unit })
+        if self.reads_stored(unit) {
+            return Ok(self.bufs[unit].params);
         }
+        self.bufs[unit]
+            .gathered
+            .ok_or(EngineError::NotGathered { unit })
     }
 
-    /// `unit`'s parameters (its `numel` elements, no padding).
+    /// `unit`'s parameters in f32 (its `numel` elements, no padding).
     ///
     /// # Errors
-    /// [`EngineError::NotGathered`] at stage 3 outside gather/release.
+    /// [`EngineError::NotGathered`] outside gather/release where a copy is needed.
     pub fn params(&self, unit: usize) -> Result<&[f32]> {
         let block = self.param_block(unit)?;
         Ok(&self.arena.slice::<f32>(block)?[..self.specs[unit].numel])
     }
 
-    /// Starts `unit`'s backward: gives it a zeroed buffer for its unreduced gradient.
+    /// Starts `unit`'s backward: gives it a zeroed f32 buffer for its unreduced gradient.
     ///
     /// # Errors
     /// Unknown unit, a backward already begun, arena failures.
@@ -315,7 +381,7 @@ impl Engine {
                 "begin_backward of unit {unit} twice without end_backward"
             )));
         }
-        let h = zeroed(&mut self.arena, self.plans[unit].part.padded_numel())?;
+        let h = zeroed::<f32>(&mut self.arena, self.plans[unit].part.padded_numel())?;
         self.bufs[unit].unreduced = Some(h);
         Ok(())
     }
@@ -352,44 +418,71 @@ impl Engine {
         Ok((p, g))
     }
 
-    /// Ends `unit`'s backward: reduces its gradient across ranks (average), adds the part
-    /// this rank keeps into the accumulated gradient, and frees the transient buffer.
+    /// Ends `unit`'s backward: rounds its gradient to the storage type (scaled by fp16's loss
+    /// scale), reduces it across ranks (average), accumulates the part this rank keeps and
+    /// frees the transient buffers.
     ///
     /// # Errors
     /// A unit not in backward, a divergent unit order, collective or arena failures.
     pub fn end_backward(&mut self, unit: usize) -> Result<()> {
         self.check_unit(unit)?;
         self.order.visit(&self.comm, unit)?;
-        let plan = self.plans[unit];
-        let rank = self.comm.rank();
         let tmp = self.bufs[unit].unreduced.take().ok_or_else(|| {
             EngineError::Order(format!(
                 "end_backward of unit {unit} without begin_backward"
             ))
         })?;
-        let grads = self.bufs[unit].grads;
-        {
-            let mut views = self.arena.views();
-            let tmp = views.get_mut::<f32>(tmp)?;
-            let acc = views.get_mut::<f32>(grads)?;
-            let shard = plan.part.shard(rank);
-            if self.config.stage == ZeroStage::Zero0 {
-                self.comm.all_reduce_in_place(tmp, ReduceOp::Avg)?;
-                self.traffic.all_reduce += tmp.len() as u64;
-                add_into(acc, tmp);
-            } else {
-                self.comm.reduce_scatter_in_place(tmp, ReduceOp::Avg)?;
-                self.traffic.reduce_scatter += tmp.len() as u64;
-                let reduced = &tmp[shard.range()];
-                if plan.whole_grads {
-                    add_into(&mut acc[shard.range()], reduced);
-                } else {
-                    add_into(acc, reduced);
-                }
-            }
-        }
+        let reduced = with_store!(self.config.precision, S => self.reduce_unit::<S>(unit, tmp));
         self.arena.free(tmp)?;
-        Ok(())
+        reduced
+    }
+
+    fn reduce_unit<S: Store>(&mut self, unit: usize, tmp: Handle) -> Result<()> {
+        let plan = self.plans[unit];
+        let padded = plan.part.padded_numel();
+        let shard = plan.part.shard(self.comm.rank());
+        // f32 storage (the only 4-byte type) reduces the model's buffer in place; half
+        // precision rounds it into a 2-byte staging block first.
+        let staged = if std::mem::size_of::<S>() == 4 {
+            None
+        } else {
+            Some(self.arena.alloc_elems::<S>(padded)?)
+        };
+        let scale = self.scaler.scale;
+        let grads = self.bufs[unit].grads;
+        let result = (|| -> Result<()> {
+            let mut views = self.arena.views();
+            let wide = views.get_mut::<f32>(tmp)?;
+            let buf: &mut [S] = match staged {
+                None => bytemuck::cast_slice_mut(wide),
+                Some(h) => {
+                    let narrow_buf = views.get_mut::<S>(h)?;
+                    narrow(wide, narrow_buf, scale);
+                    narrow_buf
+                }
+            };
+            let acc = views.get_mut::<S>(grads)?;
+            let mine = if self.config.stage == ZeroStage::Zero0 {
+                self.comm.all_reduce_in_place(buf, ReduceOp::Avg)?;
+                self.traffic.all_reduce += padded as u64;
+                &buf[..]
+            } else {
+                self.comm.reduce_scatter_in_place(buf, ReduceOp::Avg)?;
+                self.traffic.reduce_scatter += padded as u64;
+                &buf[shard.range()]
+            };
+            self.overflow |= any_non_finite(mine);
+            match (self.config.stage, plan.whole_grads) {
+                (ZeroStage::Zero0, _) => accumulate(acc, mine),
+                (_, true) => accumulate(&mut acc[shard.range()], mine),
+                (_, false) => accumulate(acc, mine),
+            }
+            Ok(())
+        })();
+        if let Some(h) = staged {
+            self.arena.free(h)?;
+        }
+        result
     }
 
     /// Marks the end of one micro-step's backward (for gradient accumulation).
@@ -408,14 +501,17 @@ impl Engine {
             out.params += size(b.params)?;
             out.grads += size(b.grads)?;
             out.optimizer += size(b.m)? + size(b.v)?;
+            if let Some(master) = b.master {
+                out.optimizer += size(master)?;
+            }
         }
         Ok(out)
     }
 
-    /// The paper's formula for this configuration (fp32 Adam: K = 8).
+    /// The paper's formula for this configuration (K = 12 for half precision, 8 for fp32).
     pub fn expected_model_state_bytes(&self) -> ModelStateBytes {
         let psi = self.specs.iter().map(|s| s.numel as u64).sum();
-        expected_model_state_bytes(psi, self.world(), self.config.stage, Precision::Fp32)
+        expected_model_state_bytes(psi, self.world(), self.config.stage, self.config.precision)
     }
 
     /// What the plan reserved: model states plus transient unit buffers.
@@ -423,48 +519,58 @@ impl Engine {
         self.memory_plan
     }
 
-    /// Bytes per stored element of model states.
-    pub fn element_bytes(&self) -> u64 {
-        ELEM
+    /// fp16's current loss scale (1 for other precisions).
+    pub fn loss_scale(&self) -> f32 {
+        self.scaler.scale
     }
 }
 
-/// A zero-filled block of `len` f32 (arena blocks hold stale bytes after reuse).
-fn zeroed(arena: &mut Arena, len: usize) -> Result<Handle> {
-    let h = arena.alloc_elems::<f32>(len)?;
-    arena.slice_mut::<f32>(h)?.fill(0.0);
+/// A zero-filled block of `len` elements (arena blocks hold stale bytes after reuse).
+pub(crate) fn zeroed<T: bytemuck::Pod>(arena: &mut Arena, len: usize) -> Result<Handle> {
+    let h = arena.alloc_elems::<T>(len)?;
+    arena.slice_mut::<T>(h)?.fill(T::zeroed());
     Ok(h)
 }
 
-/// Writes the initial parameters of one unit into `params` (whole, or this rank's shard).
-fn init_unit(
+/// A transient f32 block holding a unit's whole (padded) initial values.
+fn initial_values(
     arena: &mut Arena,
     plan: &UnitPlan,
-    params: Handle,
-    rank: usize,
     init: impl FnOnce(&mut [f32]),
-) -> Result<()> {
-    let numel = plan.part.numel();
-    if plan.whole_params {
-        init(&mut arena.slice_mut::<f32>(params)?[..numel]);
-        return Ok(());
-    }
-    let full = zeroed(arena, plan.part.padded_numel())?;
-    {
-        let mut views = arena.views();
-        let whole = views.get_mut::<f32>(full)?;
-        init(&mut whole[..numel]);
-        views
-            .get_mut::<f32>(params)?
-            .copy_from_slice(&whole[plan.part.shard(rank).range()]);
-    }
-    arena.free(full)?;
-    Ok(())
+) -> Result<Handle> {
+    let full = zeroed::<f32>(arena, plan.part.padded_numel())?;
+    init(&mut arena.slice_mut::<f32>(full)?[..plan.part.numel()]);
+    Ok(full)
 }
 
-/// `acc += x`, element by element (the one accumulation every stage shares).
-pub(crate) fn add_into(acc: &mut [f32], x: &[f32]) {
-    for (a, &g) in acc.iter_mut().zip(x) {
-        *a += g;
+/// Stores whole f32 `values` (padded) into a unit's buffers as its stage keeps them: the
+/// stored parameters (rounded for half precision) and the f32 master copy.
+pub(crate) fn write_whole(
+    arena: &mut Arena,
+    plan: &UnitPlan,
+    b: &UnitBuffers,
+    precision: Precision,
+    rank: usize,
+    values: Handle,
+) -> Result<()> {
+    let shard = plan.part.shard(rank);
+    let mut views = arena.views();
+    let values = views.get::<f32>(values)?;
+    let part = |whole: bool| {
+        if whole {
+            values
+        } else {
+            &values[shard.range()]
+        }
+    };
+    with_store!(precision, S => {
+        let stored = views.get_mut::<S>(b.params)?;
+        narrow(part(plan.whole_params), stored, 1.0);
+    });
+    if let Some(master) = b.master {
+        views
+            .get_mut::<f32>(master)?
+            .copy_from_slice(part(plan.whole_optim));
     }
+    Ok(())
 }

@@ -1,19 +1,26 @@
-//! The optimizer step: global norm from shards, clipping, AdamW on the owned range, and the
-//! all-gather that brings whole-parameter ranks back in sync.
+//! The optimizer step: overflow agreement (fp16), global norm from shards, clipping, AdamW
+//! on the owned range of the f32 master weights, and the all-gather that brings
+//! whole-parameter ranks back in sync.
 
 use super::error::{EngineError, Result};
 use super::memory::ZeroStage;
 use super::partition::Shard;
-use super::state::Engine;
-use crate::optim::{clip_coefficient, global_norm, sum_of_squares, DecaySegment};
+use super::state::{zeroed, Engine};
+use super::storage::{narrow, with_store, Store};
+use crate::optim::{clip_coefficient, global_norm, DecaySegment};
+use zero_comm::ReduceOp;
 
 /// What one optimizer step did.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct StepReport {
-    /// Global gradient norm before clipping.
+    /// Global gradient norm before clipping (inf when the step overflowed).
     pub grad_norm: f32,
     /// The factor gradients were scaled by (1 when not clipped).
     pub clip_coef: f32,
+    /// fp16: the gradients overflowed on some rank and the step was skipped everywhere.
+    pub skipped: bool,
+    /// The loss scale the step's gradients were computed under.
+    pub loss_scale: f32,
 }
 
 impl Engine {
@@ -29,8 +36,8 @@ impl Engine {
     /// rate `lr`. Gradients are averaged over ranks and micro-steps.
     ///
     /// # Errors
-    /// No micro-step since the last step, a backward left open, a non-finite gradient norm,
-    /// collective or arena failures.
+    /// No micro-step since the last step, a backward left open, a non-finite gradient norm
+    /// (fp32 and bf16; fp16 skips the step instead), collective or arena failures.
     pub fn step(&mut self, lr: f32) -> Result<StepReport> {
         if self.micro_steps == 0 {
             return Err(EngineError::Order(
@@ -43,10 +50,27 @@ impl Engine {
             )));
         }
         self.order.end_step()?;
-        if self.micro_steps > 1 {
-            self.scale_owned_grads(1.0 / self.micro_steps as f32)?;
+        let loss_scale = self.scaler.scale;
+        if self.config.precision == super::Precision::Fp16 && self.any_rank_overflowed()? {
+            self.clear_grads()?;
+            self.scaler.update(true);
+            tracing::warn!(
+                rank = self.rank(),
+                step = self.steps + 1,
+                loss_scale,
+                "fp16 gradients overflowed: step skipped, loss scale now {}",
+                self.scaler.scale
+            );
+            return Ok(StepReport {
+                grad_norm: f32::INFINITY,
+                clip_coef: 0.0,
+                skipped: true,
+                loss_scale,
+            });
         }
-        let norm = self.global_norm()?;
+        // One factor takes the stored gradients back to the mean over micro-steps, unscaled.
+        let factor = 1.0 / (self.micro_steps as f32 * loss_scale);
+        let norm = self.global_norm(factor)?;
         if !norm.is_finite() {
             return Err(EngineError::NonFinite {
                 step: self.steps + 1,
@@ -59,16 +83,35 @@ impl Engine {
         } else {
             1.0
         };
-        if clip_coef < 1.0 {
-            self.scale_owned_grads(clip_coef)?;
-        }
         self.steps += 1;
-        self.update_and_sync(lr)?;
-        self.micro_steps = 0;
+        with_store!(self.config.precision, S => self.update_and_sync::<S>(lr, factor, clip_coef))?;
+        self.scaler.update(false);
         Ok(StepReport {
             grad_norm: norm as f32,
             clip_coef,
+            skipped: false,
+            loss_scale,
         })
+    }
+
+    /// Agrees across ranks whether any rank saw an inf or NaN since the last step.
+    fn any_rank_overflowed(&mut self) -> Result<bool> {
+        let mut flag = [if self.overflow { 1.0f32 } else { 0.0 }];
+        self.comm.all_reduce_in_place(&mut flag, ReduceOp::Max)?;
+        Ok(flag[0] > 0.0)
+    }
+
+    /// Zeroes the accumulated gradients and the micro-step count.
+    fn clear_grads(&mut self) -> Result<()> {
+        for b in &self.bufs {
+            with_store!(self.config.precision, S => {
+                let g = self.arena.slice_mut::<S>(b.grads)?;
+                g.fill(<S as bytemuck::Zeroable>::zeroed());
+            });
+        }
+        self.micro_steps = 0;
+        self.overflow = false;
+        Ok(())
     }
 
     /// The range of `unit` this rank updates: everything at stage 0, its shard otherwise.
@@ -84,44 +127,17 @@ impl Engine {
         }
     }
 
-    /// Where a buffer kept whole (`true`) or sharded starts, in unit coordinates.
-    fn base(&self, unit: usize, whole: bool) -> usize {
-        if whole {
-            0
-        } else {
-            self.plans[unit].part.shard(self.rank()).offset
-        }
-    }
-
-    /// Multiplies the owned gradients by `factor`, element by element.
-    fn scale_owned_grads(&mut self, factor: f32) -> Result<()> {
-        for unit in 0..self.specs.len() {
-            let owned = self.owned(unit);
-            let base = self.base(unit, self.plans[unit].whole_grads);
-            let g = self.arena.slice_mut::<f32>(self.bufs[unit].grads)?;
-            for x in &mut g[owned.offset - base..owned.end() - base] {
-                *x *= factor;
-            }
-        }
-        Ok(())
-    }
-
-    /// AdamW on the owned range of every unit, then the all-gather where parameters are kept
-    /// whole but updated by shard (stages 1-2, persistent units at stage 3).
-    fn update_and_sync(&mut self, lr: f32) -> Result<()> {
-        let (t, adam) = (self.steps, self.config.adam);
+    /// AdamW on the owned range of every unit (on the f32 master copy for half precision,
+    /// rounded back into the stored parameters), then the all-gather where parameters are
+    /// kept whole but updated by shard (stages 1-2, persistent units at stage 3).
+    fn update_and_sync<S: Store>(&mut self, lr: f32, factor: f32, clip_coef: f32) -> Result<()> {
+        let (t, adam, rank) = (self.steps, self.config.adam, self.rank());
         for unit in 0..self.specs.len() {
             let plan = self.plans[unit];
             let owned = self.owned(unit);
-            let local = |whole: bool| {
-                let base = self.base(unit, whole);
-                owned.offset - base..owned.end() - base
-            };
-            let (p_at, g_at, o_at) = (
-                local(plan.whole_params),
-                local(plan.whole_grads),
-                local(plan.whole_optim),
-            );
+            let p_at = plan.part.local(rank, owned, plan.whole_params);
+            let g_at = plan.part.local(rank, owned, plan.whole_grads);
+            let o_at = plan.part.local(rank, owned, plan.whole_optim);
             let segments: Vec<DecaySegment> = self.specs[unit]
                 .segments(Shard {
                     offset: 0,
@@ -133,47 +149,77 @@ impl Engine {
                     decay,
                 })
                 .collect();
+            let grad32 = zeroed::<f32>(&mut self.arena, owned.len.max(1))?;
             let b = &self.bufs[unit];
-            let (params, grads, m, v) = (b.params, b.grads, b.m, b.v);
-            let mut views = self.arena.views();
-            let p = views.get_mut::<f32>(params)?;
-            let g = views.get_mut::<f32>(grads)?;
-            let m = views.get_mut::<f32>(m)?;
-            let v = views.get_mut::<f32>(v)?;
-            adam.update(
-                &mut p[p_at],
-                &g[g_at],
-                &mut m[o_at.clone()],
-                &mut v[o_at],
-                owned.offset,
-                &segments,
-                t,
-                lr,
-            )?;
-            g.fill(0.0);
-            if plan.whole_params && self.config.stage != ZeroStage::Zero0 {
-                self.comm.all_gather_in_place(p)?;
-                self.traffic.all_gather += p.len() as u64;
+            let (params, master, grads, m, v) = (b.params, b.master, b.grads, b.m, b.v);
+            {
+                let mut views = self.arena.views();
+                let g32 = &mut views.get_mut::<f32>(grad32)?[..owned.len];
+                let g = views.get_mut::<S>(grads)?;
+                for (w, &x) in g32.iter_mut().zip(&g[g_at]) {
+                    *w = x.to_f32() * factor * clip_coef;
+                }
+                g.fill(<S as bytemuck::Zeroable>::zeroed());
+                let m = views.get_mut::<f32>(m)?;
+                let v = views.get_mut::<f32>(v)?;
+                let stored = views.get_mut::<S>(params)?;
+                match master {
+                    Some(master) => {
+                        let master = views.get_mut::<f32>(master)?;
+                        adam.update(
+                            &mut master[o_at.clone()],
+                            g32,
+                            &mut m[o_at.clone()],
+                            &mut v[o_at.clone()],
+                            owned.offset,
+                            &segments,
+                            t,
+                            lr,
+                        )?;
+                        narrow(&master[o_at], &mut stored[p_at], 1.0);
+                    }
+                    None => {
+                        let p: &mut [f32] = bytemuck::cast_slice_mut(stored);
+                        adam.update(
+                            &mut p[p_at],
+                            g32,
+                            &mut m[o_at.clone()],
+                            &mut v[o_at],
+                            owned.offset,
+                            &segments,
+                            t,
+                            lr,
+                        )?;
+                    }
+                }
+                if plan.whole_params && self.config.stage != ZeroStage::Zero0 {
+                    self.comm.all_gather_in_place(stored)?;
+                    self.traffic.all_gather += stored.len() as u64;
+                }
             }
+            self.arena.free(grad32)?;
         }
+        self.micro_steps = 0;
+        self.overflow = false;
         Ok(())
     }
 
-    /// The global gradient norm over every unit's real elements.
+    /// The global gradient norm over every unit's real elements, of the gradients times
+    /// `factor`.
     ///
     /// Each rank's shards are summed in f64 in unit order; the per-rank partial sums are
     /// combined in rank order. Stage 0 computes every rank's partial itself with the same
     /// code, so every stage gets the same norm to the bit.
-    fn global_norm(&mut self) -> Result<f64> {
+    fn global_norm(&mut self, factor: f32) -> Result<f64> {
         let world = self.world();
         // Stage 0 holds every reduced shard; the others hold only their own (stage 1's whole
         // buffer is reduced only on this rank's shard) and exchange partial sums.
         let partials: Vec<f64> = if self.config.stage == ZeroStage::Zero0 || world == 1 {
             (0..world)
-                .map(|r| self.partial_norm(r))
+                .map(|r| self.partial_norm(r, factor))
                 .collect::<Result<_>>()?
         } else {
-            let mine = self.partial_norm(self.rank())?;
+            let mine = self.partial_norm(self.rank(), factor)?;
             let (hi, lo) = split_f64(mine);
             let mut all = vec![0f32; 2 * world];
             self.comm.all_gather(&[hi, lo], &mut all)?;
@@ -186,20 +232,25 @@ impl Engine {
 
     /// Sum of squares of rank `r`'s shards, rounded through the (hi, lo) f32 pair that the
     /// exchange sends, so a partial computed locally equals one received.
-    fn partial_norm(&self, r: usize) -> Result<f64> {
-        let mut sum = 0f64;
-        for (plan, b) in self.plans.iter().zip(&self.bufs) {
-            let data = plan.part.data_shard(r);
-            let base = if plan.whole_grads {
-                0
-            } else {
-                plan.part.shard(r).offset
-            };
-            let g = self.arena.slice::<f32>(b.grads)?;
-            sum += sum_of_squares(&g[data.offset - base..data.end() - base]);
-        }
+    fn partial_norm(&self, r: usize, factor: f32) -> Result<f64> {
+        let sum = with_store!(self.config.precision, S => self.sum_of_squares::<S>(r, factor))?;
         let (hi, lo) = split_f64(sum);
         Ok(f64::from(hi) + f64::from(lo))
+    }
+
+    fn sum_of_squares<S: Store>(&self, r: usize, factor: f32) -> Result<f64> {
+        let mut sum = 0f64;
+        for (plan, b) in self.plans.iter().zip(&self.bufs) {
+            let data = plan
+                .part
+                .local(r, plan.part.data_shard(r), plan.whole_grads);
+            let g = self.arena.slice::<S>(b.grads)?;
+            for &x in &g[data] {
+                let x = f64::from(x.to_f32() * factor);
+                sum += x * x;
+            }
+        }
+        Ok(sum)
     }
 }
 

@@ -23,6 +23,10 @@ pub struct StepMetrics {
     pub tokens_per_s: f64,
     /// Wall time of the step.
     pub step_ms: f64,
+    /// The loss scale the step ran under (fp16; 1 otherwise).
+    pub loss_scale: f32,
+    /// fp16 gradients overflowed and the step was skipped.
+    pub skipped: bool,
 }
 
 /// Memory and traffic of one rank at the end of a run.
@@ -124,6 +128,8 @@ pub fn step_json(m: &StepMetrics) -> Value {
         "grad_norm": m.grad_norm,
         "tokens_per_s": m.tokens_per_s,
         "step_ms": m.step_ms,
+        "loss_scale": m.loss_scale,
+        "skipped": m.skipped,
     })
 }
 

@@ -195,6 +195,7 @@ fn rank_main(shared: &Shared<'_>, comm: Communicator) -> Result<RankOutput, Trai
     let stage = cfg.stage();
     let engine_config = EngineConfig {
         stage,
+        precision: cfg.precision.into(),
         persistence_threshold: cfg.param_persistence_threshold,
         prefetch_units: cfg.prefetch_units,
         grad_clip: cfg.grad_clip,
@@ -288,6 +289,8 @@ fn rank_main(shared: &Shared<'_>, comm: Communicator) -> Result<RankOutput, Trai
             grad_norm: report.grad_norm,
             tokens_per_s: global_tokens / secs,
             step_ms: secs * 1e3,
+            loss_scale: report.loss_scale,
+            skipped: report.skipped,
         };
         if rank == 0 {
             shared.progress.step(&m);
@@ -452,10 +455,16 @@ impl Progress {
     }
 
     fn step(&self, m: &StepMetrics) {
-        let msg = format!(
+        let mut msg = format!(
             "loss {:.4} | lr {:.2e} | norm {:.3} | {:.0} tok/s | {:.0} ms",
             m.loss, m.lr, m.grad_norm, m.tokens_per_s, m.step_ms
         );
+        if m.skipped {
+            msg.push_str(&format!(
+                " | fp16 overflow at loss scale {}: step skipped",
+                m.loss_scale
+            ));
+        }
         match &self.bar {
             Some(bar) => {
                 bar.set_position(m.step);
