@@ -13,7 +13,8 @@ use std::hint::black_box;
 use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
-use zero::gpt::{init_params, kernels::matmul, Activations, CpuBackend, Gpt, GptConfig};
+use zero::gpt::kernels::{attention, cross_entropy, gelu, layernorm, matmul};
+use zero::gpt::{init_params, Activations, CpuBackend, Gpt, GptConfig};
 
 const B: usize = 4;
 const T: usize = 64;
@@ -143,17 +144,92 @@ fn measure(iters: usize, mut f: impl FnMut()) -> Cost {
     Cost { wall, cpu }
 }
 
+/// CPU milliseconds per call of `f`, over about 0.3 s of CPU time (after one warm-up call).
+fn cpu_ms(mut f: impl FnMut()) -> f64 {
+    f();
+    let Some(start) = cpu_secs() else {
+        return f64::NAN;
+    };
+    let mut calls = 0u32;
+    while cpu_secs().unwrap_or(f64::INFINITY) - start < 0.3 {
+        f();
+        calls += 1;
+    }
+    (cpu_secs().unwrap_or(f64::NAN) - start) * 1e3 / f64::from(calls)
+}
+
+/// Where one gpt2 step's time goes: each kernel once at the step's shapes, CPU time per call,
+/// GFLOP per CPU-second for the matmuls.
+fn kernel_breakdown() {
+    let (n, c, nh, vp, v) = (B * T, 768, 12, 50_304, 50_257);
+    let fill =
+        |len: usize| -> Vec<f32> { (0..len).map(|i| ((i % 97) as f32 - 48.0) * 1e-2).collect() };
+    for (name, k, oc) in [
+        ("qkv", c, 3 * c),
+        ("attproj", c, c),
+        ("fc", c, 4 * c),
+        ("fcproj", 4 * c, c),
+        ("lm head", c, vp),
+    ] {
+        let (inp, w, mut out) = (fill(n * k), fill(oc * k), fill(n * oc));
+        let (mut dinp, mut dw) = (fill(n * k), fill(oc * k));
+        let flops = 2.0 * (n * k * oc) as f64;
+        let fwd = cpu_ms(|| matmul::matmul_forward(&mut out, &inp, &w, None, n, k, oc));
+        let bwd =
+            cpu_ms(|| matmul::matmul_backward(&mut dinp, &mut dw, None, &out, &inp, &w, n, k, oc));
+        println!(
+            "train summary: kernel matmul {name:8} {n}x{k}x{oc}: fwd {fwd:7.2} ms ({:5.1} GFLOP/s), bwd {bwd:7.2} ms ({:5.1} GFLOP/s)",
+            flops / fwd / 1e6,
+            2.0 * flops / bwd / 1e6
+        );
+    }
+    let (qkv, mut att, mut out, mut dqkv) = (
+        fill(n * 3 * c),
+        fill(n * nh * T),
+        fill(n * c),
+        fill(n * 3 * c),
+    );
+    let fwd = cpu_ms(|| attention::attention_forward(&mut out, &mut att, &qkv, B, T, c, nh));
+    let bwd = cpu_ms(|| attention::attention_backward(&mut dqkv, &out, &qkv, &att, B, T, c, nh));
+    println!("train summary: kernel attention: fwd {fwd:.2} ms, bwd {bwd:.2} ms");
+    let (x, mut y, mut dx) = (fill(n * 4 * c), fill(n * 4 * c), fill(n * 4 * c));
+    let fwd = cpu_ms(|| gelu::gelu_forward(&mut y, &x));
+    let bwd = cpu_ms(|| gelu::gelu_backward(&mut dx, &x, &y));
+    println!("train summary: kernel gelu: fwd {fwd:.2} ms, bwd {bwd:.2} ms");
+    let (x, mut y, mut dx, w) = (fill(n * c), fill(n * c), fill(n * c), fill(c));
+    let (mut mean, mut rstd, mut dw, mut db) = (fill(n), fill(n), fill(c), fill(c));
+    let fwd =
+        cpu_ms(|| layernorm::layernorm_forward(&mut y, &mut mean, &mut rstd, &x, &w, &w, n, c));
+    let bwd = cpu_ms(|| {
+        layernorm::layernorm_backward(&mut dx, &mut dw, &mut db, &y, &x, &w, &mean, &rstd, n, c)
+    });
+    println!("train summary: kernel layernorm: fwd {fwd:.2} ms, bwd {bwd:.2} ms");
+    let (mut logits, mut losses) = (fill(n * vp), fill(n));
+    let targets: Vec<u32> = (0..n as u32).collect();
+    let dlosses = vec![1.0 / n as f32; n];
+    let both = cpu_ms(|| {
+        cross_entropy::crossentropy_forward(&mut losses, &mut logits, &targets, n, v, vp);
+        cross_entropy::crossentropy_backward(&mut logits, &dlosses, &targets, n, v, vp);
+    });
+    println!("train summary: kernel softmax+cross-entropy fwd+bwd: {both:.2} ms");
+}
+
 fn train(c: &mut Criterion) {
+    kernel_breakdown();
+
     // zero-train's default model at its default batch: how many tokens/s it trains at.
     let mut small = Step::new(GptConfig::small(), 4, 256);
     let cost = measure(3, || {
         black_box(small.run());
     });
     println!(
-        "train summary: small (L=4 C=256) B=4 T=256 step {:.1} ms, {:.0} tokens/s, {:.1} GFLOP/s",
+        "train summary: small (L=4 C=256) B=4 T=256 step {:.1} ms wall (best of 3), {:.0} tokens/s, \
+         {:.1} GFLOP/s; {:.1} ms CPU, {:.1} GFLOP per CPU-second",
         cost.wall * 1e3,
         1024.0 / cost.wall,
-        small.flops() / cost.wall / 1e9
+        small.flops() / cost.wall / 1e9,
+        cost.cpu * 1e3,
+        small.flops() / cost.cpu / 1e9
     );
     drop(small);
 

@@ -8,10 +8,12 @@
 
 use gemm::{gemm, Parallelism};
 
-/// gemm's own rayon split over the current pool: measured on the 2-core dev machine against
-/// `Parallelism::None` plus rayon over row blocks, it is the faster of the two at GPT-2 shapes
-/// (it packs each operand once for all threads), and gemm itself stays single-threaded below
-/// its threshold, so small products pay no fork cost.
+/// gemm's own rayon split over the current pool. Chosen over `Parallelism::None` inside our
+/// own rayon split of the rows because gemm packs each operand block once for all threads
+/// and stays single-threaded below its own size threshold (small products pay no fork).
+/// Not measured against the alternative: the shared dev machine was too loaded for a wall-
+/// clock comparison to mean anything; per CPU-second both threads run at the single-thread
+/// rate (see docs/trainer.md).
 fn parallelism() -> Parallelism {
     match rayon::current_num_threads() {
         0 | 1 => Parallelism::None,
