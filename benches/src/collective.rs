@@ -327,8 +327,11 @@ fn wrong<T: Round>(
             0.0
         }
     };
-    let bad =
-        |got: T, want: T| (f64::from(got.to_f32()) - f64::from(want.to_f32())).abs() > tol(want);
+    // A NaN result counts as wrong.
+    let bad = |got: T, want: T| {
+        let diff = (f64::from(got.to_f32()) - f64::from(want.to_f32())).abs();
+        diff.is_nan() || diff > tol(want)
+    };
     let bad_count =
         |range: std::ops::Range<usize>, at: &dyn Fn(usize) -> usize, want: &dyn Fn(usize) -> T| {
             range.filter(|&i| bad(recv[at(i)], want(i))).count() as u64
@@ -347,5 +350,72 @@ fn wrong<T: Round>(
             bad_count(0..count, &|i| i, &|i| T::round(reduced(i, n, op)))
         }
         _ => 0,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cfg(op: OpKind, dtype: DType, redop: ReduceOp) -> BenchConfig {
+        BenchConfig {
+            op,
+            min_bytes: 24,
+            max_bytes: 6 << 10,
+            factor: 4,
+            iters: 2,
+            warmup: 1,
+            check: true,
+            dtype,
+            redop,
+            root: 1,
+            ranks: 3,
+        }
+    }
+
+    #[test]
+    fn every_op_and_dtype_checks_clean() {
+        let ops = [
+            OpKind::AllReduce,
+            OpKind::ReduceScatter,
+            OpKind::AllGather,
+            OpKind::Broadcast,
+            OpKind::Reduce,
+        ];
+        for op in ops {
+            for dtype in [DType::F32, DType::Bf16, DType::F16] {
+                for redop in [ReduceOp::Sum, ReduceOp::Avg, ReduceOp::Max, ReduceOp::Min] {
+                    let mut rows = Vec::new();
+                    run(&cfg(op, dtype, redop), &mut |r: &Row| rows.push(*r)).unwrap();
+                    assert_eq!(rows.len(), 5, "{op} {dtype}"); // 24 B .. 6 KiB by 4
+                    for r in rows {
+                        assert_eq!(r.out_of_place.wrong, Some(0), "{op} {dtype} {redop} {r:?}");
+                        assert_eq!(r.in_place.wrong, Some(0), "{op} {dtype} {redop} {r:?}");
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn wrong_counts_corrupted_elements() {
+        let c = cfg(OpKind::AllReduce, DType::F32, ReduceOp::Sum);
+        let count = 30;
+        let mut good: Vec<f32> = (0..count)
+            .map(|i| reduced(i, 3, ReduceOp::Sum) as f32)
+            .collect();
+        assert_eq!(wrong::<f32>(&c, 0, count, false, &good), 0);
+        good[7] += 1.0;
+        good[20] = f32::NAN;
+        assert_eq!(wrong::<f32>(&c, 0, count, false, &good), 2);
+    }
+
+    #[test]
+    fn bus_factors_and_sizes_follow_nccl_tests() {
+        assert_eq!(bus_factor(OpKind::AllReduce, 4), 1.5);
+        assert_eq!(bus_factor(OpKind::AllGather, 4), 0.75);
+        assert_eq!(bus_factor(OpKind::Broadcast, 4), 1.0);
+        assert_eq!(sizes(8, 100, 2), vec![8, 16, 32, 64]);
+        assert_eq!(sizes(8, 8, 2), vec![8]);
     }
 }
