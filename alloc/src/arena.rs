@@ -68,7 +68,6 @@ pub struct DefragReport {
 /// assert!(arena.free(h).is_err()); // double free is an error, not UB
 /// # Ok::<(), zero_alloc::AllocError>(())
 /// ```
-#[derive(Debug)]
 pub struct Arena {
     id: u64,
     config: ArenaConfig,
@@ -77,6 +76,17 @@ pub struct Arena {
     free_slots: Vec<u32>,
     free: FreeList,
     counters: Counters,
+}
+
+// By hand: the block table can hold millions of entries; the statistics say what matters.
+impl std::fmt::Debug for Arena {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Arena")
+            .field("id", &self.id)
+            .field("config", &self.config)
+            .field("stats", &self.stats())
+            .finish_non_exhaustive()
+    }
 }
 
 impl Arena {
