@@ -22,6 +22,7 @@
 //! # Ok::<(), zero::checkpoint::Error>(())
 //! ```
 
+mod checksum;
 mod error;
 mod layout;
 mod llmc;

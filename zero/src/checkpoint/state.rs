@@ -3,8 +3,8 @@
 //! `tensors.bin` is every tensor's raw little-endian bytes, back to back, in the order
 //! written. `manifest.json` records the format name and version, the step, a free-form JSON
 //! `meta` object (configuration, data-loader position, RNG state, loss scale...), and per
-//! tensor its name, dtype, element count, byte offset and an FNV-1a 64-bit checksum of its
-//! bytes. Values are stored bit-exactly, so resuming from step k can reproduce a run that
+//! tensor its name, dtype, element count, byte offset and a 64-bit checksum of its bytes
+//! (word-wise FNV-1a, see `checksum.rs`). Values are stored bit-exactly, so resuming from step k can reproduce a run that
 //! never stopped, to the bit.
 //!
 //! Names are the caller's; the trainer uses paths such as `model/unit3`,
@@ -23,6 +23,7 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
+use super::checksum::Checksum;
 use super::error::{Error, Result};
 
 /// Format name in the manifest.
@@ -67,29 +68,13 @@ element!(f32, "f32", 4, u32);
 element!(half::bf16, "bf16", 2, u16);
 element!(half::f16, "f16", 2, u16);
 
-/// FNV-1a, 64-bit: simple, dependency-free, and enough to catch torn or flipped bytes
-/// (it is not a defence against deliberate tampering).
-#[derive(Debug, Clone, Copy)]
-struct Fnv1a(u64);
-
-impl Fnv1a {
-    fn new() -> Self {
-        Self(0xcbf2_9ce4_8422_2325)
-    }
-    fn update(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.0 = (self.0 ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3);
-        }
-    }
-}
-
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 struct TensorEntry {
     name: String,
     dtype: String,
     len: u64,
     offset: u64,
-    fnv1a64: u64,
+    checksum: u64,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -161,7 +146,7 @@ impl StateWriter {
                 reason: "written twice".into(),
             });
         }
-        let mut hash = Fnv1a::new();
+        let mut hash = Checksum::new();
         let data_path = self.partial.join(DATA);
         for chunk in data.chunks(CHUNK_ELEMS) {
             self.scratch.clear();
@@ -179,7 +164,7 @@ impl StateWriter {
             dtype: E::DTYPE.into(),
             len: data.len() as u64,
             offset: self.offset,
-            fnv1a64: hash.0,
+            checksum: hash.finish(),
         });
         self.offset += bytes;
         Ok(())
@@ -369,7 +354,7 @@ impl StateReader {
         self.data
             .seek(SeekFrom::Start(t.offset))
             .map_err(io_err("seek", &data_path))?;
-        let mut hash = Fnv1a::new();
+        let mut hash = Checksum::new();
         let mut buf = vec![0u8; CHUNK_ELEMS * E::SIZE];
         for chunk in out.chunks_mut(CHUNK_ELEMS) {
             let bytes = &mut buf[..chunk.len() * E::SIZE];
@@ -381,12 +366,13 @@ impl StateReader {
                 *x = E::get(b);
             }
         }
-        if hash.0 != t.fnv1a64 {
+        let found = hash.finish();
+        if found != t.checksum {
             return Err(Error::ChecksumMismatch {
                 path: self.dir.clone(),
                 name: name.into(),
-                expected: t.fnv1a64,
-                found: hash.0,
+                expected: t.checksum,
+                found,
             });
         }
         Ok(())
