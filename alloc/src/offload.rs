@@ -95,6 +95,22 @@ impl Completion {
 }
 
 /// A copy thread that runs [`Transfer`]s in submission order.
+///
+/// # Examples
+///
+/// ```
+/// use zero_alloc::{Arena, CopyEngine, PinnedBuffer};
+///
+/// let engine = CopyEngine::new()?;
+/// let mut arena = Arena::host(1 << 20)?;
+/// let moments = arena.alloc_elems::<f32>(1024)?; // (1024,)
+/// arena.slice_mut::<f32>(moments)?.fill(0.5);
+/// let transfer = engine.to_host(&mut arena, moments, 0..4096, PinnedBuffer::new(4096)?)?;
+/// // ... compute on other blocks while the copy runs ...
+/// let host = transfer.wait(&mut arena)?; // unpins `moments`
+/// assert_eq!(host.as_slice::<f32>()?[1023], 0.5);
+/// # Ok::<(), zero_alloc::AllocError>(())
+/// ```
 #[derive(Debug)]
 pub struct CopyEngine {
     jobs: Option<Sender<Job>>,
