@@ -18,7 +18,8 @@ fn time_collective<T: Element>(call: Collective, count: usize, iters: u64) -> Du
             .into_iter()
             .map(|c| {
                 s.spawn(move || {
-                    let mut buf = vec![T::default(); count];
+                    // Non-zero fill faults every page in here, outside the timed loop.
+                    let mut buf = vec![T::from_f32(1.0); count];
                     c.barrier().expect("barrier");
                     let t = Instant::now();
                     for _ in 0..iters {
