@@ -136,15 +136,14 @@ fn bf16_to_f32(x: bf16) -> f32 {
     f32::from_bits(u32::from(x.to_bits()) << 16)
 }
 
-/// f32 -> bf16, round to nearest even; NaN stays a (quiet) NaN. Branch-light so it vectorises.
+/// f32 -> bf16, round to nearest even; NaN stays a (quiet) NaN. Both results are computed
+/// and one selected, so the loop vectorises (a branch on NaN kept it scalar, ~4x slower).
 #[inline]
 fn f32_to_bf16(v: f32) -> bf16 {
     let bits = v.to_bits();
-    if v.is_nan() {
-        return bf16::from_bits(((bits >> 16) as u16) | 0x0040);
-    }
-    let rounding = 0x7FFF + ((bits >> 16) & 1);
-    bf16::from_bits((bits.wrapping_add(rounding) >> 16) as u16)
+    let rounded = (bits.wrapping_add(0x7FFF + ((bits >> 16) & 1)) >> 16) as u16;
+    let quiet_nan = ((bits >> 16) as u16) | 0x0040;
+    bf16::from_bits(if v.is_nan() { quiet_nan } else { rounded })
 }
 
 impl Element for bf16 {
