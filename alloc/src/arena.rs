@@ -359,14 +359,16 @@ impl Arena {
         Ok(())
     }
 
-    /// Compacts live blocks toward the start in one ascending pass, preserving their bytes.
-    /// Pinned blocks stay put and the compaction resumes after them, so with nothing pinned
-    /// the free space ends as one hole at the end.
+    /// Compacts live blocks toward the start in one ascending pass, preserving their bytes
+    /// and updating their handles. Pinned blocks stay put; the hole before each one is filled
+    /// with later blocks that fit (lowest offset first), and compaction resumes after it. With
+    /// nothing pinned the free space ends as one hole at the end.
     ///
     /// Blocks are moved with memmove in ascending offset order: each destination lies below
     /// its source and above every block already placed, so one pass never overwrites live
-    /// bytes. (Filling holes before a pinned block with later, smaller blocks would free more
-    /// space but needs a packing search; rejected as not worth its cost here.)
+    /// bytes; a block pulled into the hole before a pinned block moves down past it, into
+    /// free space. (An optimal packing of those holes is a bin-packing search; the greedy
+    /// fill is rejected as optimal but kept as cheap.)
     ///
     /// # Errors
     ///
@@ -379,18 +381,36 @@ impl Arena {
             .filter_map(|(i, slot)| slot.block.map(|b| (b.offset, i)))
             .collect();
         order.sort_unstable();
+        let mut placed = vec![false; order.len()];
         let mut report = DefragReport::default();
         let mut cursor = 0;
         let mut holes = Vec::new();
-        for &(_, i) in &order {
-            let Some(block) = self.slots[i].block.as_mut() else {
+        for k in 0..order.len() {
+            if placed[k] {
+                continue;
+            }
+            placed[k] = true;
+            let Some(block) = self.slots[order[k].1].block else {
                 continue;
             };
-            if block.pins == 0 && block.offset > cursor {
-                self.storage.move_down(block.offset, cursor, block.len)?;
-                block.offset = cursor;
-                report.blocks_moved += 1;
-                report.bytes_moved += block.len as u64;
+            if block.pins == 0 {
+                self.relocate(order[k].1, cursor, &mut report)?;
+                cursor += block.size;
+                continue;
+            }
+            for j in k + 1..order.len() {
+                let room = block.offset - cursor;
+                let Some(later) = self.slots[order[j].1].block else {
+                    continue;
+                };
+                if room == 0 {
+                    break;
+                }
+                if !placed[j] && later.pins == 0 && later.size <= room {
+                    self.relocate(order[j].1, cursor, &mut report)?;
+                    cursor += later.size;
+                    placed[j] = true;
+                }
             }
             holes.push((cursor, block.offset - cursor));
             cursor = block.offset + block.size;
@@ -401,6 +421,21 @@ impl Arena {
         self.counters.defrags += 1;
         self.counters.bytes_moved += report.bytes_moved;
         Ok(report)
+    }
+
+    /// Moves the block in `slot` down to `dst` (a no-op when it is already there).
+    fn relocate(&mut self, slot: usize, dst: usize, report: &mut DefragReport) -> Result<()> {
+        let Some(block) = self.slots[slot].block.as_mut() else {
+            return Ok(());
+        };
+        if block.offset != dst {
+            debug_assert!(dst < block.offset && block.pins == 0);
+            self.storage.move_down(block.offset, dst, block.len)?;
+            block.offset = dst;
+            report.blocks_moved += 1;
+            report.bytes_moved += block.len as u64;
+        }
+        Ok(())
     }
 
     /// Copies `src` to the start of a block, on any device with memory.

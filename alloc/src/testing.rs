@@ -4,8 +4,9 @@
 //! A [`Harness`] applies [`Op`]s to a real [`Arena`] and to a shadow model (a plain list of
 //! live blocks with their offsets and bytes), then checks: no two live blocks overlap, every
 //! block keeps its bytes (across defragmentation too), placement is best-fit, statistics equal
-//! the model's, errors are the right ones, and after a defragmentation with nothing pinned the
-//! largest free block equals the total free space. Not part of the stable API.
+//! the model's, errors are the right ones, after a defragmentation with nothing pinned the
+//! largest free block equals the total free space, and with pins no later block would have
+//! fit a hole left before a pinned block. Not part of the stable API.
 
 use crate::{AllocError, Arena, ArenaConfig, Backing, Handle};
 
@@ -230,6 +231,18 @@ impl Harness {
                         "report says {} bytes moved, blocks moved {moved}",
                         report.bytes_moved
                     ));
+                }
+                // Holes left before pinned blocks: every unpinned block past one is too big for it.
+                for (hole_at, hole) in self.model_holes() {
+                    let fits = self
+                        .live
+                        .iter()
+                        .find(|b| b.pins == 0 && b.offset > hole_at && b.size <= hole);
+                    if let (Some(b), true) = (fits, hole_at + hole < self.capacity()) {
+                        return Err(format!(
+                            "block {b:?} fits the hole ({hole_at}, {hole}) before it"
+                        ));
+                    }
                 }
                 let stats = self.arena.stats();
                 if self.live.iter().all(|b| b.pins == 0) && stats.largest_free != stats.total_free {

@@ -134,10 +134,11 @@ fn defragment_preserves_bytes_and_updates_handles() {
 #[test]
 fn pinned_blocks_stay_put_during_defragment() {
     let mut arena = Arena::host(8 * A).unwrap();
-    let h: Vec<_> = (0..4).map(|_| arena.alloc(A).unwrap()).collect();
+    let h: Vec<_> = (0..5).map(|_| arena.alloc(A).unwrap()).collect();
     arena.free(h[0]).unwrap();
     arena.free(h[2]).unwrap();
     arena.pin(h[1]).unwrap();
+    arena.slice_mut::<u8>(h[4]).unwrap().fill(4);
     arena.defragment().unwrap();
     assert_eq!(
         arena.block(h[1]).unwrap().offset,
@@ -146,13 +147,30 @@ fn pinned_blocks_stay_put_during_defragment() {
     );
     assert_eq!(
         arena.block(h[3]).unwrap().offset,
-        2 * A,
-        "later block packed after it"
+        0,
+        "hole before the pin was filled"
     );
-    assert_eq!(arena.free_ranges(), vec![(0, A), (3 * A, 5 * A)]);
+    assert_eq!(
+        arena.block(h[4]).unwrap().offset,
+        2 * A,
+        "the rest packed after the pin"
+    );
+    assert_eq!(arena.free_ranges(), vec![(3 * A, 5 * A)]);
+    assert!(arena.slice::<u8>(h[4]).unwrap().iter().all(|&x| x == 4));
     arena.unpin(h[1]).unwrap();
+}
+
+#[test]
+fn hole_before_a_pin_too_small_for_later_blocks_stays() {
+    let mut arena = Arena::host(8 * A).unwrap();
+    let small = arena.alloc(A).unwrap();
+    let pinned = arena.alloc(A).unwrap();
+    let big = arena.alloc(2 * A).unwrap();
+    arena.free(small).unwrap();
+    arena.pin(pinned).unwrap();
     arena.defragment().unwrap();
-    assert_eq!(arena.block(h[1]).unwrap().offset, 0);
+    assert_eq!(arena.block(big).unwrap().offset, 2 * A);
+    assert_eq!(arena.free_ranges(), vec![(0, A), (4 * A, 4 * A)]);
 }
 
 #[test]
