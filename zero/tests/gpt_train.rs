@@ -280,6 +280,13 @@ fn bad_inputs_are_errors_not_panics() {
         model.activations(0, 4),
         Err(GptError::BadBatch { .. })
     ));
+    // Activations sized for another model.
+    let other = Gpt::new(GptConfig::new(32, 100, 2, 4, 32).unwrap()).unwrap();
+    let mut foreign = other.activations(1, 4).unwrap();
+    let err = model
+        .forward(&mut foreign, &params, &[1, 2, 3, 4], None)
+        .unwrap_err();
+    assert!(matches!(err, GptError::BadBatch { .. }), "{err}");
     // A block before the embedding, or out of order, or past L.
     let mut fresh = model.activations(1, 4).unwrap();
     assert!(matches!(

@@ -47,6 +47,8 @@ pub struct Activations {
     pub(crate) b: usize,
     pub(crate) t: usize,
     pub(crate) c: usize,
+    /// The model these buffers were sized for; every unit call checks it.
+    pub(crate) config: GptConfig,
     /// Forward buffer: `[encoded (N,C) | L x layer region | head region]`.
     pub(crate) fwd: Vec<f32>,
     /// Backward scratch: `[dres (N,C) | dln (N,C) | datty (N,C) | dqkv (N,3C) | dfch (N,4C) |
@@ -124,6 +126,7 @@ impl Activations {
             b,
             t,
             c,
+            config: *config,
             fwd: vec![0.0; fwd_len],
             grad: vec![0.0; grad_lens.iter().sum()],
             layer_lens,

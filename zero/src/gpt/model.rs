@@ -76,6 +76,7 @@ impl Gpt {
         embed: &[f32],
         tokens: &[u32],
     ) -> Result<()> {
+        self.check_acts(acts)?;
         self.check_unit(0, embed.len(), "embedding parameters")?;
         check_ids("tokens", tokens, acts, self.config.vocab_size)?;
         let (b, t, c) = (acts.b, acts.t, self.config.channels);
@@ -100,11 +101,7 @@ impl Gpt {
     ) -> Result<()> {
         let unit = self.block_unit(layer)?;
         self.check_unit(unit, params.len(), "block parameters")?;
-        expect(
-            acts.progress,
-            Progress::Forward { next: unit },
-            "block_forward",
-        )?;
+        self.expect(acts, Progress::Forward { next: unit }, "block_forward")?;
         let be = &self.backend;
         let (b, t, c, nh) = (acts.b, acts.t, self.config.channels, self.config.num_heads);
         let n = b * t;
@@ -146,11 +143,7 @@ impl Gpt {
         let last = self.layout.final_norm_unit();
         self.check_unit(last, final_norm.len(), "final norm parameters")?;
         self.check_unit(0, embed.len(), "embedding parameters")?;
-        expect(
-            acts.progress,
-            Progress::Forward { next: last },
-            "head_forward",
-        )?;
+        self.expect(acts, Progress::Forward { next: last }, "head_forward")?;
         if let Some(targets) = targets {
             check_ids("targets", targets, acts, self.config.vocab_size)?;
             acts.targets.copy_from_slice(targets);
@@ -182,7 +175,7 @@ impl Gpt {
     /// # Errors
     /// [`GptError::OutOfOrder`] unless the last call was `head_forward(.., None)`.
     pub fn logits<'a>(&self, acts: &'a Activations) -> Result<&'a [f32]> {
-        expect(acts.progress, Progress::Logits, "logits")?;
+        self.expect(acts, Progress::Logits, "logits")?;
         let [_, _, _, logits, _] = carve(&acts.fwd[acts.head_offset()..], acts.head_lens);
         Ok(logits)
     }
@@ -206,7 +199,7 @@ impl Gpt {
         self.check_unit(last, final_norm_grad.len(), "final norm gradients")?;
         self.check_unit(0, embed.len(), "embedding parameters")?;
         self.check_unit(0, embed_grad.len(), "embedding gradients")?;
-        expect(acts.progress, Progress::Loss, "head_backward")?;
+        self.expect(acts, Progress::Loss, "head_backward")?;
         let be = &self.backend;
         let (n, c) = (acts.b * acts.t, self.config.channels);
         let (v, vp) = (self.config.vocab_size, self.config.padded_vocab_size);
@@ -243,11 +236,7 @@ impl Gpt {
         let unit = self.block_unit(layer)?;
         self.check_unit(unit, params.len(), "block parameters")?;
         self.check_unit(unit, grads.len(), "block gradients")?;
-        expect(
-            acts.progress,
-            Progress::Backward { next: unit },
-            "block_backward",
-        )?;
+        self.expect(acts, Progress::Backward { next: unit }, "block_backward")?;
         let be = &self.backend;
         let (b, t, c, nh) = (acts.b, acts.t, self.config.channels, self.config.num_heads);
         let n = b * t;
@@ -315,11 +304,7 @@ impl Gpt {
     /// Wrong buffer size, or a call out of order.
     pub fn embed_backward(&self, acts: &mut Activations, embed_grad: &mut [f32]) -> Result<()> {
         self.check_unit(0, embed_grad.len(), "embedding gradients")?;
-        expect(
-            acts.progress,
-            Progress::Backward { next: 0 },
-            "embed_backward",
-        )?;
+        self.expect(acts, Progress::Backward { next: 0 }, "embed_backward")?;
         let (b, t, c) = (acts.b, acts.t, self.config.channels);
         let [dwte, dwpe] = carve_mut(embed_grad, self.layout.units()[0].lens());
         let [dres, ..] = carve(&acts.grad, acts.grad_lens); // (N,C)
@@ -393,6 +378,29 @@ impl Gpt {
         Ok(loss)
     }
 
+    /// Refuses activations sized for another model, then checks the call order.
+    fn expect(&self, acts: &Activations, want: Progress, call: &'static str) -> Result<()> {
+        self.check_acts(acts)?;
+        if acts.progress == want {
+            return Ok(());
+        }
+        Err(GptError::OutOfOrder {
+            call,
+            reason: format!("expected state {want:?}, found {:?}", acts.progress),
+        })
+    }
+
+    fn check_acts(&self, acts: &Activations) -> Result<()> {
+        if acts.config != self.config {
+            return Err(GptError::BadBatch {
+                batch: acts.b,
+                seq_len: acts.t,
+                reason: "activations were sized for a different model config",
+            });
+        }
+        Ok(())
+    }
+
     fn block_unit(&self, layer: usize) -> Result<usize> {
         if layer >= self.config.num_layers {
             return Err(GptError::NoSuchLayer {
@@ -426,16 +434,6 @@ impl Gpt {
         }
         Ok(())
     }
-}
-
-fn expect(progress: Progress, want: Progress, call: &'static str) -> Result<()> {
-    if progress == want {
-        return Ok(());
-    }
-    Err(GptError::OutOfOrder {
-        call,
-        reason: format!("expected state {want:?}, found {progress:?}"),
-    })
 }
 
 fn check_ids(what: &'static str, ids: &[u32], acts: &Activations, vocab_size: usize) -> Result<()> {
