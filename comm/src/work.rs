@@ -37,7 +37,9 @@ impl Progress {
             .name(format!("zero-comm-progress-{rank}"))
             .spawn(move || {
                 for job in rx {
-                    job();
+                    // A panicking job (a user's `AsMut` impl, say) fails its own handle via
+                    // `Completer::drop`; the thread lives on so later jobs and `drain` proceed.
+                    let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(job));
                     *lock(&done.0) += 1;
                     done.1.notify_all();
                 }

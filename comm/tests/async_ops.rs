@@ -93,3 +93,25 @@ fn stats_count_ring_bytes_and_history() {
         assert_eq!(h.records[2].desc.seq, 2);
     }
 }
+
+/// A buffer whose `as_mut` panics: the handle reports the loss, and the communicator goes on.
+struct Bomb;
+impl AsMut<[f32]> for Bomb {
+    fn as_mut(&mut self) -> &mut [f32] {
+        panic!("user buffer panicked");
+    }
+}
+
+#[test]
+fn panicking_buffer_fails_its_handle_without_hanging() {
+    let comms = local::create(1).unwrap();
+    let c = &comms[0];
+    let w = c.all_reduce_async::<f32, _>(Bomb, ReduceOp::Sum);
+    assert!(matches!(
+        w.wait(),
+        Err(zero_comm::CommError::ProgressLost { .. })
+    ));
+    let mut x = vec![1f32; 3];
+    c.all_reduce_in_place(&mut x, ReduceOp::Sum).unwrap();
+    assert_eq!(x, vec![1.0; 3]);
+}
