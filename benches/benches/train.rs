@@ -68,14 +68,9 @@ impl Step {
             .expect("shapes come from the model's own layout")
     }
 
-    /// FLOPs of one step: 6 per parameter per token (forward 2, backward 4, as llm.c and PaLM
-    /// count), plus causal attention's 6·L·T·C per token (scores and weighted sum, forward
-    /// and backward, half the T×T square).
+    /// FLOPs of one step (see `Gpt::flops_per_token`).
     fn flops(&self) -> f64 {
-        let cfg = self.model.config();
-        let params = self.model.layout().num_params() as f64;
-        let attention = 6.0 * (cfg.num_layers * self.t * cfg.channels) as f64;
-        (self.b * self.t) as f64 * (6.0 * params + attention)
+        (self.b * self.t) as f64 * self.model.flops_per_token(self.t)
     }
 }
 

@@ -28,7 +28,7 @@ pub trait Backend {
     /// A view of token ids in this backend's memory.
     type Ids: ?Sized;
 
-    /// out (B,T,C) = wte[tokens] + wpe[t].
+    /// `out (B,T,C) = wte[tokens] + wpe[t]`.
     fn encoder_forward(
         &self,
         out: &mut Self::Slice,

@@ -58,6 +58,17 @@ impl Gpt {
         &self.layout
     }
 
+    /// Training FLOPs per token at sequence length `seq_len`: 6 per parameter (forward 2,
+    /// backward 4, the llm.c/PaLM count; padded vocabulary rows included) plus causal
+    /// attention's 6·L·T·C (scores and weighted sum over T/2 keys on average, forward and
+    /// backward). Multiply by tokens per second for achieved FLOP/s.
+    #[must_use]
+    pub fn flops_per_token(&self, seq_len: usize) -> f64 {
+        let cfg = &self.config;
+        6.0 * self.layout.num_params() as f64
+            + 6.0 * (cfg.num_layers * seq_len * cfg.channels) as f64
+    }
+
     /// Activation buffers for batches of shape (B, T).
     ///
     /// # Errors
@@ -66,7 +77,7 @@ impl Gpt {
         Activations::new(&self.config, b, t)
     }
 
-    /// Embeds `tokens` (B,T): encoded = wte[tokens] + wpe. Starts a new forward pass.
+    /// Embeds `tokens` (B,T): `encoded = wte[tokens] + wpe`. Starts a new forward pass.
     ///
     /// # Errors
     /// Wrong buffer sizes, or a token >= V.

@@ -12,7 +12,7 @@ use rayon::prelude::*;
 
 use super::math;
 
-/// out[b,t,h] = Σ_{t2<=t} softmax_t2(q[b,t,h]·k[b,t2,h] / sqrt(hs)) v[b,t2,h].
+/// `out[b,t,h] = Σ_{t2<=t} softmax_t2(q[b,t,h]·k[b,t2,h] / sqrt(hs)) v[b,t2,h]`.
 ///
 /// `out` (B,T,C), `att` (B,T,NH,T) softmax weights (zero above the diagonal), `qkv` (B,T,3C).
 ///

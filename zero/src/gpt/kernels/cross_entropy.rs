@@ -12,7 +12,7 @@ use rayon::prelude::*;
 
 use super::{math, ROWS_PER_TASK};
 
-/// losses[i] = -log softmax(logits[i, ..V])[targets[i]]; `logits` is overwritten with the
+/// `losses[i] = -log softmax(logits[i, ..V])[targets[i]]`; `logits` is overwritten with the
 /// probabilities (zero in the padded columns).
 ///
 /// `losses` (N,), `logits` (N,Vp) in: logits, out: probs, `targets` (N,) with ids < V.
@@ -58,7 +58,7 @@ pub fn crossentropy_forward(
 }
 
 /// Turns the probabilities left by `crossentropy_forward` into d(logits), in place:
-/// dlogits[i,j] = (probs[i,j] - [j == targets[i]]) * dlosses[i] for j < V, 0 for j >= V.
+/// `dlogits[i,j] = (probs[i,j] - [j == targets[i]]) * dlosses[i]` for j < V, 0 for j >= V.
 ///
 /// `probs` (N,Vp) in: probs, out: dlogits, `dlosses` (N,) (1/N each for a mean loss),
 /// `targets` (N,). It overwrites rather than accumulates: the buffer holds no earlier

@@ -4,7 +4,7 @@
 
 use rayon::prelude::*;
 
-/// out[b,t,:] = wte[tokens[b,t],:] + wpe[t,:].
+/// `out[b,t,:] = wte[tokens[b,t],:] + wpe[t,:]`.
 ///
 /// `out` (B,T,C), `tokens` (B,T), `wte` (Vp,C), `wpe` (maxT,C) with maxT >= T.
 ///
@@ -36,7 +36,7 @@ pub fn encoder_forward(
         });
 }
 
-/// dwte[tokens[b,t],:] += dout[b,t,:]; dwpe[t,:] += dout[b,t,:].
+/// `dwte[tokens[b,t],:] += dout[b,t,:]; dwpe[t,:] += dout[b,t,:]`.
 ///
 /// Sequential on purpose: rows that share a token add into the same `dwte` row, and a fixed
 /// order keeps the result bitwise deterministic. It is O(B*T*C), negligible beside the matmuls.
