@@ -305,3 +305,30 @@ fn bad_inputs_are_errors_not_panics() {
         Err(GptError::NoSuchLayer { .. })
     ));
 }
+
+#[test]
+fn results_do_not_depend_on_the_thread_count() {
+    // Every reduction has a fixed order whatever the pool size (rows per task, gemm's split
+    // over output tiles only), so 1 and 3 threads agree to the bit. C = 128 and B*T = 256 put
+    // the MLP matmuls (256 x 128 x 512) above gemm's threading threshold (48 * 48 * 256).
+    let config = GptConfig::new(64, 100, 1, 2, 128).unwrap();
+    let model = Gpt::new(config).unwrap();
+    let params = init_params(&config, model.layout(), 51);
+    let tokens = random_ids(4 * 64, config.vocab_size, 52);
+    let targets = random_ids(4 * 64, config.vocab_size, 53);
+    let run = |threads: usize| {
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .build()
+            .unwrap();
+        pool.install(|| {
+            let mut acts = model.activations(4, 64).unwrap();
+            let mut grads = zeros(&model);
+            let loss = model
+                .forward_backward(&mut acts, &params, &mut grads, &tokens, &targets)
+                .unwrap();
+            (loss.to_bits(), grads)
+        })
+    };
+    assert!(run(1) == run(3));
+}
