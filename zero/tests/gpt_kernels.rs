@@ -18,7 +18,8 @@ proptest! {
 
     #[test]
     fn matmul_matches_f64_reference(n in 1usize..40, c in 1usize..70, oc in 1usize..70, seed: u64) {
-        let (x, w, b, dout) = (random(n * c, seed), random(oc * c, seed ^ 1), random(oc, seed ^ 2), random(n * oc, seed ^ 3));
+        let (x, w) = (random(n * c, seed), random(oc * c, seed ^ 1));
+        let (b, dout) = (random(oc, seed ^ 2), random(n * oc, seed ^ 3));
         let mut out = vec![0.0; n * oc];
         matmul::matmul_forward(&mut out, &x, &w, Some(&b), n, c, oc);
         let (mut dx, mut dw, mut db) = (vec![0.0; n * c], vec![0.0; oc * c], vec![0.0; oc]);
@@ -45,7 +46,9 @@ proptest! {
     }
 
     #[test]
-    fn cross_entropy_matches_f64_reference(n in 1usize..8, v in 1usize..300, pad in 0usize..40, seed: u64) {
+    fn cross_entropy_matches_f64_reference(
+        n in 1usize..8, v in 1usize..300, pad in 0usize..40, seed: u64,
+    ) {
         let vp = v + pad;
         let logits: Vec<f32> = random(n * vp, seed).iter().map(|x| x * 20.0).collect();
         let targets: Vec<u32> = (0..n).map(|i| ((seed as usize + i * 31) % v) as u32).collect();
@@ -65,7 +68,9 @@ proptest! {
     }
 
     #[test]
-    fn attention_matches_f64_reference(b in 1usize..3, t in 1usize..12, nh in 1usize..4, hs in 1usize..9, seed: u64) {
+    fn attention_matches_f64_reference(
+        b in 1usize..3, t in 1usize..12, nh in 1usize..4, hs in 1usize..9, seed: u64,
+    ) {
         let c = nh * hs;
         let qkv = random(b * t * 3 * c, seed);
         let (mut out, mut att) = (vec![0.0; b * t * c], vec![0.0; b * t * nh * t]);
@@ -75,12 +80,19 @@ proptest! {
             for ti in 0..t {
                 for h in 0..nh {
                     let scores: Vec<f64> = (0..=ti)
-                        .map(|t2| (0..hs).map(|i| at(bi, ti, h * hs + i) * at(bi, t2, c + h * hs + i)).sum::<f64>() / (hs as f64).sqrt())
+                        .map(|t2| {
+                            let qk: f64 = (0..hs)
+                                .map(|i| at(bi, ti, h * hs + i) * at(bi, t2, c + h * hs + i))
+                                .sum();
+                            qk / (hs as f64).sqrt()
+                        })
                         .collect();
                     let max = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
                     let z: f64 = scores.iter().map(|s| (s - max).exp()).sum();
                     for i in 0..hs {
-                        let want: f64 = (0..=ti).map(|t2| (scores[t2] - max).exp() / z * at(bi, t2, 2 * c + h * hs + i)).sum();
+                        let want: f64 = (0..=ti)
+                            .map(|t2| (scores[t2] - max).exp() / z * at(bi, t2, 2 * c + h * hs + i))
+                            .sum();
                         prop_assert!(close(out[(bi * t + ti) * c + h * hs + i], want, 1e-5));
                     }
                 }

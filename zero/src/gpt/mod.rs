@@ -13,7 +13,8 @@
 //!
 //! let model = Gpt::new(GptConfig::tiny())?;
 //! let params = init_params(model.config(), model.layout(), 42);
-//! let mut grads: Vec<Vec<f32>> = model.layout().unit_lens().iter().map(|&n| vec![0.0; n]).collect();
+//! let lens = model.layout().unit_lens();
+//! let mut grads: Vec<Vec<f32>> = lens.iter().map(|&n| vec![0.0; n]).collect();
 //! let mut acts = model.activations(2, 8)?;
 //! let tokens: Vec<u32> = (0..16).collect();
 //! let targets: Vec<u32> = (1..17).collect();

@@ -116,11 +116,17 @@ impl Gpt {
         let be = &self.backend;
         let (b, t, c, nh) = (acts.b, acts.t, self.config.channels, self.config.num_heads);
         let n = b * t;
+        // Parameters: ln1w (C), ln1b (C), qkvw (3C,C), qkvb (3C), attprojw (C,C), attprojb (C),
+        // ln2w (C), ln2b (C), fcw (4C,C), fcb (4C), fcprojw (C,4C), fcprojb (C).
         let [ln1w, ln1b, qkvw, qkvb, attprojw, attprojb, ln2w, ln2b, fcw, fcb, fcprojw, fcprojb] =
             carve(params, self.layout.units()[unit].lens());
         let (offset, len) = (acts.layer_offset(layer), acts.layer_len());
         let (before, rest) = acts.fwd.split_at_mut(offset);
         let x = &before[offset - n * c..]; // (N,C) the block's input
+
+        // Activations: ln1 (N,C), ln1_mean (N), ln1_rstd (N), qkv (N,3C), atty (N,C),
+        // att (B,T,NH,T), attproj (N,C), res2 (N,C), ln2 (N,C), ln2_mean (N), ln2_rstd (N),
+        // fch (N,4C), fch_gelu (N,4C), fcproj (N,C), res3 (N,C).
         let [ln1, ln1_mean, ln1_rstd, qkv, atty, att, attproj, res2, ln2, ln2_mean, ln2_rstd, fch, fch_gelu, fcproj, res3] =
             carve_mut(&mut rest[..len], acts.layer_lens);
         be.layernorm_forward(ln1, ln1_mean, ln1_rstd, x, ln1w, ln1b, n, c);
@@ -251,12 +257,19 @@ impl Gpt {
         let be = &self.backend;
         let (b, t, c, nh) = (acts.b, acts.t, self.config.channels, self.config.num_heads);
         let n = b * t;
+        // Parameters and their gradients (d-prefixed): ln1w (C), ln1b (C), qkvw (3C,C),
+        // qkvb (3C), attprojw (C,C), attprojb (C), ln2w (C), ln2b (C), fcw (4C,C), fcb (4C),
+        // fcprojw (C,4C), fcprojb (C).
         let lens = self.layout.units()[unit].lens();
         let [ln1w, _, qkvw, _, attprojw, _, ln2w, _, fcw, _, fcprojw, _] = carve(params, lens);
         let [dln1w, dln1b, dqkvw, dqkvb, dattprojw, dattprojb, dln2w, dln2b, dfcw, dfcb, dfcprojw, dfcprojb] =
             carve_mut(grads, lens);
         let (offset, len) = (acts.layer_offset(layer), acts.layer_len());
         let x = &acts.fwd[offset - n * c..offset]; // (N,C) the block's input
+
+        // Activations: ln1 (N,C), ln1_mean (N), ln1_rstd (N), qkv (N,3C), atty (N,C),
+        // att (B,T,NH,T), attproj (N,C), res2 (N,C), ln2 (N,C), ln2_mean (N), ln2_rstd (N),
+        // fch (N,4C), fch_gelu (N,4C), fcproj (N,C), res3 (N,C).
         let [ln1, ln1_mean, ln1_rstd, qkv, atty, att, _, res2, ln2, ln2_mean, ln2_rstd, fch, fch_gelu, _, _] =
             carve(&acts.fwd[offset..offset + len], acts.layer_lens);
         // dres (N,C) holds d(block output) and leaves holding d(block input).

@@ -106,7 +106,8 @@ pub fn attention_backward(
                 for h in 0..nh {
                     let a = &att[(ti * nh + h) * t..][..=ti]; // (ti+1,)
                     let d = &dout[ti * c + h * hs..][..hs]; // (hs,)
-                                                            // d(att)[t2] = d · v[t2]; v[t2] += att[t2] * d.
+
+                    // d(att)[t2] = d · v[t2]; v[t2] += att[t2] * d.
                     for (t2, &w) in a.iter().enumerate() {
                         let base = t2 * 3 * c + 2 * c + h * hs;
                         let v = &seq[base..base + hs];
