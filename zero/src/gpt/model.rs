@@ -375,6 +375,8 @@ impl Gpt {
         targets: &[u32],
     ) -> Result<f32> {
         self.check_num_units(grads.len(), "gradient units")?;
+        // With targets the head always returns Some(loss); NaN would only flag a broken
+        // invariant, never reach a caller silently as a plausible number.
         let loss = self
             .forward(acts, params, tokens, Some(targets))?
             .unwrap_or(f32::NAN);
