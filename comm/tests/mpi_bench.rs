@@ -128,6 +128,22 @@ fn slowest(c: &Communicator, v: f64) -> zero_comm::Result<f64> {
     Ok(f64::from(out[0]))
 }
 
+/// The median over `runs` of the slowest rank's value of `f`, each run after a barrier.
+fn median(
+    c: &Communicator,
+    runs: usize,
+    mut f: impl FnMut() -> zero_comm::Result<f64>,
+) -> zero_comm::Result<f64> {
+    let mut v = Vec::with_capacity(runs);
+    for _ in 0..runs {
+        c.barrier()?;
+        let t = f()?;
+        v.push(slowest(c, t)?);
+    }
+    v.sort_by(f64::total_cmp);
+    Ok(v[v.len() / 2])
+}
+
 /// Part 2: how much of one all-reduce hides behind compute.
 fn overlap(mpi: &Mpi, full: bool) -> zero_comm::Result<()> {
     let c = mpi.world(Config::with_timeout(Duration::from_secs(120)))?;
@@ -135,33 +151,43 @@ fn overlap(mpi: &Mpi, full: bool) -> zero_comm::Result<()> {
     let send: Vec<f32> = (0..count).map(|i| (i % 5) as f32).collect();
     let mut recv = vec![0f32; count];
     let mut work = vec![1f32; 64 << 10];
-    // Baselines: communication alone, one compute slice alone.
+    let runs = if full { 5 } else { 1 };
+    // Baselines: communication alone (each way), one compute slice alone.
     let mut buf = send.clone();
-    c.all_reduce_in_place(&mut buf, ReduceOp::Sum)?;
-    let t = Instant::now();
-    c.all_reduce_in_place(&mut buf, ReduceOp::Sum)?;
-    let t_comm = slowest(&c, t.elapsed().as_secs_f64())?;
-    c.barrier()?;
-    let t_raw = slowest(&c, raw_overlap(&send, &mut recv, &mut work, 0, false))?;
-    let t = Instant::now();
-    compute(&mut work, 4);
-    let slice = slowest(&c, t.elapsed().as_secs_f64() / 4.0)?;
+    let t_comm = median(&c, runs, || {
+        let t = Instant::now();
+        c.all_reduce_in_place(&mut buf, ReduceOp::Sum)?;
+        Ok(t.elapsed().as_secs_f64())
+    })?;
+    let t_raw = median(&c, runs, || {
+        Ok(raw_overlap(&send, &mut recv, &mut work, 0, false))
+    })?;
+    let slice = median(&c, runs, || {
+        let t = Instant::now();
+        compute(&mut work, 16);
+        Ok(t.elapsed().as_secs_f64() / 16.0)
+    })?;
     // Compute as long as the slower communication, identical on every rank.
     let reps = ((t_comm.max(t_raw) / slice).ceil() as usize).max(1);
-    let t = Instant::now();
-    compute(&mut work, reps);
-    let t_comp = slowest(&c, t.elapsed().as_secs_f64())?;
-
-    c.barrier()?;
-    let t = Instant::now();
-    let w = c.all_reduce_async(send.clone(), ReduceOp::Sum);
-    compute(&mut work, reps);
-    let out = w.wait()?;
-    let t_thread = slowest(&c, t.elapsed().as_secs_f64())?;
-    c.barrier()?;
-    let t_wait = slowest(&c, raw_overlap(&send, &mut recv, &mut work, reps, false))?;
-    c.barrier()?;
-    let t_test = slowest(&c, raw_overlap(&send, &mut recv, &mut work, reps, true))?;
+    let t_comp = median(&c, runs, || {
+        let t = Instant::now();
+        compute(&mut work, reps);
+        Ok(t.elapsed().as_secs_f64())
+    })?;
+    let mut out = Vec::new();
+    let t_thread = median(&c, runs, || {
+        let t = Instant::now();
+        let w = c.all_reduce_async(send.clone(), ReduceOp::Sum);
+        compute(&mut work, reps);
+        out = w.wait()?;
+        Ok(t.elapsed().as_secs_f64())
+    })?;
+    let t_wait = median(&c, runs, || {
+        Ok(raw_overlap(&send, &mut recv, &mut work, reps, false))
+    })?;
+    let t_test = median(&c, runs, || {
+        Ok(raw_overlap(&send, &mut recv, &mut work, reps, true))
+    })?;
     let n = c.size() as f32;
     if out[1] != n || recv[1] != n {
         return Err(zero_comm::CommError::InvalidArgument {
