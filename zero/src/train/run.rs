@@ -65,13 +65,59 @@ struct Shared<'a> {
 /// # Errors
 /// Any [`TrainError`]; a rank's failure stops every rank.
 pub fn train(cfg: &TrainConfig) -> Result<RunSummary, TrainError> {
-    cfg.validate()?;
-    if cfg.backend != Backend::Local {
-        return Err(TrainError::Unsupported(format!(
-            "backend {:?} is not wired into zero-train yet; use --backend local",
-            cfg.backend
-        )));
+    let mut cfg = cfg.clone();
+    let group = RankGroup::new(&mut cfg)?;
+    run_group(&cfg, group)
+}
+
+/// This process's ranks: all of them as threads (local), or the one MPI gave it.
+struct RankGroup {
+    comms: Vec<Communicator>,
+    /// Keeps MPI initialised until the communicators are gone.
+    #[cfg(feature = "mpi")]
+    _mpi: Option<zero_comm::mpi::Mpi>,
+}
+
+impl RankGroup {
+    /// Creates the communicators; under MPI the world size comes from `mpirun` and replaces
+    /// `cfg.world_size`.
+    fn new(cfg: &mut TrainConfig) -> Result<Self, TrainError> {
+        match cfg.backend {
+            Backend::Local => Ok(Self {
+                comms: zero_comm::local::create(cfg.world_size)?,
+                #[cfg(feature = "mpi")]
+                _mpi: None,
+            }),
+            #[cfg(feature = "mpi")]
+            Backend::Mpi => {
+                let mpi = zero_comm::mpi::Mpi::init()?;
+                cfg.world_size = mpi.size();
+                let comm = mpi.world(zero_comm::Config::default())?;
+                Ok(Self {
+                    comms: vec![comm],
+                    _mpi: Some(mpi),
+                })
+            }
+            #[cfg(not(feature = "mpi"))]
+            Backend::Mpi => Err(TrainError::Unsupported(
+                "--backend mpi needs a build with `--features mpi` (and mpirun to launch it)"
+                    .into(),
+            )),
+            Backend::Nccl => Err(TrainError::Unsupported(
+                "--backend nccl is not wired into zero-train yet (no CUDA kernels for the model)"
+                    .into(),
+            )),
+        }
     }
+
+    /// True when this process hosts rank 0 (which reports).
+    fn hosts_rank_zero(&self) -> bool {
+        self.comms.first().is_some_and(|c| c.rank() == 0)
+    }
+}
+
+fn run_group(cfg: &TrainConfig, group: RankGroup) -> Result<RunSummary, TrainError> {
+    cfg.validate()?;
     if cfg.device != "cpu" {
         return Err(TrainError::Unsupported(format!(
             "device {:?}: only cpu kernels exist so far",
@@ -89,31 +135,30 @@ pub fn train(cfg: &TrainConfig) -> Result<RunSummary, TrainError> {
             model.vocab_size as u32,
         )?))
     };
-    let metrics = cfg
-        .metrics
-        .as_deref()
-        .map(MetricsFile::create)
-        .transpose()?;
+    let reports = group.hosts_rank_zero();
+    let metrics = match &cfg.metrics {
+        Some(path) if reports => Some(MetricsFile::create(path)?),
+        _ => None,
+    };
     let shared = Shared {
         cfg,
         model,
         train: open(TRAIN_FILE)?,
         val: open(VAL_FILE)?,
         metrics: Mutex::new(metrics),
-        progress: Progress::new(cfg.steps),
+        progress: Progress::new(cfg.steps, reports),
     };
-    let comms = zero_comm::local::create(cfg.world_size)?;
     let results: Vec<Result<RankOutput, TrainError>> = std::thread::scope(|s| {
-        let handles: Vec<_> = comms
+        let handles: Vec<_> = group
+            .comms
             .into_iter()
             .map(|comm| {
                 let shared = &shared;
-                s.spawn(move || rank_main(shared, comm))
+                (comm.rank(), s.spawn(move || rank_main(shared, comm)))
             })
             .collect();
         handles
             .into_iter()
-            .enumerate()
             .map(|(rank, h)| {
                 h.join().unwrap_or_else(|panic| {
                     let message = panic
@@ -170,7 +215,9 @@ pub fn train(cfg: &TrainConfig) -> Result<RunSummary, TrainError> {
             "ranks": summary.ranks.iter().map(RankReport::to_json).collect::<Vec<_>>(),
         }))?;
     }
-    eprint!("{}", memory_table(&summary.ranks));
+    if reports {
+        eprint!("{}", memory_table(&summary.ranks));
+    }
     Ok(summary)
 }
 
@@ -441,8 +488,8 @@ struct Progress {
 }
 
 impl Progress {
-    fn new(steps: u64) -> Self {
-        let bar = std::io::stderr().is_terminal().then(|| {
+    fn new(steps: u64, shown: bool) -> Self {
+        let bar = (shown && std::io::stderr().is_terminal()).then(|| {
             let bar = indicatif::ProgressBar::new(steps);
             if let Ok(style) = indicatif::ProgressStyle::with_template(
                 "{bar:30} {pos}/{len} [{elapsed_precise}<{eta_precise}] {msg}",
