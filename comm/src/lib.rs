@@ -45,6 +45,7 @@ pub mod mpi;
 mod op;
 mod record;
 mod reduce_op;
+mod scope;
 mod work;
 
 pub use backend::{Backend, Leave};
@@ -56,4 +57,5 @@ pub use error::{BreakCause, CommError, Result};
 pub use op::{OpDesc, OpKind};
 pub use record::{ring_bytes, History, OpRecord, Stats};
 pub use reduce_op::{reduce_slices, ReduceOp};
+pub use scope::{Scope, ScopedWork};
 pub use work::Work;

@@ -4,8 +4,9 @@
 //! `AsRef<[T]>`/`AsMut<[T]>` + `Send + 'static`: `Vec<T>`, `Box<[T]>`, an owned arena buffer)
 //! and [`Work::wait`] hands them back. The progress thread owns them while the operation
 //! runs, so forgetting or dropping the handle can never leave a peer writing into freed or
-//! re-borrowed memory. Rejected: handles that borrow `&mut [T]` (rayon-scope style), which
-//! are unsound under `mem::forget` unless confined to a closure scope that blocks anyway.
+//! re-borrowed memory. Rejected: free-standing handles that borrow `&mut [T]`, unsound under
+//! `mem::forget`. Borrowed buffers (arena views) go through [`Communicator::scope`] instead,
+//! which waits for its operations before returning, as `std::thread::scope` does.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
@@ -173,7 +174,7 @@ impl Communicator {
     }
 
     /// Queues `f` on the progress thread (started on first use).
-    fn submit<R: Send + 'static>(
+    pub(crate) fn submit<R: Send + 'static>(
         &self,
         op: OpKind,
         f: impl FnOnce(&mut Inner) -> Result<R> + Send + 'static,

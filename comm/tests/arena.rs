@@ -34,3 +34,28 @@ fn reduce_scatter_and_all_gather_over_arena_views() {
         assert_eq!(got, want);
     }
 }
+
+#[test]
+fn scoped_async_ops_on_arena_views_complete_before_the_scope_ends() {
+    let n = 3;
+    let out = run(local::create(n).unwrap(), |c| {
+        let mut arena = Arena::host(1 << 20).unwrap();
+        let a = arena.alloc_elems::<f32>(30).unwrap();
+        let b = arena.alloc_elems::<f32>(30).unwrap();
+        let [va, vb] = arena.slices_mut::<f32, 2>([a, b]).unwrap();
+        va.fill(c.rank() as f32);
+        vb.fill(1.0);
+        c.scope(|s| {
+            let wa = s.reduce_scatter(va, ReduceOp::Sum);
+            // A forgotten handle: the scope still waits for its collective.
+            std::mem::forget(s.all_reduce(vb, ReduceOp::Sum));
+            let va = wa.wait().unwrap();
+            let r = c.rank();
+            assert_eq!(&va[r * 10..(r + 1) * 10], &[3.0; 10]); // 0 + 1 + 2
+        });
+        arena.slice::<f32>(b).unwrap().to_vec()
+    });
+    for vb in out {
+        assert_eq!(vb, vec![3.0; 30]);
+    }
+}
