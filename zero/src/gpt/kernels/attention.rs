@@ -74,8 +74,12 @@ pub fn attention_forward(
 /// dqkv += the gradient of `attention_forward` given `dout`.
 ///
 /// `dqkv` (B,T,3C), `dout` (B,T,C), `qkv` (B,T,3C), `att` (B,T,NH,T) from the forward.
-/// One rayon task per batch row: keys and values receive gradient from every later position,
-/// so positions of one sequence cannot be split without sharing writes.
+///
+/// Keys and values receive gradient from every later position, so positions of one sequence
+/// cannot be split without shared writes; (batch row, head) pairs can: each touches only its
+/// own head's columns. One rayon task per pair writes a private (T,3,hs) block, then the blocks
+/// are added into `dqkv` in a fixed order: B*NH tasks keep every thread busy even at B = 1,
+/// and the sums stay deterministic.
 ///
 /// # Panics
 /// On slice lengths that do not match the dimensions, or `c % nh != 0`.
@@ -96,46 +100,65 @@ pub fn attention_backward(
     assert_eq!(qkv.len(), b * t * 3 * c);
     let hs = c / nh;
     let scale = 1.0 / (hs as f32).sqrt();
-    dqkv.par_chunks_mut(t * 3 * c)
-        .zip(qkv.par_chunks(t * 3 * c))
-        .zip(dout.par_chunks(t * c).zip(att.par_chunks(t * nh * t)))
-        .for_each(|((dseq, seq), (dout, att))| {
+    let mut parts = vec![0.0f32; b * nh * t * 3 * hs]; // (B,NH,T,3,hs): d(q), d(k), d(v)
+    parts
+        .par_chunks_mut(t * 3 * hs)
+        .enumerate()
+        .for_each(|(pair, part)| {
+            let (bi, h) = (pair / nh, pair % nh);
+            let seq = &qkv[bi * t * 3 * c..][..t * 3 * c]; // (T,3C)
+            let dout = &dout[bi * t * c..][..t * c]; // (T,C)
+            let att = &att[bi * t * nh * t..][..t * nh * t]; // (T,NH,T)
+            let col = |ti: usize, which: usize| ti * 3 * c + which * c + h * hs;
             let mut dpre = vec![0.0f32; t]; // (T,) scratch: d(score) of one row
-            let mut dq = vec![0.0f32; hs]; // (hs,) scratch: d(q) of one row and head
             for ti in 0..t {
-                for h in 0..nh {
-                    let a = &att[(ti * nh + h) * t..][..=ti]; // (ti+1,)
-                    let d = &dout[ti * c + h * hs..][..hs]; // (hs,)
+                let a = &att[(ti * nh + h) * t..][..=ti]; // (ti+1,)
+                let d = &dout[ti * c + h * hs..][..hs]; // (hs,)
 
-                    // d(att)[t2] = d · v[t2]; v[t2] += att[t2] * d.
-                    for (t2, &w) in a.iter().enumerate() {
-                        let base = t2 * 3 * c + 2 * c + h * hs;
-                        let v = &seq[base..base + hs];
-                        dpre[t2] = math::dot(d, v);
-                        for (dv, &g) in dseq[base..base + hs].iter_mut().zip(d) {
-                            *dv += w * g;
-                        }
+                // d(att)[t2] = d · v[t2]; d(v)[t2] += att[t2] * d.
+                for (t2, &w) in a.iter().enumerate() {
+                    dpre[t2] = math::dot(d, &seq[col(t2, 2)..][..hs]);
+                    for (dv, &g) in part[t2 * 3 * hs + 2 * hs..][..hs].iter_mut().zip(d) {
+                        *dv += w * g;
                     }
-                    // Softmax backward: d(score) = att * (d(att) - Σ att * d(att)).
-                    let dot = math::dot(a, &dpre);
-                    for (dp, &w) in dpre.iter_mut().zip(a) {
-                        *dp = w * (*dp - dot) * scale;
+                }
+                // Softmax backward: d(score) = att * (d(att) - Σ att * d(att)).
+                let dot = math::dot(a, &dpre);
+                for (dp, &w) in dpre.iter_mut().zip(a) {
+                    *dp = w * (*dp - dot) * scale;
+                }
+                // score = q · k[t2] * scale: d(q) += g k[t2]; d(k)[t2] += g q.
+                let q = &seq[col(ti, 0)..][..hs]; // (hs,)
+                for (t2, &g) in dpre[..=ti].iter().enumerate() {
+                    let k = &seq[col(t2, 1)..][..hs]; // (hs,)
+                                                      // Row ti's d(q) and row t2's d(k) (t2 <= ti) live in one block: split
+                                                      // it at row ti so both can be borrowed at once.
+                    let (before, from_ti) = part.split_at_mut(ti * 3 * hs);
+                    let (dq, after_dq) = from_ti.split_at_mut(hs);
+                    let dk = if t2 == ti {
+                        &mut after_dq[..hs]
+                    } else {
+                        &mut before[t2 * 3 * hs + hs..][..hs]
+                    };
+                    for (dq, &k) in dq.iter_mut().zip(k) {
+                        *dq += g * k;
                     }
-                    // score = q · k[t2] * scale.
-                    let q = &seq[ti * 3 * c + h * hs..][..hs]; // (hs,)
-                    dq.fill(0.0);
-                    for (t2, &g) in dpre[..=ti].iter().enumerate() {
-                        let kbase = t2 * 3 * c + c + h * hs;
-                        let k = &seq[kbase..kbase + hs];
-                        for (dq, &k) in dq.iter_mut().zip(k) {
-                            *dq += g * k;
-                        }
-                        for (dk, &q) in dseq[kbase..kbase + hs].iter_mut().zip(q) {
-                            *dk += g * q;
-                        }
+                    for (dk, &q) in dk.iter_mut().zip(q) {
+                        *dk += g * q;
                     }
-                    for (d, &g) in dseq[ti * 3 * c + h * hs..][..hs].iter_mut().zip(&dq) {
-                        *d += g;
+                }
+            }
+        });
+    dqkv.par_chunks_mut(t * 3 * c)
+        .zip(parts.par_chunks(nh * t * 3 * hs))
+        .for_each(|(dseq, parts)| {
+            for (h, part) in parts.chunks_exact(t * 3 * hs).enumerate() {
+                for (ti, row) in part.chunks_exact(3 * hs).enumerate() {
+                    for (which, grad) in row.chunks_exact(hs).enumerate() {
+                        let dst = &mut dseq[ti * 3 * c + which * c + h * hs..][..hs];
+                        for (d, &g) in dst.iter_mut().zip(grad) {
+                            *d += g;
+                        }
                     }
                 }
             }
@@ -149,7 +172,12 @@ mod tests {
 
     #[test]
     fn backward_matches_finite_differences() {
-        let (b, t, c, nh) = (2, 4, 6, 2);
+        for (b, t, c, nh) in [(2, 4, 6, 2), (1, 6, 9, 3)] {
+            backward_case(b, t, c, nh);
+        }
+    }
+
+    fn backward_case(b: usize, t: usize, c: usize, nh: usize) {
         let qkv = fd::random(b * t * 3 * c, 1, 1.5);
         let dout = fd::random(b * t * c, 2, 1.0);
         let forward = |qkv: &[f32]| {
