@@ -76,7 +76,7 @@ pub fn bus_factor(op: OpKind, n: usize) -> f64 {
 pub fn sizes(min: u64, max: u64, factor: u64) -> Vec<u64> {
     let mut out = vec![min];
     let mut s = min;
-    while factor > 1 && s.saturating_mul(factor) <= max {
+    while factor > 1 && s > 0 && s.saturating_mul(factor) <= max {
         s *= factor;
         out.push(s);
     }
@@ -207,8 +207,8 @@ fn rank_main<T: Round>(
     report: &std::sync::Mutex<&mut (dyn FnMut(&Row) + Send)>,
 ) -> Result<(), CommError> {
     let max_count = cfg.count(cfg.max_bytes.max(cfg.min_bytes));
-    let mut send = vec![T::default(); max_count];
-    let mut recv = vec![T::default(); max_count];
+    let mut send = buffer::<T>(max_count)?;
+    let mut recv = buffer::<T>(max_count)?;
     for bytes in sizes(cfg.min_bytes, cfg.max_bytes, cfg.factor) {
         let count = cfg.count(bytes);
         let mut m = [[0.0f32; 2]; 2]; // [placement][time, wrong]
@@ -275,6 +275,17 @@ fn rank_main<T: Round>(
         }
     }
     Ok(())
+}
+
+/// A zeroed buffer, or an error (not an abort) when `-e` asks for more memory than there is.
+fn buffer<T: Element>(count: usize) -> Result<Vec<T>, CommError> {
+    let mut v = Vec::new();
+    v.try_reserve_exact(count)
+        .map_err(|e| CommError::InvalidArgument {
+            what: format!("cannot allocate {count} elements for -e: {e}"),
+        })?;
+    v.resize(count, T::default());
+    Ok(v)
 }
 
 /// Fills this rank's input for a checked run.
@@ -417,5 +428,6 @@ mod tests {
         assert_eq!(bus_factor(OpKind::Broadcast, 4), 1.0);
         assert_eq!(sizes(8, 100, 2), vec![8, 16, 32, 64]);
         assert_eq!(sizes(8, 8, 2), vec![8]);
+        assert_eq!(sizes(0, 64, 2), vec![0]);
     }
 }
