@@ -95,6 +95,12 @@ fn config(a: &Args) -> Result<BenchConfig, String> {
             a.backend
         ));
     }
+    if a.root >= a.ranks.max(1) {
+        return Err(format!(
+            "root {} is not a rank of {} ranks",
+            a.root, a.ranks
+        ));
+    }
     if a.ranks == 0 || a.min_bytes > a.max_bytes || a.factor == 0 || a.check > 1 {
         return Err("need --ranks >= 1, -b <= -e, -f >= 1 and -c 0 or 1".into());
     }
