@@ -111,7 +111,8 @@ impl Storage {
             Self::Cuda(region) => region.write(offset, src),
             _ => {
                 let base = self.host_base(device)?;
-                // SAFETY: the caller (the arena, under `&mut self`) checked that
+                self.assert_in_bounds(offset, src.len());
+                // SAFETY: in bounds (asserted); the caller (the arena, under `&mut self`) checked that
                 // `offset..offset + src.len()` is inside one unpinned block of the region.
                 unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), base.add(offset), src.len()) };
                 Ok(())
@@ -126,13 +127,25 @@ impl Storage {
             Self::Cuda(region) => region.read(offset, dst),
             _ => {
                 let base = self.host_base(device)?;
-                // SAFETY: the caller checked that `offset..offset + dst.len()` is inside one
+                self.assert_in_bounds(offset, dst.len());
+                // SAFETY: in bounds (asserted); the caller checked that `offset..offset + dst.len()` is inside one
                 // unpinned block; no mutable view can exist while it holds `&self`.
                 unsafe {
                     std::ptr::copy_nonoverlapping(base.add(offset), dst.as_mut_ptr(), dst.len())
                 };
                 Ok(())
             }
+        }
+    }
+
+    fn assert_in_bounds(&self, offset: usize, len: usize) {
+        if let Self::Host(region) = self {
+            assert!(
+                offset
+                    .checked_add(len)
+                    .is_some_and(|end| end <= region.len()),
+                "copy outside the region"
+            );
         }
     }
 }
