@@ -133,7 +133,8 @@ pub(crate) unsafe fn reduce_raw<T: Element>(
     }
 }
 
-/// Safe form of [`reduce_raw`] over slices: the reference semantics of every backend.
+/// The block reduction over slices: the reference semantics of every backend (f32
+/// accumulation in input order, one rounding).
 ///
 /// # Panics
 /// If `inputs` is empty or an input's length differs from `out`'s.

@@ -2,7 +2,7 @@
 //!
 //! Each collective publishes the rank's buffer addresses in a slot table; after an entry wait
 //! every rank reads its peers' buffers directly (no serialisation, no staging copies) and
-//! synchronises phases with a generation barrier. See [`group`] for the protocol.
+//! synchronises phases with a generation barrier (the protocol is described in `group.rs`).
 
 mod algorithms;
 mod barrier;
