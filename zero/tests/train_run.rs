@@ -80,7 +80,7 @@ fn the_same_command_gives_the_same_bits() {
     assert_eq!(a.losses.len(), 6);
     assert_eq!(
         a.val_losses.iter().map(|v| v.0).collect::<Vec<_>>(),
-        vec![3, 6]
+        vec![0, 3, 6]
     );
 }
 
@@ -142,7 +142,8 @@ fn the_loss_falls_on_a_learnable_stream() {
     let (first, last) = (run.losses[0], run.losses[29]);
     assert!((first - 100f32.ln()).abs() < 0.3, "initial loss {first}");
     assert!(last < first - 1.0, "loss went {first} -> {last}");
-    assert!(run.val_losses[0].1 < first - 1.0);
+    let (start, end) = (run.val_losses[0].1, run.val_losses[1].1);
+    assert!(end < start - 1.0, "validation loss went {start} -> {end}");
 }
 
 #[test]
@@ -165,9 +166,10 @@ fn metrics_hold_steps_evaluations_and_a_summary() {
         .collect();
     let steps = lines.iter().filter(|l| l.get("loss").is_some()).count();
     let evals = lines.iter().filter(|l| l.get("val_loss").is_some()).count();
-    assert_eq!((steps, evals), (6, 2));
+    assert_eq!((steps, evals), (6, 3));
+    // Line 0 is the evaluation at step 0, line 1 the first step.
     for key in ["step", "loss", "lr", "grad_norm", "tokens_per_s", "step_ms"] {
-        assert!(lines[0].get(key).is_some(), "missing {key}");
+        assert!(lines[1].get(key).is_some(), "missing {key}");
     }
     let summary = lines.last().unwrap();
     assert_eq!(summary["world_size"], 2);
@@ -229,4 +231,55 @@ fn a_model_too_big_for_stage_zero_trains_at_stage_three_under_the_same_cap() {
             r.peak_bytes
         );
     }
+}
+
+#[test]
+fn an_llmc_export_starts_another_run_at_the_same_parameters() {
+    let dir = TempDir::new("llmc");
+    corpus(&dir.0);
+    let model_bin = dir.0.join("model.bin");
+    let first = train(&TrainConfig {
+        export_llmc: Some(model_bin.clone()),
+        ..tiny(&dir.0)
+    })
+    .unwrap();
+    // Started from the export with no steps, evaluation sees the trained model: the same
+    // validation loss as the first run's last evaluation, at another stage and world size.
+    let second = train(&TrainConfig {
+        init_from: Some(model_bin),
+        steps: 0,
+        eval_every: 1,
+        world_size: 1,
+        zero_stage: 3,
+        micro_batch_size: 2,
+        sample_tokens: 0,
+        ..tiny(&dir.0)
+    })
+    .unwrap();
+    let trained = first.val_losses.last().unwrap().1;
+    let loaded = second.val_losses[0].1;
+    assert!((trained - loaded).abs() < 1e-5, "{trained} vs {loaded}");
+    assert!(trained < first.val_losses[0].1, "training changed nothing");
+}
+
+#[test]
+fn an_llmc_checkpoint_of_another_shape_is_refused() {
+    let dir = TempDir::new("llmc-shape");
+    corpus(&dir.0);
+    let model_bin = dir.0.join("model.bin");
+    train(&TrainConfig {
+        export_llmc: Some(model_bin.clone()),
+        steps: 1,
+        eval_every: 0,
+        sample_tokens: 0,
+        ..tiny(&dir.0)
+    })
+    .unwrap();
+    let err = train(&TrainConfig {
+        init_from: Some(model_bin),
+        dim: Some(64),
+        ..tiny(&dir.0)
+    })
+    .unwrap_err();
+    assert!(err.to_string().contains("checkpoint's model"), "{err}");
 }

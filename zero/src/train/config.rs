@@ -144,6 +144,12 @@ pub struct TrainArgs {
     /// A saved `step-NNNNNN` folder to continue from, or the --save directory (its latest).
     #[arg(long)]
     pub resume: Option<PathBuf>,
+    /// llm.c float32 checkpoint (model.bin format) to start from instead of a random init.
+    #[arg(long)]
+    pub init_from: Option<PathBuf>,
+    /// Write the final parameters as an llm.c float32 checkpoint.
+    #[arg(long)]
+    pub export_llmc: Option<PathBuf>,
     /// File to write JSON-lines metrics into.
     #[arg(long)]
     pub metrics: Option<PathBuf>,
@@ -199,6 +205,8 @@ pub struct TrainConfig {
     pub save: Option<PathBuf>,
     pub save_every: u64,
     pub resume: Option<PathBuf>,
+    pub init_from: Option<PathBuf>,
+    pub export_llmc: Option<PathBuf>,
     pub metrics: Option<PathBuf>,
     pub zero_stage: u8,
     pub reduce_bucket_size: ByteSize,
@@ -238,6 +246,8 @@ impl Default for TrainConfig {
             save: None,
             save_every: 0,
             resume: None,
+            init_from: None,
+            export_llmc: None,
             metrics: None,
             zero_stage: 2,
             reduce_bucket_size: ByteSize(4 << 20),

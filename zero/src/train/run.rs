@@ -5,7 +5,7 @@ use super::config::{Backend, TrainConfig};
 use super::error::TrainError;
 use super::gpt_engine::{eval_loss, gpt_units, micro_step, with_logits};
 use super::metrics::{memory_table, step_json, MetricsFile, RankReport, StepMetrics};
-use super::resume::{load_state, save_state, step_dir};
+use super::resume::{load_llmc, load_state, save_llmc, save_state, step_dir};
 use crate::data::{DataLoader, LoaderConfig, TokenFile, TRAIN_FILE, VAL_FILE};
 use crate::engine::{expected_model_state_bytes, Engine, EngineConfig, Traffic, ZeroStage};
 use crate::gpt::{init_unit, sample_top_k, Gpt, GptConfig, Rng};
@@ -273,6 +273,9 @@ fn rank_main(shared: &Shared<'_>, comm: Communicator) -> Result<RankOutput, Trai
     };
     let mut loader = DataLoader::new(shared.train.clone(), loader_config)?;
     let mut start = 0;
+    if let Some(path) = &cfg.init_from {
+        load_llmc(path, &gcfg, &mut engine)?;
+    }
     if let Some(dir) = &cfg.resume {
         start = load_state(dir, &gcfg, &mut engine, &mut loader)?;
     }
@@ -306,6 +309,17 @@ fn rank_main(shared: &Shared<'_>, comm: Communicator) -> Result<RankOutput, Trai
             comm_bytes_sent_per_step: 0.0,
         },
     };
+    if cfg.eval_every > 0 {
+        // The starting point of the validation curve (llm.c evaluates at step 0 too).
+        let val = evaluate(shared, &mut engine, &model, &loader_config)?;
+        out.val_losses.push((start, val));
+        if rank == 0 {
+            shared
+                .progress
+                .line(&format!("step {start} | val loss {val:.4}"));
+            write_metrics(shared, &json!({"step": start, "val_loss": val}))?;
+        }
+    }
     let mut traffic = Traffic::default();
     let mut sent = 0u64;
     for step in start..cfg.steps {
@@ -374,6 +388,13 @@ fn rank_main(shared: &Shared<'_>, comm: Communicator) -> Result<RankOutput, Trai
                 engine.comm().barrier()?;
             }
         }
+    }
+    if let Some(path) = &cfg.export_llmc {
+        let states = engine.export_states()?;
+        if rank == 0 {
+            save_llmc(path, &gcfg, &states)?;
+        }
+        engine.comm().barrier()?;
     }
     if cfg.sample_tokens > 0 {
         out.sample = sample(cfg, &mut engine, &model, t)?;
