@@ -27,7 +27,7 @@ use crate::{Arena, Handle};
 
 impl Arena {
     /// Checks a handle for viewing as `T` and returns (address, element count).
-    fn view_parts<T: Pod>(&self, handle: Handle) -> Result<(*mut u8, usize)> {
+    pub(crate) fn view_parts<T: Pod>(&self, handle: Handle) -> Result<(*mut u8, usize)> {
         let block = *self.live(handle)?;
         let base = self.storage.host_base(self.device())?;
         if block.pins > 0 {
