@@ -3,7 +3,7 @@
 
 mod common;
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use common::run;
 use zero_comm::{local, BreakCause, CommError, Config, OpKind, ReduceOp};
@@ -59,8 +59,9 @@ fn timeout_names_op_seq_bytes_and_missing_ranks() {
 
 #[test]
 fn panicking_rank_fails_peers_promptly() {
-    let comms = local::create(3).unwrap(); // default 10-minute timeout: failure must not wait for it
-    let start = Instant::now();
+    // Default 10-minute timeout: the error must come from the panic (cause `Panicked`), not
+    // from a timeout.
+    let comms = local::create(3).unwrap();
     let results: Vec<std::thread::Result<Result<(), CommError>>> = std::thread::scope(|s| {
         let hs: Vec<_> = comms
             .into_iter()
@@ -77,7 +78,6 @@ fn panicking_rank_fails_peers_promptly() {
             .collect();
         hs.into_iter().map(|h| h.join()).collect()
     });
-    assert!(start.elapsed() < Duration::from_secs(30));
     assert!(results[1].is_err());
     for r in [0, 2] {
         match &results[r] {
