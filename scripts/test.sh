@@ -68,6 +68,19 @@ for np in 2 4; do
   timeout --kill-after=10 300 mpirun "${mpirun_flags[@]}" -np "$np" "$bin"
 done
 
+# A rank that dies: by default OpenMPI kills the whole job (no hang either); with
+# --enable-recovery the survivors stay alive and must report the collective within the
+# communicator's timeout (5 s here) instead of hanging.
+echo "== a rank dies mid-job: survivors report the collective (mpirun --enable-recovery -np 3)"
+out=$(timeout --kill-after=10 120 mpirun "${mpirun_flags[@]}" --enable-recovery -np 3 \
+  "$bin" --rank-dies 2>&1 || true)
+if ! grep -q "^rank 0: after .*all_reduce #1" <<<"$out"; then
+  echo "$out" >&2
+  echo "test.sh: the survivors of a dead rank did not report the collective" >&2
+  exit 1
+fi
+grep "^rank [0-9]: after" <<<"$out"
+
 # --- zero-train over MPI: the same losses, to the bit, as the local backend ------------------
 # A tiny model on a generated corpus (no download), 2 ranks, every ZeRO stage, f32 and bf16.
 echo "== zero-train --backend mpi (mpirun -np 2) against --backend local --world-size 2"

@@ -191,6 +191,34 @@ fn run_one(world: &Communicator, name: &str, run: &dyn Fn() -> Result) -> Option
     Some(ok)
 }
 
+/// `--rank-dies`: the last rank exits without finalising while the others enter an
+/// all-reduce; they must report an error naming it (run with `mpirun --enable-recovery`, or
+/// OpenMPI kills the whole job, which is also not a hang).
+fn rank_dies(mpi: &Mpi) -> ExitCode {
+    let Ok(c) = mpi.world(Config::with_timeout(Duration::from_secs(5))) else {
+        return ExitCode::FAILURE;
+    };
+    let (n, r) = (c.size(), c.rank());
+    if c.barrier().is_err() || n == 1 {
+        return ExitCode::FAILURE;
+    }
+    if r == n - 1 {
+        std::process::exit(3);
+    }
+    let start = Instant::now();
+    let mut x = vec![1f32; 1000];
+    match c.all_reduce_in_place(&mut x, ReduceOp::Sum) {
+        Err(e) if e.to_string().contains("all_reduce #1") => {
+            println!("rank {r}: after {:.1?}: {e}", start.elapsed());
+            ExitCode::SUCCESS
+        }
+        other => {
+            println!("rank {r}: want an error naming all_reduce #1, got {other:?}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
 fn main() -> ExitCode {
     let filters: Vec<String> = std::env::args()
         .skip(1)
@@ -204,6 +232,9 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    if std::env::args().any(|a| a == "--rank-dies") {
+        return rank_dies(&mpi);
+    }
     let world = match mpi.world(Config::with_timeout(CASE_TIMEOUT)) {
         Ok(c) => c,
         Err(e) => {
