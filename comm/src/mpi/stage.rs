@@ -106,3 +106,55 @@ pub(crate) fn reduce_chunks(dtype: DType, chunks: &[u8], out: &mut [u8], op: Red
 pub(crate) fn chunk(n: usize, parts: usize, j: usize) -> (usize, usize) {
     (j * n / parts, (j + 1) * n / parts)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use half::bf16;
+
+    #[test]
+    fn chunks_tile_the_array_like_the_local_backend() {
+        for parts in 1..=5 {
+            for n in [0, 1, 7, 100] {
+                let mut next = 0;
+                for j in 0..parts {
+                    let (lo, hi) = chunk(n, parts, j);
+                    assert_eq!(lo, next, "n {n} parts {parts} chunk {j}");
+                    next = hi;
+                }
+                assert_eq!(next, n);
+            }
+        }
+    }
+
+    #[test]
+    fn byte_reduction_equals_the_typed_kernel_in_rank_order() {
+        // Distinct values per rank and element: a wrong split of the bytes into ranks shows.
+        let ranks: Vec<Vec<bf16>> = (0..3)
+            .map(|r| {
+                (0..5)
+                    .map(|i| bf16::from_f32(1.0 + (i * 3 + r) as f32 / 7.0))
+                    .collect()
+            })
+            .collect();
+        let inputs: Vec<&[bf16]> = ranks.iter().map(Vec::as_slice).collect();
+        let mut want = vec![bf16::ZERO; 5];
+        reduce_slices(&mut want, &inputs, ReduceOp::Sum);
+
+        let mut chunks = Words::default();
+        chunks.ensure(30);
+        let flat: Vec<bf16> = ranks.concat();
+        chunks
+            .bytes_mut(30)
+            .copy_from_slice(bytemuck::cast_slice(&flat));
+        let mut got = vec![bf16::ZERO; 5];
+        let mut out = BufMut::Bf16(&mut got);
+        reduce_chunks(
+            DType::Bf16,
+            chunks.bytes(30),
+            bytes_of_mut(&mut out),
+            ReduceOp::Sum,
+        );
+        assert_eq!(got, want);
+    }
+}
