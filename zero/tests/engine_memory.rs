@@ -244,3 +244,45 @@ fn an_fp16_overflow_on_one_rank_skips_the_step_everywhere() {
         assert_eq!((scale0, scale), (65536.0, 32768.0));
     }
 }
+
+#[test]
+fn end_backward_launches_the_reduction_without_waiting_for_peers() {
+    // Rank 1 enters its end_backward only after rank 0's has returned: a blocking reduction
+    // on rank 0 would wait for rank 1 forever, so rank 1 gives up waiting after 10 s and the
+    // test fails instead of hanging.
+    let (tx, rx) = std::sync::mpsc::channel::<()>();
+    let rx = std::sync::Mutex::new(rx);
+    let tx = std::sync::Mutex::new(tx);
+    let overlapped = on_ranks(2, |c| {
+        let mut e = engine(c, ZeroStage::Zero2);
+        // The first step confirms the unit order with blocking collectives; the second
+        // follows the recorded order and runs free.
+        fake_step(&mut e).unwrap();
+        for u in 0..SIZES.len() {
+            e.gather(u).unwrap();
+            e.release(u).unwrap();
+        }
+        let u = SIZES.len() - 1;
+        e.gather(u).unwrap();
+        e.begin_backward(u).unwrap();
+        let rank = e.rank();
+        let mut signalled = true;
+        if rank == 1 {
+            let got = rx
+                .lock()
+                .unwrap()
+                .recv_timeout(std::time::Duration::from_secs(10));
+            signalled = got.is_ok();
+        }
+        e.end_backward(u).unwrap();
+        if rank == 0 {
+            tx.lock().unwrap().send(()).unwrap();
+        }
+        e.release(u).unwrap();
+        signalled
+    });
+    assert!(
+        overlapped[1],
+        "rank 0's end_backward blocked until its peer arrived"
+    );
+}

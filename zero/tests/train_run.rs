@@ -205,8 +205,9 @@ fn a_model_too_big_for_stage_zero_trains_at_stage_three_under_the_same_cap() {
     let dir = TempDir::new("cap");
     corpus(&dir.0);
     // tiny has 30,592 parameters: stage 0 keeps 16 bytes of fp32 model states per parameter
-    // (about 490 KB) on every rank, stage 3 on 4 ranks a quarter of that.
-    let limit = zero::train::ByteSize(560 << 10);
+    // (about 490 KB) on every rank, stage 3 on 4 ranks a quarter of that; both also reserve
+    // transient unit buffers (about 300 KB at stage 0, 500 KB at stage 3 for this model).
+    let limit = zero::train::ByteSize(720 << 10);
     let at = |stage: u8| TrainConfig {
         world_size: 4,
         zero_stage: stage,

@@ -27,6 +27,7 @@ impl Engine {
     /// # Errors
     /// Collective or arena failures.
     pub fn export_states(&mut self) -> Result<Vec<UnitState>> {
+        self.complete_reductions(0)?;
         let mut out = Vec::with_capacity(self.specs.len());
         for unit in 0..self.specs.len() {
             let plan = self.plans[unit];

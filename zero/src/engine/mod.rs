@@ -36,6 +36,7 @@
 
 mod error;
 mod export;
+mod inflight;
 mod loss_scale;
 pub mod memory;
 mod order;
@@ -48,6 +49,7 @@ mod unit;
 
 pub use error::{EngineError, Result};
 pub use export::UnitState;
+pub use inflight::MAX_IN_FLIGHT;
 pub use loss_scale::LossScaler;
 pub use memory::{
     comm_elements_per_step, expected_model_state_bytes, padded_model_state_bytes, ModelStateBytes,

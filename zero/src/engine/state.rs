@@ -18,6 +18,7 @@
 //! give the same parameters to the bit.
 
 use super::error::{EngineError, Result};
+use super::inflight::{InFlight, MAX_IN_FLIGHT};
 use super::loss_scale::LossScaler;
 use super::memory::{expected_model_state_bytes, ModelStateBytes, Precision, ZeroStage};
 use super::order::OrderCheck;
@@ -25,6 +26,7 @@ use super::plan::{check_fits, plan_memory, MemoryPlan, PlanShape, UnitPlan};
 use super::storage::{accumulate, any_non_finite, narrow, widen, with_store, Store};
 use super::unit::UnitSpec;
 use crate::optim::AdamW;
+use std::collections::VecDeque;
 use zero_alloc::{Arena, ArenaConfig, Handle};
 use zero_comm::{Communicator, ReduceOp};
 
@@ -120,6 +122,8 @@ pub struct Engine {
     pub(crate) steps: u64,
     pub(crate) traffic: Traffic,
     pub(crate) order: OrderCheck,
+    /// Gradient reductions launched and not yet accumulated, oldest first.
+    pub(crate) in_flight: VecDeque<InFlight>,
     /// fp16's dynamic loss scale (1 and inert otherwise).
     pub(crate) scaler: LossScaler,
     /// An inf or NaN reached this rank's reduced gradients since the last step.
@@ -204,6 +208,7 @@ impl Engine {
             steps: 0,
             traffic: Traffic::default(),
             order,
+            in_flight: VecDeque::new(),
             scaler,
             overflow: false,
         })
@@ -419,11 +424,14 @@ impl Engine {
     }
 
     /// Ends `unit`'s backward: rounds its gradient to the storage type (scaled by fp16's loss
-    /// scale), reduces it across ranks (average), accumulates the part this rank keeps and
-    /// frees the transient buffers.
+    /// scale) and launches its reduction across ranks (average) on the communicator's
+    /// progress thread, so it overlaps the backward of the units before it. The reduced part
+    /// this rank keeps is accumulated when the reduction completes: by a later call once it
+    /// is done, when more than [`MAX_IN_FLIGHT`] are pending, or at [`Engine::step`].
     ///
     /// # Errors
-    /// A unit not in backward, a divergent unit order, collective or arena failures.
+    /// A unit not in backward, a divergent unit order, collective or arena failures (of this
+    /// reduction or of an earlier one completed here).
     pub fn end_backward(&mut self, unit: usize) -> Result<()> {
         self.check_unit(unit)?;
         self.order.visit(&self.comm, unit)?;
@@ -432,56 +440,85 @@ impl Engine {
                 "end_backward of unit {unit} without begin_backward"
             ))
         })?;
-        let reduced = with_store!(self.config.precision, S => self.reduce_unit::<S>(unit, tmp));
-        self.arena.free(tmp)?;
-        reduced
+        let pending = with_store!(self.config.precision, S => self.launch_reduce::<S>(unit, tmp))?;
+        self.in_flight.push_back(pending);
+        self.complete_reductions(MAX_IN_FLIGHT)
     }
 
-    fn reduce_unit<S: Store>(&mut self, unit: usize, tmp: Handle) -> Result<()> {
-        let plan = self.plans[unit];
-        let padded = plan.part.padded_numel();
-        let shard = plan.part.shard(self.comm.rank());
-        // f32 storage (the only 4-byte type) reduces the model's buffer in place; half
-        // precision rounds it into a 2-byte staging block first.
+    /// Stages `tmp` (f32, the model's gradient) in the storage type and launches its
+    /// reduction.
+    fn launch_reduce<S: Store>(&mut self, unit: usize, tmp: Handle) -> Result<InFlight> {
+        let padded = self.plans[unit].part.padded_numel();
+        // f32 storage reduces the model's buffer itself; half precision rounds it into a
+        // 2-byte block first and frees the f32 one at once.
         let staged = if std::mem::size_of::<S>() == 4 {
-            None
+            tmp
         } else {
-            Some(self.arena.alloc_elems::<S>(padded)?)
+            let staged = self.arena.alloc_elems::<S>(padded)?;
+            let narrowed = (|| -> Result<()> {
+                let mut views = self.arena.views();
+                let wide = views.get::<f32>(tmp)?;
+                narrow(wide, views.get_mut::<S>(staged)?, self.scaler.scale);
+                Ok(())
+            })();
+            self.arena.free(tmp)?;
+            if let Err(e) = narrowed {
+                self.arena.free(staged)?;
+                return Err(e);
+            }
+            staged
         };
-        let scale = self.scaler.scale;
+        let lent = self.arena.lend::<S>(staged)?;
+        let work = if self.config.stage == ZeroStage::Zero0 {
+            self.traffic.all_reduce += padded as u64;
+            self.comm.all_reduce_async(lent, ReduceOp::Avg)
+        } else {
+            self.traffic.reduce_scatter += padded as u64;
+            self.comm.reduce_scatter_async(lent, ReduceOp::Avg)
+        };
+        Ok(InFlight::new(unit, work))
+    }
+
+    /// Completes pending reductions, oldest first: all that are done, and more until at most
+    /// `keep` remain.
+    pub(crate) fn complete_reductions(&mut self, keep: usize) -> Result<()> {
+        while let Some(front) = self.in_flight.front() {
+            if self.in_flight.len() <= keep && !front.is_done() {
+                break;
+            }
+            if let Some(pending) = self.in_flight.pop_front() {
+                pending.finish(self)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Accumulates a completed reduction of `unit` (in `staged`) into its gradient.
+    pub(crate) fn accumulate_reduced<S: Store>(
+        &mut self,
+        unit: usize,
+        staged: Handle,
+    ) -> Result<()> {
+        let plan = self.plans[unit];
+        let shard = plan.part.shard(self.comm.rank());
         let grads = self.bufs[unit].grads;
         let result = (|| -> Result<()> {
             let mut views = self.arena.views();
-            let wide = views.get_mut::<f32>(tmp)?;
-            let buf: &mut [S] = match staged {
-                None => bytemuck::cast_slice_mut(wide),
-                Some(h) => {
-                    let narrow_buf = views.get_mut::<S>(h)?;
-                    narrow(wide, narrow_buf, scale);
-                    narrow_buf
-                }
-            };
+            let buf = views.get::<S>(staged)?;
             let acc = views.get_mut::<S>(grads)?;
             let mine = if self.config.stage == ZeroStage::Zero0 {
-                self.comm.all_reduce_in_place(buf, ReduceOp::Avg)?;
-                self.traffic.all_reduce += padded as u64;
-                &buf[..]
+                buf
             } else {
-                self.comm.reduce_scatter_in_place(buf, ReduceOp::Avg)?;
-                self.traffic.reduce_scatter += padded as u64;
                 &buf[shard.range()]
             };
             self.overflow |= any_non_finite(mine);
             match (self.config.stage, plan.whole_grads) {
-                (ZeroStage::Zero0, _) => accumulate(acc, mine),
+                (ZeroStage::Zero0, _) | (_, false) => accumulate(acc, mine),
                 (_, true) => accumulate(&mut acc[shard.range()], mine),
-                (_, false) => accumulate(acc, mine),
             }
             Ok(())
         })();
-        if let Some(h) = staged {
-            self.arena.free(h)?;
-        }
+        self.arena.free(staged)?;
         result
     }
 

@@ -49,6 +49,7 @@ impl Engine {
                 "step while unit {u}'s backward is still open"
             )));
         }
+        self.complete_reductions(0)?;
         self.order.end_step()?;
         let loss_scale = self.scaler.scale;
         if self.config.precision == super::Precision::Fp16 && self.any_rank_overflowed()? {
