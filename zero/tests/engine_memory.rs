@@ -286,3 +286,52 @@ fn end_backward_launches_the_reduction_without_waiting_for_peers() {
         "rank 0's end_backward blocked until its peer arrived"
     );
 }
+
+#[test]
+fn stage_three_prefetches_the_next_unit_while_the_current_one_computes() {
+    // Step 2 of stage 3: both ranks gather unit 0, which also launches unit 1's all-gather.
+    // Rank 1 then waits for rank 0 to have gathered unit 1: without the prefetch that gather
+    // would need rank 1 to call it too, and rank 1 gives up after 10 s.
+    let (tx, rx) = std::sync::mpsc::channel::<()>();
+    let rx = std::sync::Mutex::new(rx);
+    let tx = std::sync::Mutex::new(tx);
+    let prefetched = on_ranks(2, |c| {
+        let mut e = engine(c, ZeroStage::Zero3);
+        fake_step(&mut e).unwrap();
+        let rank = e.rank();
+        e.gather(0).unwrap();
+        let mut signalled = true;
+        if rank == 1 {
+            let got = rx
+                .lock()
+                .unwrap()
+                .recv_timeout(std::time::Duration::from_secs(10));
+            signalled = got.is_ok();
+        }
+        e.release(0).unwrap();
+        e.gather(1).unwrap();
+        if rank == 0 {
+            tx.lock().unwrap().send(()).unwrap();
+        }
+        e.release(1).unwrap();
+        // Finish the step as recorded.
+        for u in 2..SIZES.len() {
+            e.gather(u).unwrap();
+            e.release(u).unwrap();
+        }
+        for u in (0..SIZES.len()).rev() {
+            e.gather(u).unwrap();
+            e.begin_backward(u).unwrap();
+            {
+                let (p, mut g) = e.views(&[u], &[u]).unwrap();
+                g[0].copy_from_slice(p[0]);
+            }
+            e.end_backward(u).unwrap();
+            e.release(u).unwrap();
+        }
+        e.end_micro_step();
+        e.step(1e-3).unwrap();
+        signalled
+    });
+    assert!(prefetched[1], "unit 1 was not prefetched");
+}

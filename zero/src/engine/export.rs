@@ -28,6 +28,7 @@ impl Engine {
     /// Collective or arena failures.
     pub fn export_states(&mut self) -> Result<Vec<UnitState>> {
         self.complete_reductions(0)?;
+        self.drop_prefetches()?;
         let mut out = Vec::with_capacity(self.specs.len());
         for unit in 0..self.specs.len() {
             let plan = self.plans[unit];

@@ -7,7 +7,8 @@
 
 use super::error::Result;
 use super::state::Engine;
-use super::storage::Store;
+use super::storage::{widen, Store};
+use zero_alloc::Handle;
 use zero_alloc::Lent;
 use zero_comm::Work;
 
@@ -67,5 +68,53 @@ impl<S: Store> Pending for Reduction<S> {
         let lent = self.work.wait()?;
         let staged = engine.arena.take_back(lent)?;
         engine.accumulate_reduced::<S>(self.unit, staged)
+    }
+}
+
+/// A stage-3 all-gather launched ahead of its unit's `gather`, type-erased like [`InFlight`].
+pub(crate) struct Prefetch(Box<dyn PendingGather>);
+
+impl std::fmt::Debug for Prefetch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Prefetch")
+    }
+}
+
+impl Prefetch {
+    pub fn new<S: Store>(work: Work<Lent<S>>) -> Self {
+        Self(Box::new(Gather { work }))
+    }
+
+    /// Waits for the all-gather and returns the unit's f32 compute copy.
+    pub fn finish(self, engine: &mut Engine) -> Result<Handle> {
+        self.0.finish(engine)
+    }
+}
+
+trait PendingGather: Send {
+    fn finish(self: Box<Self>, engine: &mut Engine) -> Result<Handle>;
+}
+
+struct Gather<S> {
+    work: Work<Lent<S>>,
+}
+
+impl<S: Store> PendingGather for Gather<S> {
+    fn finish(self: Box<Self>, engine: &mut Engine) -> Result<Handle> {
+        let lent = self.work.wait()?;
+        let staged = engine.arena.take_back(lent)?;
+        // f32 storage gathered straight into what the model reads.
+        if std::mem::size_of::<S>() == 4 {
+            return Ok(staged);
+        }
+        let len = engine.arena.block(staged)?.len / std::mem::size_of::<S>();
+        let copy = engine.arena.alloc_elems::<f32>(len)?;
+        let widened = (|| -> Result<()> {
+            let mut views = engine.arena.views();
+            widen(views.get::<S>(staged)?, views.get_mut::<f32>(copy)?, 1.0);
+            Ok(())
+        })();
+        engine.arena.free(staged)?;
+        widened.map(|()| copy)
     }
 }

@@ -10,6 +10,21 @@
 use super::error::{EngineError, Result};
 use zero_comm::Communicator;
 
+/// What a rank does to a unit at one point of the step.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Visit {
+    /// `gather` (a collective at stage 3).
+    Gather,
+    /// `end_backward` (the gradient's reduction).
+    Reduce,
+}
+
+/// One visit as a number: unit and kind, so the record and the cross-rank check are plain
+/// integers (exact in the f32 the check sends: units are far below 2^23).
+fn code(unit: usize, visit: Visit) -> usize {
+    2 * unit + usize::from(visit == Visit::Reduce)
+}
+
 /// The recorded unit order of one rank.
 #[derive(Debug)]
 pub(crate) struct OrderCheck {
@@ -31,11 +46,12 @@ impl OrderCheck {
     }
 
     /// Records a visit of `unit`; on the first step confirms it with every peer.
-    pub fn visit(&mut self, comm: &Communicator, unit: usize) -> Result<()> {
+    pub fn visit(&mut self, comm: &Communicator, unit: usize, visit: Visit) -> Result<()> {
         if !self.enabled {
             return Ok(());
         }
         let position = self.current.len();
+        let unit = code(unit, visit);
         self.current.push(unit);
         match &self.recorded {
             None => {
@@ -48,9 +64,9 @@ impl OrderCheck {
                     return Err(EngineError::DivergentOrder {
                         rank: self.rank,
                         position,
-                        got: unit,
+                        got: unit / 2,
                         other_rank,
-                        expected: u as usize,
+                        expected: u as usize / 2,
                     });
                 }
                 Ok(())
@@ -60,11 +76,30 @@ impl OrderCheck {
                 other => Err(EngineError::OrderChanged {
                     rank: self.rank,
                     position,
-                    got: unit,
-                    recorded: other.copied().unwrap_or(usize::MAX),
+                    got: unit / 2,
+                    recorded: other.map_or(usize::MAX, |c| c / 2),
                 }),
             },
         }
+    }
+
+    /// The next `k` distinct units this step will gather after the current visit, from the
+    /// recorded order (none before it is recorded, or while the check is off).
+    pub fn upcoming_gathers(&self, k: usize) -> Vec<usize> {
+        let Some(order) = self.recorded.as_ref().filter(|_| self.enabled) else {
+            return Vec::new();
+        };
+        let mut out = Vec::with_capacity(k);
+        for &c in order.iter().skip(self.current.len()) {
+            if out.len() == k {
+                break;
+            }
+            let unit = c / 2;
+            if c % 2 == 0 && !out.contains(&unit) {
+                out.push(unit);
+            }
+        }
+        out
     }
 
     /// Closes a step: the first one becomes the recorded order.

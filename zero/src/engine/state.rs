@@ -18,10 +18,10 @@
 //! give the same parameters to the bit.
 
 use super::error::{EngineError, Result};
-use super::inflight::{InFlight, MAX_IN_FLIGHT};
+use super::inflight::{InFlight, Prefetch, MAX_IN_FLIGHT};
 use super::loss_scale::LossScaler;
 use super::memory::{expected_model_state_bytes, ModelStateBytes, Precision, ZeroStage};
-use super::order::OrderCheck;
+use super::order::{OrderCheck, Visit};
 use super::plan::{check_fits, plan_memory, MemoryPlan, PlanShape, UnitPlan};
 use super::storage::{accumulate, any_non_finite, narrow, widen, with_store, Store};
 use super::unit::UnitSpec;
@@ -122,6 +122,8 @@ pub struct Engine {
     pub(crate) steps: u64,
     pub(crate) traffic: Traffic,
     pub(crate) order: OrderCheck,
+    /// Stage 3: all-gathers launched ahead of the units' `gather` calls.
+    pub(crate) prefetched: Vec<Option<Prefetch>>,
     /// Gradient reductions launched and not yet accumulated, oldest first.
     pub(crate) in_flight: VecDeque<InFlight>,
     /// fp16's dynamic loss scale (1 and inert otherwise).
@@ -190,6 +192,7 @@ impl Engine {
             bufs.push(b);
         }
         arena.reset_peak();
+        let n_units = bufs.len();
         let order = OrderCheck::new(comm.rank());
         let scaler = if precision == Precision::Fp16 {
             LossScaler::default()
@@ -208,6 +211,7 @@ impl Engine {
             steps: 0,
             traffic: Traffic::default(),
             order,
+            prefetched: (0..n_units).map(|_| None).collect(),
             in_flight: VecDeque::new(),
             scaler,
             overflow: false,
@@ -278,7 +282,7 @@ impl Engine {
     /// Unknown unit, a rank visiting units in another order, arena or collective failures.
     pub fn gather(&mut self, unit: usize) -> Result<()> {
         self.check_unit(unit)?;
-        self.order.visit(&self.comm, unit)?;
+        self.order.visit(&self.comm, unit, Visit::Gather)?;
         if self.reads_stored(unit) {
             return Ok(());
         }
@@ -287,9 +291,12 @@ impl Engine {
         if b.gathered.is_some() {
             return Ok(());
         }
-        let copy = with_store!(self.config.precision, S => self.compute_copy::<S>(unit))?;
+        let copy = match self.prefetched[unit].take() {
+            Some(prefetch) => prefetch.finish(self)?,
+            None => with_store!(self.config.precision, S => self.compute_copy::<S>(unit))?,
+        };
         self.bufs[unit].gathered = Some(copy);
-        Ok(())
+        with_store!(self.config.precision, S => self.launch_prefetches::<S>())
     }
 
     /// A new f32 block holding `unit`'s whole (padded) parameters.
@@ -329,6 +336,48 @@ impl Engine {
                 Err(e)
             }
         }
+    }
+
+    /// Stage 3: launches the all-gathers of the next `prefetch_units` units of the recorded
+    /// order, so they arrive while the current unit computes. Every rank follows the same
+    /// recorded order, so every rank launches the same collectives in the same sequence.
+    fn launch_prefetches<S: Store>(&mut self) -> Result<()> {
+        if self.config.stage != ZeroStage::Zero3 {
+            return Ok(());
+        }
+        let rank = self.comm.rank();
+        for unit in self.order.upcoming_gathers(self.config.prefetch_units) {
+            let plan = self.plans[unit];
+            let b = &self.bufs[unit];
+            if plan.whole_params || b.gathered.is_some() || self.prefetched[unit].is_some() {
+                continue;
+            }
+            let padded = plan.part.padded_numel();
+            let staged = self.arena.alloc_elems::<S>(padded)?;
+            let params = b.params;
+            {
+                // In-place all-gather: this rank's input is its own chunk.
+                let mut views = self.arena.views();
+                let shard = views.get::<S>(params)?;
+                views.get_mut::<S>(staged)?[plan.part.shard(rank).range()].copy_from_slice(shard);
+            }
+            let lent = self.arena.lend::<S>(staged)?;
+            self.traffic.all_gather += padded as u64;
+            let work = self.comm.all_gather_async(lent);
+            self.prefetched[unit] = Some(Prefetch::new(work));
+        }
+        Ok(())
+    }
+
+    /// Waits for prefetches that were never used (a step that ended early) and frees them.
+    pub(crate) fn drop_prefetches(&mut self) -> Result<()> {
+        for unit in 0..self.prefetched.len() {
+            if let Some(p) = self.prefetched[unit].take() {
+                let copy = p.finish(self)?;
+                self.arena.free(copy)?;
+            }
+        }
+        Ok(())
     }
 
     /// Ends a use begun by [`Engine::gather`]; the last one frees the compute copy.
@@ -434,7 +483,7 @@ impl Engine {
     /// reduction or of an earlier one completed here).
     pub fn end_backward(&mut self, unit: usize) -> Result<()> {
         self.check_unit(unit)?;
-        self.order.visit(&self.comm, unit)?;
+        self.order.visit(&self.comm, unit, Visit::Reduce)?;
         let tmp = self.bufs[unit].unreduced.take().ok_or_else(|| {
             EngineError::Order(format!(
                 "end_backward of unit {unit} without begin_backward"
