@@ -84,9 +84,10 @@ grep "^rank [0-9]: after" <<<"$out"
 # --- zero-train over MPI: the same losses, to the bit, as the local backend ------------------
 # A tiny model on a generated corpus (no download), 2 ranks, every ZeRO stage, f32 and bf16.
 echo "== zero-train --backend mpi (mpirun -np 2) against --backend local --world-size 2"
-cargo build --release -p zero --features mpi --bin zero-train
+# The test profile (optimised, see Cargo.toml) reuses the dependencies step 1 compiled.
+cargo build --profile test -p zero --features mpi --bin zero-train
 zt=$(cargo metadata --format-version 1 --no-deps | grep -o '"target_directory":"[^"]*"' |
-  cut -d'"' -f4)/release/zero-train
+  cut -d'"' -f4)/debug/zero-train
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 for i in $(seq 1 3000); do
