@@ -30,24 +30,39 @@ fn engine_in(comm: zero_comm::Communicator, stage: ZeroStage, precision: Precisi
     Engine::new(comm, units(), config, |u, w| w.fill(u as f32 + 1.0)).unwrap()
 }
 
-/// One micro-step of a fake model: every unit gathered for forward, then in reverse order
-/// gathered again for a backward whose gradient is the parameters themselves.
-fn fake_step(e: &mut Engine) -> Result<(), EngineError> {
-    for u in 0..SIZES.len() {
+/// The forward of a fake model from unit `from` on: every unit gathered and released.
+fn fake_forward(e: &mut Engine, from: usize) -> Result<(), EngineError> {
+    for u in from..SIZES.len() {
         e.gather(u)?;
         e.release(u)?;
     }
+    Ok(())
+}
+
+/// Its backward, in reverse, each unit gathered again and given the parameters themselves
+/// as gradient; `poison` puts an inf into that unit's gradient on this rank.
+fn fake_backward(e: &mut Engine, poison: Option<usize>) -> Result<(), EngineError> {
     for u in (0..SIZES.len()).rev() {
         e.gather(u)?;
         e.begin_backward(u)?;
         {
             let (p, mut g) = e.views(&[u], &[u])?;
             g[0].copy_from_slice(p[0]);
+            if poison == Some(u) {
+                g[0][3] = f32::INFINITY;
+            }
         }
         e.end_backward(u)?;
         e.release(u)?;
     }
     e.end_micro_step();
+    Ok(())
+}
+
+/// One optimizer step of the fake model.
+fn fake_step(e: &mut Engine) -> Result<(), EngineError> {
+    fake_forward(e, 0)?;
+    fake_backward(e, None)?;
     e.step(1e-3)?;
     Ok(())
 }
@@ -216,22 +231,9 @@ fn an_fp16_overflow_on_one_rank_skips_the_step_everywhere() {
         let scale0 = e.loss_scale();
         let mut reports = vec![];
         for _ in 0..2 {
-            // The fake backward, with an inf injected into rank 1's last unit.
-            for u in (0..SIZES.len()).rev() {
-                e.gather(u).unwrap();
-                e.begin_backward(u).unwrap();
-                {
-                    let rank = e.rank();
-                    let (p, mut g) = e.views(&[u], &[u]).unwrap();
-                    g[0].copy_from_slice(p[0]);
-                    if rank == 1 && u == 0 {
-                        g[0][3] = f32::INFINITY;
-                    }
-                }
-                e.end_backward(u).unwrap();
-                e.release(u).unwrap();
-            }
-            e.end_micro_step();
+            // An inf in rank 1's gradient of unit 0.
+            let poison = (e.rank() == 1).then_some(0);
+            fake_backward(&mut e, poison).unwrap();
             reports.push(e.step(1e-3).unwrap());
         }
         let after = zero::train::gpt_engine::full_params(&mut e).unwrap();
@@ -258,10 +260,7 @@ fn end_backward_launches_the_reduction_without_waiting_for_peers() {
         // The first step confirms the unit order with blocking collectives; the second
         // follows the recorded order and runs free.
         fake_step(&mut e).unwrap();
-        for u in 0..SIZES.len() {
-            e.gather(u).unwrap();
-            e.release(u).unwrap();
-        }
+        fake_forward(&mut e, 0).unwrap();
         let u = SIZES.len() - 1;
         e.gather(u).unwrap();
         e.begin_backward(u).unwrap();
@@ -315,21 +314,8 @@ fn stage_three_prefetches_the_next_unit_while_the_current_one_computes() {
         }
         e.release(1).unwrap();
         // Finish the step as recorded.
-        for u in 2..SIZES.len() {
-            e.gather(u).unwrap();
-            e.release(u).unwrap();
-        }
-        for u in (0..SIZES.len()).rev() {
-            e.gather(u).unwrap();
-            e.begin_backward(u).unwrap();
-            {
-                let (p, mut g) = e.views(&[u], &[u]).unwrap();
-                g[0].copy_from_slice(p[0]);
-            }
-            e.end_backward(u).unwrap();
-            e.release(u).unwrap();
-        }
-        e.end_micro_step();
+        fake_forward(&mut e, 2).unwrap();
+        fake_backward(&mut e, None).unwrap();
         e.step(1e-3).unwrap();
         signalled
     });
