@@ -5,9 +5,10 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 DATA=data/shakespeare
-cargo build --release --bin zero-train
+zero_train() { cargo run --quiet --release -p zero --bin zero-train -- "$@"; }
+
 if [[ ! -f "$DATA/train.bin" || ! -f "$DATA/val.bin" ]]; then
   bash scripts/fetch-shakespeare.sh "$DATA"
-  ./target/release/zero-train prepare --text "$DATA"/texts/*.txt --out "$DATA"
+  zero_train prepare --text "$DATA"/texts/*.txt --out "$DATA"
 fi
-exec ./target/release/zero-train --data "$DATA" "$@"
+zero_train --data "$DATA" "$@"
