@@ -36,6 +36,15 @@ fn train_in(
     global_rows: usize,
     accum: usize,
 ) -> Run {
+    let config = EngineConfig {
+        stage,
+        precision,
+        ..EngineConfig::default()
+    };
+    train_with(config, world, global_rows, accum)
+}
+
+fn train_with(engine_config: EngineConfig, world: usize, global_rows: usize, accum: usize) -> Run {
     let config = GptConfig::tiny();
     let comms = zero_comm::local::create(world).unwrap();
     let rows = global_rows / world / accum;
@@ -47,11 +56,6 @@ fn train_in(
                 s.spawn(move || {
                     let model = Gpt::new(config).unwrap();
                     let layout = model.layout().clone();
-                    let engine_config = EngineConfig {
-                        stage,
-                        precision,
-                        ..EngineConfig::default()
-                    };
                     let mut engine =
                         Engine::new(comm, gpt_units(&layout), engine_config, |unit, w| {
                             init_unit(&config, &layout, unit, 7, w).unwrap()
@@ -210,5 +214,22 @@ fn half_precision_tracks_fp32() {
         }
         // Not the same bits: the half types really are in the loop.
         assert_ne!(bits(&fp32.params), bits(&half.params), "{precision:?}");
+    }
+}
+
+#[test]
+fn the_bucket_size_changes_no_bit() {
+    for stage in [ZeroStage::Zero0, ZeroStage::Zero2, ZeroStage::Zero3] {
+        let at = |bytes: usize| {
+            let config = EngineConfig {
+                stage,
+                reduce_bucket_bytes: bytes,
+                ..EngineConfig::default()
+            };
+            train_with(config, 3, 12, 1)
+        };
+        // 600 bytes over 3 ranks: 50-element pieces, so every unit is many buckets, with a
+        // short last one.
+        assert_same_bits(&at(4 << 20), &at(600), &format!("{stage}: bucket size"));
     }
 }

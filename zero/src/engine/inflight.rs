@@ -12,9 +12,9 @@ use zero_alloc::Handle;
 use zero_alloc::Lent;
 use zero_comm::Work;
 
-/// Reductions allowed in flight before `end_backward` waits for the oldest. Two keep the
-/// communicator busy behind one unit of backward without letting staged gradients pile up;
-/// the memory plan reserves room for them.
+/// Gradient buckets allowed in flight before `end_backward` waits for the oldest. Two keep
+/// the communicator busy behind the backward without letting staged buckets pile up; the
+/// memory plan reserves room for them.
 pub const MAX_IN_FLIGHT: usize = 2;
 
 /// One launched reduction, type-erased over the storage element so the engine can queue
@@ -30,8 +30,14 @@ impl std::fmt::Debug for InFlight {
 }
 
 impl InFlight {
-    pub fn new<S: Store>(unit: usize, work: Work<Lent<S>>) -> Self {
-        Self(Box::new(Reduction { unit, work }))
+    /// A bucket of `unit`: pieces `[offset, offset + len)` of every rank's shard.
+    pub fn new<S: Store>(unit: usize, offset: usize, len: usize, work: Work<Lent<S>>) -> Self {
+        Self(Box::new(Reduction {
+            unit,
+            offset,
+            len,
+            work,
+        }))
     }
 
     pub fn is_done(&self) -> bool {
@@ -52,6 +58,8 @@ trait Pending: Send {
 
 struct Reduction<S> {
     unit: usize,
+    offset: usize,
+    len: usize,
     work: Work<Lent<S>>,
 }
 
@@ -67,7 +75,7 @@ impl<S: Store> Pending for Reduction<S> {
     fn finish(self: Box<Self>, engine: &mut Engine) -> Result<()> {
         let lent = self.work.wait()?;
         let staged = engine.arena.take_back(lent)?;
-        engine.accumulate_reduced::<S>(self.unit, staged)
+        engine.accumulate_reduced::<S>(self.unit, staged, self.offset, self.len)
     }
 }
 

@@ -37,6 +37,9 @@ pub struct EngineConfig {
     pub stage: ZeroStage,
     /// Storage of parameters and gradients (`fp16` / `bf16` sections).
     pub precision: Precision,
+    /// Bytes per gradient bucket (`reduce_bucket_size`): the reduction of a unit is staged
+    /// and launched in pieces of this size, so its staging memory is fixed.
+    pub reduce_bucket_bytes: usize,
     /// Units with fewer elements keep whole parameters at stage 3
     /// (`param_persistence_threshold`).
     pub persistence_threshold: usize,
@@ -55,6 +58,7 @@ impl Default for EngineConfig {
         Self {
             stage: ZeroStage::Zero2,
             precision: Precision::Fp32,
+            reduce_bucket_bytes: 4 << 20,
             persistence_threshold: 0,
             prefetch_units: 1,
             grad_clip: 1.0,
@@ -156,6 +160,7 @@ impl Engine {
             precision: config.precision,
             persistence_threshold: config.persistence_threshold,
             prefetch_units: config.prefetch_units,
+            reduce_bucket_bytes: config.reduce_bucket_bytes,
         };
         let memory_plan = match config.memory_limit {
             Some(limit) => check_fits(&specs, shape, limit)?,
@@ -473,8 +478,8 @@ impl Engine {
     }
 
     /// Ends `unit`'s backward: rounds its gradient to the storage type (scaled by fp16's loss
-    /// scale) and launches its reduction across ranks (average) on the communicator's
-    /// progress thread, so it overlaps the backward of the units before it. The reduced part
+    /// scale) into buckets and launches their reduction across ranks (average) on the
+    /// communicator's progress thread, so it overlaps the backward of the units before it. The reduced part
     /// this rank keeps is accumulated when the reduction completes: by a later call once it
     /// is done, when more than [`MAX_IN_FLIGHT`] are pending, or at [`Engine::step`].
     ///
@@ -489,43 +494,58 @@ impl Engine {
                 "end_backward of unit {unit} without begin_backward"
             ))
         })?;
-        let pending = with_store!(self.config.precision, S => self.launch_reduce::<S>(unit, tmp))?;
-        self.in_flight.push_back(pending);
-        self.complete_reductions(MAX_IN_FLIGHT)
+        with_store!(self.config.precision, S => self.launch_reduce::<S>(unit, tmp))
     }
 
-    /// Stages `tmp` (f32, the model's gradient) in the storage type and launches its
-    /// reduction.
-    fn launch_reduce<S: Store>(&mut self, unit: usize, tmp: Handle) -> Result<InFlight> {
-        let padded = self.plans[unit].part.padded_numel();
-        // f32 storage reduces the model's buffer itself; half precision rounds it into a
-        // 2-byte block first and frees the f32 one at once.
-        let staged = if std::mem::size_of::<S>() == 4 {
-            tmp
-        } else {
-            let staged = self.arena.alloc_elems::<S>(padded)?;
-            let narrowed = (|| -> Result<()> {
+    /// Launches the reduction of `unit`'s gradient `tmp` (f32, the model's buffer) in
+    /// buckets of at most `reduce_bucket_bytes`, then frees `tmp`.
+    ///
+    /// Bucket k holds, for every rank j, the k-th piece of rank j's shard (segment j), so one
+    /// in-place reduce-scatter leaves this rank exactly its piece, and an all-reduce (stage 0)
+    /// every piece: shards stay contiguous whatever the bucket size, and the staging memory is
+    /// a few buckets whatever the unit size. Each element is still summed in rank order, so
+    /// the bucket size never changes a bit of the result.
+    fn launch_reduce<S: Store>(&mut self, unit: usize, tmp: Handle) -> Result<()> {
+        let result = self.launch_buckets::<S>(unit, tmp);
+        self.arena.free(tmp)?;
+        result
+    }
+
+    fn launch_buckets<S: Store>(&mut self, unit: usize, tmp: Handle) -> Result<()> {
+        let part = self.plans[unit].part;
+        let (world, shard_len) = (part.world(), part.shard_len());
+        let piece = (self.config.reduce_bucket_bytes / std::mem::size_of::<S>() / world).max(1);
+        let scale = self.scaler.scale;
+        for offset in (0..shard_len).step_by(piece) {
+            let len = piece.min(shard_len - offset);
+            let staged = self.arena.alloc_elems::<S>(world * len)?;
+            let packed = (|| -> Result<()> {
                 let mut views = self.arena.views();
                 let wide = views.get::<f32>(tmp)?;
-                narrow(wide, views.get_mut::<S>(staged)?, self.scaler.scale);
+                let bucket = views.get_mut::<S>(staged)?;
+                for (j, segment) in bucket.chunks_exact_mut(len).enumerate() {
+                    let at = j * shard_len + offset;
+                    narrow(&wide[at..at + len], segment, scale);
+                }
                 Ok(())
             })();
-            self.arena.free(tmp)?;
-            if let Err(e) = narrowed {
+            if let Err(e) = packed {
                 self.arena.free(staged)?;
                 return Err(e);
             }
-            staged
-        };
-        let lent = self.arena.lend::<S>(staged)?;
-        let work = if self.config.stage == ZeroStage::Zero0 {
-            self.traffic.all_reduce += padded as u64;
-            self.comm.all_reduce_async(lent, ReduceOp::Avg)
-        } else {
-            self.traffic.reduce_scatter += padded as u64;
-            self.comm.reduce_scatter_async(lent, ReduceOp::Avg)
-        };
-        Ok(InFlight::new(unit, work))
+            let lent = self.arena.lend::<S>(staged)?;
+            let work = if self.config.stage == ZeroStage::Zero0 {
+                self.traffic.all_reduce += (world * len) as u64;
+                self.comm.all_reduce_async(lent, ReduceOp::Avg)
+            } else {
+                self.traffic.reduce_scatter += (world * len) as u64;
+                self.comm.reduce_scatter_async(lent, ReduceOp::Avg)
+            };
+            self.in_flight
+                .push_back(InFlight::new(unit, offset, len, work));
+            self.complete_reductions(MAX_IN_FLIGHT)?;
+        }
+        Ok(())
     }
 
     /// Completes pending reductions, oldest first: all that are done, and more until at most
@@ -542,28 +562,36 @@ impl Engine {
         Ok(())
     }
 
-    /// Accumulates a completed reduction of `unit` (in `staged`) into its gradient.
+    /// Accumulates a completed bucket of `unit` (pieces `[offset, offset + len)` of every
+    /// shard, in `staged`) into the gradient this rank keeps.
     pub(crate) fn accumulate_reduced<S: Store>(
         &mut self,
         unit: usize,
         staged: Handle,
+        offset: usize,
+        len: usize,
     ) -> Result<()> {
         let plan = self.plans[unit];
-        let shard = plan.part.shard(self.comm.rank());
+        let (rank, shard_len) = (self.comm.rank(), plan.part.shard_len());
         let grads = self.bufs[unit].grads;
         let result = (|| -> Result<()> {
             let mut views = self.arena.views();
-            let buf = views.get::<S>(staged)?;
+            let bucket = views.get::<S>(staged)?;
             let acc = views.get_mut::<S>(grads)?;
-            let mine = if self.config.stage == ZeroStage::Zero0 {
-                buf
-            } else {
-                &buf[shard.range()]
+            // (segment, where it goes in the accumulated gradient)
+            let mut add = |j: usize, at: usize| {
+                let piece = &bucket[j * len..(j + 1) * len];
+                self.overflow |= any_non_finite(piece);
+                accumulate(&mut acc[at..at + len], piece);
             };
-            self.overflow |= any_non_finite(mine);
-            match (self.config.stage, plan.whole_grads) {
-                (ZeroStage::Zero0, _) | (_, false) => accumulate(acc, mine),
-                (_, true) => accumulate(&mut acc[shard.range()], mine),
+            if self.config.stage == ZeroStage::Zero0 {
+                for j in 0..plan.part.world() {
+                    add(j, j * shard_len + offset);
+                }
+            } else if plan.whole_grads {
+                add(rank, rank * shard_len + offset);
+            } else {
+                add(rank, offset);
             }
             Ok(())
         })();

@@ -243,6 +243,7 @@ fn rank_main(shared: &Shared<'_>, comm: Communicator) -> Result<RankOutput, Trai
     let engine_config = EngineConfig {
         stage,
         precision: cfg.precision.into(),
+        reduce_bucket_bytes: usize::try_from(cfg.reduce_bucket_size.0).unwrap_or(usize::MAX),
         persistence_threshold: cfg.param_persistence_threshold,
         prefetch_units: cfg.prefetch_units,
         grad_clip: cfg.grad_clip,
