@@ -4,8 +4,10 @@
 //! Two buffers of `bucket_bytes` are allocated when the bucketer is made and never again: one
 //! fills while the other is in flight (non-blocking, so packing overlaps communication). The
 //! memory is fixed whatever the number or size of tensors; a tensor larger than a bucket is
-//! cut into pieces. (The buffers are `Vec`s today; an owned arena buffer from `zero-alloc`
-//! plugs in where `spare` is filled in [`Bucketer::new`], being any `AsMut<[T]>`.)
+//! cut into pieces. [`Bucketer::new`] allocates the two buffers as `Vec`s;
+//! [`Bucketer::with_buffers`] takes any two owned buffers instead (zero-alloc's `Lent` arena
+//! blocks, so the bucket memory is measured by the rank's arena), and
+//! [`Bucketer::into_buffers`] hands them back.
 //!
 //! Layout for reduce-scatter and all-gather: a bucket is N segments; segment j holds shard j
 //! of every packed piece, so one in-place reduce-scatter of the bucket leaves each rank exactly
@@ -55,24 +57,39 @@ struct Item {
 }
 
 #[derive(Debug)]
-struct InFlight<T: Element> {
-    work: Work<Vec<T>>,
+struct InFlight<B> {
+    work: Work<Prefix<B>>,
     items: Vec<Item>,
     stride: usize,
 }
 
-/// Packs tensors into fixed-size buckets and runs `kind` on each; see the module docs.
+/// The first `len` elements of a bucket buffer: a bucket is compacted to its fill before its
+/// collective, which then runs on this prefix only.
 #[derive(Debug)]
-pub struct Bucketer<'a, T: Element> {
+struct Prefix<B> {
+    buf: B,
+    len: usize,
+}
+
+impl<T, B: AsMut<[T]>> AsMut<[T]> for Prefix<B> {
+    fn as_mut(&mut self) -> &mut [T] {
+        &mut self.buf.as_mut()[..self.len]
+    }
+}
+
+/// Packs tensors into fixed-size buckets and runs `kind` on each; see the module docs.
+/// `B` is the type of its two bucket buffers.
+#[derive(Debug)]
+pub struct Bucketer<'a, T: Element, B = Vec<T>> {
     comm: &'a Communicator,
     kind: BucketKind,
     segments: usize,
     seg_cap: usize,
-    spare: Vec<Vec<T>>,
-    filling: Option<Vec<T>>,
+    spare: Vec<B>,
+    filling: Option<B>,
     fill: usize,
     items: Vec<Item>,
-    in_flight: Option<InFlight<T>>,
+    in_flight: Option<InFlight<B>>,
     dests: VecDeque<Option<Dest<'a, T>>>,
     /// Id of `dests[0]`.
     base: u64,
@@ -86,27 +103,50 @@ enum Source<'s, T> {
 }
 
 impl<'a, T: Element> Bucketer<'a, T> {
-    /// A bucketer of two `bucket_bytes` buffers over `comm`.
+    /// A bucketer of two `bucket_bytes` buffers (allocated here, as `Vec`s) over `comm`.
     ///
     /// # Errors
     /// [`CommError::InvalidArgument`] when a bucket cannot hold one element per rank.
     pub fn new(comm: &'a Communicator, kind: BucketKind, bucket_bytes: usize) -> Result<Self> {
+        let elems = bucket_bytes / std::mem::size_of::<T>();
+        Self::with_buffers(
+            comm,
+            kind,
+            [vec![T::default(); elems], vec![T::default(); elems]],
+        )
+    }
+}
+
+impl<'a, T: Element, B: AsMut<[T]> + Send + 'static> Bucketer<'a, T, B> {
+    /// A bucketer over two caller-owned buffers of equal length (the bucket size), e.g.
+    /// blocks lent by the rank's arena. Their contents are overwritten.
+    ///
+    /// # Errors
+    /// [`CommError::InvalidArgument`] when the buffers differ in length or a bucket cannot
+    /// hold one element per rank.
+    pub fn with_buffers(
+        comm: &'a Communicator,
+        kind: BucketKind,
+        mut buffers: [B; 2],
+    ) -> Result<Self> {
         let segments = match kind {
             BucketKind::AllReduce(_) => 1,
             _ => comm.size(),
         };
-        let seg_cap = bucket_bytes / std::mem::size_of::<T>() / segments;
-        if seg_cap == 0 {
+        let [a, b] = &mut buffers;
+        let (len, other) = (a.as_mut().len(), b.as_mut().len());
+        if len != other {
             return Err(CommError::InvalidArgument {
-                what: format!(
-                    "bucket of {bucket_bytes} bytes holds no {} per rank",
-                    T::DTYPE
-                ),
+                what: format!("bucket buffers of {len} and {other} elements"),
             });
         }
-        let spare = (0..2)
-            .map(|_| vec![T::default(); seg_cap * segments])
-            .collect();
+        let seg_cap = len / segments;
+        if seg_cap == 0 {
+            return Err(CommError::InvalidArgument {
+                what: format!("bucket of {len} {} holds none per rank", T::DTYPE),
+            });
+        }
+        let spare = buffers.into_iter().collect();
         Ok(Bucketer {
             comm,
             kind,
@@ -131,6 +171,20 @@ impl<'a, T: Element> Bucketer<'a, T> {
     /// Collectives launched so far.
     pub fn launched(&self) -> u64 {
         self.launched
+    }
+
+    /// Flushes and hands back the two buffers (to return them to an arena).
+    ///
+    /// # Errors
+    /// As [`Bucketer::flush`]; a buffer lost to a failed collective is an error too.
+    pub fn into_buffers(mut self) -> Result<Vec<B>> {
+        self.flush()?;
+        if self.spare.len() != 2 {
+            return Err(CommError::InvalidArgument {
+                what: "bucketer lost a buffer after a failed collective".into(),
+            });
+        }
+        Ok(std::mem::take(&mut self.spare))
     }
 
     fn shard_len(&self, input: usize, output: usize) -> Result<usize> {
@@ -237,7 +291,7 @@ impl<'a, T: Element> Bucketer<'a, T> {
                     BucketKind::AllGather => continue,
                 };
                 let to = j * self.seg_cap + self.fill;
-                buf[to..to + p].copy_from_slice(&input[from..from + p]);
+                buf.as_mut()[to..to + p].copy_from_slice(&input[from..from + p]);
             }
             self.items.push(Item {
                 dest: id,
@@ -260,7 +314,7 @@ impl<'a, T: Element> Bucketer<'a, T> {
         Ok(())
     }
 
-    fn take_spare(&mut self) -> Result<Vec<T>> {
+    fn take_spare(&mut self) -> Result<B> {
         if self.spare.is_empty() {
             self.complete()?;
         }
@@ -276,10 +330,14 @@ impl<'a, T: Element> Bucketer<'a, T> {
             return Ok(());
         };
         let stride = self.fill;
+        let slice = buf.as_mut();
         for j in 1..self.segments {
-            buf.copy_within(j * self.seg_cap..j * self.seg_cap + stride, j * stride);
+            slice.copy_within(j * self.seg_cap..j * self.seg_cap + stride, j * stride);
         }
-        buf.truncate(stride * self.segments);
+        let buf = Prefix {
+            buf,
+            len: stride * self.segments,
+        };
         let items = std::mem::take(&mut self.items);
         self.fill = 0;
         self.complete()?;
@@ -307,25 +365,26 @@ impl<'a, T: Element> Bucketer<'a, T> {
         let Some(f) = self.in_flight.take() else {
             return Ok(());
         };
-        let mut buf = f.work.wait()?;
+        let Prefix { mut buf, .. } = f.work.wait()?;
         let r = self.comm.rank();
+        let out = buf.as_mut();
         for it in &f.items {
             let Some(Some(d)) = self.dests.get_mut((it.dest - self.base) as usize) else {
                 continue;
             };
             match self.kind {
                 BucketKind::AllReduce(_) => {
-                    d.out[it.a..it.a + it.p].copy_from_slice(&buf[it.at..it.at + it.p]);
+                    d.out[it.a..it.a + it.p].copy_from_slice(&out[it.at..it.at + it.p]);
                 }
                 BucketKind::ReduceScatter(_) => {
                     let from = r * f.stride + it.at;
                     d.out[d.own + it.a..d.own + it.a + it.p]
-                        .copy_from_slice(&buf[from..from + it.p]);
+                        .copy_from_slice(&out[from..from + it.p]);
                 }
                 BucketKind::AllGather => {
                     for j in 0..self.segments {
                         let (from, to) = (j * f.stride + it.at, j * d.shard + it.a);
-                        d.out[to..to + it.p].copy_from_slice(&buf[from..from + it.p]);
+                        d.out[to..to + it.p].copy_from_slice(&out[from..from + it.p]);
                     }
                 }
             }
@@ -339,7 +398,6 @@ impl<'a, T: Element> Bucketer<'a, T> {
             self.dests.pop_front();
             self.base += 1;
         }
-        buf.resize(self.seg_cap * self.segments, T::default());
         self.spare.push(buf);
         Ok(())
     }
