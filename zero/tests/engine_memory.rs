@@ -76,6 +76,33 @@ fn on_ranks<R: Send>(world: usize, f: impl Fn(zero_comm::Communicator) -> R + Sy
     })
 }
 
+/// A one-shot signal from rank 0 to rank 1 that rank 1 waits for at most 10 s, so a test of
+/// "rank 0 does not wait for rank 1" fails instead of hanging when rank 0 does wait.
+struct Baton {
+    tx: std::sync::Mutex<std::sync::mpsc::Sender<()>>,
+    rx: std::sync::Mutex<std::sync::mpsc::Receiver<()>>,
+}
+
+impl Baton {
+    fn new() -> Self {
+        let (tx, rx) = std::sync::mpsc::channel();
+        Self {
+            tx: std::sync::Mutex::new(tx),
+            rx: std::sync::Mutex::new(rx),
+        }
+    }
+
+    fn pass(&self) {
+        self.tx.lock().unwrap().send(()).unwrap();
+    }
+
+    /// True when the baton arrived in time.
+    fn receive(&self) -> bool {
+        let rx = self.rx.lock().unwrap();
+        rx.recv_timeout(std::time::Duration::from_secs(10)).is_ok()
+    }
+}
+
 #[test]
 fn measured_model_states_equal_the_padded_formula() {
     for precision in [Precision::Fp32, Precision::Bf16] {
@@ -252,9 +279,7 @@ fn end_backward_launches_the_reduction_without_waiting_for_peers() {
     // Rank 1 enters its end_backward only after rank 0's has returned: a blocking reduction
     // on rank 0 would wait for rank 1 forever, so rank 1 gives up waiting after 10 s and the
     // test fails instead of hanging.
-    let (tx, rx) = std::sync::mpsc::channel::<()>();
-    let rx = std::sync::Mutex::new(rx);
-    let tx = std::sync::Mutex::new(tx);
+    let baton = Baton::new();
     let overlapped = on_ranks(2, |c| {
         let mut e = engine(c, ZeroStage::Zero2);
         // The first step confirms the unit order with blocking collectives; the second
@@ -265,17 +290,10 @@ fn end_backward_launches_the_reduction_without_waiting_for_peers() {
         e.gather(u).unwrap();
         e.begin_backward(u).unwrap();
         let rank = e.rank();
-        let mut signalled = true;
-        if rank == 1 {
-            let got = rx
-                .lock()
-                .unwrap()
-                .recv_timeout(std::time::Duration::from_secs(10));
-            signalled = got.is_ok();
-        }
+        let signalled = rank != 1 || baton.receive();
         e.end_backward(u).unwrap();
         if rank == 0 {
-            tx.lock().unwrap().send(()).unwrap();
+            baton.pass();
         }
         e.release(u).unwrap();
         signalled
@@ -291,26 +309,17 @@ fn stage_three_prefetches_the_next_unit_while_the_current_one_computes() {
     // Step 2 of stage 3: both ranks gather unit 0, which also launches unit 1's all-gather.
     // Rank 1 then waits for rank 0 to have gathered unit 1: without the prefetch that gather
     // would need rank 1 to call it too, and rank 1 gives up after 10 s.
-    let (tx, rx) = std::sync::mpsc::channel::<()>();
-    let rx = std::sync::Mutex::new(rx);
-    let tx = std::sync::Mutex::new(tx);
+    let baton = Baton::new();
     let prefetched = on_ranks(2, |c| {
         let mut e = engine(c, ZeroStage::Zero3);
         fake_step(&mut e).unwrap();
         let rank = e.rank();
         e.gather(0).unwrap();
-        let mut signalled = true;
-        if rank == 1 {
-            let got = rx
-                .lock()
-                .unwrap()
-                .recv_timeout(std::time::Duration::from_secs(10));
-            signalled = got.is_ok();
-        }
+        let signalled = rank != 1 || baton.receive();
         e.release(0).unwrap();
         e.gather(1).unwrap();
         if rank == 0 {
-            tx.lock().unwrap().send(()).unwrap();
+            baton.pass();
         }
         e.release(1).unwrap();
         // Finish the step as recorded.
