@@ -524,7 +524,7 @@ impl Engine {
                 let wide = views.get::<f32>(tmp)?;
                 let bucket = views.get_mut::<S>(staged)?;
                 for (j, segment) in bucket.chunks_exact_mut(len).enumerate() {
-                    let at = j * shard_len + offset;
+                    let at = part.shard(j).offset + offset;
                     narrow(&wide[at..at + len], segment, scale);
                 }
                 Ok(())
@@ -572,7 +572,7 @@ impl Engine {
         len: usize,
     ) -> Result<()> {
         let plan = self.plans[unit];
-        let (rank, shard_len) = (self.comm.rank(), plan.part.shard_len());
+        let rank = self.comm.rank();
         let grads = self.bufs[unit].grads;
         let result = (|| -> Result<()> {
             let mut views = self.arena.views();
@@ -586,10 +586,10 @@ impl Engine {
             };
             if self.config.stage == ZeroStage::Zero0 {
                 for j in 0..plan.part.world() {
-                    add(j, j * shard_len + offset);
+                    add(j, plan.part.shard(j).offset + offset);
                 }
             } else if plan.whole_grads {
-                add(rank, rank * shard_len + offset);
+                add(rank, plan.part.shard(rank).offset + offset);
             } else {
                 add(rank, offset);
             }
