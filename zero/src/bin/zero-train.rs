@@ -41,6 +41,15 @@ enum Command {
 }
 
 fn main() -> ExitCode {
+    // Warnings (a pinned-memory fallback, a skipped fp16 step) reach stderr; RUST_LOG=debug
+    // and friends say more.
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .init();
     let cli = Cli::parse();
     let result = match cli.command {
         Some(Command::Prepare {

@@ -56,13 +56,14 @@ impl Engine {
         if self.config.precision == super::Precision::Fp16 && self.any_rank_overflowed()? {
             self.clear_grads()?;
             self.scaler.update(true);
-            tracing::warn!(
-                rank = self.rank(),
-                step = self.steps + 1,
-                loss_scale,
-                "fp16 gradients overflowed: step skipped, loss scale now {}",
-                self.scaler.scale
-            );
+            if self.rank() == 0 {
+                tracing::warn!(
+                    loss_scale,
+                    "fp16 gradients overflowed on some rank: step skipped on every rank, loss \
+                     scale now {}",
+                    self.scaler.scale
+                );
+            }
             return Ok(StepReport {
                 grad_norm: f32::INFINITY,
                 clip_coef: 0.0,
