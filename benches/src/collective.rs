@@ -191,6 +191,35 @@ fn run_typed<T: Round>(
     })
 }
 
+/// Runs the benchmark on `comm`, this process's rank of a group whose other ranks are other
+/// processes (the MPI backend under `mpirun`); `report` is called on rank 0. `cfg.ranks` must
+/// be `comm.size()`.
+///
+/// # Errors
+/// As [`run`].
+pub fn run_on(
+    cfg: &BenchConfig,
+    comm: &Communicator,
+    report: &mut (dyn FnMut(&Row) + Send),
+) -> Result<(), CommError> {
+    let call = cfg.call().ok_or_else(|| CommError::InvalidArgument {
+        what: format!("{} has no data to benchmark", cfg.op),
+    })?;
+    if cfg.root >= comm.size() {
+        return Err(CommError::Root {
+            op: cfg.op,
+            root: cfg.root,
+            size: comm.size(),
+        });
+    }
+    let report = std::sync::Mutex::new(report);
+    match cfg.dtype {
+        DType::F32 => rank_main::<f32>(cfg, call, comm, &report),
+        DType::Bf16 => rank_main::<bf16>(cfg, call, comm, &report),
+        DType::F16 => rank_main::<f16>(cfg, call, comm, &report),
+    }
+}
+
 /// Buffer lengths (send, recv) for the out-of-place call on `count` elements.
 fn lengths(op: OpKind, count: usize, n: usize) -> (usize, usize) {
     match op {
@@ -253,12 +282,17 @@ fn rank_main<T: Round>(
             let meas = |p: usize| {
                 let secs = f64::from(times[p]).max(1e-12);
                 let algbw = size as f64 / secs / 1e9;
-                let traffic = local::memory_traffic(cfg.op, size, cfg.ranks, p == 1);
+                // The local algorithm's memory traffic; other backends move bytes elsewhere.
+                let traffic = if comm.backend() == "local" {
+                    local::memory_traffic(cfg.op, size, cfg.ranks, p == 1) as f64
+                } else {
+                    f64::NAN
+                };
                 Measurement {
                     time_us: secs * 1e6,
                     algbw,
                     busbw: algbw * bus_factor(cfg.op, cfg.ranks),
-                    membw: traffic as f64 / secs / 1e9,
+                    membw: traffic / secs / 1e9,
                     wrong: cfg.check.then_some(wrongs[p] as u64),
                 }
             };

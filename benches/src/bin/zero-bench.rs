@@ -9,7 +9,7 @@
 use std::process::ExitCode;
 
 use clap::{Parser, ValueEnum};
-use zero_benches::collective::{bus_factor, run, BenchConfig, Measurement, Row};
+use zero_benches::collective::{bus_factor, run, run_on, BenchConfig, Measurement, Row};
 use zero_benches::memcpy::memcpy_bandwidth;
 use zero_benches::size::parse_size;
 use zero_comm::{DType, OpKind, ReduceOp};
@@ -89,11 +89,15 @@ fn config(a: &Args) -> Result<BenchConfig, String> {
     };
     let dtype = DType::parse(&a.dtype).ok_or_else(|| format!("unknown datatype {:?}", a.dtype))?;
     let redop = ReduceOp::parse(&a.redop).ok_or_else(|| format!("unknown op {:?}", a.redop))?;
-    if a.backend != Backend::Local {
-        return Err(format!(
-            "backend {:?} is not built yet; use --backend local",
-            a.backend
-        ));
+    match a.backend {
+        Backend::Local => {}
+        Backend::Mpi if cfg!(feature = "mpi") => {}
+        Backend::Mpi => {
+            return Err(
+                "--backend mpi needs a build with --features mpi (launch with mpirun)".into(),
+            )
+        }
+        Backend::Nccl => return Err("backend nccl is not built yet".into()),
     }
     if a.root >= a.ranks.max(1) {
         return Err(format!(
@@ -140,8 +144,43 @@ fn json_cells(m: &Measurement) -> serde_json::Value {
     })
 }
 
+/// This process's rank of the MPI world, when `--backend mpi` (the world size replaces
+/// `--ranks`); the `Mpi` value keeps MPI initialised while the communicator lives.
+#[cfg(feature = "mpi")]
+type World = Option<(zero_comm::mpi::Mpi, zero_comm::Communicator)>;
+#[cfg(not(feature = "mpi"))]
+type World = Option<((), zero_comm::Communicator)>;
+
+#[cfg(feature = "mpi")]
+fn world(args: &mut Args) -> Result<World, String> {
+    if args.backend != Backend::Mpi {
+        return Ok(None);
+    }
+    let mpi = zero_comm::mpi::Mpi::init().map_err(|e| e.to_string())?;
+    let comm = mpi
+        .world(zero_comm::Config::default())
+        .map_err(|e| e.to_string())?;
+    args.ranks = comm.size();
+    Ok(Some((mpi, comm)))
+}
+
+#[cfg(not(feature = "mpi"))]
+fn world(_: &mut Args) -> Result<World, String> {
+    Ok(None)
+}
+
 fn main() -> ExitCode {
-    let args = Args::parse();
+    let mut args = Args::parse();
+    let world = match world(&mut args) {
+        Ok(w) => w,
+        Err(e) => {
+            eprintln!("zero-bench: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    // Under mpirun only rank 0 prints (report() is only called there, too).
+    let leader = world.as_ref().is_none_or(|(_, c)| c.rank() == 0);
+    let backend = world.as_ref().map_or("local", |(_, c)| c.backend());
     let cfg = match config(&args) {
         Ok(c) => c,
         Err(e) => {
@@ -159,16 +198,16 @@ fn main() -> ExitCode {
     } else {
         -1
     };
-    let memcpy = (!args.no_memcpy).then(|| {
+    let memcpy = (!args.no_memcpy && world.is_none()).then(|| {
         let bytes = usize::try_from(cfg.max_bytes)
             .unwrap_or(usize::MAX)
             .max(1 << 20);
         let gbs = memcpy_bandwidth(cfg.ranks, bytes, cfg.iters.max(1));
         (bytes, gbs)
     });
-    if !args.json {
+    if !args.json && leader {
         println!(
-            "# zero-bench {}: {} ranks, local backend, {} {}",
+            "# zero-bench {}: {} ranks, {backend} backend, {} {}",
             cfg.op, cfg.ranks, cfg.dtype, redop
         );
         println!("# busbw factor {:.3}; membw = bytes read + written by the algorithm (all ranks) / time", bus_factor(cfg.op, cfg.ranks));
@@ -223,12 +262,15 @@ fn main() -> ExitCode {
             );
         }
     };
-    let result = run(&cfg, &mut report);
+    let result = match &world {
+        Some((_, comm)) => run_on(&cfg, comm, &mut report),
+        None => run(&cfg, &mut report),
+    };
     if let Err(e) = result {
         eprintln!("zero-bench: {e}");
         return ExitCode::FAILURE;
     }
-    if !json {
+    if !json && leader {
         println!(
             "# Out of bounds values : {wrong_total} {}",
             if wrong_total == 0 { "OK" } else { "FAILED" }
