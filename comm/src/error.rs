@@ -44,11 +44,21 @@ impl std::fmt::Display for BreakCause {
     }
 }
 
+/// Who was late, for a timeout message; MPI cannot say, and an empty list would read as
+/// "nobody".
+fn late_ranks(missing: &[usize]) -> String {
+    if missing.is_empty() {
+        "the backend cannot tell which ranks did not arrive".to_string()
+    } else {
+        format!("ranks {missing:?} did not arrive")
+    }
+}
+
 /// Everything that can go wrong in a collective.
 #[derive(Debug, thiserror::Error)]
 pub enum CommError {
     /// Peers did not arrive in time.
-    #[error("{op} #{seq} ({bytes} bytes) timed out after {waited:?} on rank {rank}: ranks {missing:?} did not arrive{history}")]
+    #[error("{op} #{seq} ({bytes} bytes) timed out after {waited:?} on rank {rank}: {}{history}", late_ranks(.missing))]
     Timeout {
         /// The operation.
         op: OpKind,
