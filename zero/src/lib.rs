@@ -5,5 +5,6 @@ pub mod checkpoint;
 pub mod data;
 pub mod engine;
 pub mod gpt;
+pub mod llmc_header;
 pub mod optim;
 pub mod train;

@@ -18,7 +18,7 @@ pub const LLMC_MAGIC: i32 = 20_240_326;
 /// The supported version (float32 parameters, padded vocabulary in the header).
 pub const LLMC_VERSION: i32 = 3;
 /// Header size in bytes.
-pub const LLMC_HEADER_BYTES: usize = 256 * 4;
+pub const LLMC_HEADER_BYTES: usize = crate::llmc_header::HEADER_BYTES;
 
 /// Read granularity for streams: memory grows with bytes present, not with the header.
 const CHUNK_BYTES: usize = 1 << 20;
@@ -45,14 +45,7 @@ fn parse_header(header: &[u8]) -> Result<(ModelShape, u64), FormatError> {
             got: header.len(),
         });
     }
-    let word = |i: usize| {
-        i32::from_le_bytes([
-            header[4 * i],
-            header[4 * i + 1],
-            header[4 * i + 2],
-            header[4 * i + 3],
-        ])
-    };
+    let word = |i: usize| crate::llmc_header::word(header, i);
     if word(0) != LLMC_MAGIC {
         return Err(FormatError::BadMagic {
             expected: LLMC_MAGIC,
@@ -267,11 +260,7 @@ impl LlmcCheckpoint {
             w(s.channels),
             w(s.padded_vocab),
         ];
-        let mut out = [0u8; LLMC_HEADER_BYTES];
-        for (i, v) in words.iter().enumerate() {
-            out[4 * i..4 * i + 4].copy_from_slice(&v.to_le_bytes());
-        }
-        out
+        crate::llmc_header::encode(&words)
     }
 
     /// The file's bytes.

@@ -15,9 +15,9 @@ pub const TOKEN_MAGIC: i32 = 20_240_520;
 /// The token-file version this crate reads and writes (uint16 tokens).
 pub const TOKEN_VERSION: i32 = 1;
 /// Number of int32 words in the header.
-pub const HEADER_INTS: usize = 256;
+pub const HEADER_INTS: usize = crate::llmc_header::HEADER_WORDS;
 /// Header size in bytes.
-pub const HEADER_BYTES: usize = HEADER_INTS * 4;
+pub const HEADER_BYTES: usize = crate::llmc_header::HEADER_BYTES;
 /// Vocabulary size of the GPT-2 BPE.
 pub const GPT2_VOCAB: u32 = 50_257;
 /// GPT-2's `<|endoftext|>` token, which separates documents.
@@ -48,14 +48,7 @@ fn parse_header(header: &[u8]) -> Result<u64, FormatError> {
             got: header.len(),
         });
     }
-    let word = |i: usize| {
-        i32::from_le_bytes([
-            header[4 * i],
-            header[4 * i + 1],
-            header[4 * i + 2],
-            header[4 * i + 3],
-        ])
-    };
+    let word = |i: usize| crate::llmc_header::word(header, i);
     let magic = word(0);
     if magic != TOKEN_MAGIC {
         return Err(FormatError::BadMagic {
@@ -240,14 +233,13 @@ impl TokenFile {
     /// The file's bytes: header then tokens.
     pub fn to_bytes(&self) -> Vec<u8> {
         let mut out = Vec::with_capacity(HEADER_BYTES + 2 * self.tokens.len());
-        let mut header = [0i32; HEADER_INTS];
-        header[0] = TOKEN_MAGIC;
-        header[1] = TOKEN_VERSION;
         // Constructors guarantee the count fits an i32.
-        header[2] = i32::try_from(self.tokens.len()).unwrap_or(i32::MAX);
-        for w in header {
-            out.extend_from_slice(&w.to_le_bytes());
-        }
+        let count = i32::try_from(self.tokens.len()).unwrap_or(i32::MAX);
+        out.extend_from_slice(&crate::llmc_header::encode(&[
+            TOKEN_MAGIC,
+            TOKEN_VERSION,
+            count,
+        ]));
         for t in &self.tokens {
             out.extend_from_slice(&t.to_le_bytes());
         }
