@@ -5,7 +5,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 DATA=data/shakespeare
-zero_train() { cargo run --quiet --release -p zero --bin zero-train -- "$@"; }
+zero_train() { cargo run --quiet --release -p zero-train --bin zero-train -- "$@"; }
 
 if [[ ! -f "$DATA/train.bin" || ! -f "$DATA/val.bin" ]]; then
   bash scripts/fetch-shakespeare.sh "$DATA"

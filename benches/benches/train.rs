@@ -13,8 +13,8 @@ use std::hint::black_box;
 use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
-use zero::gpt::kernels::{attention, cross_entropy, gelu, layernorm, matmul};
-use zero::gpt::{init_params, Activations, CpuBackend, Gpt, GptConfig};
+use zero_gpt::kernels::{attention, cross_entropy, gelu, layernorm, matmul};
+use zero_gpt::{init_params, Activations, CpuBackend, Gpt, GptConfig};
 
 const B: usize = 4;
 const T: usize = 64;

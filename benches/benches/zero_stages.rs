@@ -8,9 +8,9 @@
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use std::time::{Duration, Instant};
-use zero::engine::{Engine, EngineConfig, Precision, ZeroStage};
-use zero::gpt::{init_unit, Gpt, GptConfig};
-use zero::train::gpt_engine::{gpt_units, micro_step};
+use zero::{Engine, EngineConfig, Precision, ZeroStage};
+use zero_gpt::{init_unit, Gpt, GptConfig};
+use zero_train::bridge::{gpt_units, micro_step};
 
 const WORLD: usize = 2;
 const B: usize = 4; // sequences per rank

@@ -4,7 +4,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use zero::checkpoint::LlmcCheckpoint;
+use zero_train::checkpoint::LlmcCheckpoint;
 
 fn bits(c: &LlmcCheckpoint) -> Vec<u32> {
     c.params().iter().map(|x| x.to_bits()).collect()

@@ -3,7 +3,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use zero::data::{TokenFile, GPT2_VOCAB};
+use zero_train::data::{TokenFile, GPT2_VOCAB};
 
 fuzz_target!(|data: &[u8]| {
     let in_memory = TokenFile::from_bytes(data, GPT2_VOCAB);

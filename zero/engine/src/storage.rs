@@ -1,0 +1,76 @@
+//! The element types model states are stored in, and the one place that dispatches on them.
+//!
+//! Parameters and gradients are stored as f32, bf16 or f16 ([`Precision`]); the model
+//! computes in f32 on transient copies, and the optimizer keeps f32 master weights and
+//! moments for the half types. Code that touches stored values is generic over [`Store`]
+//! and reached through [`with_store!`], so each precision is written once.
+
+use super::memory::Precision;
+use bytemuck::Pod;
+use zero_comm::Element;
+
+/// A storage element type: reducible by zero-comm and viewable from the arena.
+pub(crate) trait Store: Element + Pod {}
+
+impl<T: Element + Pod> Store for T {}
+
+/// Runs `$body` with the type alias `$S` bound to `$precision`'s storage type.
+macro_rules! with_store {
+    ($precision:expr, $S:ident => $body:expr) => {
+        match $precision {
+            $crate::memory::Precision::Fp32 => {
+                type $S = f32;
+                $body
+            }
+            $crate::memory::Precision::Bf16 => {
+                type $S = half::bf16;
+                $body
+            }
+            $crate::memory::Precision::Fp16 => {
+                type $S = half::f16;
+                $body
+            }
+        }
+    };
+}
+pub(crate) use with_store;
+
+/// `dst = f32(src) * factor`, element by element.
+pub(crate) fn widen<S: Store>(src: &[S], dst: &mut [f32], factor: f32) {
+    S::load_block(src, dst);
+    if factor != 1.0 {
+        for x in dst.iter_mut() {
+            *x *= factor;
+        }
+    }
+}
+
+/// `dst = round(src * factor)`, element by element.
+pub(crate) fn narrow<S: Store>(src: &[f32], dst: &mut [S], factor: f32) {
+    if factor == 1.0 {
+        S::store_block(src, dst);
+    } else {
+        for (d, &s) in dst.iter_mut().zip(src) {
+            *d = S::from_f32(s * factor);
+        }
+    }
+}
+
+/// `acc = round(f32(acc) + f32(x))`: the one accumulation every stage shares.
+pub(crate) fn accumulate<S: Store>(acc: &mut [S], x: &[S]) {
+    for (a, &g) in acc.iter_mut().zip(x) {
+        *a = S::from_f32(a.to_f32() + g.to_f32());
+    }
+}
+
+/// True when any value is inf or NaN.
+pub(crate) fn any_non_finite<S: Store>(xs: &[S]) -> bool {
+    xs.iter().any(|x| !x.to_f32().is_finite())
+}
+
+impl Precision {
+    /// True when the optimizer keeps a separate f32 master copy.
+    pub(crate) fn has_master(self) -> bool {
+        self != Precision::Fp32
+    }
+}

@@ -1,0 +1,46 @@
+//! The GPT-2 model: configuration, parameter layout in units, and forward/backward kernels.
+//!
+//! Legend used in every file: B batch, T sequence, C channels, L layers, NH heads,
+//! hs = C/NH, N = B*T, V vocabulary, Vp padded vocabulary, maxT = `max_seq_len`.
+//!
+//! Written in the spirit of llm.c: explicit forward and backward passes over flat buffers,
+//! no autograd. Parameters live in UNITS (embeddings, one per block, final LayerNorm), each a
+//! flat buffer that the caller owns; [`Gpt`] runs unit by unit so an engine can gather,
+//! reduce and free each unit around its own call.
+//!
+//! ```
+//! use zero_gpt::{init_params, Gpt, GptConfig};
+//!
+//! let model = Gpt::new(GptConfig::tiny())?;
+//! let params = init_params(model.config(), model.layout(), 42);
+//! let lens = model.layout().unit_lens();
+//! let mut grads: Vec<Vec<f32>> = lens.iter().map(|&n| vec![0.0; n]).collect();
+//! let mut acts = model.activations(2, 8)?;
+//! let tokens: Vec<u32> = (0..16).collect();
+//! let targets: Vec<u32> = (1..17).collect();
+//! let loss = model.forward_backward(&mut acts, &params, &mut grads, &tokens, &targets)?;
+//! assert!((loss - 100f32.ln()).abs() < 0.3); // about ln(V) at init
+//! # Ok::<(), zero_gpt::GptError>(())
+//! ```
+
+#![warn(missing_docs)]
+
+mod activations;
+pub mod backend;
+mod config;
+mod error;
+mod init;
+pub mod kernels;
+mod layout;
+mod model;
+mod sample;
+mod views;
+
+pub use activations::{Activations, GRAD_VIEWS, HEAD_VIEWS, LAYER_VIEWS};
+pub use backend::{Backend, CpuBackend};
+pub use config::{pad_vocab, GptConfig, GPT2_VOCAB_SIZE, PRESET_NAMES, VOCAB_PAD_MULTIPLE};
+pub use error::{GptError, Result};
+pub use init::{init_params, init_unit, Rng, INIT_STD};
+pub use layout::{decays, ParamLayout, TensorSpec, UnitKind, UnitLayout};
+pub use model::Gpt;
+pub use sample::sample_top_k;

@@ -1,0 +1,91 @@
+//! `zero-train`: trains the bundled GPT-2 with ZeRO on the local backend.
+//!
+//! ```text
+//! zero-train [FLAGS]                          train (flags over --config FILE over defaults)
+//! zero-train prepare --text FILE... --out DIR tokenise text into train.bin / val.bin
+//! ```
+
+use clap::{Parser, Subcommand};
+use std::path::PathBuf;
+use std::process::ExitCode;
+use zero_train::{train, TrainArgs};
+
+#[derive(Parser)]
+#[command(
+    name = "zero-train",
+    version,
+    about = "Train GPT-2 with ZeRO stages 0-3"
+)]
+#[command(args_conflicts_with_subcommands = true)]
+struct Cli {
+    #[command(subcommand)]
+    command: Option<Command>,
+    #[command(flatten)]
+    train: TrainArgs,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Tokenise text files with the GPT-2 BPE into llm.c token files.
+    Prepare {
+        /// Text files, one document each, in order.
+        #[arg(long, num_args = 1.., required = true)]
+        text: Vec<PathBuf>,
+        /// Directory to write train.bin and val.bin into.
+        #[arg(long)]
+        out: PathBuf,
+        /// Fraction of tokens held out for validation (taken from the start).
+        #[arg(long, default_value_t = 0.1)]
+        val_fraction: f64,
+    },
+}
+
+fn main() -> ExitCode {
+    // Warnings (a pinned-memory fallback, a skipped fp16 step) reach stderr; RUST_LOG=debug
+    // and friends say more.
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .init();
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Some(Command::Prepare {
+            text,
+            out,
+            val_fraction,
+        }) => zero_train::data::prepare(&text, &out, val_fraction)
+            .map(|s| {
+                eprintln!(
+                    "prepared {} documents ({} bytes): {} train tokens in {}, {} val tokens in {}",
+                    s.documents,
+                    s.text_bytes,
+                    s.train_tokens,
+                    s.train_path.display(),
+                    s.val_tokens,
+                    s.val_path.display()
+                )
+            })
+            .map_err(|e| e.to_string()),
+        None => cli
+            .train
+            .resolve()
+            .map_err(|e| e.to_string())
+            .and_then(|cfg| {
+                eprintln!(
+                    "zero-train: model {} | ZeRO stage {} | {} ranks | global batch {} x {} tokens | {} steps",
+                    cfg.model, cfg.zero_stage, cfg.world_size, cfg.batch_size, cfg.seq_len, cfg.steps
+                );
+                train(&cfg).map(|_| ()).map_err(|e| e.to_string())
+            }),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(message) => {
+            eprintln!("zero-train: error: {message}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,34 @@
+//! Checkpoints: llm.c's float32 model format and the trainer's own resumable state.
+//!
+//! - [`LlmcCheckpoint`]: the `gpt2_124M.bin`-style file of llm.c (header magic 20240326,
+//!   version 3, then the sixteen parameter tensors in llm.c's order), with conversion to and
+//!   from this crate's per-unit layout ([`ModelShape::unit_sizes`]).
+//! - [`StateWriter`] / [`StateReader`]: a versioned, checksummed directory of named raw
+//!   tensors plus a JSON manifest, for bit-exact resume (model, optimizer shards, step, data
+//!   loader position, RNG state, configuration).
+//!
+//! Dimension legend: L layers, NH heads, C channels, maxT context length, V vocabulary,
+//! Vp vocabulary padded (to a multiple of 128 in llm.c) for fast matrix products.
+//!
+//! ```
+//! use zero_train::checkpoint::{LlmcCheckpoint, ModelShape};
+//!
+//! let shape = ModelShape { max_t: 8, vocab: 10, padded_vocab: 16, layers: 2, heads: 2, channels: 4 };
+//! let ckpt = LlmcCheckpoint::zeros(shape)?;
+//! let bytes = ckpt.to_bytes();
+//! assert_eq!(LlmcCheckpoint::from_bytes(&bytes)?, ckpt);
+//! let units = ckpt.to_units()?;
+//! assert_eq!(units.len(), 2 + 2); // embeddings, one per layer, final LayerNorm
+//! # Ok::<(), zero_train::checkpoint::Error>(())
+//! ```
+
+mod checksum;
+mod error;
+mod layout;
+mod llmc;
+mod state;
+
+pub use error::{Error, FormatError, Result};
+pub use layout::{ModelShape, TensorSpec, UnitTensor, LLMC_TENSOR_NAMES};
+pub use llmc::{LlmcCheckpoint, LLMC_HEADER_BYTES, LLMC_MAGIC, LLMC_VERSION};
+pub use state::{Element, StateReader, StateWriter, STATE_FORMAT, STATE_VERSION};

@@ -1,0 +1,74 @@
+//! Everything that can stop a training run, each with what the user needs to fix it.
+
+use std::path::PathBuf;
+
+/// Why `zero-train` stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum TrainError {
+    /// The configuration is invalid.
+    #[error(transparent)]
+    Config(#[from] super::ConfigError),
+    /// The model configuration is invalid.
+    #[error(transparent)]
+    Model(#[from] zero_gpt::GptError),
+    /// Token files are missing or corrupt.
+    #[error(transparent)]
+    Data(#[from] crate::data::Error),
+    /// A checkpoint could not be written or read.
+    #[error(transparent)]
+    Checkpoint(#[from] crate::checkpoint::Error),
+    /// The ZeRO engine failed (memory, communication, unit order).
+    #[error(transparent)]
+    Engine(#[from] zero::EngineError),
+    /// A collective outside the engine failed.
+    #[error(transparent)]
+    Comm(#[from] zero_comm::CommError),
+    /// The optimizer or schedule refused its settings.
+    #[error(transparent)]
+    Optim(#[from] zero::optim::Error),
+    /// The data directory lacks the token files.
+    #[error(
+        "no token file at {path}: run `bash scripts/train.sh` (which fetches and prepares the \
+         Shakespeare corpus) or `zero-train prepare --text FILE... --out DIR`"
+    )]
+    NoData {
+        /// The missing file.
+        path: PathBuf,
+    },
+    /// A saved state does not match this run.
+    #[error("cannot resume from {dir}: {reason}")]
+    Resume {
+        /// The state directory.
+        dir: PathBuf,
+        /// What does not match.
+        reason: String,
+    },
+    /// A file could not be written.
+    #[error("cannot write {path}: {source}")]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// What the OS said.
+        source: std::io::Error,
+    },
+    /// A backend this build or this runner does not offer.
+    #[error("{0}")]
+    Unsupported(String),
+    /// A rank's thread panicked (a bug); its peers were stopped.
+    #[error("rank {rank} panicked: {message}")]
+    RankPanicked {
+        /// The rank.
+        rank: usize,
+        /// The panic message.
+        message: String,
+    },
+}
+
+impl From<super::bridge::StepError> for TrainError {
+    fn from(e: super::bridge::StepError) -> Self {
+        match e {
+            super::bridge::StepError::Engine(e) => Self::Engine(e),
+            super::bridge::StepError::Model(e) => Self::Model(e),
+        }
+    }
+}

@@ -1,0 +1,155 @@
+//! What a run reports: JSON lines for machines (`--metrics FILE`), lines or a progress bar
+//! for people, and the closing per-rank memory and traffic table.
+
+use super::error::TrainError;
+use serde_json::{json, Value};
+use std::fs::File;
+use std::io::{BufWriter, Write};
+use std::path::{Path, PathBuf};
+use zero::{ModelStateBytes, Traffic};
+
+/// One optimizer step as reported.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct StepMetrics {
+    /// Step number, from 1.
+    pub step: u64,
+    /// Mean loss over the global batch.
+    pub loss: f32,
+    /// Learning rate used.
+    pub lr: f32,
+    /// Global gradient norm before clipping.
+    pub grad_norm: f32,
+    /// Training throughput of the step.
+    pub tokens_per_s: f64,
+    /// Wall time of the step.
+    pub step_ms: f64,
+    /// The loss scale the step ran under (fp16; 1 otherwise).
+    pub loss_scale: f32,
+    /// fp16 gradients overflowed and the step was skipped.
+    pub skipped: bool,
+}
+
+/// Memory and traffic of one rank at the end of a run.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct RankReport {
+    /// The rank.
+    pub rank: usize,
+    /// Model-state bytes measured from the arena.
+    pub measured: ModelStateBytes,
+    /// The paper's formula for this configuration.
+    pub expected: ModelStateBytes,
+    /// The paper's formula at stage 0 (the baseline the saving is against).
+    pub stage0: ModelStateBytes,
+    /// Highest bytes allocated from the rank's arena.
+    pub peak_bytes: u64,
+    /// Elements handed to collectives per training step, by kind.
+    pub traffic_per_step: Traffic,
+    /// Bytes zero-comm counted as sent per training step (all collectives).
+    pub comm_bytes_sent_per_step: f64,
+}
+
+fn bytes_json(b: &ModelStateBytes) -> Value {
+    json!({
+        "parameters": b.params,
+        "gradients": b.grads,
+        "optimizer": b.optimizer,
+        "total": b.total(),
+    })
+}
+
+impl RankReport {
+    /// The rank's entry in the summary line.
+    pub fn to_json(&self) -> Value {
+        let t = &self.traffic_per_step;
+        json!({
+            "rank": self.rank,
+            "peak_bytes": self.peak_bytes,
+            "model_state_bytes": bytes_json(&self.measured),
+            "expected_model_state_bytes": bytes_json(&self.expected),
+            "stage0_model_state_bytes": bytes_json(&self.stage0),
+            "comm_bytes_per_step": {
+                "all_reduce_elements": t.all_reduce,
+                "reduce_scatter_elements": t.reduce_scatter,
+                "all_gather_elements": t.all_gather,
+                "paper_elements": t.elements(),
+                "bytes_sent": self.comm_bytes_sent_per_step,
+            },
+        })
+    }
+}
+
+/// The `--metrics` JSON-lines file.
+#[derive(Debug)]
+pub struct MetricsFile {
+    path: PathBuf,
+    out: BufWriter<File>,
+}
+
+impl MetricsFile {
+    /// Creates (truncates) the file.
+    ///
+    /// # Errors
+    /// [`TrainError::Io`] naming the file.
+    pub fn create(path: &Path) -> Result<Self, TrainError> {
+        let io = |source| TrainError::Io {
+            path: path.to_path_buf(),
+            source,
+        };
+        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            std::fs::create_dir_all(dir).map_err(io)?;
+        }
+        let file = File::create(path).map_err(io)?;
+        Ok(Self {
+            path: path.to_path_buf(),
+            out: BufWriter::new(file),
+        })
+    }
+
+    /// Appends one JSON object as a line, flushed so a crash loses nothing written.
+    ///
+    /// # Errors
+    /// [`TrainError::Io`].
+    pub fn write(&mut self, value: &Value) -> Result<(), TrainError> {
+        let io = |source| TrainError::Io {
+            path: self.path.clone(),
+            source,
+        };
+        writeln!(self.out, "{value}").map_err(io)?;
+        self.out.flush().map_err(io)
+    }
+}
+
+/// The step's JSON line.
+pub fn step_json(m: &StepMetrics) -> Value {
+    json!({
+        "step": m.step,
+        "loss": m.loss,
+        "lr": m.lr,
+        "grad_norm": m.grad_norm,
+        "tokens_per_s": m.tokens_per_s,
+        "step_ms": m.step_ms,
+        "loss_scale": m.loss_scale,
+        "skipped": m.skipped,
+    })
+}
+
+/// The closing table: per rank, model states measured against stage 0 and the traffic.
+pub fn memory_table(reports: &[RankReport]) -> String {
+    let mib = |b: f64| b / (1024.0 * 1024.0);
+    let mut s = String::from(
+        "rank | model states measured | formula | stage 0 would need | saving | traffic/step (elements: RS + AG + 2 x AR)\n",
+    );
+    for r in reports {
+        let saving = 1.0 - r.measured.total() / r.stage0.total().max(1.0);
+        s.push_str(&format!(
+            "{:>4} | {:>17.2} MiB | {:>7.2} MiB | {:>14.2} MiB | {:>5.1}% | {}\n",
+            r.rank,
+            mib(r.measured.total()),
+            mib(r.expected.total()),
+            mib(r.stage0.total()),
+            100.0 * saving,
+            r.traffic_per_step.elements()
+        ));
+    }
+    s
+}

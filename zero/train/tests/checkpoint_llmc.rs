@@ -1,0 +1,318 @@
+//! llm.c checkpoints: round trips, the per-unit layout, and corrupt files.
+
+use std::path::PathBuf;
+
+use proptest::prelude::*;
+use zero_train::checkpoint::{Error, FormatError, LlmcCheckpoint, ModelShape, LLMC_HEADER_BYTES};
+
+fn tiny() -> ModelShape {
+    ModelShape {
+        max_t: 4,
+        vocab: 5,
+        padded_vocab: 8,
+        layers: 2,
+        heads: 2,
+        channels: 4,
+    }
+}
+
+fn counting(shape: ModelShape) -> LlmcCheckpoint {
+    let params = (0..shape.num_params()).map(|i| i as f32).collect();
+    LlmcCheckpoint::from_flat(shape, params).unwrap()
+}
+
+fn temp_dir(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("zero-llmc-{name}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+fn format_error(err: Error) -> FormatError {
+    match err {
+        Error::Format { source, .. } => source,
+        other => panic!("expected a format error, got {other:?}"),
+    }
+}
+
+fn header_with(words: &[(usize, i32)]) -> Vec<u8> {
+    let mut bytes = counting(tiny()).to_bytes();
+    for &(i, v) in words {
+        bytes[4 * i..4 * i + 4].copy_from_slice(&v.to_le_bytes());
+    }
+    bytes
+}
+
+fn shapes() -> impl Strategy<Value = ModelShape> {
+    (
+        1usize..6,
+        1usize..7,
+        0usize..4,
+        1usize..4,
+        1usize..3,
+        1usize..4,
+    )
+        .prop_map(|(max_t, vocab, pad, layers, heads, hd)| ModelShape {
+            max_t,
+            vocab,
+            padded_vocab: vocab + pad,
+            layers,
+            heads,
+            channels: heads * hd,
+        })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(32))]
+
+    #[test]
+    fn bytes_and_stream_round_trip_bit_exactly(shape in shapes(), seed in any::<u32>()) {
+        // Arbitrary bit patterns, NaNs included: the format must not touch them.
+        let params: Vec<f32> = (0..shape.num_params() as u32).map(|i| f32::from_bits(i.wrapping_mul(2_654_435_761) ^ seed)).collect();
+        let ckpt = LlmcCheckpoint::from_flat(shape, params.clone()).unwrap();
+        let bytes = ckpt.to_bytes();
+        let bits = |c: &LlmcCheckpoint| c.params().iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        let want: Vec<u32> = params.iter().map(|x| x.to_bits()).collect();
+        prop_assert_eq!(bits(&LlmcCheckpoint::from_bytes(&bytes).unwrap()), want.clone());
+        prop_assert_eq!(bits(&LlmcCheckpoint::read_from(&bytes[..]).unwrap()), want);
+    }
+
+    #[test]
+    fn units_round_trip(shape in shapes()) {
+        let ckpt = counting(shape);
+        let units = ckpt.to_units().unwrap();
+        prop_assert_eq!(units.iter().map(Vec::len).collect::<Vec<_>>(), shape.unit_sizes());
+        prop_assert_eq!(units.iter().map(Vec::len).sum::<usize>(), shape.num_params());
+        prop_assert_eq!(LlmcCheckpoint::from_units(shape, &units).unwrap(), ckpt);
+    }
+
+    #[test]
+    fn truncation_anywhere_is_an_error(cut in 1usize..2000) {
+        let bytes = counting(tiny()).to_bytes();
+        let keep = bytes.len().saturating_sub(cut);
+        prop_assert!(LlmcCheckpoint::from_bytes(&bytes[..keep]).is_err());
+        prop_assert!(LlmcCheckpoint::read_from(&bytes[..keep]).is_err());
+    }
+}
+
+#[test]
+fn gpt2_124m_has_llmc_parameter_count() {
+    let shape = ModelShape {
+        max_t: 1024,
+        vocab: 50_257,
+        padded_vocab: 50_304,
+        layers: 12,
+        heads: 12,
+        channels: 768,
+    };
+    // The count llm.c's train_gpt2 prints for gpt2_124M.bin.
+    assert_eq!(shape.num_params(), 124_475_904);
+    let sizes = shape.unit_sizes();
+    assert_eq!(sizes.len(), 14);
+    assert_eq!(sizes[0], (50_304 + 1024) * 768);
+    assert_eq!(sizes[1], 12 * 768 * 768 + 13 * 768);
+    assert_eq!(sizes[13], 2 * 768);
+}
+
+#[test]
+fn units_interleave_layers_of_llmc_tensors() {
+    let s = tiny(); // C = 4, L = 2, Vp = 8, maxT = 4
+    let ckpt = counting(s);
+    let units = ckpt.to_units().unwrap();
+    let ln1w = ckpt.tensor("ln1w").unwrap(); // (L, C)
+    let qkvw = ckpt.tensor("qkvw").unwrap(); // (L, 3C, C)
+                                             // Unit 2 (layer 1) starts with layer 1's ln1w, then ln1b, then layer 1's qkvw.
+    assert_eq!(&units[2][..4], &ln1w[4..8]);
+    assert_eq!(&units[2][8..8 + 48], &qkvw[48..96]);
+    assert_eq!(&units[0][..], &ckpt.params()[..(8 + 4) * 4]);
+    assert_eq!(&units[3][..], &ckpt.params()[s.num_params() - 8..]);
+    assert_eq!(ckpt.tensor("lnfb").unwrap(), &units[3][4..]);
+    assert!(ckpt.tensor("nope").is_none());
+}
+
+#[test]
+fn decay_segments_cover_units_and_decay_only_matrices() {
+    let s = tiny();
+    let segs = s.decay_segments(1);
+    let names: Vec<&str> = s.unit_tensors(1).iter().map(|t| t.name).collect();
+    assert_eq!(
+        names,
+        [
+            "ln1w", "ln1b", "qkvw", "qkvb", "attprojw", "attprojb", "ln2w", "ln2b", "fcw", "fcb",
+            "fcprojw", "fcprojb"
+        ]
+    );
+    let decayed: Vec<&str> = names
+        .iter()
+        .zip(&segs)
+        .filter(|(_, s)| s.decay)
+        .map(|(n, _)| *n)
+        .collect();
+    assert_eq!(decayed, ["qkvw", "attprojw", "fcw", "fcprojw"]);
+    assert_eq!(segs.last().unwrap().range.end, s.unit_sizes()[1]);
+    assert!(
+        s.decay_segments(0).iter().all(|s| s.decay),
+        "wte and wpe decay"
+    );
+    assert!(
+        s.decay_segments(3).iter().all(|s| !s.decay),
+        "final LayerNorm does not"
+    );
+}
+
+#[test]
+fn wrong_unit_sizes_are_refused() {
+    let s = tiny();
+    let mut units = counting(s).to_units().unwrap();
+    units[1].pop();
+    assert!(matches!(
+        LlmcCheckpoint::from_units(s, &units),
+        Err(Error::ShapeMismatch { .. })
+    ));
+    units.pop();
+    assert!(matches!(
+        LlmcCheckpoint::from_units(s, &units),
+        Err(Error::ShapeMismatch { .. })
+    ));
+}
+
+#[test]
+fn file_round_trip_and_missing_file() {
+    let dir = temp_dir("file");
+    let path = dir.join("model.bin");
+    let ckpt = counting(tiny());
+    ckpt.save(&path).unwrap();
+    assert_eq!(LlmcCheckpoint::load(&path).unwrap(), ckpt);
+    assert!(matches!(
+        LlmcCheckpoint::load(dir.join("absent.bin")),
+        Err(Error::Io { op: "open", .. })
+    ));
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+#[test]
+fn truncated_file_names_the_file() {
+    let dir = temp_dir("trunc");
+    let path = dir.join("cut.bin");
+    let bytes = counting(tiny()).to_bytes();
+    std::fs::write(&path, &bytes[..bytes.len() - 4]).unwrap();
+    let err = LlmcCheckpoint::load(&path).unwrap_err();
+    assert!(err.to_string().contains("cut.bin"), "{err}");
+    assert!(matches!(
+        format_error(err),
+        FormatError::LengthMismatch { .. }
+    ));
+    std::fs::write(&path, &bytes[..100]).unwrap();
+    let err = format_error(LlmcCheckpoint::load(&path).unwrap_err());
+    assert_eq!(
+        err,
+        FormatError::TruncatedHeader {
+            expected: LLMC_HEADER_BYTES,
+            got: 100
+        }
+    );
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+#[test]
+fn foreign_and_other_version_files_are_refused() {
+    let err =
+        format_error(LlmcCheckpoint::from_bytes(&header_with(&[(0, 20_240_520)])).unwrap_err());
+    assert!(matches!(
+        err,
+        FormatError::BadMagic {
+            found: 20_240_520,
+            ..
+        }
+    ));
+    let err = format_error(LlmcCheckpoint::from_bytes(&header_with(&[(1, 5)])).unwrap_err());
+    assert_eq!(
+        err,
+        FormatError::BadVersion {
+            supported: 3,
+            found: 5
+        }
+    );
+}
+
+#[test]
+fn invalid_dimensions_are_refused() {
+    let cases: [(&[(usize, i32)], FormatError); 4] = [
+        (
+            &[(4, 0)],
+            FormatError::BadDimension {
+                field: "layers",
+                value: 0,
+            },
+        ),
+        (
+            &[(6, -4)],
+            FormatError::BadDimension {
+                field: "channels",
+                value: -4,
+            },
+        ),
+        (
+            &[(5, 3)],
+            FormatError::HeadsDoNotDivide {
+                channels: 4,
+                heads: 3,
+            },
+        ),
+        (
+            &[(7, 4)],
+            FormatError::PaddedVocabTooSmall {
+                vocab: 5,
+                padded_vocab: 4,
+            },
+        ),
+    ];
+    for (words, want) in cases {
+        assert_eq!(
+            format_error(LlmcCheckpoint::from_bytes(&header_with(words)).unwrap_err()),
+            want
+        );
+    }
+}
+
+#[test]
+fn absurd_sizes_fail_before_allocating() {
+    // 12 * C^2 overflows u64 with C = 2^31 - 1 (NH = 1 divides it).
+    let overflow = header_with(&[(5, 1), (6, i32::MAX)]);
+    assert_eq!(
+        format_error(LlmcCheckpoint::from_bytes(&overflow).unwrap_err()),
+        FormatError::SizeOverflow
+    );
+    // 50 trillion parameters: representable, so it must be the length check that refuses,
+    // on the stream path too (which would otherwise try to read 200 TB).
+    let huge = header_with(&[(4, 1000), (5, 1), (6, 65_536)]);
+    assert!(matches!(
+        format_error(LlmcCheckpoint::from_bytes(&huge).unwrap_err()),
+        FormatError::LengthMismatch { .. }
+    ));
+    assert!(matches!(
+        format_error(LlmcCheckpoint::read_from(&huge[..]).unwrap_err()),
+        FormatError::LengthMismatch { .. }
+    ));
+    let dir = temp_dir("huge");
+    let path = dir.join("huge.bin");
+    std::fs::write(&path, &huge).unwrap();
+    assert!(matches!(
+        format_error(LlmcCheckpoint::load(&path).unwrap_err()),
+        FormatError::LengthMismatch { .. }
+    ));
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+#[test]
+fn trailing_bytes_are_refused() {
+    let mut bytes = counting(tiny()).to_bytes();
+    bytes.push(0);
+    assert!(matches!(
+        format_error(LlmcCheckpoint::from_bytes(&bytes).unwrap_err()),
+        FormatError::LengthMismatch { .. }
+    ));
+    assert!(matches!(
+        format_error(LlmcCheckpoint::read_from(&bytes[..]).unwrap_err()),
+        FormatError::LengthMismatch { .. }
+    ));
+}
