@@ -34,6 +34,7 @@
 #![warn(missing_docs)]
 
 mod backend;
+pub mod bootstrap;
 mod bucket;
 mod communicator;
 mod config;
