@@ -43,6 +43,8 @@ mod error;
 pub mod local;
 #[cfg(feature = "mpi")]
 pub mod mpi;
+#[cfg(feature = "cuda")]
+pub mod nccl;
 mod op;
 mod record;
 mod reduce_op;
