@@ -1,6 +1,7 @@
 //! [`NcclComm`]: the probe that turns a missing GPU or library into an error, the unique id,
 //! accessors and barrier. Creation is in `init.rs` (and `mpi.rs`), split in `split.rs`.
 
+use std::cell::RefCell;
 use std::rc::Rc;
 use std::sync::Arc;
 
@@ -68,7 +69,7 @@ pub struct NcclComm {
     pub(super) handle: Rc<Handle>,
     pub(super) stream: Arc<CudaStream>,
     /// The one element a barrier all-reduces.
-    pub(super) scratch: CudaSlice<f32>,
+    pub(super) scratch: RefCell<CudaSlice<f32>>,
 }
 
 impl NcclComm {
@@ -122,9 +123,10 @@ impl NcclComm {
     ///
     /// # Errors
     /// As [`NcclWork::wait`](super::NcclWork::wait).
-    pub fn barrier(&mut self) -> Result<()> {
+    pub fn barrier(&self) -> Result<()> {
+        let mut scratch = self.scratch.borrow_mut();
         let mut g = Group::new(&self.handle, &self.stream);
-        g.all_reduce_in_place(&mut self.scratch, ReduceOp::Sum)?;
+        g.all_reduce_in_place(&mut *scratch, ReduceOp::Sum)?;
         g.launch()?.wait()
     }
 }

@@ -72,7 +72,7 @@ impl NcclComm {
         Ok(NcclComm {
             handle,
             stream,
-            scratch,
+            scratch: scratch.into(),
         })
     }
 }
