@@ -17,10 +17,12 @@
 //! # Ok::<(), zero_comm::CommError>(())
 //! ```
 
+mod client;
 mod env;
 mod rendezvous;
 #[cfg(test)]
 mod tests;
 
+pub use client::fetch;
 pub use env::LaunchEnv;
-pub use rendezvous::{fetch, Server, MAGIC, MAX_PAYLOAD, VERSION};
+pub use rendezvous::{Server, MAGIC, MAX_PAYLOAD, VERSION};
