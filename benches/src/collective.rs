@@ -111,7 +111,7 @@ fn input(rank: usize, i: usize) -> f64 {
     ((rank * 7 + i * 3) % 11) as f64 - 5.0
 }
 
-trait Round: Element {
+pub(crate) trait Round: Element {
     fn round(v: f64) -> Self;
     const EPS: f64;
 }
@@ -221,7 +221,7 @@ pub fn run_on(
 }
 
 /// Buffer lengths (send, recv) for the out-of-place call on `count` elements.
-fn lengths(op: OpKind, count: usize, n: usize) -> (usize, usize) {
+pub(crate) fn lengths(op: OpKind, count: usize, n: usize) -> (usize, usize) {
     match op {
         OpKind::ReduceScatter => (count, count / n),
         OpKind::AllGather => (count / n, count),
@@ -312,7 +312,7 @@ fn rank_main<T: Round>(
 }
 
 /// A zeroed buffer, or an error (not an abort) when `-e` asks for more memory than there is.
-fn buffer<T: Element>(count: usize) -> Result<Vec<T>, CommError> {
+pub(crate) fn buffer<T: Element>(count: usize) -> Result<Vec<T>, CommError> {
     let mut v = Vec::new();
     v.try_reserve_exact(count)
         .map_err(|e| CommError::InvalidArgument {
@@ -323,7 +323,7 @@ fn buffer<T: Element>(count: usize) -> Result<Vec<T>, CommError> {
 }
 
 /// Fills this rank's input for a checked run.
-fn fill<T: Round>(
+pub(crate) fn fill<T: Round>(
     op: OpKind,
     rank: usize,
     n: usize,
@@ -355,7 +355,7 @@ fn fill<T: Round>(
 }
 
 /// Counts the elements of this rank's result that differ from the reference.
-fn wrong<T: Round>(
+pub(crate) fn wrong<T: Round>(
     cfg: &BenchConfig,
     rank: usize,
     count: usize,

@@ -4,4 +4,6 @@
 
 pub mod collective;
 pub mod memcpy;
+#[cfg(feature = "cuda")]
+pub mod nccl;
 pub mod size;

@@ -31,6 +31,14 @@ pub enum BreakCause {
         /// The sequence number.
         seq: u64,
     },
+    /// The backend reported an asynchronous failure on this rank (NCCL: a network error or
+    /// a peer that failed); the communicator was aborted.
+    Failed {
+        /// The rank that saw it.
+        rank: usize,
+        /// The backend's description, with its code.
+        what: String,
+    },
 }
 
 impl std::fmt::Display for BreakCause {
@@ -40,6 +48,7 @@ impl std::fmt::Display for BreakCause {
             BreakCause::Left { rank } => write!(f, "rank {rank} dropped its communicator"),
             BreakCause::TimedOut { rank, seq } => write!(f, "rank {rank} timed out at op #{seq}"),
             BreakCause::Mismatch { seq } => write!(f, "ranks issued different ops at #{seq}"),
+            BreakCause::Failed { rank, what } => write!(f, "rank {rank} saw {what}"),
         }
     }
 }
@@ -155,6 +164,42 @@ pub enum CommError {
         /// Backend name.
         backend: &'static str,
         /// What was asked.
+        what: String,
+    },
+    /// The backend cannot run here (its library or device is missing, or it was not built).
+    #[error("backend {backend} is not available: {why}")]
+    Unavailable {
+        /// Backend name.
+        backend: &'static str,
+        /// What is missing, and what to do about it.
+        why: String,
+    },
+    /// A vendor library call failed; its code is kept.
+    #[error("{backend}: {call} failed: {name} (code {code})")]
+    Vendor {
+        /// Backend name.
+        backend: &'static str,
+        /// The library function.
+        call: &'static str,
+        /// The library's name for the code (`ncclSystemError`, `CUDA_ERROR_NO_DEVICE`, ...).
+        name: String,
+        /// The numeric code.
+        code: i64,
+    },
+    /// A launch variable (`RANK`, `WORLD_SIZE`, ...) is missing, malformed or out of range.
+    #[error("environment variable {var} {why}")]
+    Launch {
+        /// The variable.
+        var: &'static str,
+        /// What is wrong with it.
+        why: String,
+    },
+    /// The TCP rendezvous that bootstraps a backend failed.
+    #[error("rendezvous at {addr}: {what}")]
+    Rendezvous {
+        /// The address served or contacted.
+        addr: String,
+        /// What went wrong.
         what: String,
     },
     /// A non-blocking operation was lost: its progress thread died before completing it.

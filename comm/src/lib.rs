@@ -1,5 +1,6 @@
 //! Collectives for ZeRO: one [`Communicator`] API over in-process threads (the [`local`]
-//! backend), and later MPI and NCCL.
+//! backend) and MPI processes (`mpi`, feature `mpi`), and a device-buffer communicator over
+//! NCCL (`nccl::NcclComm`, feature `cuda`).
 //!
 //! - Blocking collectives over plain slices `&[T]` / `&mut [T]` (`T` = `f32`, `bf16`, `f16`;
 //!   halves reduce in f32), in-place and out-of-place, sum/avg/max/min, and `split` for
@@ -8,6 +9,12 @@
 //!   completed in issue order by a progress thread per communicator.
 //! - A [`Bucketer`] that packs many tensors into fixed-size buffers.
 //! - Timeouts, fail-fast on dead ranks, mismatch detection, counters and history.
+//! - [`bootstrap`]: torchrun's launch variables and a TCP rendezvous that moves an opaque id
+//!   (NCCL's unique id) from rank 0 to the other ranks; no GPU needed.
+//! - `nccl` (feature `cuda`): collectives over cudarc device buffers, launched in groups on
+//!   the communicator's stream, each completing on an event; created from torchrun's
+//!   variables or (with `mpi`) over MPI. Asking for it where the driver, a GPU or `libnccl`
+//!   is missing returns [`CommError::Unavailable`]. It has not yet run on a GPU.
 //!
 //! # Examples
 //! ```
@@ -34,6 +41,7 @@
 #![warn(missing_docs)]
 
 mod backend;
+pub mod bootstrap;
 mod bucket;
 mod communicator;
 mod config;
@@ -42,6 +50,8 @@ mod error;
 pub mod local;
 #[cfg(feature = "mpi")]
 pub mod mpi;
+#[cfg(feature = "cuda")]
+pub mod nccl;
 mod op;
 mod record;
 mod reduce_op;

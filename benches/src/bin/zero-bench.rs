@@ -5,7 +5,10 @@
 //! ```
 //! prints the machine's memcpy bandwidth first, then nccl-tests' table (out-of-place, then
 //! in-place) with one extra column, `membw`: the bytes the local algorithm read and wrote in
-//! memory per second, comparable with the memcpy line.
+//! memory per second, comparable with the memcpy line (N/A on MPI and NCCL).
+//!
+//! `--backend mpi` and `--backend nccl` run one rank per process: under `mpirun`, or (NCCL)
+//! with torchrun's `RANK`, `WORLD_SIZE`, `LOCAL_RANK`, `MASTER_ADDR`, `MASTER_PORT` set.
 use std::process::ExitCode;
 
 use clap::{Parser, ValueEnum};
@@ -97,7 +100,14 @@ fn config(a: &Args) -> Result<BenchConfig, String> {
                 "--backend mpi needs a build with --features mpi (launch with mpirun)".into(),
             )
         }
-        Backend::Nccl => return Err("backend nccl is not built yet".into()),
+        Backend::Nccl if cfg!(feature = "cuda") => {}
+        Backend::Nccl => {
+            return Err(
+                "--backend nccl needs a build with --features cuda (one process per \
+                 GPU, launched by mpirun or with torchrun's variables)"
+                    .into(),
+            )
+        }
     }
     if a.root >= a.ranks.max(1) {
         return Err(format!(
@@ -169,46 +179,57 @@ fn world(_: &mut Args) -> Result<World, String> {
     Ok(None)
 }
 
-fn main() -> ExitCode {
-    let mut args = Args::parse();
-    let world = match world(&mut args) {
-        Ok(w) => w,
-        Err(e) => {
-            eprintln!("zero-bench: {e}");
-            return ExitCode::FAILURE;
+/// nccl-tests' table: header, one line per size, closing lines. Only rank 0 prints.
+struct Table {
+    json: bool,
+    leader: bool,
+    cfg: BenchConfig,
+    redop: &'static str,
+    root: i64,
+    busbw_sum: f64,
+    rows: usize,
+    wrong_total: u64,
+}
+
+impl Table {
+    fn new(cfg: BenchConfig, json: bool, leader: bool) -> Self {
+        let redop = if has_redop(cfg.op) {
+            cfg.redop.name()
+        } else {
+            "none"
+        };
+        let root = if matches!(cfg.op, OpKind::Broadcast | OpKind::Reduce) {
+            cfg.root as i64
+        } else {
+            -1
+        };
+        Table {
+            json,
+            leader,
+            cfg,
+            redop,
+            root,
+            busbw_sum: 0.0,
+            rows: 0,
+            wrong_total: 0,
         }
-    };
-    // Under mpirun only rank 0 prints (report() is only called there, too).
-    let leader = world.as_ref().is_none_or(|(_, c)| c.rank() == 0);
-    let backend = world.as_ref().map_or("local", |(_, c)| c.backend());
-    let cfg = match config(&args) {
-        Ok(c) => c,
-        Err(e) => {
-            eprintln!("zero-bench: {e}");
-            return ExitCode::from(2);
+    }
+
+    fn header(&self, backend: &str, memcpy: Option<(usize, f64)>) {
+        let cfg = &self.cfg;
+        if self.json {
+            if let Some((bytes, gbs)) = memcpy {
+                let v = serde_json::json!({"memcpy": {"threads": cfg.ranks, "bytes": bytes, "gbps": gbs}});
+                println!("{v}");
+            }
+            return;
         }
-    };
-    let redop = if has_redop(cfg.op) {
-        cfg.redop.name()
-    } else {
-        "none"
-    };
-    let root = if matches!(cfg.op, OpKind::Broadcast | OpKind::Reduce) {
-        cfg.root as i64
-    } else {
-        -1
-    };
-    let memcpy = (!args.no_memcpy && world.is_none()).then(|| {
-        let bytes = usize::try_from(cfg.max_bytes)
-            .unwrap_or(usize::MAX)
-            .max(1 << 20);
-        let gbs = memcpy_bandwidth(cfg.ranks, bytes, cfg.iters.max(1));
-        (bytes, gbs)
-    });
-    if !args.json && leader {
+        if !self.leader {
+            return;
+        }
         println!(
             "# zero-bench {}: {} ranks, {backend} backend, {} {}",
-            cfg.op, cfg.ranks, cfg.dtype, redop
+            cfg.op, cfg.ranks, cfg.dtype, self.redop
         );
         println!("# busbw factor {:.3}; membw = bytes read + written by the algorithm (all ranks) / time", bus_factor(cfg.op, cfg.ranks));
         if let Some((bytes, gbs)) = memcpy {
@@ -227,25 +248,17 @@ fn main() -> ExitCode {
             "#{:>11} {:>13} {:>9} {:>7} {:>6}  {:>9} {:>7} {:>7} {:>7} {:>6}  {:>9} {:>7} {:>7} {:>7} {:>6}",
             "(B)", "(elements)", "", "", "", "(us)", "(GB/s)", "(GB/s)", "(GB/s)", "", "(us)", "(GB/s)", "(GB/s)", "(GB/s)", ""
         );
-    } else if let Some((bytes, gbs)) = memcpy {
-        println!(
-            "{}",
-            serde_json::json!({"memcpy": {"threads": cfg.ranks, "bytes": bytes, "gbps": gbs}})
-        );
     }
-    let mut busbw_sum = 0.0;
-    let mut rows = 0usize;
-    let mut wrong_total = 0u64;
-    let json = args.json;
-    let (dtype, op, ranks) = (cfg.dtype, cfg.op, cfg.ranks);
-    let mut report = |row: &Row| {
-        busbw_sum += (row.out_of_place.busbw + row.in_place.busbw) / 2.0;
-        rows += 1;
-        wrong_total += row.out_of_place.wrong.unwrap_or(0) + row.in_place.wrong.unwrap_or(0);
-        if json {
+
+    fn row(&mut self, row: &Row) {
+        self.busbw_sum += (row.out_of_place.busbw + row.in_place.busbw) / 2.0;
+        self.rows += 1;
+        self.wrong_total += row.out_of_place.wrong.unwrap_or(0) + row.in_place.wrong.unwrap_or(0);
+        let (cfg, redop, root) = (&self.cfg, self.redop, self.root);
+        if self.json {
             let v = serde_json::json!({
-                "op": op.name(), "ranks": ranks, "size": row.size, "count": row.count,
-                "type": dtype.name(), "redop": redop, "root": root,
+                "op": cfg.op.name(), "ranks": cfg.ranks, "size": row.size, "count": row.count,
+                "type": cfg.dtype.name(), "redop": redop, "root": root,
                 "out_of_place": json_cells(&row.out_of_place), "in_place": json_cells(&row.in_place),
             });
             println!("{v}");
@@ -254,35 +267,122 @@ fn main() -> ExitCode {
                 " {:>11} {:>13} {:>9} {:>7} {:>6}  {}  {}",
                 row.size,
                 row.count,
-                dtype.name(),
+                cfg.dtype.name(),
                 redop,
                 root,
                 cells(&row.out_of_place),
                 cells(&row.in_place)
             );
         }
+    }
+
+    fn footer(&self) -> ExitCode {
+        let wrong_total = self.wrong_total;
+        if !self.json && self.leader {
+            println!(
+                "# Out of bounds values : {wrong_total} {}",
+                if wrong_total == 0 { "OK" } else { "FAILED" }
+            );
+            println!(
+                "# Avg bus bandwidth    : {:.4}",
+                self.busbw_sum / self.rows.max(1) as f64
+            );
+        }
+        if wrong_total == 0 {
+            ExitCode::SUCCESS
+        } else {
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn fail(e: impl std::fmt::Display, code: u8) -> ExitCode {
+    eprintln!("zero-bench: {e}");
+    ExitCode::from(code)
+}
+
+fn main() -> ExitCode {
+    let mut args = Args::parse();
+    if args.backend == Backend::Nccl {
+        return nccl_main(args);
+    }
+    let world = match world(&mut args) {
+        Ok(w) => w,
+        Err(e) => return fail(e, 1),
     };
+    // Under mpirun only rank 0 prints (report() is only called there, too).
+    let leader = world.as_ref().is_none_or(|(_, c)| c.rank() == 0);
+    let backend = world.as_ref().map_or("local", |(_, c)| c.backend());
+    let cfg = match config(&args) {
+        Ok(c) => c,
+        Err(e) => return fail(e, 2),
+    };
+    let memcpy = (!args.no_memcpy && world.is_none()).then(|| {
+        let bytes = usize::try_from(cfg.max_bytes)
+            .unwrap_or(usize::MAX)
+            .max(1 << 20);
+        let gbs = memcpy_bandwidth(cfg.ranks, bytes, cfg.iters.max(1));
+        (bytes, gbs)
+    });
+    let mut table = Table::new(cfg.clone(), args.json, leader);
+    table.header(backend, memcpy);
     let result = match &world {
-        Some((_, comm)) => run_on(&cfg, comm, &mut report),
-        None => run(&cfg, &mut report),
+        Some((_, comm)) => run_on(&cfg, comm, &mut |r: &Row| table.row(r)),
+        None => run(&cfg, &mut |r: &Row| table.row(r)),
     };
     if let Err(e) = result {
-        eprintln!("zero-bench: {e}");
-        return ExitCode::FAILURE;
+        return fail(e, 1);
     }
-    if !json && leader {
-        println!(
-            "# Out of bounds values : {wrong_total} {}",
-            if wrong_total == 0 { "OK" } else { "FAILED" }
-        );
-        println!(
-            "# Avg bus bandwidth    : {:.4}",
-            busbw_sum / rows.max(1) as f64
-        );
+    table.footer()
+}
+
+/// This process's NCCL rank: torchrun's variables when `RANK` is set, else MPI's world
+/// (the `Mpi` value is kept alive beside the communicator).
+#[cfg(feature = "cuda")]
+fn nccl_comm() -> Result<(Box<dyn std::any::Any>, zero_comm::nccl::NcclComm), String> {
+    use zero_comm::nccl::NcclComm;
+    let config = zero_comm::Config::default();
+    if std::env::var_os("RANK").is_some() {
+        let comm = NcclComm::from_env(config).map_err(|e| e.to_string())?;
+        return Ok((Box::new(()), comm));
     }
-    if wrong_total == 0 {
-        ExitCode::SUCCESS
-    } else {
-        ExitCode::FAILURE
+    #[cfg(feature = "mpi")]
+    {
+        let mpi = zero_comm::mpi::Mpi::init().map_err(|e| e.to_string())?;
+        let comm = NcclComm::from_mpi(&mpi, config).map_err(|e| e.to_string())?;
+        Ok((Box::new(mpi), comm))
+    }
+    #[cfg(not(feature = "mpi"))]
+    Err(
+        "--backend nccl: set RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT (as \
+         torchrun does), or build with --features cuda,mpi and launch with mpirun"
+            .into(),
+    )
+}
+
+#[cfg(feature = "cuda")]
+fn nccl_main(mut args: Args) -> ExitCode {
+    let (_keep, comm) = match nccl_comm() {
+        Ok(c) => c,
+        Err(e) => return fail(e, 1),
+    };
+    args.ranks = comm.size();
+    let cfg = match config(&args) {
+        Ok(c) => c,
+        Err(e) => return fail(e, 2),
+    };
+    let mut table = Table::new(cfg.clone(), args.json, comm.rank() == 0);
+    table.header("nccl", None);
+    if let Err(e) = zero_benches::nccl::run_nccl(&cfg, &comm, &mut |r: &Row| table.row(r)) {
+        return fail(e, 1);
+    }
+    table.footer()
+}
+
+#[cfg(not(feature = "cuda"))]
+fn nccl_main(args: Args) -> ExitCode {
+    match config(&args) {
+        Ok(_) => fail("--backend nccl is not in this build", 2),
+        Err(e) => fail(e, 2),
     }
 }
