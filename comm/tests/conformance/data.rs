@@ -81,6 +81,31 @@ pub fn reference<T: Val>(inputs: &[Vec<T>], op: ReduceOp) -> Vec<T> {
         .collect()
 }
 
+/// Element i of the result as the backends promise to compute it: f32 accumulation over the
+/// inputs in rank order, avg divided by the count in f32, one rounding to `T` at the end.
+/// A plain loop, sharing nothing with the backends' kernels.
+pub fn rank_order<T: Val>(inputs: &[Vec<T>], op: ReduceOp) -> Vec<T> {
+    let len = inputs.first().map_or(0, Vec::len);
+    (0..len)
+        .map(|i| {
+            let mut acc = inputs[0][i].to_f32();
+            for input in &inputs[1..] {
+                let x = input[i].to_f32();
+                acc = match op {
+                    ReduceOp::Sum | ReduceOp::Avg => acc + x,
+                    ReduceOp::Max => acc.max(x),
+                    ReduceOp::Min => acc.min(x),
+                };
+            }
+            if op == ReduceOp::Avg {
+                acc /= inputs.len() as f32;
+            }
+            // f32 to f64 is exact, so this is the one rounding to T.
+            T::from_f64(f64::from(acc))
+        })
+        .collect()
+}
+
 /// Exact equality, except avg, which may differ by one unit in the last place.
 pub fn close<T: Val>(got: &[T], want: &[T], op: ReduceOp, what: &str) -> Result {
     ensure!(

@@ -55,7 +55,7 @@ local_cases!(
     split_key_order,
     async_in_issue_order,
     async_matches_blocking,
-    bitwise_equal_to_local,
+    bitwise_rank_order,
     bad_arguments,
 );
 
