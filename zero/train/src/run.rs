@@ -61,7 +61,11 @@ pub(crate) struct RankOutput {
 /// Any [`TrainError`]; an invalid `cfg` before any rank starts; a rank's failure stops
 /// every rank.
 pub fn train(cfg: &TrainConfig) -> Result<RunSummary, TrainError> {
-    cfg.validate()?;
+    if cfg.backend != Backend::Mpi {
+        // Before any communicator or thread exists (MPI's world size is mpirun's, checked
+        // once known in `run_group`).
+        cfg.validate()?;
+    }
     let mut cfg = cfg.clone();
     let group = RankGroup::new(&mut cfg)?;
     run_group(&cfg, group)
@@ -153,7 +157,7 @@ fn open_tokens(
 }
 
 fn run_group(cfg: &TrainConfig, group: RankGroup) -> Result<RunSummary, TrainError> {
-    // Again: under MPI the world size has just been replaced by mpirun's.
+    // Under MPI the world size has just been replaced by mpirun's.
     cfg.validate()?;
     if cfg.device == Device::Cuda {
         return Err(TrainError::Unsupported(

@@ -1,5 +1,5 @@
-//! The range of every value of a [`TrainConfig`], checked before anything is allocated or
-//! spawned, so arithmetic on them later cannot overflow and no count is absurd.
+//! The range of every value of a [`TrainConfig`], checked before the ranks start, so that
+//! arithmetic on the values cannot overflow and no count is absurd.
 //!
 //! Each refusal is a [`ConfigError::OutOfRange`] naming the flag (and its config key), the
 //! value given and what would be right.

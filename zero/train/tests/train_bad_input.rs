@@ -1,6 +1,6 @@
-//! Bad input to the `zero-train` binary: each case ends in a clear error that names the flag
-//! (or the file), never a panic. Each case here panicked or wrapped around before it was
-//! checked; the binary is spawned so a panic would show as such in its stderr.
+//! Bad input to the `zero-train` binary: each case, one that unchecked arithmetic or an
+//! unchecked count would turn into a panic or a wrap, ends in a clear error that names the
+//! flag (or the manifest field). The binary is spawned, so a panic shows in its stderr.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
