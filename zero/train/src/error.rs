@@ -2,12 +2,49 @@
 
 use std::path::PathBuf;
 
+/// Why a configuration was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The config file could not be read.
+    #[error("cannot read config file {path}: {source}")]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// What the OS said.
+        source: std::io::Error,
+    },
+    /// The config file is not valid TOML for these keys.
+    #[error("config file {path}: {message}")]
+    Parse {
+        /// The file.
+        path: PathBuf,
+        /// The parser's message, with the line.
+        message: String,
+    },
+    /// A value is out of its range or inconsistent with another.
+    #[error("invalid --{flag} {value} (`{key}` in a config file): {expected}", flag = key.replace('_', "-"))]
+    OutOfRange {
+        /// The field, spelled as its config key (its flag has dashes).
+        key: &'static str,
+        /// The value given.
+        value: String,
+        /// What would be right.
+        expected: String,
+    },
+    /// The model shape the configuration asks for is invalid.
+    #[error(transparent)]
+    Model(#[from] zero_gpt::GptError),
+    /// The merged layers do not form a configuration.
+    #[error("invalid configuration: {0}")]
+    Invalid(String),
+}
+
 /// Why `zero-train` stopped.
 #[derive(Debug, thiserror::Error)]
 pub enum TrainError {
     /// The configuration is invalid.
     #[error(transparent)]
-    Config(#[from] super::ConfigError),
+    Config(#[from] ConfigError),
     /// The model configuration is invalid.
     #[error(transparent)]
     Model(#[from] zero_gpt::GptError),
@@ -54,6 +91,14 @@ pub enum TrainError {
     /// A backend this build or this runner does not offer.
     #[error("{0}")]
     Unsupported(String),
+    /// The operating system refused a rank's thread.
+    #[error("cannot start the thread of rank {rank}: {source}")]
+    Spawn {
+        /// The rank.
+        rank: usize,
+        /// What the OS said.
+        source: std::io::Error,
+    },
     /// A rank's thread panicked (a bug); its peers were stopped.
     #[error("rank {rank} panicked: {message}")]
     RankPanicked {

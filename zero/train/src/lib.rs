@@ -2,6 +2,7 @@
 //! (`zero-gpt`) through the ZeRO engine (`zero`), and the `zero-train` binary's library.
 #![warn(missing_docs)]
 
+pub mod args;
 pub mod bridge;
 pub mod bytesize;
 pub mod checkpoint;
@@ -10,10 +11,16 @@ pub mod data;
 pub mod error;
 mod llmc_header;
 pub mod metrics;
+mod progress;
+mod report;
 pub mod resume;
 pub mod run;
+mod sample;
+mod trainer;
+pub mod validate;
 
+pub use args::TrainArgs;
 pub use bytesize::ByteSize;
-pub use config::{Backend, ConfigError, PrecisionArg, TrainArgs, TrainConfig};
-pub use error::TrainError;
+pub use config::{Backend, Device, PrecisionArg, TrainConfig};
+pub use error::{ConfigError, TrainError};
 pub use run::{model_config, train, RunSummary};

@@ -96,6 +96,15 @@ pub fn load_state(
     let engine_steps = meta["engine_steps"]
         .as_u64()
         .ok_or_else(|| bad("no optimizer step count in the state".into()))?;
+    // The engine counts one optimizer step per training step at most (fewer once fp16
+    // overflows skip some), and the count grows by one per step from here: a larger figure
+    // is an edited or corrupt manifest.
+    if engine_steps > r.step() {
+        return Err(bad(format!(
+            "its engine_steps {engine_steps} exceeds its step {}",
+            r.step()
+        )));
+    }
     let loader_state: LoaderState = serde_json::from_value(meta["loader"].clone())
         .map_err(|e| bad(format!("no data loader position in the state ({e})")))?;
     let states = (0..engine.units().len())

@@ -1,4 +1,5 @@
-//! `zero-train`: trains the bundled GPT-2 with ZeRO on the local backend.
+//! `zero-train`: trains the bundled GPT-2 with ZeRO stages 0-3, its ranks as threads of one
+//! process (`--backend local`) or as processes under mpirun (`--backend mpi`).
 //!
 //! ```text
 //! zero-train [FLAGS]                          train (flags over --config FILE over defaults)
@@ -76,7 +77,7 @@ fn main() -> ExitCode {
             .and_then(|cfg| {
                 eprintln!(
                     "zero-train: model {} | ZeRO stage {} | {} ranks | global batch {} x {} tokens | {} steps",
-                    cfg.model, cfg.zero_stage, cfg.world_size, cfg.batch_size, cfg.seq_len, cfg.steps
+                    cfg.model, cfg.zero_stage as u8, cfg.world_size, cfg.batch_size, cfg.seq_len, cfg.steps
                 );
                 train(&cfg).map(|_| ()).map_err(|e| e.to_string())
             }),

@@ -1,0 +1,119 @@
+//! The command line and the `--config` file layered into one [`TrainConfig`]: flags given on
+//! the command line win, then the file's keys, then the defaults.
+//!
+//! clap parses every flag into a [`TrainConfig`] (defaults filled in) and records which
+//! flags the user typed; serde reads the file into another (defaults filled in, unknown keys
+//! refused). [`TrainArgs::resolve`] starts from the file's and overwrites the typed flags.
+
+use super::config::TrainConfig;
+use super::error::ConfigError;
+use clap::parser::ValueSource;
+use clap::{Arg, ArgMatches, Args, Command, FromArgMatches};
+use serde_json::{Map, Value};
+use std::path::{Path, PathBuf};
+
+/// `zero-train`'s training flags: `--config FILE` and every [`TrainConfig`] flag.
+#[derive(Debug, Clone, Default)]
+pub struct TrainArgs {
+    /// TOML file whose keys match the flags.
+    pub config: Option<PathBuf>,
+    /// Every flag's value, typed or default.
+    pub flags: TrainConfig,
+    /// Config keys (field names) of the flags typed on the command line.
+    pub typed: Vec<String>,
+}
+
+const CONFIG: &str = "config";
+
+impl Args for TrainArgs {
+    fn augment_args(cmd: Command) -> Command {
+        TrainConfig::augment_args(cmd.arg(config_arg()))
+    }
+
+    fn augment_args_for_update(cmd: Command) -> Command {
+        TrainConfig::augment_args_for_update(cmd.arg(config_arg()))
+    }
+}
+
+fn config_arg() -> Arg {
+    Arg::new(CONFIG)
+        .long(CONFIG)
+        .value_name("FILE")
+        .value_parser(clap::value_parser!(PathBuf))
+        .help("TOML file whose keys match these flags (flags given on the command line win)")
+}
+
+impl FromArgMatches for TrainArgs {
+    fn from_arg_matches(matches: &ArgMatches) -> Result<Self, clap::Error> {
+        let typed = matches
+            .ids()
+            .map(|id| id.as_str())
+            .filter(|id| *id != CONFIG)
+            .filter(|id| matches.value_source(id) == Some(ValueSource::CommandLine))
+            .map(str::to_string)
+            .collect();
+        Ok(Self {
+            config: matches.get_one::<PathBuf>(CONFIG).cloned(),
+            flags: TrainConfig::from_arg_matches(matches)?,
+            typed,
+        })
+    }
+
+    fn update_from_arg_matches(&mut self, matches: &ArgMatches) -> Result<(), clap::Error> {
+        *self = Self::from_arg_matches(matches)?;
+        Ok(())
+    }
+}
+
+impl TrainArgs {
+    /// Reads a TOML file of flags over the defaults (unknown keys are errors, so typos do
+    /// not pass silently).
+    ///
+    /// # Errors
+    /// [`ConfigError::Read`] or [`ConfigError::Parse`].
+    pub fn from_toml_file(path: &Path) -> Result<TrainConfig, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        toml::from_str(&text).map_err(|e| ConfigError::Parse {
+            path: path.to_path_buf(),
+            message: e.to_string(),
+        })
+    }
+
+    /// Typed flags over the `--config` file (if any) over defaults, validated.
+    ///
+    /// # Errors
+    /// A [`ConfigError`] naming the file or the flag whose value is wrong.
+    pub fn resolve(&self) -> Result<TrainConfig, ConfigError> {
+        let file = match &self.config {
+            Some(path) => Self::from_toml_file(path)?,
+            None => TrainConfig::default(),
+        };
+        file.validate_reals()?;
+        self.flags.validate_reals()?;
+        let mut merged = to_map(&file)?;
+        let flags = to_map(&self.flags)?;
+        for key in &self.typed {
+            if let Some(value) = flags.get(key) {
+                merged.insert(key.clone(), value.clone());
+            }
+        }
+        let config: TrainConfig = serde_json::from_value(Value::Object(merged))
+            .map_err(|e| ConfigError::Invalid(e.to_string()))?;
+        config.validate()?;
+        Ok(config)
+    }
+}
+
+/// `value` as a JSON map, keyed by field name.
+fn to_map(value: &TrainConfig) -> Result<Map<String, Value>, ConfigError> {
+    match serde_json::to_value(value) {
+        Ok(Value::Object(map)) => Ok(map),
+        Ok(other) => Err(ConfigError::Invalid(format!(
+            "expected a table, got {other}"
+        ))),
+        Err(e) => Err(ConfigError::Invalid(e.to_string())),
+    }
+}

@@ -1,0 +1,344 @@
+//! One rank's training state and the four things a training loop does with it: [`step`],
+//! [`evaluate`], [`save`] and [`report`] (plus the closing export and sample).
+//!
+//! [`step`]: Trainer::step
+//! [`evaluate`]: Trainer::evaluate
+//! [`save`]: Trainer::save
+//! [`report`]: Trainer::report
+
+use super::bridge::{eval_loss, gpt_units, micro_step};
+use super::error::TrainError;
+use super::metrics::{RankReport, StepMetrics};
+use super::resume::{load_llmc, load_state, save_llmc, save_state, step_dir};
+use super::run::{RankOutput, Shared};
+use super::sample::{decode, sample};
+use crate::data::{DataLoader, LoaderConfig};
+use std::time::Instant;
+use zero::optim::{AdamW, CosineSchedule};
+use zero::{expected_model_state_bytes, Engine, EngineConfig, Precision, Traffic, ZeroStage};
+use zero_comm::{Communicator, ReduceOp};
+use zero_gpt::{init_unit, Activations, Gpt};
+
+/// One rank's model, engine, data and running totals.
+pub(crate) struct Trainer<'a> {
+    shared: &'a Shared<'a>,
+    rank: usize,
+    model: Gpt,
+    engine: Engine,
+    loader: DataLoader,
+    loader_config: LoaderConfig,
+    schedule: CosineSchedule,
+    /// Activations of one micro-batch, (B, T).
+    acts: Activations,
+    /// Input and target tokens of one micro-batch, (B, T).
+    x: Vec<u32>,
+    y: Vec<u32>,
+    /// The step the run starts from (0, or the resumed state's).
+    start: u64,
+    out: RankOutput,
+    /// Collective traffic and bytes sent by the steps run so far.
+    traffic: Traffic,
+    sent: u64,
+}
+
+impl std::fmt::Debug for Trainer<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Trainer")
+            .field("rank", &self.rank)
+            .field("start", &self.start)
+            .finish_non_exhaustive()
+    }
+}
+
+impl RankOutput {
+    /// Nothing run yet; the model states the engine holds, beside the paper's formulas for
+    /// its stage and for stage 0.
+    fn new(engine: &Engine, num_params: usize, precision: Precision) -> Result<Self, TrainError> {
+        Ok(Self {
+            num_params,
+            losses: Vec::new(),
+            val_losses: Vec::new(),
+            sample: Vec::new(),
+            report: RankReport {
+                rank: engine.rank(),
+                measured: engine.measured_model_state_bytes()?,
+                expected: engine.expected_model_state_bytes(),
+                stage0: expected_model_state_bytes(
+                    num_params as u64,
+                    engine.comm().size(),
+                    ZeroStage::Zero0,
+                    precision,
+                ),
+                peak_bytes: 0,
+                traffic_per_step: Traffic::default(),
+                comm_bytes_sent_per_step: 0.0,
+            },
+        })
+    }
+}
+
+/// The engine over `comm` with the GPT's units, initialised from `cfg.seed`.
+fn build_engine(
+    shared: &Shared<'_>,
+    comm: Communicator,
+    model: &Gpt,
+) -> Result<Engine, TrainError> {
+    let cfg = shared.cfg;
+    let engine_config = EngineConfig {
+        stage: cfg.zero_stage,
+        precision: cfg.precision.into(),
+        reduce_bucket_bytes: usize::try_from(cfg.reduce_bucket_size.0).unwrap_or(usize::MAX),
+        persistence_threshold: cfg.param_persistence_threshold,
+        prefetch_units: cfg.prefetch_units,
+        grad_clip: cfg.grad_clip,
+        adam: AdamW {
+            weight_decay: cfg.weight_decay,
+            ..AdamW::default()
+        },
+        memory_limit: cfg.memory_limit.map(|m| m.0),
+    };
+    engine_config.adam.validate()?;
+    let (gcfg, layout) = (shared.model, model.layout());
+    let mut init_err = None;
+    let engine = Engine::new(comm, gpt_units(layout), engine_config, |unit, w| {
+        if let Err(e) = init_unit(&gcfg, layout, unit, cfg.seed, w) {
+            init_err.get_or_insert(e);
+        }
+    })?;
+    match init_err {
+        Some(e) => Err(e.into()),
+        None => Ok(engine),
+    }
+}
+
+impl<'a> Trainer<'a> {
+    /// Builds rank `comm.rank()`'s engine and data loader, and loads `--init-from` and
+    /// `--resume` when given.
+    ///
+    /// # Errors
+    /// Model, engine, data or checkpoint errors; [`TrainError::Resume`] when the resumed
+    /// state is past `--steps`.
+    pub(crate) fn new(shared: &'a Shared<'a>, comm: Communicator) -> Result<Self, TrainError> {
+        let cfg = shared.cfg;
+        let model = Gpt::new(shared.model)?;
+        let (rank, world) = (comm.rank(), comm.size());
+        let mut engine = build_engine(shared, comm, &model)?;
+        let (b, t) = (cfg.micro_batch_size, cfg.seq_len);
+        let loader_config = LoaderConfig {
+            micro_batch: b,
+            seq_len: t,
+            rank,
+            world_size: world,
+            grad_accum_steps: cfg.grad_accum_steps(),
+            seed: cfg.seed,
+            shuffle: false,
+        };
+        let mut loader = DataLoader::new(shared.train.clone(), loader_config)?;
+        if let Some(path) = &cfg.init_from {
+            load_llmc(path, &shared.model, &mut engine)?;
+        }
+        let mut start = 0;
+        if let Some(dir) = &cfg.resume {
+            start = load_state(dir, &shared.model, &mut engine, &mut loader)?;
+            if start > cfg.steps {
+                return Err(TrainError::Resume {
+                    dir: dir.clone(),
+                    reason: format!("its state is at step {start}, past --steps {}", cfg.steps),
+                });
+            }
+        }
+        let schedule = CosineSchedule {
+            max_lr: cfg.lr,
+            warmup_steps: cfg.warmup_steps.min(cfg.steps),
+            total_steps: cfg.steps,
+            min_lr_frac: cfg.min_lr_ratio,
+        };
+        schedule.validate()?;
+        let out = RankOutput::new(&engine, model.layout().num_params(), cfg.precision.into())?;
+        Ok(Self {
+            acts: model.activations(b, t)?,
+            x: vec![0; b * t],
+            y: vec![0; b * t],
+            shared,
+            rank,
+            model,
+            engine,
+            loader,
+            loader_config,
+            schedule,
+            start,
+            out,
+            traffic: Traffic::default(),
+            sent: 0,
+        })
+    }
+
+    /// The step this rank starts from.
+    pub(crate) fn start(&self) -> u64 {
+        self.start
+    }
+
+    /// One optimizer step (`step` counts from 0): forward and backward over every micro-batch
+    /// of the global batch, the loss averaged over ranks, the engine's update at the
+    /// schedule's learning rate. Rank 0 reports it.
+    ///
+    /// # Errors
+    /// Data, model, engine or collective errors.
+    pub(crate) fn step(&mut self, step: u64) -> Result<(), TrainError> {
+        let began = Instant::now();
+        let (traffic_before, sent_before) = (self.engine.traffic(), self.bytes_sent());
+        let lr = self.schedule.lr(step);
+        let accum = self.loader_config.grad_accum_steps;
+        let mut local = 0.0f32;
+        for _ in 0..accum {
+            self.loader.next_micro_batch(&mut self.x, &mut self.y)?;
+            local += micro_step(
+                &mut self.engine,
+                &self.model,
+                &mut self.acts,
+                &self.x,
+                &self.y,
+            )?;
+        }
+        let mut loss = [local / accum as f32];
+        self.engine
+            .comm()
+            .all_reduce_in_place(&mut loss, ReduceOp::Avg)?;
+        let report = self.engine.step(lr)?;
+        self.count_traffic(traffic_before, sent_before);
+        let secs = began.elapsed().as_secs_f64();
+        self.out.losses.push(loss[0]);
+        let global_tokens = (self.shared.cfg.batch_size * self.shared.cfg.seq_len) as f64;
+        let m = StepMetrics {
+            step: step + 1,
+            loss: loss[0],
+            lr,
+            grad_norm: report.grad_norm,
+            tokens_per_s: global_tokens / secs,
+            step_ms: secs * 1e3,
+            loss_scale: report.loss_scale,
+            skipped: report.skipped,
+        };
+        if self.rank == 0 {
+            self.shared.reporter.step(&m)?;
+        }
+        Ok(())
+    }
+
+    fn bytes_sent(&self) -> u64 {
+        self.engine.comm().stats().bytes_sent
+    }
+
+    /// Adds the traffic since `before` / `sent_before` to the run's totals.
+    fn count_traffic(&mut self, before: Traffic, sent_before: u64) {
+        let after = self.engine.traffic();
+        self.traffic.all_reduce += after.all_reduce - before.all_reduce;
+        self.traffic.reduce_scatter += after.reduce_scatter - before.reduce_scatter;
+        self.traffic.all_gather += after.all_gather - before.all_gather;
+        self.sent += self.bytes_sent() - sent_before;
+    }
+
+    /// Mean validation loss over `eval_batches` global batches from the start of val.bin,
+    /// recorded as the loss after `step` steps; rank 0 reports it.
+    ///
+    /// # Errors
+    /// Data, model, engine or collective errors.
+    pub(crate) fn evaluate(&mut self, step: u64) -> Result<(), TrainError> {
+        let cfg = LoaderConfig {
+            grad_accum_steps: 1,
+            ..self.loader_config
+        };
+        let mut loader = DataLoader::new(self.shared.val.clone(), cfg)?;
+        let mut acts = self.model.activations(cfg.micro_batch, cfg.seq_len)?;
+        let n = cfg.micro_batch * cfg.seq_len;
+        let (mut x, mut y) = (vec![0u32; n], vec![0u32; n]);
+        let mut sum = 0.0f32;
+        let batches = self.shared.cfg.eval_batches.max(1);
+        for _ in 0..batches {
+            loader.next_micro_batch(&mut x, &mut y)?;
+            sum += eval_loss(&mut self.engine, &self.model, &mut acts, &x, &y)?;
+        }
+        let mut mean = [sum / batches as f32];
+        self.engine
+            .comm()
+            .all_reduce_in_place(&mut mean, ReduceOp::Avg)?;
+        self.out.val_losses.push((step, mean[0]));
+        if self.rank == 0 {
+            self.shared.reporter.val_loss(step, mean[0])?;
+        }
+        Ok(())
+    }
+
+    /// Saves the run after `step` steps into the `--save` directory: every rank exports its
+    /// states, rank 0 writes them, and the ranks wait for the write to finish.
+    ///
+    /// # Errors
+    /// Engine, collective or checkpoint I/O errors.
+    pub(crate) fn save(&mut self, step: u64) -> Result<(), TrainError> {
+        let Some(dir) = &self.shared.cfg.save else {
+            return Ok(());
+        };
+        let states = self.engine.export_states()?;
+        if self.rank == 0 {
+            let at = step_dir(dir, step);
+            let (cfg, model) = (self.shared.cfg, &self.shared.model);
+            let loader = self.loader.state();
+            save_state(&at, cfg, model, &states, self.engine.steps(), &loader, step)?;
+            self.shared
+                .reporter
+                .line(&format!("saved {}", at.display()));
+        }
+        // Nobody reads a half-written state: ranks wait for rank 0's write.
+        self.engine.comm().barrier()?;
+        Ok(())
+    }
+
+    /// Writes `--export-llmc` (rank 0) and waits for it; nothing without the flag.
+    ///
+    /// # Errors
+    /// Engine, collective or checkpoint I/O errors.
+    pub(crate) fn export_llmc(&mut self) -> Result<(), TrainError> {
+        let Some(path) = &self.shared.cfg.export_llmc else {
+            return Ok(());
+        };
+        let states = self.engine.export_states()?;
+        if self.rank == 0 {
+            save_llmc(path, &self.shared.model, &states)?;
+        }
+        self.engine.comm().barrier()?;
+        Ok(())
+    }
+
+    /// Generates the closing `--sample-tokens` sample; rank 0 prints it.
+    ///
+    /// # Errors
+    /// Engine or model errors.
+    pub(crate) fn sample(&mut self) -> Result<(), TrainError> {
+        let cfg = self.shared.cfg;
+        if cfg.sample_tokens == 0 {
+            return Ok(());
+        }
+        let (t, n, k) = (cfg.seq_len, cfg.sample_tokens, cfg.top_k);
+        self.out.sample = sample(&mut self.engine, &self.model, t, n, k, cfg.seed)?;
+        if self.rank == 0 {
+            let text = decode(&self.out.sample);
+            self.shared.reporter.line(&format!("sample:\n{text}"));
+        }
+        Ok(())
+    }
+
+    /// What this rank hands back: losses, sample, and memory and traffic per step run.
+    pub(crate) fn report(mut self) -> RankOutput {
+        let steps_run = self.shared.cfg.steps.saturating_sub(self.start).max(1);
+        let t = self.traffic;
+        let report = &mut self.out.report;
+        report.peak_bytes = self.engine.arena().stats().peak_allocated as u64;
+        report.traffic_per_step = Traffic {
+            all_reduce: t.all_reduce / steps_run,
+            reduce_scatter: t.reduce_scatter / steps_run,
+            all_gather: t.all_gather / steps_run,
+        };
+        report.comm_bytes_sent_per_step = self.sent as f64 / steps_run as f64;
+        self.out
+    }
+}

@@ -1,0 +1,172 @@
+//! The range of every value of a [`TrainConfig`], checked before the ranks start, so that
+//! arithmetic on the values cannot overflow and no count is absurd.
+//!
+//! Each refusal is a [`ConfigError::OutOfRange`] naming the flag (and its config key), the
+//! value given and what would be right.
+
+use super::config::TrainConfig;
+use super::error::ConfigError;
+use std::fmt::Display;
+use zero_gpt::ParamLayout;
+
+/// Most ranks one run starts (the local backend runs each as a thread).
+pub const MAX_RANKS: usize = 1024;
+/// Most optimizer steps (and warm-up, evaluation and save intervals) a run counts.
+pub const MAX_STEPS: u64 = 1 << 40;
+/// Most tokens in one global batch (`batch_size * seq_len`): 1 GiB of u32 token ids.
+pub const MAX_BATCH_TOKENS: usize = 1 << 28;
+/// Most layers or heads of a model.
+pub const MAX_LAYERS_OR_HEADS: usize = 1 << 10;
+/// Most channels, vocabulary entries, sequence positions, sampled tokens, top-k or
+/// validation batches.
+pub const MAX_WIDTH: usize = 1 << 20;
+/// Largest gradient bucket.
+pub const MAX_BUCKET_BYTES: u64 = 1 << 40;
+
+/// `Err` naming `key` unless `lo <= value <= hi`.
+fn in_range<T: PartialOrd + Display>(
+    key: &'static str,
+    value: T,
+    lo: T,
+    hi: T,
+) -> Result<(), ConfigError> {
+    if lo <= value && value <= hi {
+        Ok(())
+    } else {
+        Err(out_of_range(key, &value, format!("expected {lo} to {hi}")))
+    }
+}
+
+fn out_of_range(key: &'static str, value: &dyn Display, expected: String) -> ConfigError {
+    ConfigError::OutOfRange {
+        key,
+        value: value.to_string(),
+        expected,
+    }
+}
+
+/// `Err` naming `key` unless `value` is a finite number in `lo..=hi`.
+fn finite_in(key: &'static str, value: f32, lo: f32, hi: f32) -> Result<(), ConfigError> {
+    if value.is_finite() && lo <= value && value <= hi {
+        Ok(())
+    } else {
+        Err(out_of_range(
+            key,
+            &value,
+            format!("expected a finite number from {lo} to {hi}"),
+        ))
+    }
+}
+
+impl TrainConfig {
+    /// Checks every value's range and the relations between values.
+    ///
+    /// # Errors
+    /// [`ConfigError::OutOfRange`] naming the flag, the value and what would be right;
+    /// [`ConfigError::Model`] for an unknown preset or an invalid model shape.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        self.validate_shape()?;
+        self.validate_batch()?;
+        self.validate_schedule()?;
+        self.validate_engine()
+    }
+
+    fn validate_shape(&self) -> Result<(), ConfigError> {
+        let optional = [
+            ("layers", self.layers, MAX_LAYERS_OR_HEADS),
+            ("heads", self.heads, MAX_LAYERS_OR_HEADS),
+            ("dim", self.dim, MAX_WIDTH),
+            ("vocab", self.vocab, MAX_WIDTH),
+        ];
+        for (key, value, hi) in optional {
+            if let Some(v) = value {
+                in_range(key, v, 1, hi)?;
+            }
+        }
+        in_range("seq_len", self.seq_len, 1, MAX_WIDTH)?;
+        in_range("sample_tokens", self.sample_tokens, 0, MAX_WIDTH)?;
+        if self.sample_tokens > 0 {
+            in_range("top_k", self.top_k, 1, MAX_WIDTH)?;
+        }
+        self.model_config()?;
+        Ok(())
+    }
+
+    fn validate_batch(&self) -> Result<(), ConfigError> {
+        in_range("world_size", self.world_size, 1, MAX_RANKS)?;
+        in_range(
+            "micro_batch_size",
+            self.micro_batch_size,
+            1,
+            MAX_BATCH_TOKENS,
+        )?;
+        in_range("batch_size", self.batch_size, 1, MAX_BATCH_TOKENS)?;
+        let Some(per_micro_step) = self.micro_batch_size.checked_mul(self.world_size) else {
+            return Err(out_of_range(
+                "micro_batch_size",
+                &self.micro_batch_size,
+                format!(
+                    "micro_batch_size x world_size {} overflows",
+                    self.world_size
+                ),
+            ));
+        };
+        if self.batch_size % per_micro_step != 0 {
+            return Err(out_of_range(
+                "batch_size",
+                &self.batch_size,
+                format!(
+                    "batch_size {} is not a multiple of micro_batch_size {} x world_size {} = {}",
+                    self.batch_size, self.micro_batch_size, self.world_size, per_micro_step
+                ),
+            ));
+        }
+        let tokens = self.batch_size.checked_mul(self.seq_len);
+        if tokens.is_none_or(|t| t > MAX_BATCH_TOKENS) {
+            return Err(out_of_range(
+                "batch_size",
+                &self.batch_size,
+                format!("batch_size x seq_len must be at most {MAX_BATCH_TOKENS} tokens"),
+            ));
+        }
+        if self.eval_every > 0 {
+            in_range("eval_batches", self.eval_batches, 1, MAX_WIDTH)?;
+        }
+        Ok(())
+    }
+
+    fn validate_schedule(&self) -> Result<(), ConfigError> {
+        for (key, value) in [
+            ("steps", self.steps),
+            ("warmup_steps", self.warmup_steps),
+            ("eval_every", self.eval_every),
+            ("save_every", self.save_every),
+        ] {
+            in_range(key, value, 0, MAX_STEPS)?;
+        }
+        self.validate_reals()
+    }
+
+    /// Checks the real-valued fields alone: run on each layer before they are merged, as
+    /// the merge goes through JSON, which has no NaN or infinity.
+    pub(crate) fn validate_reals(&self) -> Result<(), ConfigError> {
+        finite_in("lr", self.lr, f32::MIN_POSITIVE, f32::MAX)?;
+        finite_in("min_lr_ratio", self.min_lr_ratio, 0.0, 1.0)?;
+        finite_in("weight_decay", self.weight_decay, 0.0, f32::MAX)?;
+        finite_in("grad_clip", self.grad_clip, 0.0, f32::MAX)
+    }
+
+    fn validate_engine(&self) -> Result<(), ConfigError> {
+        in_range(
+            "reduce_bucket_size",
+            self.reduce_bucket_size.0,
+            1,
+            MAX_BUCKET_BYTES,
+        )?;
+        if let Some(limit) = self.memory_limit {
+            in_range("memory_limit", limit.0, 1, u64::MAX)?;
+        }
+        let units = ParamLayout::new(&self.model_config()?).num_units();
+        in_range("prefetch_units", self.prefetch_units, 0, units)
+    }
+}

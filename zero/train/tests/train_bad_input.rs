@@ -1,0 +1,197 @@
+//! Bad input to the `zero-train` binary: each case, one that unchecked arithmetic or an
+//! unchecked count would turn into a panic or a wrap, ends in a clear error that names the
+//! flag (or the manifest field). The binary is spawned, so a panic shows in its stderr.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use zero_train::data::TokenFile;
+
+/// A throwaway directory removed on drop.
+struct TempDir(PathBuf);
+
+impl TempDir {
+    fn new(tag: &str) -> Self {
+        let p = std::env::temp_dir().join(format!("zero-train-bad-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&p);
+        std::fs::create_dir_all(&p).unwrap();
+        Self(p)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn corpus(dir: &Path) {
+    let tokens: Vec<u16> = (0..4_000).map(|i| (i % 17) as u16).collect();
+    let (val, train) = tokens.split_at(1_000);
+    for (name, part) in [("train.bin", train), ("val.bin", val)] {
+        TokenFile::from_tokens_with_vocab(part.to_vec(), 100)
+            .unwrap()
+            .write(dir.join(name))
+            .unwrap();
+    }
+}
+
+/// The tiny model, one rank, no evaluation or sample: a run of a few milliseconds.
+fn tiny_args(data: &Path) -> Vec<String> {
+    let data = data.to_str().unwrap();
+    [
+        "--model",
+        "tiny",
+        "--seq-len",
+        "8",
+        "--data",
+        data,
+        "--world-size",
+        "1",
+        "--batch-size",
+        "1",
+        "--micro-batch-size",
+        "1",
+        "--warmup-steps",
+        "0",
+        "--eval-every",
+        "0",
+        "--sample-tokens",
+        "0",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect()
+}
+
+/// Runs the binary; returns (success, stderr).
+fn zero_train(args: &[String]) -> (bool, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_zero-train"))
+        .args(args)
+        .output()
+        .unwrap();
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// Asserts a failed run whose message names `needle`, without a panic.
+fn refused(args: &[String], needle: &str) {
+    let (ok, stderr) = zero_train(args);
+    assert!(!ok, "{args:?} succeeded:\n{stderr}");
+    assert!(!stderr.contains("panicked"), "{args:?} panicked:\n{stderr}");
+    assert!(
+        stderr.contains(needle),
+        "{args:?}: no {needle:?} in:\n{stderr}"
+    );
+}
+
+/// `base` with the flag-value pairs of `extra` replacing or joining its own.
+fn with(mut base: Vec<String>, extra: &[&str]) -> Vec<String> {
+    for pair in extra.chunks(2) {
+        match base.iter().position(|a| a == pair[0]) {
+            Some(i) => base[i + 1] = pair[1].to_string(),
+            None => base.extend(pair.iter().map(|s| s.to_string())),
+        }
+    }
+    base
+}
+
+#[test]
+fn an_overflowing_micro_batch_names_the_flag() {
+    let dir = TempDir::new("micro");
+    let max = u64::MAX.to_string();
+    let args = with(
+        tiny_args(&dir.0),
+        &["--micro-batch-size", &max, "--world-size", "2"],
+    );
+    refused(&args, "--micro-batch-size");
+}
+
+#[test]
+fn a_huge_world_size_names_the_flag_before_any_thread_starts() {
+    let dir = TempDir::new("world");
+    let huge = "1000000000000";
+    let args = with(
+        tiny_args(&dir.0),
+        &["--world-size", huge, "--batch-size", huge],
+    );
+    refused(&args, "--world-size");
+}
+
+#[test]
+fn a_huge_prefetch_names_the_flag() {
+    let dir = TempDir::new("prefetch");
+    corpus(&dir.0);
+    let max = u64::MAX.to_string();
+    let args = with(
+        tiny_args(&dir.0),
+        &["--zero-stage", "3", "--prefetch-units", &max],
+    );
+    refused(&args, "--prefetch-units");
+}
+
+#[test]
+fn a_bad_stage_or_device_is_refused_when_parsed() {
+    let dir = TempDir::new("enums");
+    refused(
+        &with(tiny_args(&dir.0), &["--zero-stage", "4"]),
+        "--zero-stage",
+    );
+    refused(&with(tiny_args(&dir.0), &["--device", "tpu"]), "--device");
+}
+
+/// Saves after 2 steps; returns the state folder.
+fn saved_state(dir: &Path) -> PathBuf {
+    let save = dir.join("ckpt");
+    let args = with(
+        tiny_args(dir),
+        &["--steps", "2", "--save", save.to_str().unwrap()],
+    );
+    let (ok, stderr) = zero_train(&args);
+    assert!(ok, "{stderr}");
+    save.join("step-000002")
+}
+
+#[test]
+fn resuming_past_the_last_step_names_both_steps() {
+    let dir = TempDir::new("past");
+    corpus(&dir.0);
+    let state = saved_state(&dir.0);
+    let args = with(
+        tiny_args(&dir.0),
+        &["--steps", "1", "--resume", state.to_str().unwrap()],
+    );
+    refused(&args, "--steps");
+}
+
+/// Rewrites one field of the saved manifest (`path` of JSON object keys) to `value`.
+fn edit_manifest(state: &Path, path: &[&str], value: serde_json::Value) {
+    let file = state.join("manifest.json");
+    let mut manifest: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&file).unwrap()).unwrap();
+    let mut at = &mut manifest;
+    for key in path {
+        at = &mut at[*key];
+    }
+    *at = value;
+    std::fs::write(&file, manifest.to_string()).unwrap();
+}
+
+#[test]
+fn a_hand_edited_manifest_is_refused() {
+    let dir = TempDir::new("manifest");
+    corpus(&dir.0);
+    let state = saved_state(&dir.0);
+    let resume = |steps: &str| {
+        with(
+            tiny_args(&dir.0),
+            &["--steps", steps, "--resume", state.to_str().unwrap()],
+        )
+    };
+    edit_manifest(&state, &["meta", "engine_steps"], u64::MAX.into());
+    refused(&resume("4"), "engine_steps");
+    edit_manifest(&state, &["meta", "engine_steps"], 2.into());
+    edit_manifest(&state, &["step"], u64::MAX.into());
+    refused(&resume("4"), "--steps");
+}

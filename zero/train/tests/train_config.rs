@@ -1,0 +1,300 @@
+//! The configuration: flags over the `--config` file over defaults, DeepSpeed aliases,
+//! unknown keys refused, and every value range-checked without a panic.
+
+use clap::Parser;
+use proptest::prelude::*;
+use std::path::{Path, PathBuf};
+use zero::ZeroStage;
+use zero_train::validate::{MAX_BATCH_TOKENS, MAX_RANKS};
+use zero_train::{ByteSize, ConfigError, TrainArgs, TrainConfig};
+
+#[derive(Parser)]
+struct Cli {
+    #[command(flatten)]
+    args: TrainArgs,
+}
+
+fn parse(flags: &[&str]) -> Result<TrainArgs, clap::Error> {
+    Cli::try_parse_from(std::iter::once("zero-train").chain(flags.iter().copied())).map(|c| c.args)
+}
+
+fn resolve(flags: &[&str]) -> Result<TrainConfig, ConfigError> {
+    parse(flags).unwrap().resolve()
+}
+
+/// A TOML file in its own temporary directory, removed on drop.
+struct TomlFile(PathBuf);
+
+impl TomlFile {
+    fn new(tag: &str, text: &str) -> Self {
+        let dir = std::env::temp_dir().join(format!("zero-config-{tag}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("run.toml"), text).unwrap();
+        Self(dir)
+    }
+
+    fn path(&self) -> PathBuf {
+        self.0.join("run.toml")
+    }
+}
+
+impl Drop for TomlFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+#[test]
+fn no_flags_give_the_readme_defaults() {
+    let cfg = resolve(&[]).unwrap();
+    assert_eq!(cfg, TrainConfig::default());
+    // The README's main job, written out independently of the clap attributes.
+    assert_eq!(cfg.model, "small");
+    assert_eq!((cfg.seq_len, cfg.world_size, cfg.steps), (64, 2, 200));
+    assert_eq!((cfg.batch_size, cfg.micro_batch_size), (8, 4));
+    assert_eq!(
+        (cfg.lr, cfg.warmup_steps, cfg.min_lr_ratio),
+        (1e-3, 20, 0.1)
+    );
+    assert_eq!(cfg.zero_stage, ZeroStage::Zero2);
+    assert_eq!(cfg.reduce_bucket_size, ByteSize(4 << 20));
+    assert_eq!(cfg.data, Path::new("data/shakespeare"));
+}
+
+#[test]
+fn flags_override_the_file_which_overrides_defaults() {
+    let file = TomlFile::new(
+        "layers",
+        "steps = 7\nlr = 0.01\nstage = 3\nreduce_bucket_size = \"2M\"\nseq_len = 32\n",
+    );
+    let p = file.path();
+    // --seq-len typed at its default value still wins over the file.
+    let cfg = resolve(&[
+        "--config",
+        p.to_str().unwrap(),
+        "--lr",
+        "0.5",
+        "--seq-len",
+        "64",
+    ])
+    .unwrap();
+    assert_eq!(cfg.steps, 7);
+    assert_eq!(cfg.lr, 0.5);
+    assert_eq!(cfg.seq_len, 64);
+    assert_eq!(cfg.zero_stage, ZeroStage::Zero3);
+    assert_eq!(cfg.reduce_bucket_size, ByteSize(2 << 20));
+    assert_eq!(cfg.seed, 1337);
+}
+
+#[test]
+fn deepspeed_names_are_accepted_in_the_file() {
+    let file = TomlFile::new(
+        "aliases",
+        "train_batch_size = 16\ntrain_micro_batch_size_per_gpu = 2\ngradient_clipping = 0.5\nprefetch = 2\n",
+    );
+    let cfg = resolve(&["--config", file.path().to_str().unwrap()]).unwrap();
+    assert_eq!((cfg.batch_size, cfg.micro_batch_size), (16, 2));
+    assert_eq!((cfg.grad_clip, cfg.prefetch_units), (0.5, 2));
+}
+
+#[test]
+fn memory_limit_accepts_suffixes_on_the_command_line() {
+    let cfg = resolve(&["--memory-limit", "16G"]).unwrap();
+    assert_eq!(cfg.memory_limit, Some(ByteSize(16 << 30)));
+}
+
+#[test]
+fn a_misspelled_key_names_itself() {
+    let file = TomlFile::new("typo", "stpes = 7\n");
+    let err = resolve(&["--config", file.path().to_str().unwrap()]).unwrap_err();
+    assert!(matches!(err, ConfigError::Parse { .. }));
+    assert!(err.to_string().contains("stpes"), "{err}");
+}
+
+#[test]
+fn a_nan_in_the_file_names_its_key() {
+    let file = TomlFile::new("nan", "lr = nan\n");
+    let err = resolve(&["--config", file.path().to_str().unwrap()]).unwrap_err();
+    assert!(err.to_string().contains("--lr"), "{err}");
+}
+
+#[test]
+fn a_bad_stage_in_the_file_is_refused() {
+    let file = TomlFile::new("stage", "zero_stage = 4\n");
+    let err = resolve(&["--config", file.path().to_str().unwrap()]).unwrap_err();
+    assert!(err.to_string().contains("zero_stage 4"), "{err}");
+}
+
+#[test]
+fn a_missing_file_is_named() {
+    let err = resolve(&["--config", "/nonexistent/run.toml"]).unwrap_err();
+    assert!(err.to_string().contains("/nonexistent/run.toml"), "{err}");
+}
+
+#[test]
+fn an_uneven_batch_is_refused_with_the_arithmetic() {
+    let err = resolve(&[
+        "--batch-size",
+        "10",
+        "--micro-batch-size",
+        "4",
+        "--world-size",
+        "2",
+    ])
+    .unwrap_err();
+    assert!(err.to_string().contains("4 x world_size 2 = 8"), "{err}");
+    assert!(err.to_string().contains("--batch-size"), "{err}");
+}
+
+#[test]
+fn bad_enums_are_refused_by_the_parser() {
+    for flag in ["--zero-stage=4", "--zero-stage=-1", "--device=tpu"] {
+        let err = parse(&[flag]).err().unwrap();
+        let flag = flag.split('=').next().unwrap();
+        assert!(err.to_string().contains(flag), "{err}");
+    }
+}
+
+#[test]
+fn each_out_of_range_value_names_its_flag() {
+    let max = u64::MAX.to_string();
+    let cases: &[(&[&str], &str)] = &[
+        (&["--world-size", "0"], "--world-size"),
+        (
+            &[
+                "--world-size",
+                "4096",
+                "--batch-size",
+                "4096",
+                "--micro-batch-size",
+                "1",
+            ],
+            "--world-size",
+        ),
+        (&["--micro-batch-size", &max], "--micro-batch-size"),
+        (&["--batch-size", "0"], "--batch-size"),
+        (&["--seq-len", "0"], "--seq-len"),
+        (&["--steps", &max], "--steps"),
+        (&["--lr", "NaN"], "--lr"),
+        (&["--lr=-1"], "--lr"),
+        (&["--min-lr-ratio", "1.5"], "--min-lr-ratio"),
+        (&["--grad-clip", "inf"], "--grad-clip"),
+        (&["--weight-decay=-0.1"], "--weight-decay"),
+        (&["--prefetch-units", &max], "--prefetch-units"),
+        (&["--reduce-bucket-size", "0"], "--reduce-bucket-size"),
+        (&["--memory-limit", "0"], "--memory-limit"),
+        (&["--top-k", "0"], "--top-k"),
+        (&["--layers", "0"], "--layers"),
+        (&["--eval-batches", "0"], "--eval-batches"),
+    ];
+    for (flags, name) in cases {
+        let err = resolve(flags).unwrap_err();
+        assert!(err.to_string().contains(name), "{flags:?}: {err}");
+    }
+}
+
+#[test]
+fn accumulation_fills_the_global_batch() {
+    let cfg = resolve(&[
+        "--batch-size",
+        "32",
+        "--micro-batch-size",
+        "2",
+        "--world-size",
+        "4",
+    ])
+    .unwrap();
+    assert_eq!(cfg.grad_accum_steps(), 4);
+}
+
+fn count() -> impl Strategy<Value = usize> {
+    prop_oneof![
+        Just(0usize),
+        Just(1),
+        Just(usize::MAX),
+        Just(usize::MAX / 2 + 1),
+        1usize..9,
+        any::<usize>(),
+    ]
+}
+
+fn steps() -> impl Strategy<Value = u64> {
+    prop_oneof![Just(0u64), Just(u64::MAX), 0u64..100, any::<u64>()]
+}
+
+fn real() -> impl Strategy<Value = f32> {
+    prop_oneof![
+        Just(f32::NAN),
+        Just(f32::INFINITY),
+        Just(f32::NEG_INFINITY),
+        Just(-1.0f32),
+        Just(0.0),
+        0.0f32..2.0,
+        any::<f32>(),
+    ]
+}
+
+fn maybe(s: impl Strategy<Value = usize>) -> impl Strategy<Value = Option<usize>> {
+    prop::option::of(s)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(512))]
+
+    /// Random values, limits included, give an error or a configuration whose arithmetic is
+    /// safe; never a panic.
+    #[test]
+    fn validation_never_panics(
+        shape in (maybe(count()), maybe(count()), maybe(count()), maybe(count()), count()),
+        batch in (count(), count(), count(), count(), count()),
+        sched in (steps(), steps(), steps(), steps(), real(), real(), real(), real()),
+        engine in (0u8..4, any::<u64>(), count(), count(), prop::option::of(any::<u64>())),
+        samples in (count(), count()),
+    ) {
+        let cfg = TrainConfig {
+            model: "tiny".into(),
+            layers: shape.0, heads: shape.1, dim: shape.2, vocab: shape.3, seq_len: shape.4,
+            world_size: batch.0, batch_size: batch.1, micro_batch_size: batch.2,
+            eval_batches: batch.3, top_k: batch.4,
+            steps: sched.0, warmup_steps: sched.1, eval_every: sched.2, save_every: sched.3,
+            lr: sched.4, min_lr_ratio: sched.5, weight_decay: sched.6, grad_clip: sched.7,
+            zero_stage: ZeroStage::from_index(engine.0).unwrap(),
+            reduce_bucket_size: ByteSize(engine.1),
+            prefetch_units: engine.2,
+            param_persistence_threshold: engine.3,
+            memory_limit: engine.4.map(ByteSize),
+            sample_tokens: samples.0,
+            seed: samples.1 as u64,
+            ..TrainConfig::default()
+        };
+        if cfg.validate().is_ok() {
+            prop_assert!((1..=MAX_RANKS).contains(&cfg.world_size));
+            let per_step = cfg.grad_accum_steps() * cfg.micro_batch_size * cfg.world_size;
+            prop_assert_eq!(per_step, cfg.batch_size);
+            prop_assert!(cfg.batch_size * cfg.seq_len <= MAX_BATCH_TOKENS);
+            prop_assert!(cfg.lr.is_finite() && cfg.lr > 0.0);
+            prop_assert!((0.0..=1.0).contains(&cfg.min_lr_ratio));
+            prop_assert!(cfg.grad_clip.is_finite() && cfg.weight_decay.is_finite());
+            let units = cfg.model_config().unwrap().num_layers + 2;
+            prop_assert!(cfg.prefetch_units <= units);
+        }
+    }
+
+    /// Any integer text for the integer flags resolves or is refused; never a panic.
+    #[test]
+    fn integer_flags_never_panic(
+        flag in prop::sample::select(vec![
+            "--world-size", "--batch-size", "--micro-batch-size", "--seq-len", "--steps",
+            "--prefetch-units", "--eval-batches", "--top-k", "--sample-tokens", "--layers",
+            "--heads", "--dim", "--vocab", "--warmup-steps", "--reduce-bucket-size",
+        ]),
+        value in prop_oneof![Just(u64::MAX), Just(0u64), any::<u64>(), 0u64..64],
+    ) {
+        let text = value.to_string();
+        if let Ok(args) = parse(&["--model", "tiny", flag, &text]) {
+            if let Err(e) = args.resolve() {
+                prop_assert!(!e.to_string().is_empty());
+            }
+        }
+    }
+}
