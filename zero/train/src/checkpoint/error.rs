@@ -40,21 +40,16 @@ pub enum FormatError {
         /// Its value.
         value: i64,
     },
-    /// Channels not divisible by heads.
-    #[error("channels {channels} are not divisible by heads {heads}")]
-    HeadsDoNotDivide {
-        /// C.
-        channels: usize,
-        /// NH.
-        heads: usize,
-    },
-    /// Padded vocabulary smaller than the vocabulary.
-    #[error("padded vocabulary {padded_vocab} is smaller than the vocabulary {vocab}")]
-    PaddedVocabTooSmall {
-        /// V.
-        vocab: usize,
-        /// Vp.
-        padded_vocab: usize,
+    /// Dimensions the model refuses (heads not dividing channels, Vp not a multiple of 128
+    /// or below V, ...), in the model's own words.
+    #[error("invalid model: {field} = {value}: {reason}")]
+    InvalidModel {
+        /// The `GptConfig` field.
+        field: &'static str,
+        /// Its value.
+        value: usize,
+        /// What it must satisfy.
+        reason: &'static str,
     },
     /// The parameter count implied by the header overflows.
     #[error("the header's dimensions imply more parameters than can be addressed")]

@@ -162,9 +162,9 @@ impl LlmcCheckpoint {
     /// One tensor by llm.c name (`"qkvw"` is all layers, (L, 3C, C)).
     pub fn tensor(&self, name: &str) -> Option<&[f32]> {
         let mut offset = 0;
-        for spec in self.shape.tensors() {
-            let n = spec.numel();
-            if spec.name == name {
+        for t in self.shape.llmc_tensors() {
+            let n = t.shape.iter().product::<usize>();
+            if t.name == name {
                 return Some(&self.params[offset..offset + n]);
             }
             offset += n;

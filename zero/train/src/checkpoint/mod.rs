@@ -13,7 +13,7 @@
 //! ```
 //! use zero_train::checkpoint::{LlmcCheckpoint, ModelShape};
 //!
-//! let shape = ModelShape { max_t: 8, vocab: 10, padded_vocab: 16, layers: 2, heads: 2, channels: 4 };
+//! let shape = ModelShape { max_t: 8, vocab: 10, padded_vocab: 128, layers: 2, heads: 2, channels: 4 };
 //! let ckpt = LlmcCheckpoint::zeros(shape)?;
 //! let bytes = ckpt.to_bytes();
 //! assert_eq!(LlmcCheckpoint::from_bytes(&bytes)?, ckpt);
@@ -29,6 +29,6 @@ mod llmc;
 mod state;
 
 pub use error::{Error, FormatError, Result};
-pub use layout::{ModelShape, TensorSpec, UnitTensor, LLMC_TENSOR_NAMES};
+pub use layout::{LlmcTensor, ModelShape};
 pub use llmc::{LlmcCheckpoint, LLMC_HEADER_BYTES, LLMC_MAGIC, LLMC_VERSION};
 pub use state::{Element, StateReader, StateWriter, STATE_FORMAT, STATE_VERSION};
