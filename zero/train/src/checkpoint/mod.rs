@@ -3,6 +3,9 @@
 //! - [`LlmcCheckpoint`]: the `gpt2_124M.bin`-style file of llm.c (header magic 20240326,
 //!   version 3, then the sixteen parameter tensors in llm.c's order), with conversion to and
 //!   from this crate's per-unit layout ([`ModelShape::unit_sizes`]).
+//! - [`export_safetensors`] / [`read_safetensors`]: one safetensors file with the names and
+//!   layouts of Hugging Face's GPT-2 checkpoint (plus [`write_hf_config`] for its
+//!   `config.json`), written one unit at a time.
 //! - [`StateWriter`] / [`StateReader`]: a versioned, checksummed directory of named raw
 //!   tensors plus a JSON manifest, for bit-exact resume (model, optimizer shards, step, data
 //!   loader position, RNG state, configuration).
@@ -24,11 +27,18 @@
 
 mod checksum;
 mod error;
+mod hf;
+mod hf_export;
+mod hf_import;
 mod layout;
 mod llmc;
+mod safetensors;
 mod state;
 
-pub use error::{Error, FormatError, Result};
+pub use error::{Error, FormatError, Result, SafetensorsError};
+pub use hf::hf_config_json;
+pub use hf_export::{export_safetensors, write_hf_config, SafetensorsDtype};
+pub use hf_import::{read_safetensors, read_safetensors_bytes};
 pub use layout::{LlmcTensor, ModelShape};
 pub use llmc::{LlmcCheckpoint, LLMC_HEADER_BYTES, LLMC_MAGIC, LLMC_VERSION};
 pub use state::{Element, StateReader, StateWriter, STATE_FORMAT, STATE_VERSION};
