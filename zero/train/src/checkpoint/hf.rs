@@ -171,3 +171,38 @@ pub(crate) fn parse_hf_dims(text: &[u8]) -> Result<HfDims, String> {
         vocab_size: field("vocab_size")?,
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn gpt2_124m_has_hfs_parameter_count_and_no_lm_head() {
+        let tensors = hf_tensors(&GptConfig::gpt2());
+        // transformers' GPT2LMHeadModel("gpt2").num_parameters(): 124,439,808 (V = 50257 rows).
+        assert_eq!(
+            tensors.iter().map(HfTensor::len).sum::<usize>(),
+            124_439_808
+        );
+        assert_eq!(tensors.len(), 4 + 12 * 12);
+        assert!(tensors.iter().all(|t| t.name.starts_with("transformer.")));
+        let qkv = tensors
+            .iter()
+            .find(|t| t.name == "transformer.h.11.attn.c_attn.weight");
+        assert_eq!(qkv.map(|t| t.shape.clone()), Some(vec![768, 2304]));
+    }
+
+    #[test]
+    fn config_json_dims_parse_back_and_bad_fields_are_named() {
+        let text = hf_config_json(&GptConfig::gpt2_medium(), "float32").to_string();
+        let dims = parse_hf_dims(text.as_bytes());
+        assert_eq!(
+            dims.map(|d| (d.n_head, d.n_layer, d.n_embd)),
+            Ok((Some(16), Some(24), Some(1024)))
+        );
+        let err = parse_hf_dims(br#"{"n_head": -3}"#)
+            .err()
+            .unwrap_or_default();
+        assert!(err.contains("n_head"), "{err}");
+    }
+}

@@ -16,6 +16,7 @@ use zero_gpt::{GptConfig, GptError, ParamLayout};
 
 use super::error::{Error, Result, SafetensorsError};
 use super::hf::{hf_tensors, parse_hf_dims, HfDims, HfTensor};
+use super::layout::ModelShape;
 use super::safetensors::{read_header, Entry, ReadFail};
 
 /// Bytes read per call while decoding a tensor.
@@ -203,20 +204,28 @@ fn infer_config(
             });
         }
     }
-    GptConfig::new(positions, vocab, layers, heads, channels).map_err(|e| match e {
-        GptError::InvalidConfig {
-            field,
-            value,
-            reason,
-        } => SafetensorsError::InvalidModel {
-            field,
-            value,
-            reason,
-        },
-        other => SafetensorsError::CorruptHeader {
-            reason: other.to_string(),
-        },
-    })
+    let config =
+        GptConfig::new(positions, vocab, layers, heads, channels).map_err(|e| match e {
+            GptError::InvalidConfig {
+                field,
+                value,
+                reason,
+            } => SafetensorsError::InvalidModel {
+                field,
+                value,
+                reason,
+            },
+            other => SafetensorsError::CorruptHeader {
+                reason: other.to_string(),
+            },
+        })?;
+    // The layout's sums are unchecked; this bound makes them safe whatever the shapes say.
+    ModelShape::from_config(&config)
+        .validate()
+        .map_err(|e| SafetensorsError::CorruptHeader {
+            reason: e.to_string(),
+        })?;
+    Ok(config)
 }
 
 /// L: one past the highest `h.N`, once every layer below it is seen to exist.
