@@ -469,3 +469,27 @@ fn a_wrong_unit_count_or_length_writes_nothing() {
     );
     std::fs::remove_dir_all(dir).unwrap();
 }
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(256))]
+
+    /// What the fuzz target checks, on a small budget in every test run: corrupted bytes
+    /// anywhere (header length, JSON, data) and truncation give an error or a model, never a
+    /// panic, and an accepted model has the layout's unit sizes.
+    #[test]
+    fn corrupted_files_never_panic(
+        flips in proptest::collection::vec((0usize..4000, proptest::prelude::any::<u8>()), 1..4),
+        cut in 0usize..64,
+    ) {
+        let mut bytes = write_st(&hf_style(4, 1, 6, 4));
+        for (at, value) in flips {
+            let at = at % bytes.len();
+            bytes[at] = value;
+        }
+        bytes.truncate(bytes.len() - cut.min(bytes.len()));
+        if let Ok((cfg, units)) = read_safetensors_bytes(&bytes, 2) {
+            let lens: Vec<usize> = units.iter().map(Vec::len).collect();
+            proptest::prop_assert_eq!(lens, ParamLayout::new(&cfg).unit_lens());
+        }
+    }
+}
