@@ -9,6 +9,7 @@ pub mod checkpoint;
 pub mod config;
 pub mod data;
 pub mod error;
+mod fsio;
 mod llmc_header;
 pub mod metrics;
 mod progress;

@@ -9,7 +9,7 @@ fn tiny() -> ModelShape {
     ModelShape {
         max_t: 4,
         vocab: 5,
-        padded_vocab: 8,
+        padded_vocab: 128,
         layers: 2,
         heads: 2,
         channels: 4,
@@ -46,7 +46,7 @@ fn shapes() -> impl Strategy<Value = ModelShape> {
     (
         1usize..6,
         1usize..7,
-        0usize..4,
+        0usize..2,
         1usize..4,
         1usize..3,
         1usize..4,
@@ -54,7 +54,7 @@ fn shapes() -> impl Strategy<Value = ModelShape> {
         .prop_map(|(max_t, vocab, pad, layers, heads, hd)| ModelShape {
             max_t,
             vocab,
-            padded_vocab: vocab + pad,
+            padded_vocab: 128 * (1 + pad),
             layers,
             heads,
             channels: heads * hd,
@@ -115,7 +115,7 @@ fn gpt2_124m_has_llmc_parameter_count() {
 
 #[test]
 fn units_interleave_layers_of_llmc_tensors() {
-    let s = tiny(); // C = 4, L = 2, Vp = 8, maxT = 4
+    let s = tiny(); // C = 4, L = 2, Vp = 128, maxT = 4
     let ckpt = counting(s);
     let units = ckpt.to_units().unwrap();
     let ln1w = ckpt.tensor("ln1w").unwrap(); // (L, C)
@@ -123,40 +123,77 @@ fn units_interleave_layers_of_llmc_tensors() {
                                              // Unit 2 (layer 1) starts with layer 1's ln1w, then ln1b, then layer 1's qkvw.
     assert_eq!(&units[2][..4], &ln1w[4..8]);
     assert_eq!(&units[2][8..8 + 48], &qkvw[48..96]);
-    assert_eq!(&units[0][..], &ckpt.params()[..(8 + 4) * 4]);
+    assert_eq!(&units[0][..], &ckpt.params()[..(128 + 4) * 4]);
     assert_eq!(&units[3][..], &ckpt.params()[s.num_params() - 8..]);
     assert_eq!(ckpt.tensor("lnfb").unwrap(), &units[3][4..]);
     assert!(ckpt.tensor("nope").is_none());
 }
 
+/// llm.c's sixteen tensors in file order, and which are matrices that training decays:
+/// the token embedding (also the LM head) and the four projections. The position embedding
+/// is 2-D but is not decayed (`zero_gpt::decays`, minGPT's rule).
+const LLMC_TENSORS: [(&str, bool); 16] = [
+    ("wte", true),
+    ("wpe", false),
+    ("ln1w", false),
+    ("ln1b", false),
+    ("qkvw", true),
+    ("qkvb", false),
+    ("attprojw", true),
+    ("attprojb", false),
+    ("ln2w", false),
+    ("ln2b", false),
+    ("fcw", true),
+    ("fcb", false),
+    ("fcprojw", true),
+    ("fcprojb", false),
+    ("lnfw", false),
+    ("lnfb", false),
+];
+
 #[test]
-fn decay_segments_cover_units_and_decay_only_matrices() {
+fn llmc_order_is_llmcs_and_decay_is_what_training_applies() {
     let s = tiny();
-    let segs = s.decay_segments(1);
-    let names: Vec<&str> = s.unit_tensors(1).iter().map(|t| t.name).collect();
-    assert_eq!(
-        names,
-        [
-            "ln1w", "ln1b", "qkvw", "qkvb", "attprojw", "attprojb", "ln2w", "ln2b", "fcw", "fcb",
-            "fcprojw", "fcprojb"
-        ]
-    );
-    let decayed: Vec<&str> = names
-        .iter()
-        .zip(&segs)
-        .filter(|(_, s)| s.decay)
-        .map(|(n, _)| *n)
-        .collect();
-    assert_eq!(decayed, ["qkvw", "attprojw", "fcw", "fcprojw"]);
-    assert_eq!(segs.last().unwrap().range.end, s.unit_sizes()[1]);
-    assert!(
-        s.decay_segments(0).iter().all(|s| s.decay),
-        "wte and wpe decay"
-    );
-    assert!(
-        s.decay_segments(3).iter().all(|s| !s.decay),
-        "final LayerNorm does not"
-    );
+    let names: Vec<&str> = s.llmc_tensors().iter().map(|t| t.name).collect();
+    let want: Vec<&str> = LLMC_TENSORS.iter().map(|(n, _)| *n).collect();
+    assert_eq!(names, want);
+    // The flags training uses: the engine's decay shards come from these (bridge::gpt_units).
+    let layout = s.layout();
+    for (name, decayed) in LLMC_TENSORS {
+        let flag = layout
+            .units()
+            .iter()
+            .flat_map(|u| &u.tensors)
+            .find(|t| t.name == name)
+            .map(|t| t.weight_decay);
+        assert_eq!(flag, Some(decayed), "{name}");
+    }
+}
+
+#[test]
+fn llmc_shapes_carry_the_layer_dimension() {
+    let s = tiny(); // C = 4, L = 2, Vp = 128, maxT = 4
+    let shapes: Vec<Vec<usize>> = s.llmc_tensors().into_iter().map(|t| t.shape).collect();
+    let (l, c, vp, t) = (2, 4, 128, 4);
+    let want = [
+        vec![vp, c],
+        vec![t, c],
+        vec![l, c],
+        vec![l, c],
+        vec![l, 3 * c, c],
+        vec![l, 3 * c],
+        vec![l, c, c],
+        vec![l, c],
+        vec![l, c],
+        vec![l, c],
+        vec![l, 4 * c, c],
+        vec![l, 4 * c],
+        vec![l, c, 4 * c],
+        vec![l, c],
+        vec![c],
+        vec![c],
+    ];
+    assert_eq!(shapes, want);
 }
 
 #[test]
@@ -253,16 +290,18 @@ fn invalid_dimensions_are_refused() {
         ),
         (
             &[(5, 3)],
-            FormatError::HeadsDoNotDivide {
-                channels: 4,
-                heads: 3,
+            FormatError::InvalidModel {
+                field: "channels",
+                value: 4,
+                reason: "must be a multiple of num_heads",
             },
         ),
         (
             &[(7, 4)],
-            FormatError::PaddedVocabTooSmall {
-                vocab: 5,
-                padded_vocab: 4,
+            FormatError::InvalidModel {
+                field: "padded_vocab_size",
+                value: 4,
+                reason: "must be >= vocab_size",
             },
         ),
     ];
@@ -276,10 +315,19 @@ fn invalid_dimensions_are_refused() {
 
 #[test]
 fn absurd_sizes_fail_before_allocating() {
-    // 12 * C^2 overflows u64 with C = 2^31 - 1 (NH = 1 divides it).
+    // C = 2^31 - 1 (NH = 1 divides it): the model's own guard refuses 4 C^2 (L + 2).
     let overflow = header_with(&[(5, 1), (6, i32::MAX)]);
-    assert_eq!(
+    assert!(matches!(
         format_error(LlmcCheckpoint::from_bytes(&overflow).unwrap_err()),
+        FormatError::InvalidModel {
+            field: "channels",
+            ..
+        }
+    ));
+    // C = 2^29, L = 1: 12 C^2 parameters are 12 * 2^58, and 4 bytes each overflow u64.
+    let bytes_overflow = header_with(&[(4, 1), (5, 1), (6, 1 << 29)]);
+    assert_eq!(
+        format_error(LlmcCheckpoint::from_bytes(&bytes_overflow).unwrap_err()),
         FormatError::SizeOverflow
     );
     // 50 trillion parameters: representable, so it must be the length check that refuses,

@@ -2,6 +2,16 @@
 
 use std::path::PathBuf;
 
+impl From<crate::fsio::IoFailure> for Error {
+    fn from(e: crate::fsio::IoFailure) -> Self {
+        Self::Io {
+            op: e.op,
+            path: e.path,
+            source: e.source,
+        }
+    }
+}
+
 /// Result alias of the checkpoint module.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
@@ -40,21 +50,16 @@ pub enum FormatError {
         /// Its value.
         value: i64,
     },
-    /// Channels not divisible by heads.
-    #[error("channels {channels} are not divisible by heads {heads}")]
-    HeadsDoNotDivide {
-        /// C.
-        channels: usize,
-        /// NH.
-        heads: usize,
-    },
-    /// Padded vocabulary smaller than the vocabulary.
-    #[error("padded vocabulary {padded_vocab} is smaller than the vocabulary {vocab}")]
-    PaddedVocabTooSmall {
-        /// V.
-        vocab: usize,
-        /// Vp.
-        padded_vocab: usize,
+    /// Dimensions the model refuses (heads not dividing channels, Vp not a multiple of 128
+    /// or below V, ...), in the model's own words.
+    #[error("invalid model: {field} = {value}: {reason}")]
+    InvalidModel {
+        /// The `GptConfig` field.
+        field: &'static str,
+        /// Its value.
+        value: usize,
+        /// What it must satisfy.
+        reason: &'static str,
     },
     /// The parameter count implied by the header overflows.
     #[error("the header's dimensions imply more parameters than can be addressed")]
@@ -66,6 +71,100 @@ pub enum FormatError {
         expected_bytes: u64,
         /// Bytes present (for streams, at most one more than expected is read).
         got_bytes: u64,
+    },
+}
+
+/// What is wrong with a safetensors file of a GPT-2 (every variant about one tensor names it).
+#[derive(Debug, thiserror::Error, Clone, PartialEq, Eq)]
+pub enum SafetensorsError {
+    /// Fewer bytes than the 8-byte header length, or than the header it announces.
+    #[error("truncated: {what} needs {expected} bytes, the file has {got}")]
+    Truncated {
+        /// The part cut short.
+        what: &'static str,
+        /// Bytes it needs.
+        expected: u64,
+        /// Bytes present.
+        got: u64,
+    },
+    /// A header longer than any GPT-2 needs (the limit of the reference reader).
+    #[error("header of {declared} bytes exceeds the limit of {limit}")]
+    HeaderTooLarge {
+        /// The declared length.
+        declared: u64,
+        /// The limit.
+        limit: u64,
+    },
+    /// The JSON header does not parse, or is not an object of tensor entries.
+    #[error("corrupt header: {reason}")]
+    CorruptHeader {
+        /// The parser's message.
+        reason: String,
+    },
+    /// A tensor entry without a valid dtype, shape or data_offsets.
+    #[error("tensor {tensor}: {reason}")]
+    BadEntry {
+        /// The tensor.
+        tensor: String,
+        /// What is wrong.
+        reason: String,
+    },
+    /// A dtype other than F32, BF16 or F16.
+    #[error("tensor {tensor}: dtype {dtype} is not supported (F32, BF16 and F16 are)")]
+    UnsupportedDtype {
+        /// The tensor.
+        tensor: String,
+        /// Its dtype.
+        dtype: String,
+    },
+    /// Data that lies outside the file, disagrees with the shape, or overlaps another tensor.
+    #[error("tensor {tensor}: {reason}")]
+    BadExtent {
+        /// The tensor.
+        tensor: String,
+        /// What is wrong.
+        reason: String,
+    },
+    /// A GPT-2 tensor that is not in the file.
+    #[error("tensor {tensor} is missing")]
+    MissingTensor {
+        /// The tensor (HF's name).
+        tensor: String,
+    },
+    /// A tensor that belongs to no GPT-2.
+    #[error("tensor {tensor} is not part of a GPT-2 model")]
+    UnexpectedTensor {
+        /// The tensor.
+        tensor: String,
+    },
+    /// A tensor whose shape disagrees with the model the other tensors describe.
+    #[error("tensor {tensor} has shape {got:?}, the model needs {expected:?}")]
+    WrongShape {
+        /// The tensor.
+        tensor: String,
+        /// The shape the model needs.
+        expected: Vec<usize>,
+        /// The shape in the file.
+        got: Vec<usize>,
+    },
+    /// The head count is in no tensor shape: it comes from `config.json` or the caller.
+    #[error("the number of heads is not in the tensors: put a config.json with n_head beside the file, or give it")]
+    MissingHeads,
+    /// A `config.json` that does not parse or disagrees with the tensors.
+    #[error("config.json: {reason}")]
+    BadConfig {
+        /// What is wrong.
+        reason: String,
+    },
+    /// Dimensions the model refuses.
+    #[error("invalid model: {field} = {value}: {reason}")]
+    InvalidModel {
+        /// The `GptConfig` field.
+        field: &'static str,
+        /// Its value.
+        value: usize,
+        /// What it must satisfy.
+        reason: &'static str,
     },
 }
 
@@ -91,6 +190,15 @@ pub enum Error {
         /// What is wrong.
         #[source]
         source: FormatError,
+    },
+    /// A malformed safetensors file.
+    #[error("safetensors {path}: {source}")]
+    Safetensors {
+        /// The file, or `<memory>`.
+        path: PathBuf,
+        /// What is wrong.
+        #[source]
+        source: SafetensorsError,
     },
     /// Buffers whose sizes do not fit the model shape.
     #[error("{what}: expected {expected} elements, got {got}")]
@@ -132,8 +240,9 @@ pub enum Error {
         /// What is wrong (missing, wrong dtype or length, duplicate name).
         reason: String,
     },
-    /// The manifest is not valid JSON of the expected shape.
-    #[error("training state {path}: manifest: {source}")]
+    /// A training-state manifest or a safetensors header that is not valid JSON of the
+    /// expected shape, or could not be encoded.
+    #[error("{path}: JSON: {source}")]
     Json {
         /// The manifest file.
         path: PathBuf,

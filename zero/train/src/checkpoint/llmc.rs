@@ -7,11 +7,12 @@
 //! allocate terabytes.
 
 use std::fs::File;
-use std::io::{BufWriter, Read, Write};
+use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 
 use super::error::{Error, FormatError, Result};
 use super::layout::ModelShape;
+use crate::fsio::read_up_to;
 
 /// Magic number of llm.c float32 model checkpoints.
 pub const LLMC_MAGIC: i32 = 20_240_326;
@@ -162,9 +163,9 @@ impl LlmcCheckpoint {
     /// One tensor by llm.c name (`"qkvw"` is all layers, (L, 3C, C)).
     pub fn tensor(&self, name: &str) -> Option<&[f32]> {
         let mut offset = 0;
-        for spec in self.shape.tensors() {
-            let n = spec.numel();
-            if spec.name == name {
+        for t in self.shape.llmc_tensors() {
+            let n = t.shape.iter().product::<usize>();
+            if t.name == name {
                 return Some(&self.params[offset..offset + n]);
             }
             offset += n;
@@ -290,33 +291,15 @@ impl LlmcCheckpoint {
         writer.flush()
     }
 
-    /// Saves atomically: to `<path>.tmp`, then renamed over `path`.
+    /// Saves atomically and durably: to `<path>.tmp`, fsynced, renamed over `path`, then
+    /// the directory fsynced.
     ///
     /// # Errors
     /// [`Error::Io`] naming the file.
     pub fn save(&self, path: impl AsRef<Path>) -> Result<()> {
-        let path = path.as_ref();
-        let mut tmp = path.as_os_str().to_owned();
-        tmp.push(".tmp");
-        let tmp = PathBuf::from(tmp);
-        let io = |op, p: &Path| {
-            let p = p.to_path_buf();
-            move |source| Error::Io {
-                op,
-                path: p,
-                source,
-            }
-        };
-        let file = File::create(&tmp).map_err(io("create", &tmp))?;
-        let mut writer = BufWriter::new(file);
-        self.write_to(&mut writer).map_err(io("write", &tmp))?;
-        let file = writer.into_inner().map_err(|e| Error::Io {
-            op: "write",
-            path: tmp.clone(),
-            source: e.into_error(),
-        })?;
-        file.sync_all().map_err(io("sync", &tmp))?;
-        std::fs::rename(&tmp, path).map_err(io("rename into", path))
+        Ok(crate::fsio::write_atomic(path.as_ref(), |w| {
+            self.write_to(w)
+        })?)
     }
 }
 
@@ -356,18 +339,4 @@ fn read_params(
         }));
     }
     Ok(params)
-}
-
-/// Fills `buf` as far as the reader allows; returns the bytes read (short only at EOF).
-fn read_up_to(reader: &mut impl Read, buf: &mut [u8]) -> std::io::Result<usize> {
-    let mut filled = 0;
-    while filled < buf.len() {
-        match reader.read(&mut buf[filled..]) {
-            Ok(0) => break,
-            Ok(n) => filled += n,
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e),
-        }
-    }
-    Ok(filled)
 }

@@ -3,6 +3,9 @@
 //! - [`LlmcCheckpoint`]: the `gpt2_124M.bin`-style file of llm.c (header magic 20240326,
 //!   version 3, then the sixteen parameter tensors in llm.c's order), with conversion to and
 //!   from this crate's per-unit layout ([`ModelShape::unit_sizes`]).
+//! - [`export_safetensors`] / [`read_safetensors`]: one safetensors file with the names and
+//!   layouts of Hugging Face's GPT-2 checkpoint (plus [`write_hf_config`] for its
+//!   `config.json`), written one unit at a time.
 //! - [`StateWriter`] / [`StateReader`]: a versioned, checksummed directory of named raw
 //!   tensors plus a JSON manifest, for bit-exact resume (model, optimizer shards, step, data
 //!   loader position, RNG state, configuration).
@@ -13,7 +16,7 @@
 //! ```
 //! use zero_train::checkpoint::{LlmcCheckpoint, ModelShape};
 //!
-//! let shape = ModelShape { max_t: 8, vocab: 10, padded_vocab: 16, layers: 2, heads: 2, channels: 4 };
+//! let shape = ModelShape { max_t: 8, vocab: 10, padded_vocab: 128, layers: 2, heads: 2, channels: 4 };
 //! let ckpt = LlmcCheckpoint::zeros(shape)?;
 //! let bytes = ckpt.to_bytes();
 //! assert_eq!(LlmcCheckpoint::from_bytes(&bytes)?, ckpt);
@@ -24,11 +27,18 @@
 
 mod checksum;
 mod error;
+mod hf;
+mod hf_export;
+mod hf_import;
 mod layout;
 mod llmc;
+mod safetensors;
 mod state;
 
-pub use error::{Error, FormatError, Result};
-pub use layout::{ModelShape, TensorSpec, UnitTensor, LLMC_TENSOR_NAMES};
+pub use error::{Error, FormatError, Result, SafetensorsError};
+pub use hf::hf_config_json;
+pub use hf_export::{export_safetensors, write_hf_config, SafetensorsDtype};
+pub use hf_import::{read_safetensors, read_safetensors_bytes};
+pub use layout::{LlmcTensor, ModelShape};
 pub use llmc::{LlmcCheckpoint, LLMC_HEADER_BYTES, LLMC_MAGIC, LLMC_VERSION};
 pub use state::{Element, StateReader, StateWriter, STATE_FORMAT, STATE_VERSION};

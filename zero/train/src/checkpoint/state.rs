@@ -11,8 +11,9 @@
 //! `rank1/master/unit3`, `rank1/adam_m/unit3` so that each rank's optimizer shards stay
 //! separate and a restore with the same rank count reads back exactly its own.
 //!
-//! Writing goes to `<dir>.partial` and is renamed into place at the end, so a crash while
-//! saving leaves the previous state intact. JSON plus one raw blob was chosen over
+//! Writing goes to `<dir>.partial` (files and directory fsynced) and is renamed into place
+//! at the end, then the parent directory is fsynced, so a crash while saving leaves the
+//! previous state intact and a finished save survives a power cut. JSON plus one raw blob was chosen over
 //! safetensors to keep zero dependencies and to allow a per-tensor checksum; the raw blob
 //! keeps bulk data out of the JSON parser.
 
@@ -25,6 +26,7 @@ use serde::{Deserialize, Serialize};
 
 use super::checksum::Checksum;
 use super::error::{Error, Result};
+use crate::fsio::{create_synced, failed, sync_dir, sync_parent, with_suffix};
 
 /// Format name in the manifest.
 pub const STATE_FORMAT: &str = "zero-train-state";
@@ -98,17 +100,6 @@ pub struct StateWriter {
     scratch: Vec<u8>,
 }
 
-fn io_err(op: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> Error {
-    let path = path.to_path_buf();
-    move |source| Error::Io { op, path, source }
-}
-
-fn sibling(dir: &Path, suffix: &str) -> PathBuf {
-    let mut s = dir.as_os_str().to_owned();
-    s.push(suffix);
-    PathBuf::from(s)
-}
-
 impl StateWriter {
     /// Starts writing the state that will live at `dir` (replacing any state there once
     /// [`StateWriter::finish`] succeeds).
@@ -117,13 +108,13 @@ impl StateWriter {
     /// [`Error::Io`] if the staging directory cannot be created.
     pub fn create(dir: impl AsRef<Path>) -> Result<Self> {
         let dir = dir.as_ref().to_path_buf();
-        let partial = sibling(&dir, ".partial");
+        let partial = with_suffix(&dir, ".partial");
         if partial.exists() {
-            std::fs::remove_dir_all(&partial).map_err(io_err("remove stale", &partial))?;
+            std::fs::remove_dir_all(&partial).map_err(failed("remove stale", &partial))?;
         }
-        std::fs::create_dir_all(&partial).map_err(io_err("create directory", &partial))?;
+        std::fs::create_dir_all(&partial).map_err(failed("create directory", &partial))?;
         let data_path = partial.join(DATA);
-        let file = File::create(&data_path).map_err(io_err("create", &data_path))?;
+        let file = File::create(&data_path).map_err(failed("create", &data_path))?;
         Ok(Self {
             dir,
             partial,
@@ -156,7 +147,7 @@ impl StateWriter {
             hash.update(&self.scratch);
             self.data
                 .write_all(&self.scratch)
-                .map_err(io_err("write", &data_path))?;
+                .map_err(failed("write", &data_path))?;
         }
         let bytes = (data.len() * E::SIZE) as u64;
         self.entries.push(TensorEntry {
@@ -181,7 +172,7 @@ impl StateWriter {
             path: data_path.clone(),
             source: e.into_error(),
         })?;
-        file.sync_all().map_err(io_err("sync", &data_path))?;
+        file.sync_all().map_err(failed("sync", &data_path))?;
         let manifest = Manifest {
             format: STATE_FORMAT.into(),
             version: STATE_VERSION,
@@ -195,21 +186,21 @@ impl StateWriter {
             path: manifest_path.clone(),
             source,
         })?;
-        let mut f = File::create(&manifest_path).map_err(io_err("create", &manifest_path))?;
-        f.write_all(&json)
-            .map_err(io_err("write", &manifest_path))?;
-        f.sync_all().map_err(io_err("sync", &manifest_path))?;
+        create_synced(&manifest_path, |w| w.write_all(&json))?;
+        // The staged entries must be durable before the rename publishes them.
+        sync_dir(&self.partial)?;
         // Replace an older state only once the new one is complete.
-        let old = sibling(&self.dir, ".old");
+        let old = with_suffix(&self.dir, ".old");
         if self.dir.exists() {
             if old.exists() {
-                std::fs::remove_dir_all(&old).map_err(io_err("remove stale", &old))?;
+                std::fs::remove_dir_all(&old).map_err(failed("remove stale", &old))?;
             }
-            std::fs::rename(&self.dir, &old).map_err(io_err("rename aside", &self.dir))?;
+            std::fs::rename(&self.dir, &old).map_err(failed("rename aside", &self.dir))?;
         }
-        std::fs::rename(&self.partial, &self.dir).map_err(io_err("rename into", &self.dir))?;
+        std::fs::rename(&self.partial, &self.dir).map_err(failed("rename into", &self.dir))?;
+        sync_parent(&self.dir)?;
         if old.exists() {
-            std::fs::remove_dir_all(&old).map_err(io_err("remove", &old))?;
+            std::fs::remove_dir_all(&old).map_err(failed("remove", &old))?;
         }
         Ok(())
     }
@@ -233,7 +224,7 @@ impl StateReader {
     pub fn open(dir: impl AsRef<Path>) -> Result<Self> {
         let dir = dir.as_ref().to_path_buf();
         let manifest_path = dir.join(MANIFEST);
-        let bytes = std::fs::read(&manifest_path).map_err(io_err("read", &manifest_path))?;
+        let bytes = std::fs::read(&manifest_path).map_err(failed("read", &manifest_path))?;
         let manifest: Manifest = serde_json::from_slice(&bytes).map_err(|source| Error::Json {
             path: manifest_path.clone(),
             source,
@@ -255,8 +246,8 @@ impl StateReader {
             )));
         }
         let data_path = dir.join(DATA);
-        let file = File::open(&data_path).map_err(io_err("open", &data_path))?;
-        let file_len = file.metadata().map_err(io_err("stat", &data_path))?.len();
+        let file = File::open(&data_path).map_err(failed("open", &data_path))?;
+        let file_len = file.metadata().map_err(failed("stat", &data_path))?.len();
         if file_len != manifest.data_bytes {
             return Err(bad(format!(
                 "{DATA} has {file_len} bytes, the manifest says {}",
@@ -353,14 +344,14 @@ impl StateReader {
         let data_path = self.dir.join(DATA);
         self.data
             .seek(SeekFrom::Start(t.offset))
-            .map_err(io_err("seek", &data_path))?;
+            .map_err(failed("seek", &data_path))?;
         let mut hash = Checksum::new();
         let mut buf = vec![0u8; CHUNK_ELEMS * E::SIZE];
         for chunk in out.chunks_mut(CHUNK_ELEMS) {
             let bytes = &mut buf[..chunk.len() * E::SIZE];
             self.data
                 .read_exact(bytes)
-                .map_err(io_err("read", &data_path))?;
+                .map_err(failed("read", &data_path))?;
             hash.update(bytes);
             for (x, b) in chunk.iter_mut().zip(bytes.chunks_exact(E::SIZE)) {
                 *x = E::get(b);

@@ -2,6 +2,16 @@
 
 use std::path::PathBuf;
 
+impl From<crate::fsio::IoFailure> for Error {
+    fn from(e: crate::fsio::IoFailure) -> Self {
+        Self::Io {
+            op: e.op,
+            path: e.path,
+            source: e.source,
+        }
+    }
+}
+
 /// Result alias of the data pipeline.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 

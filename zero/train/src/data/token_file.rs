@@ -9,6 +9,7 @@ use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 
 use super::error::{Error, FormatError, Result};
+use crate::fsio::read_up_to;
 
 /// Magic number in the first header word of a token file.
 pub const TOKEN_MAGIC: i32 = 20_240_520;
@@ -246,8 +247,8 @@ impl TokenFile {
         out
     }
 
-    /// Writes the file atomically: to `<path>.tmp`, then renamed over `path`, so a reader
-    /// never sees a half-written file.
+    /// Writes the file atomically and durably: to `<path>.tmp`, fsynced, renamed over
+    /// `path`, directory fsynced; a reader never sees a half-written file.
     ///
     /// # Errors
     /// [`Error::Io`] if writing or renaming fails.
@@ -256,36 +257,9 @@ impl TokenFile {
     }
 }
 
-/// Writes `bytes` to `path` through a temporary file and a rename.
+/// Writes `bytes` to `path` durably and atomically (see [`crate::fsio::write_atomic`]).
 pub(crate) fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
-    let mut tmp = path.as_os_str().to_owned();
-    tmp.push(".tmp");
-    let tmp = PathBuf::from(tmp);
-    fn io<'a>(op: &'static str, p: &'a Path) -> impl FnOnce(std::io::Error) -> Error + 'a {
-        move |source| Error::Io {
-            op,
-            path: p.to_path_buf(),
-            source,
-        }
-    }
-    let mut file = File::create(&tmp).map_err(io("create", &tmp))?;
-    file.write_all(bytes).map_err(io("write", &tmp))?;
-    file.sync_all().map_err(io("sync", &tmp))?;
-    std::fs::rename(&tmp, path).map_err(io("rename into", path))
-}
-
-/// Fills `buf` as far as the reader allows; returns the bytes read (short only at EOF).
-fn read_up_to(reader: &mut impl Read, buf: &mut [u8]) -> std::io::Result<usize> {
-    let mut filled = 0;
-    while filled < buf.len() {
-        match reader.read(&mut buf[filled..]) {
-            Ok(0) => break,
-            Ok(n) => filled += n,
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e),
-        }
-    }
-    Ok(filled)
+    Ok(crate::fsio::write_atomic(path, |w| w.write_all(bytes))?)
 }
 
 #[cfg(test)]

@@ -1,0 +1,199 @@
+//! One file out: the model as a single safetensors file with the tensor names and layouts
+//! of Hugging Face's GPT-2 checkpoint, plus its `config.json`.
+//!
+//! safetensors is an 8-byte little-endian header length N, N bytes of JSON (per tensor its
+//! dtype, shape and `data_offsets` [begin, end) into the data), then the data. The writer is
+//! written here rather than taken from the `safetensors` crate because the crate's
+//! `serialize_to_file` wants every tensor's bytes as a view up front, while this writer
+//! takes one unit at a time (a ZeRO-3 run gathers one unit, writes it, releases it): the
+//! header is known from the config alone, so the data can stream behind it. Memory beyond
+//! the header and one caller's unit is one 256 KiB encoding buffer.
+
+use std::io::Write;
+use std::path::Path;
+
+use serde_json::json;
+use zero_gpt::GptConfig;
+
+use super::error::{Error, Result};
+use super::hf::{hf_config_json, hf_tensors, HfTensor};
+use super::layout::ModelShape;
+
+/// Elements encoded per write.
+const CHUNK_ELEMS: usize = 1 << 16;
+
+/// Element type of an exported file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SafetensorsDtype {
+    /// IEEE float32, bit-exact with the model's parameters.
+    F32,
+    /// bfloat16, rounded to nearest even from float32.
+    Bf16,
+}
+
+impl SafetensorsDtype {
+    /// The name in a safetensors header (`F32`, `BF16`).
+    pub fn header_name(self) -> &'static str {
+        match self {
+            Self::F32 => "F32",
+            Self::Bf16 => "BF16",
+        }
+    }
+
+    /// PyTorch's name, as `config.json`'s `torch_dtype` records it.
+    pub fn torch_name(self) -> &'static str {
+        match self {
+            Self::F32 => "float32",
+            Self::Bf16 => "bfloat16",
+        }
+    }
+
+    /// Bytes per element.
+    pub fn size(self) -> usize {
+        match self {
+            Self::F32 => 4,
+            Self::Bf16 => 2,
+        }
+    }
+
+    fn put(self, x: f32, out: &mut Vec<u8>) {
+        match self {
+            Self::F32 => out.extend_from_slice(&x.to_le_bytes()),
+            Self::Bf16 => out.extend_from_slice(&half::bf16::from_f32(x).to_le_bytes()),
+        }
+    }
+}
+
+/// The header: its JSON, padded with spaces to a multiple of 8 bytes as the reference
+/// writer does, so the data that follows is aligned.
+fn header_json(tensors: &[HfTensor], dtype: SafetensorsDtype) -> Result<Vec<u8>> {
+    let mut map = serde_json::Map::new();
+    // transformers refuses a file without metadata format "pt".
+    map.insert("__metadata__".into(), json!({ "format": "pt" }));
+    let mut at = 0usize;
+    for t in tensors {
+        // The shape was validated with a byte bound, so these sums cannot overflow.
+        let end = at + t.len() * dtype.size();
+        map.insert(
+            t.name.clone(),
+            json!({ "dtype": dtype.header_name(), "shape": t.shape, "data_offsets": [at, end] }),
+        );
+        at = end;
+    }
+    let mut bytes = serde_json::to_vec(&map).map_err(|source| Error::Json {
+        path: "<safetensors header>".into(),
+        source,
+    })?;
+    bytes.resize(bytes.len().next_multiple_of(8), b' ');
+    Ok(bytes)
+}
+
+/// Writes one tensor from its unit, transposing HF's `Conv1D` weights to (in, out).
+fn write_tensor(
+    w: &mut impl Write,
+    t: &HfTensor,
+    unit: &[f32],
+    dtype: SafetensorsDtype,
+    scratch: &mut Vec<u8>,
+) -> std::io::Result<()> {
+    let (rows, cols, at) = (t.rows, t.cols, t.offset);
+    let values: Box<dyn Iterator<Item = f32>> = if t.transposed {
+        // File element (i, j) of the (cols, rows) tensor is the model's (j, i).
+        Box::new((0..cols).flat_map(move |i| (0..rows).map(move |j| unit[at + j * cols + i])))
+    } else {
+        Box::new(unit[at..at + t.len()].iter().copied())
+    };
+    scratch.clear();
+    for x in values {
+        dtype.put(x, scratch);
+        if scratch.len() >= CHUNK_ELEMS * dtype.size() {
+            w.write_all(scratch)?;
+            scratch.clear();
+        }
+    }
+    w.write_all(scratch)
+}
+
+/// Writes the parameters as one safetensors file in Hugging Face GPT-2's names and layouts
+/// (see the module documentation), atomically and durably.
+///
+/// `units` yields the model's unit buffers in order (embeddings, blocks 0..L, final norm;
+/// [`zero_gpt::ParamLayout::unit_lens`] long each); each is encoded and dropped before the
+/// next is asked for.
+///
+/// # Errors
+/// [`Error::Format`] for an invalid `config`; [`Error::ShapeMismatch`] when a unit has the
+/// wrong length or there are too few or too many units (the file is then not written);
+/// [`Error::Io`] naming the file.
+pub fn export_safetensors<U: AsRef<[f32]>>(
+    config: &GptConfig,
+    units: impl IntoIterator<Item = U>,
+    dtype: SafetensorsDtype,
+    path: impl AsRef<Path>,
+) -> Result<()> {
+    let shape = ModelShape::from_config(config);
+    shape.validate().map_err(|source| Error::Format {
+        path: "<config>".into(),
+        source,
+    })?;
+    let tensors = hf_tensors(config);
+    let header = header_json(&tensors, dtype)?;
+    let sizes = shape.unit_sizes();
+    let mut refused: Option<Error> = None;
+    let written = crate::fsio::write_atomic(path.as_ref(), |w| {
+        w.write_all(&(header.len() as u64).to_le_bytes())?;
+        w.write_all(&header)?;
+        let mut units = units.into_iter();
+        let mut scratch = Vec::with_capacity(CHUNK_ELEMS * dtype.size());
+        for (u, &size) in sizes.iter().enumerate() {
+            let unit = units.next();
+            let got = unit.as_ref().map(|x| x.as_ref().len());
+            let Some(unit) = unit.filter(|_| got == Some(size)) else {
+                refused = Some(match got {
+                    None => shape_err("number of units", sizes.len(), u),
+                    Some(got) => shape_err(&format!("unit {u}"), size, got),
+                });
+                return Err(std::io::Error::other("unit refused"));
+            };
+            for t in tensors.iter().filter(|t| t.unit == u) {
+                write_tensor(w, t, unit.as_ref(), dtype, &mut scratch)?;
+            }
+        }
+        if units.next().is_some() {
+            refused = Some(shape_err("number of units", sizes.len(), sizes.len() + 1));
+            return Err(std::io::Error::other("unit refused"));
+        }
+        Ok(())
+    });
+    match (written, refused) {
+        (Ok(()), _) => Ok(()),
+        (Err(_), Some(e)) => Err(e),
+        (Err(e), None) => Err(e.into()),
+    }
+}
+
+fn shape_err(what: &str, expected: usize, got: usize) -> Error {
+    Error::ShapeMismatch {
+        what: what.into(),
+        expected,
+        got,
+    }
+}
+
+/// Writes `config.json` for HF's `GPT2LMHeadModel` (see [`hf_config_json`]), atomically.
+///
+/// # Errors
+/// [`Error::Json`] or [`Error::Io`] naming the file.
+pub fn write_hf_config(
+    config: &GptConfig,
+    dtype: SafetensorsDtype,
+    path: impl AsRef<Path>,
+) -> Result<()> {
+    let path = path.as_ref();
+    let json = hf_config_json(config, dtype.torch_name());
+    let text = serde_json::to_vec_pretty(&json).map_err(|source| Error::Json {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    Ok(crate::fsio::write_atomic(path, |w| w.write_all(&text))?)
+}
