@@ -5,7 +5,7 @@
 //! the bit, since every value is copied, never recomputed. For half precision the exported
 //! parameters are the f32 master weights, from which the stored ones are rounded.
 
-use super::error::{EngineError, Result};
+use super::error::{Error, Result};
 use super::state::{write_whole, zeroed, Engine};
 use zero_alloc::Handle;
 
@@ -64,10 +64,10 @@ impl Engine {
     /// each rank keeps what its stage stores. Not collective.
     ///
     /// # Errors
-    /// [`EngineError::BadUnit`] when the number or sizes of units differ.
+    /// [`Error::BadUnit`] when the number or sizes of units differ.
     pub fn import_states(&mut self, states: &[UnitState], steps: u64) -> Result<()> {
         if states.len() != self.specs.len() {
-            return Err(EngineError::BadUnit {
+            return Err(Error::BadUnit {
                 unit: states.len().min(self.specs.len()),
                 message: format!(
                     "the saved state has {} units, the model {}",
@@ -82,7 +82,7 @@ impl Engine {
             let numel = plan.part.numel();
             for (what, values) in [("params", &state.params), ("m", &state.m), ("v", &state.v)] {
                 if values.len() != numel {
-                    return Err(EngineError::BadUnit {
+                    return Err(Error::BadUnit {
                         unit,
                         message: format!(
                             "saved {what} has {} elements, the unit {numel}",

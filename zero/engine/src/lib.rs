@@ -13,7 +13,7 @@
 //! let comms = zero_comm::local::create(2)?;
 //! std::thread::scope(|s| {
 //!     for comm in comms {
-//!         s.spawn(move || -> Result<(), zero::EngineError> {
+//!         s.spawn(move || -> Result<(), zero::Error> {
 //!             let units = vec![UnitSpec::new("weights", 10)];
 //!             let config = EngineConfig { stage: ZeroStage::Zero3, ..EngineConfig::default() };
 //!             let mut engine = Engine::new(comm, units, config, |_, w| w.fill(1.0))?;
@@ -50,7 +50,7 @@ mod step;
 mod storage;
 mod unit;
 
-pub use error::{EngineError, Result};
+pub use error::{Error, Result};
 pub use export::UnitState;
 pub use inflight::MAX_IN_FLIGHT;
 pub use loss_scale::LossScaler;
@@ -58,7 +58,7 @@ pub use memory::{
     comm_elements_per_step, expected_model_state_bytes, padded_model_state_bytes, ModelStateBytes,
     Precision, ZeroStage,
 };
-pub use partition::{Partition, PartitionError, Shard};
+pub use partition::{Partition, Shard};
 pub use plan::{check_fits, plan_memory, MemoryPlan, PlanShape, SHARD_ALIGN_ELEMS};
 pub use state::{Engine, EngineConfig, Traffic, UnitViews};
 pub use step::StepReport;

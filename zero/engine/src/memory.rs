@@ -5,7 +5,8 @@
 //! Notation follows the paper: Ψ parameters, N_d data-parallel ranks, K bytes of optimizer
 //! state per parameter (K = 12 for mixed-precision Adam: fp32 master weights, m and v).
 
-use super::partition::{Partition, PartitionError};
+use super::error::Result;
+use super::partition::Partition;
 use std::fmt;
 
 /// Which model states are partitioned across the data-parallel ranks (DeepSpeed's `stage`).
@@ -127,14 +128,14 @@ pub fn expected_model_state_bytes(
 /// reduce-scatter and all-gather can run on them without a staging copy.
 ///
 /// # Errors
-/// A [`PartitionError`] when a unit cannot be partitioned (zero ranks, overflow).
+/// A partition error when a unit cannot be partitioned (zero ranks, overflow).
 pub fn padded_model_state_bytes(
     unit_numels: &[usize],
     world: usize,
     align: usize,
     stage: ZeroStage,
     precision: Precision,
-) -> Result<ModelStateBytes, PartitionError> {
+) -> Result<ModelStateBytes> {
     let mut whole = 0u64;
     let mut shards = 0u64;
     for &numel in unit_numels {

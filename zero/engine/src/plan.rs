@@ -131,7 +131,7 @@ pub fn plan_memory(specs: &[UnitSpec], shape: PlanShape) -> Result<MemoryPlan> {
 /// Checks `stage` against a memory cap; on failure names the lowest stage that fits.
 ///
 /// # Errors
-/// [`EngineError::DoesNotFit`](super::EngineError::DoesNotFit).
+/// [`Error::DoesNotFit`](super::Error::DoesNotFit).
 pub fn check_fits(specs: &[UnitSpec], shape: PlanShape, limit: u64) -> Result<MemoryPlan> {
     let stage = shape.stage;
     let plan = |stage| plan_memory(specs, PlanShape { stage, ..shape });
@@ -153,7 +153,7 @@ pub fn check_fits(specs: &[UnitSpec], shape: PlanShape, limit: u64) -> Result<Me
             .unwrap_or(u64::MAX);
         format!("no stage fits at this world size (stage 3 needs {best} bytes): add ranks")
     });
-    Err(super::EngineError::DoesNotFit {
+    Err(super::Error::DoesNotFit {
         stage,
         needed: wanted.total(),
         limit,

@@ -17,7 +17,7 @@
 //! Every element sees the same arithmetic in the same order at every stage, so stages 0-3
 //! give the same parameters to the bit.
 
-use super::error::{EngineError, Result};
+use super::error::{Error, Result};
 use super::inflight::{InFlight, Prefetch, MAX_IN_FLIGHT};
 use super::loss_scale::LossScaler;
 use super::memory::{expected_model_state_bytes, ModelStateBytes, Precision, ZeroStage};
@@ -142,8 +142,8 @@ impl Engine {
     /// values on every rank (seeded).
     ///
     /// # Errors
-    /// [`EngineError::DoesNotFit`] when the cap is too small (naming a stage that fits),
-    /// [`EngineError::BadUnit`] for inconsistent specs, arena errors.
+    /// [`Error::DoesNotFit`] when the cap is too small (naming a stage that fits),
+    /// [`Error::BadUnit`] for inconsistent specs, arena errors.
     pub fn new(
         comm: Communicator,
         specs: Vec<UnitSpec>,
@@ -152,7 +152,7 @@ impl Engine {
     ) -> Result<Self> {
         for (unit, spec) in specs.iter().enumerate() {
             spec.check()
-                .map_err(|message| EngineError::BadUnit { unit, message })?;
+                .map_err(|message| Error::BadUnit { unit, message })?;
         }
         let shape = PlanShape {
             world: comm.size(),
@@ -267,7 +267,7 @@ impl Engine {
         if unit < self.specs.len() {
             Ok(())
         } else {
-            Err(EngineError::NoSuchUnit {
+            Err(Error::NoSuchUnit {
                 unit,
                 units: self.specs.len(),
             })
@@ -396,7 +396,7 @@ impl Engine {
         }
         let b = &mut self.bufs[unit];
         if b.gather_refs == 0 {
-            return Err(EngineError::Order(format!(
+            return Err(Error::Order(format!(
                 "release of unit {unit} without a matching gather"
             )));
         }
@@ -415,15 +415,13 @@ impl Engine {
         if self.reads_stored(unit) {
             return Ok(self.bufs[unit].params);
         }
-        self.bufs[unit]
-            .gathered
-            .ok_or(EngineError::NotGathered { unit })
+        self.bufs[unit].gathered.ok_or(Error::NotGathered { unit })
     }
 
     /// `unit`'s parameters in f32 (its `numel` elements, no padding).
     ///
     /// # Errors
-    /// [`EngineError::NotGathered`] outside gather/release where a copy is needed.
+    /// [`Error::NotGathered`] outside gather/release where a copy is needed.
     pub fn params(&self, unit: usize) -> Result<&[f32]> {
         let block = self.param_block(unit)?;
         Ok(&self.arena.slice::<f32>(block)?[..self.specs[unit].numel])
@@ -436,7 +434,7 @@ impl Engine {
     pub fn begin_backward(&mut self, unit: usize) -> Result<()> {
         self.check_unit(unit)?;
         if self.bufs[unit].unreduced.is_some() {
-            return Err(EngineError::Order(format!(
+            return Err(Error::Order(format!(
                 "begin_backward of unit {unit} twice without end_backward"
             )));
         }
@@ -460,7 +458,7 @@ impl Engine {
             .map(|&u| {
                 self.check_unit(u)?;
                 let h = self.bufs[u].unreduced.ok_or_else(|| {
-                    EngineError::Order(format!("gradients of unit {u} used outside its backward"))
+                    Error::Order(format!("gradients of unit {u} used outside its backward"))
                 })?;
                 Ok((h, self.specs[u].numel))
             })
@@ -490,7 +488,7 @@ impl Engine {
         self.check_unit(unit)?;
         self.order.visit(&self.comm, unit, Visit::Reduce)?;
         let tmp = self.bufs[unit].unreduced.take().ok_or_else(|| {
-            EngineError::Order(format!(
+            Error::Order(format!(
                 "end_backward of unit {unit} without begin_backward"
             ))
         })?;

@@ -2,7 +2,7 @@
 //! on the owned range of the f32 master weights, and the all-gather that brings
 //! whole-parameter ranks back in sync.
 
-use super::error::{EngineError, Result};
+use super::error::{Error, Result};
 use super::memory::ZeroStage;
 use super::partition::Shard;
 use super::state::{zeroed, Engine};
@@ -40,12 +40,12 @@ impl Engine {
     /// (fp32 and bf16; fp16 skips the step instead), collective or arena failures.
     pub fn step(&mut self, lr: f32) -> Result<StepReport> {
         if self.micro_steps == 0 {
-            return Err(EngineError::Order(
+            return Err(Error::Order(
                 "step without a finished micro-step (call end_micro_step after backward)".into(),
             ));
         }
         if let Some(u) = self.bufs.iter().position(|b| b.unreduced.is_some()) {
-            return Err(EngineError::Order(format!(
+            return Err(Error::Order(format!(
                 "step while unit {u}'s backward is still open"
             )));
         }
@@ -75,7 +75,7 @@ impl Engine {
         let factor = 1.0 / (self.micro_steps as f32 * loss_scale);
         let norm = self.global_norm(factor)?;
         if !norm.is_finite() {
-            return Err(EngineError::NonFinite {
+            return Err(Error::NonFinite {
                 step: self.steps + 1,
                 norm,
             });

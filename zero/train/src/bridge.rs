@@ -6,7 +6,7 @@
 //! at the start of backward, which the embedding's own backward finishes last: so unit 0
 //! stays gathered, and its unreduced gradient stays alive, for the whole micro-step.
 
-use zero::{Engine, EngineError, Shard, UnitSpec};
+use zero::{Engine, Shard, UnitSpec};
 use zero_gpt::{Activations, Gpt, GptError, ParamLayout, UnitKind};
 
 /// Why a GPT micro-step failed.
@@ -14,7 +14,7 @@ use zero_gpt::{Activations, Gpt, GptError, ParamLayout, UnitKind};
 pub enum StepError {
     /// The engine (memory, communication, order) failed.
     #[error(transparent)]
-    Engine(#[from] EngineError),
+    Engine(#[from] zero::Error),
     /// The model refused its inputs.
     #[error(transparent)]
     Model(#[from] GptError),
@@ -162,7 +162,7 @@ pub fn with_logits<R>(
 ///
 /// # Errors
 /// Engine errors.
-pub fn full_params(engine: &mut Engine) -> Result<Vec<Vec<f32>>, EngineError> {
+pub fn full_params(engine: &mut Engine) -> Result<Vec<Vec<f32>>, zero::Error> {
     engine.without_order_check(|engine| {
         (0..engine.units().len())
             .map(|unit| {
