@@ -5,9 +5,9 @@
 //! arena keeps it pinned (not viewed, moved or freed) until the reduction hands it back, so
 //! the overlap costs no copy and every byte stays measured.
 
+use super::engine::Engine;
 use super::error::Result;
-use super::state::Engine;
-use super::storage::{widen, Store};
+use super::precision::{widen, Store};
 use zero_alloc::Handle;
 use zero_alloc::Lent;
 use zero_comm::Work;

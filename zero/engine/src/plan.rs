@@ -1,54 +1,11 @@
 //! Where every buffer of a rank goes, and how many bytes that takes, before anything is
 //! allocated: so a configuration that cannot fit fails at start-up, naming a stage that would.
 
-use super::memory::{ModelStateBytes, Precision, ZeroStage};
-use super::partition::Partition;
+use super::formulas::ModelStateBytes;
+use super::policy::{UnitPolicy, ZeroStage};
+use super::precision::Precision;
 use super::unit::UnitSpec;
 use super::Result;
-
-/// Shards are multiples of 128 elements: 256 bytes (the arena's alignment) for 2-byte
-/// storage and 512 for f32, so every shard of every kind starts on an aligned boundary and
-/// no block wastes rounding.
-pub const SHARD_ALIGN_ELEMS: usize = 128;
-
-/// How one unit is laid out on this rank.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct UnitPlan {
-    pub part: Partition,
-    /// Parameters kept whole on every rank: stages 0-2, and units under the persistence
-    /// threshold at stage 3.
-    pub whole_params: bool,
-    /// Gradients accumulated whole (stages 0-1) rather than as one shard.
-    pub whole_grads: bool,
-    /// Optimizer states whole (stage 0) rather than as one shard.
-    pub whole_optim: bool,
-}
-
-impl UnitPlan {
-    pub fn new(
-        spec: &UnitSpec,
-        world: usize,
-        stage: ZeroStage,
-        persistence_threshold: usize,
-    ) -> Result<Self> {
-        let part = Partition::new(spec.numel, world, SHARD_ALIGN_ELEMS)?;
-        Ok(Self {
-            part,
-            whole_params: stage < ZeroStage::Zero3 || spec.numel < persistence_threshold,
-            whole_grads: stage < ZeroStage::Zero2,
-            whole_optim: stage == ZeroStage::Zero0,
-        })
-    }
-
-    /// Elements of a buffer kept whole (`true`) or as this rank's shard.
-    pub fn len(&self, whole: bool) -> usize {
-        if whole {
-            self.part.padded_numel()
-        } else {
-            self.part.shard_len()
-        }
-    }
-}
 
 /// The bytes one rank needs for a configuration.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -97,7 +54,7 @@ pub fn plan_memory(specs: &[UnitSpec], shape: PlanShape) -> Result<MemoryPlan> {
     let mut states = ModelStateBytes::default();
     let mut largest = 0u64;
     for spec in specs {
-        let p = UnitPlan::new(spec, world, stage, shape.persistence_threshold)?;
+        let p = UnitPolicy::new(spec, world, stage, precision, shape.persistence_threshold)?;
         let count = |whole| p.len(whole) as f64;
         states.params += count(p.whole_params) * precision.param_bytes() as f64;
         states.grads += count(p.whole_grads) * precision.grad_bytes() as f64;

@@ -6,7 +6,7 @@
 //! at the start of backward, which the embedding's own backward finishes last: so unit 0
 //! stays gathered, and its unreduced gradient stays alive, for the whole micro-step.
 
-use zero::{Engine, Shard, UnitSpec};
+use zero::{Engine, UnitSpec};
 use zero_gpt::{Activations, Gpt, GptError, ParamLayout, UnitKind};
 
 /// Why a GPT micro-step failed.
@@ -31,15 +31,12 @@ pub fn gpt_units(layout: &ParamLayout) -> Vec<UnitSpec> {
                 UnitKind::Block { layer } => format!("block {layer}"),
                 UnitKind::FinalNorm => "final norm".to_string(),
             };
-            unit.tensors.iter().filter(|t| t.weight_decay).fold(
-                UnitSpec::new(name, unit.len),
-                |spec, t| {
-                    spec.with_decay(Shard {
-                        offset: t.offset,
-                        len: t.len,
-                    })
-                },
-            )
+            unit.tensors
+                .iter()
+                .filter(|t| t.weight_decay)
+                .fold(UnitSpec::new(name, unit.len), |spec, t| {
+                    spec.with_decay(t.offset..t.offset + t.len)
+                })
         })
         .collect()
 }

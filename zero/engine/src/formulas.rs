@@ -7,82 +7,8 @@
 
 use super::error::Result;
 use super::partition::Partition;
-use std::fmt;
-
-/// Which model states are partitioned across the data-parallel ranks (DeepSpeed's `stage`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub enum ZeroStage {
-    /// Plain data parallelism: everything replicated.
-    Zero0 = 0,
-    /// P_os: optimizer states partitioned.
-    Zero1 = 1,
-    /// P_os+g: optimizer states and gradients partitioned.
-    Zero2 = 2,
-    /// P_os+g+p: optimizer states, gradients and parameters partitioned.
-    Zero3 = 3,
-}
-
-impl ZeroStage {
-    /// All stages, in order.
-    pub const ALL: [ZeroStage; 4] = [Self::Zero0, Self::Zero1, Self::Zero2, Self::Zero3];
-
-    /// The stage numbered `n` (0..=3).
-    pub fn from_index(n: u8) -> Option<Self> {
-        Self::ALL.get(usize::from(n)).copied()
-    }
-
-    fn optimizer_partitioned(self) -> bool {
-        self >= Self::Zero1
-    }
-
-    fn gradients_partitioned(self) -> bool {
-        self >= Self::Zero2
-    }
-
-    fn parameters_partitioned(self) -> bool {
-        self >= Self::Zero3
-    }
-}
-
-impl fmt::Display for ZeroStage {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "stage {}", *self as u8)
-    }
-}
-
-/// How parameters and gradients are stored, and so what the optimizer keeps.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Precision {
-    /// fp32 parameters and gradients; Adam keeps m and v (the parameters are the master copy).
-    Fp32,
-    /// bf16 parameters and gradients; fp32 master weights, m and v.
-    Bf16,
-    /// fp16 parameters and gradients (with loss scaling); fp32 master weights, m and v.
-    Fp16,
-}
-
-impl Precision {
-    /// Bytes per stored parameter element.
-    pub fn param_bytes(self) -> u64 {
-        match self {
-            Self::Fp32 => 4,
-            Self::Bf16 | Self::Fp16 => 2,
-        }
-    }
-
-    /// Bytes per stored gradient element.
-    pub fn grad_bytes(self) -> u64 {
-        self.param_bytes()
-    }
-
-    /// K: optimizer-state bytes per parameter for Adam.
-    pub fn optimizer_bytes(self) -> u64 {
-        match self {
-            Self::Fp32 => 8,
-            Self::Bf16 | Self::Fp16 => 12,
-        }
-    }
-}
+use super::policy::ZeroStage;
+use super::precision::Precision;
 
 /// Model-state bytes on one rank, by kind.
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
