@@ -24,6 +24,7 @@ impl Engine {
                 "begin_backward of unit {unit} twice without end_backward"
             )));
         }
+        self.check_one_at_a_time(unit)?;
         let h = zeroed::<f32>(&mut self.arena, self.policies[unit].part.padded_numel())?;
         self.bufs[unit].unreduced = Some(h);
         Ok(())

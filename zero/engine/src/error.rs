@@ -48,6 +48,18 @@ pub enum Error {
         /// The unit.
         unit: usize,
     },
+    /// Two units used at once where neither spans the micro-step: the memory plan reserves
+    /// room for one such unit at a time.
+    #[error(
+        "unit {unit} is used while unit {other} still is: only units declared with \
+         UnitSpec::spanning_micro_step may be in use beside another"
+    )]
+    OverlappingUnits {
+        /// The unit asked for.
+        unit: usize,
+        /// The unit still in use.
+        other: usize,
+    },
     /// A unit index past the registered units.
     #[error("unit {unit} does not exist: the engine has {units} units")]
     NoSuchUnit {

@@ -7,7 +7,8 @@
 
 use super::error::Result;
 use super::partition::Partition;
-use super::policy::ZeroStage;
+use super::plan::model_state_bytes;
+use super::policy::{UnitPolicy, ZeroStage};
 use super::precision::Precision;
 
 /// Model-state bytes on one rank, by kind.
@@ -62,19 +63,14 @@ pub fn padded_model_state_bytes(
     stage: ZeroStage,
     precision: Precision,
 ) -> Result<ModelStateBytes> {
-    let mut whole = 0u64;
-    let mut shards = 0u64;
-    for &numel in unit_numels {
-        let p = Partition::new(numel, world, align)?;
-        whole += p.padded_numel() as u64;
-        shards += p.shard_len() as u64;
-    }
-    let count = |partitioned: bool| (if partitioned { shards } else { whole }) as f64;
-    Ok(ModelStateBytes {
-        params: precision.param_bytes() as f64 * count(stage.parameters_partitioned()),
-        grads: precision.grad_bytes() as f64 * count(stage.gradients_partitioned()),
-        optimizer: precision.optimizer_bytes() as f64 * count(stage.optimizer_partitioned()),
-    })
+    let policies = unit_numels
+        .iter()
+        .map(|&numel| {
+            let part = Partition::new(numel, world, align)?;
+            Ok(UnitPolicy::with_partition(part, stage, precision, false))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    Ok(model_state_bytes(&policies, precision))
 }
 
 /// Elements each rank moves per optimizer step, in the paper's accounting (before the ring's

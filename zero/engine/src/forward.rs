@@ -27,12 +27,31 @@ impl Engine {
         if b.gathered.is_some() {
             return Ok(());
         }
+        self.check_one_at_a_time(unit)?;
         let copy = match self.prefetched[unit].take() {
             Some(prefetch) => prefetch.finish(self)?,
             None => with_store!(self.config.precision, S => self.compute_copy::<S>(unit))?,
         };
         self.bufs[unit].gathered = Some(copy);
         with_store!(self.config.precision, S => self.launch_prefetches::<S>())
+    }
+
+    /// Refuses a transient buffer for `unit` while another unit that does not span the
+    /// micro-step holds one, which the memory plan does not reserve room for.
+    pub(crate) fn check_one_at_a_time(&self, unit: usize) -> Result<()> {
+        if self.specs[unit].spans_micro_step {
+            return Ok(());
+        }
+        let busy =
+            |(i, (spec, b)): &(usize, (&crate::UnitSpec, &crate::unit_buffers::UnitBuffers))| {
+                *i != unit
+                    && !spec.spans_micro_step
+                    && (b.gathered.is_some() || b.unreduced.is_some())
+            };
+        match self.specs.iter().zip(&self.bufs).enumerate().find(busy) {
+            Some((other, _)) => Err(Error::OverlappingUnits { unit, other }),
+            None => Ok(()),
+        }
     }
 
     /// A new f32 block holding `unit`'s whole (padded) parameters.

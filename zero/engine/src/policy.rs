@@ -105,8 +105,20 @@ impl UnitPolicy {
         persistence_threshold: usize,
     ) -> Result<Self> {
         let part = Partition::new(spec.numel, world, SHARD_ALIGN_ELEMS)?;
-        let whole_params = !stage.parameters_partitioned() || spec.numel < persistence_threshold;
-        Ok(Self {
+        let persistent = spec.numel < persistence_threshold;
+        Ok(Self::with_partition(part, stage, precision, persistent))
+    }
+
+    /// The policy of a unit split as `part`; `persistent` units keep whole parameters at
+    /// every stage.
+    pub fn with_partition(
+        part: Partition,
+        stage: ZeroStage,
+        precision: Precision,
+        persistent: bool,
+    ) -> Self {
+        let whole_params = !stage.parameters_partitioned() || persistent;
+        Self {
             part,
             whole_params,
             whole_grads: !stage.gradients_partitioned(),
@@ -117,7 +129,7 @@ impl UnitPolicy {
                 GradReduce::AllReduce
             },
             reads_stored: whole_params && !precision.has_master(),
-        })
+        }
     }
 
     /// Elements of a buffer kept whole (`true`) or as this rank's shard.

@@ -31,12 +31,15 @@ pub fn gpt_units(layout: &ParamLayout) -> Vec<UnitSpec> {
                 UnitKind::Block { layer } => format!("block {layer}"),
                 UnitKind::FinalNorm => "final norm".to_string(),
             };
+            // The tied embedding is read at both ends of the pass (see the module docs).
+            let spec = match unit.kind {
+                UnitKind::Embedding => UnitSpec::new(name, unit.len).spanning_micro_step(),
+                _ => UnitSpec::new(name, unit.len),
+            };
             unit.tensors
                 .iter()
                 .filter(|t| t.weight_decay)
-                .fold(UnitSpec::new(name, unit.len), |spec, t| {
-                    spec.with_decay(t.offset..t.offset + t.len)
-                })
+                .fold(spec, |spec, t| spec.with_decay(t.offset..t.offset + t.len))
         })
         .collect()
 }
