@@ -6,7 +6,7 @@
 //!   data-parallel x model-parallel grids.
 //! - Non-blocking forms that take owned buffers and return them from [`Work::wait`],
 //!   completed in issue order by a progress thread per communicator.
-//! - A [`Bucketer`] that packs many tensors into fixed-size buffers.
+//! - [`ShardBuckets`]: the layout that reduces a partitioned tensor in fixed-size buckets.
 //! - Timeouts, fail-fast on dead ranks, mismatch detection, counters and history.
 //!
 //! # Examples
@@ -49,7 +49,7 @@ mod scope;
 mod work;
 
 pub use backend::{Backend, Leave};
-pub use bucket::{BucketKind, Bucketer};
+pub use bucket::{Bucket, ShardBuckets};
 pub use communicator::{Collective, Communicator};
 pub use config::Config;
 pub use dtype::{BufMut, BufRef, DType, Element};

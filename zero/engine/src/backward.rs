@@ -10,7 +10,7 @@ use super::policy::GradReduce;
 use super::precision::{accumulate, any_non_finite, narrow, with_store, Store};
 use super::unit_buffers::zeroed;
 use zero_alloc::Handle;
-use zero_comm::ReduceOp;
+use zero_comm::{Bucket, ReduceOp, ShardBuckets};
 
 impl Engine {
     /// Starts `unit`'s backward: gives it a zeroed f32 buffer for its unreduced gradient.
@@ -85,11 +85,11 @@ impl Engine {
     /// Launches the reduction of `unit`'s gradient `tmp` (f32, the model's buffer) in
     /// buckets of at most `reduce_bucket_bytes`, then frees `tmp`.
     ///
-    /// Bucket k holds, for every rank j, the k-th piece of rank j's shard (segment j), so one
-    /// in-place reduce-scatter leaves this rank exactly its piece, and an all-reduce (stage 0)
-    /// every piece: shards stay contiguous whatever the bucket size, and the staging memory is
-    /// a few buckets whatever the unit size. Each element is still summed in rank order, so
-    /// the bucket size never changes a bit of the result.
+    /// The buckets are zero-comm's [`ShardBuckets`] layout (bucket k holds the k-th piece of
+    /// every rank's shard), staged in arena blocks lent to the collective: shards stay
+    /// contiguous whatever the bucket size, the staging memory is a few buckets whatever the
+    /// unit size, and each element is still summed in rank order, so the bucket size never
+    /// changes a bit of the result.
     fn launch_reduce<S: Store>(&mut self, unit: usize, tmp: Handle) -> Result<()> {
         let result = self.launch_buckets::<S>(unit, tmp);
         self.arena.free(tmp)?;
@@ -98,20 +98,17 @@ impl Engine {
 
     fn launch_buckets<S: Store>(&mut self, unit: usize, tmp: Handle) -> Result<()> {
         let part = self.policies[unit].part;
-        let (world, shard_len) = (part.world(), part.shard_len());
-        let piece = (self.config.reduce_bucket_bytes / std::mem::size_of::<S>() / world).max(1);
+        let bucket_elems = self.config.reduce_bucket_bytes / std::mem::size_of::<S>();
+        let layout = ShardBuckets::new(part.world(), part.shard_len(), bucket_elems)?;
         let scale = self.scaler.scale;
-        for offset in (0..shard_len).step_by(piece) {
-            let len = piece.min(shard_len - offset);
-            let staged = self.arena.alloc_elems::<S>(world * len)?;
+        for bucket in layout.buckets() {
+            let elems = layout.bucket_elems(bucket);
+            let staged = self.arena.alloc_elems::<S>(elems)?;
             let packed = (|| -> Result<()> {
                 let mut views = self.arena.views();
                 let wide = views.get::<f32>(tmp)?;
-                let bucket = views.get_mut::<S>(staged)?;
-                for (j, segment) in bucket.chunks_exact_mut(len).enumerate() {
-                    let at = part.shard(j).offset + offset;
-                    narrow(&wide[at..at + len], segment, scale);
-                }
+                let out = views.get_mut::<S>(staged)?;
+                layout.pack(bucket, wide, out, |src, dst| narrow(src, dst, scale));
                 Ok(())
             })();
             if let Err(e) = packed {
@@ -121,16 +118,16 @@ impl Engine {
             let lent = self.arena.lend::<S>(staged)?;
             let work = match self.policies[unit].reduce {
                 GradReduce::AllReduce => {
-                    self.traffic.all_reduce += (world * len) as u64;
+                    self.traffic.all_reduce += elems as u64;
                     self.comm.all_reduce_async(lent, ReduceOp::Avg)
                 }
                 GradReduce::ReduceScatter => {
-                    self.traffic.reduce_scatter += (world * len) as u64;
+                    self.traffic.reduce_scatter += elems as u64;
                     self.comm.reduce_scatter_async(lent, ReduceOp::Avg)
                 }
             };
             self.in_flight
-                .push_back(InFlight::new(unit, offset, len, work));
+                .push_back(InFlight::new(unit, layout, bucket, work));
             self.complete_reductions(MAX_IN_FLIGHT)?;
         }
         Ok(())
@@ -150,27 +147,27 @@ impl Engine {
         Ok(())
     }
 
-    /// Accumulates a completed bucket of `unit` (pieces `[offset, offset + len)` of every
-    /// shard, in `staged`) into the gradient this rank keeps.
+    /// Accumulates a completed bucket of `unit` (laid out by `layout`, in `staged`) into the
+    /// gradient this rank keeps.
     pub(crate) fn accumulate_reduced<S: Store>(
         &mut self,
         unit: usize,
+        layout: ShardBuckets,
+        bucket: Bucket,
         staged: Handle,
-        offset: usize,
-        len: usize,
     ) -> Result<()> {
         let policy = self.policies[unit];
         let rank = self.comm.rank();
         let grads = self.bufs[unit].grads;
         let result = (|| -> Result<()> {
             let mut views = self.arena.views();
-            let bucket = views.get::<S>(staged)?;
+            let reduced = views.get::<S>(staged)?;
             let acc = views.get_mut::<S>(grads)?;
             for j in policy.kept_segments(rank) {
-                let piece = &bucket[j * len..(j + 1) * len];
-                let at = policy.grad_index(rank, j, offset);
+                let piece = &reduced[layout.segment(bucket, j)];
+                let at = policy.grad_index(rank, j, bucket.offset);
                 self.overflow |= any_non_finite(piece);
-                accumulate(&mut acc[at..at + len], piece);
+                accumulate(&mut acc[at..at + bucket.len], piece);
             }
             Ok(())
         })();
