@@ -1,5 +1,5 @@
 //! Collectives for ZeRO: one [`Communicator`] API over in-process threads (the [`local`]
-//! backend), and later MPI and NCCL.
+//! backend) and, with the `mpi` feature, MPI processes.
 //!
 //! - Blocking collectives over plain slices `&[T]` / `&mut [T]` (`T` = `f32`, `bf16`, `f16`;
 //!   halves reduce in f32), in-place and out-of-place, sum/avg/max/min, and `split` for
@@ -35,6 +35,7 @@
 
 mod backend;
 mod bucket;
+mod chunk;
 mod communicator;
 mod config;
 mod dtype;
