@@ -42,14 +42,14 @@ impl Engine {
         if self.specs[unit].spans_micro_step {
             return Ok(());
         }
-        let busy =
-            |(i, (spec, b)): &(usize, (&crate::UnitSpec, &crate::unit_buffers::UnitBuffers))| {
-                *i != unit
-                    && !spec.spans_micro_step
-                    && (b.gathered.is_some() || b.unreduced.is_some())
-            };
-        match self.specs.iter().zip(&self.bufs).enumerate().find(busy) {
-            Some((other, _)) => Err(Error::OverlappingUnits { unit, other }),
+        let in_use = |i: usize| {
+            let b = &self.bufs[i];
+            i != unit
+                && !self.specs[i].spans_micro_step
+                && (b.gathered.is_some() || b.unreduced.is_some())
+        };
+        match (0..self.specs.len()).find(|&i| in_use(i)) {
+            Some(other) => Err(Error::OverlappingUnits { unit, other }),
             None => Ok(()),
         }
     }
