@@ -7,7 +7,7 @@
 //!   data-parallel x model-parallel grids.
 //! - Non-blocking forms that take owned buffers and return them from [`Work::wait`],
 //!   completed in issue order by a progress thread per communicator.
-//! - A [`Bucketer`] that packs many tensors into fixed-size buffers.
+//! - [`ShardBuckets`]: the layout that reduces a partitioned tensor in fixed-size buckets.
 //! - Timeouts, fail-fast on dead ranks, mismatch detection, counters and history.
 //! - [`bootstrap`]: torchrun's launch variables and a TCP rendezvous that moves an opaque id
 //!   (NCCL's unique id) from rank 0 to the other ranks; no GPU needed.
@@ -43,6 +43,7 @@
 mod backend;
 pub mod bootstrap;
 mod bucket;
+mod chunk;
 mod communicator;
 mod config;
 mod dtype;
@@ -59,7 +60,7 @@ mod scope;
 mod work;
 
 pub use backend::{Backend, Leave};
-pub use bucket::{BucketKind, Bucketer};
+pub use bucket::{Bucket, ShardBuckets};
 pub use communicator::{Collective, Communicator};
 pub use config::Config;
 pub use dtype::{BufMut, BufRef, DType, Element};

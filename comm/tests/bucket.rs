@@ -1,79 +1,85 @@
-//! The bucketer against direct collectives, for random tensor streams.
+//! Tensors reduced bucket by bucket through `ShardBuckets` against the naive reference (every
+//! rank's element summed in f64) and against one direct collective on the whole tensor.
 
 mod common;
 
-use common::{data, run};
+use common::{data, reference, run};
 use proptest::prelude::*;
-use zero_comm::{local, BucketKind, Bucketer, ReduceOp};
+use zero_comm::{local, ReduceOp, ShardBuckets};
 
-fn stream(seed: u64, rank: usize, lens: &[usize]) -> Vec<Vec<f32>> {
-    lens.iter()
-        .enumerate()
-        .map(|(t, &l)| data(seed + t as u64, rank, l))
-        .collect()
+/// This rank's result of reducing its whole tensor bucket by bucket: its own shard
+/// (reduce-scatter) or the whole tensor (all-reduce).
+fn bucketed(
+    c: &zero_comm::Communicator,
+    whole: &[f32],
+    shard_len: usize,
+    bucket_elems: usize,
+    all: bool,
+) -> Vec<f32> {
+    let (n, r) = (c.size(), c.rank());
+    let layout = ShardBuckets::new(n, shard_len, bucket_elems).unwrap();
+    let mut out = vec![f32::NAN; if all { n * shard_len } else { shard_len }];
+    for bucket in layout.buckets() {
+        assert!(layout.bucket_elems(bucket) <= bucket_elems.max(n));
+        let mut staged = vec![0f32; layout.bucket_elems(bucket)];
+        layout.pack(bucket, whole, &mut staged, |s, d| d.copy_from_slice(s));
+        if all {
+            c.all_reduce_in_place(&mut staged, ReduceOp::Sum).unwrap();
+            for j in 0..n {
+                out[layout.source(bucket, j)].copy_from_slice(&staged[layout.segment(bucket, j)]);
+            }
+        } else {
+            c.reduce_scatter_in_place(&mut staged, ReduceOp::Sum)
+                .unwrap();
+            let own = layout.segment(bucket, r);
+            out[bucket.offset..bucket.offset + bucket.len].copy_from_slice(&staged[own]);
+        }
+    }
+    out
 }
 
 proptest! {
     #![proptest_config(ProptestConfig { cases: 32, ..ProptestConfig::default() })]
 
     #[test]
-    fn bucketed_results_equal_direct_collectives(n in 1usize..=4, shards in prop::collection::vec(0usize..12, 0..8),
-            bucket_elems in 1usize..20, kind in 0usize..3, in_place: bool, seed: u64) {
-        let kind = [BucketKind::AllReduce(ReduceOp::Sum), BucketKind::ReduceScatter(ReduceOp::Sum), BucketKind::AllGather][kind];
+    fn bucketed_reductions_equal_the_naive_sum_and_the_direct_collective(
+            n in 1usize..=4, shard_len in 0usize..40, bucket_elems in 1usize..50, all: bool, seed: u64) {
+        let inputs: Vec<Vec<f32>> = (0..n).map(|r| data(seed, r, n * shard_len)).collect();
+        let naive = reference(&inputs, ReduceOp::Sum);
         let ok = run(local::create(n).unwrap(), |c| {
             let r = c.rank();
-            let (in_lens, out_lens): (Vec<usize>, Vec<usize>) = match kind {
-                BucketKind::AllReduce(_) => (shards.clone(), shards.clone()),
-                BucketKind::ReduceScatter(_) => (shards.iter().map(|s| s * n).collect(), shards.clone()),
-                BucketKind::AllGather => (shards.clone(), shards.iter().map(|s| s * n).collect()),
-            };
-            let inputs = stream(seed, r, &in_lens);
-            // Direct: one collective per tensor.
-            let want: Vec<Vec<f32>> = inputs.iter().zip(&out_lens).map(|(x, &ol)| {
-                let mut out = vec![0f32; ol];
-                match kind {
-                    BucketKind::AllReduce(op) => c.all_reduce(x, &mut out, op).unwrap(),
-                    BucketKind::ReduceScatter(op) => c.reduce_scatter(x, &mut out, op).unwrap(),
-                    BucketKind::AllGather => c.all_gather(x, &mut out).unwrap(),
-                }
-                out
-            }).collect();
-            // Bucketed.
-            let bytes = bucket_elems * 4 * if matches!(kind, BucketKind::AllReduce(_)) { 1 } else { n };
-            let mut got: Vec<Vec<f32>> = if in_place {
-                inputs.iter().map(|x| match kind {
-                    BucketKind::AllGather => {
-                        let mut v = vec![0f32; x.len() * n];
-                        v[r * x.len()..(r + 1) * x.len()].copy_from_slice(x);
-                        v
-                    }
-                    _ => x.clone(),
-                }).collect()
+            let got = bucketed(&c, &inputs[r], shard_len, bucket_elems, all);
+            let mut direct = vec![0f32; got.len()];
+            let want: &[f32] = if all {
+                c.all_reduce(&inputs[r], &mut direct, ReduceOp::Sum).unwrap();
+                &naive
             } else {
-                out_lens.iter().map(|&l| vec![0f32; l]).collect()
+                c.reduce_scatter(&inputs[r], &mut direct, ReduceOp::Sum).unwrap();
+                &naive[r * shard_len..(r + 1) * shard_len]
             };
-            let mut b = Bucketer::new(&c, kind, bytes).unwrap();
-            let mem = b.memory_bytes();
-            for (i, out) in got.iter_mut().enumerate() {
-                if in_place { b.push_in_place(out).unwrap() } else { b.push(&inputs[i], out).unwrap() }
-            }
-            b.flush().unwrap();
-            assert_eq!(b.memory_bytes(), mem);
-            drop(b);
-            got.iter().zip(&want).all(|(g, w)| match (kind, in_place) {
-                (BucketKind::ReduceScatter(_), true) => {
-                    let s = w.len();
-                    g[r * s..(r + 1) * s] == w[..]
-                }
-                _ => g == w,
-            })
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            bits(&got) == bits(want) && bits(&got) == bits(&direct)
         });
         prop_assert!(ok.iter().all(|&b| b));
+    }
+
+    /// The buckets tile every shard exactly once, in order, none larger than asked.
+    #[test]
+    fn buckets_tile_each_shard(n in 1usize..=8, shard_len in 0usize..100, bucket_elems in 1usize..64) {
+        let layout = ShardBuckets::new(n, shard_len, bucket_elems).unwrap();
+        let mut next = 0;
+        for b in layout.buckets() {
+            prop_assert_eq!(b.offset, next);
+            prop_assert!(b.len >= 1);
+            prop_assert!(n * b.len <= bucket_elems.max(n));
+            prop_assert!(n * b.len <= layout.max_bucket_elems());
+            next += b.len;
+        }
+        prop_assert_eq!(next, shard_len);
     }
 }
 
 #[test]
-fn too_small_bucket_is_an_error() {
-    let comms = local::create(4).unwrap();
-    assert!(Bucketer::<f32>::new(&comms[0], BucketKind::ReduceScatter(ReduceOp::Sum), 8).is_err());
+fn a_world_of_no_ranks_is_an_error() {
+    assert!(ShardBuckets::new(0, 8, 8).is_err());
 }

@@ -9,18 +9,13 @@
 //! stays inside its call until the final committed wait. Within a phase, the ranges written
 //! (by exactly one rank) and the ranges read by others are disjoint, as noted per phase.
 
+use crate::chunk::chunk;
 use crate::dtype::DType;
 use crate::error::Result;
 use crate::op::OpDesc;
 use crate::reduce_op::{reduce_raw, ReduceOp};
 
 use super::group::{Addr, Entered, Member};
-
-/// Element range [lo, hi) of chunk `j` when `n` elements are split in `parts` (balanced; the
-/// chunking does not affect results, which are per element).
-pub(crate) fn chunk(n: usize, parts: usize, j: usize) -> (usize, usize) {
-    (j * n / parts, (j + 1) * n / parts)
-}
 
 fn at(a: Addr, elems: usize, dtype: DType) -> *mut u8 {
     std::ptr::with_exposed_provenance_mut::<u8>(a.0 + elems * dtype.size())

@@ -101,31 +101,10 @@ pub(crate) fn reduce_chunks(dtype: DType, chunks: &[u8], out: &mut [u8], op: Red
     }
 }
 
-/// Element range [lo, hi) of chunk `j` when `n` elements are split in `parts`: the local
-/// backend's chunking (results are per element, so chunking only balances the work).
-pub(crate) fn chunk(n: usize, parts: usize, j: usize) -> (usize, usize) {
-    (j * n / parts, (j + 1) * n / parts)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use half::bf16;
-
-    #[test]
-    fn chunks_tile_the_array_like_the_local_backend() {
-        for parts in 1..=5 {
-            for n in [0, 1, 7, 100] {
-                let mut next = 0;
-                for j in 0..parts {
-                    let (lo, hi) = chunk(n, parts, j);
-                    assert_eq!(lo, next, "n {n} parts {parts} chunk {j}");
-                    next = hi;
-                }
-                assert_eq!(next, n);
-            }
-        }
-    }
 
     #[test]
     fn byte_reduction_equals_the_typed_kernel_in_rank_order() {

@@ -1,20 +1,32 @@
-//! The engine's error type.
+//! The one error type of crate `zero`: the engine, its partitions and its optimizer.
 
-use super::memory::ZeroStage;
-use super::partition::PartitionError;
+use super::policy::ZeroStage;
 
-/// What can go wrong in the ZeRO engine.
+/// What can go wrong in the ZeRO engine, its partitioning or its optimizer.
 #[derive(Debug, thiserror::Error)]
-pub enum EngineError {
+pub enum Error {
     /// The rank's arena refused an allocation or a view.
     #[error("memory: {0}")]
     Alloc(#[from] zero_alloc::AllocError),
     /// A collective failed (timeout, dead peer, mismatch).
     #[error("communication: {0}")]
     Comm(#[from] zero_comm::CommError),
-    /// A unit could not be partitioned.
-    #[error(transparent)]
-    Partition(#[from] PartitionError),
+    /// A partition needs at least one rank.
+    #[error("cannot partition across a world of 0 ranks")]
+    ZeroWorld,
+    /// Shards must be a multiple of a positive number of elements.
+    #[error("shard alignment must be at least one element")]
+    ZeroAlign,
+    /// A unit's padded size does not fit in `usize`.
+    #[error("padding {numel} elements to a multiple of {world} x {align} overflows")]
+    PartitionOverflow {
+        /// Elements in the unit.
+        numel: usize,
+        /// Ranks.
+        world: usize,
+        /// Alignment in elements.
+        align: usize,
+    },
     /// The configuration needs more memory than the cap allows.
     #[error(
         "{stage} needs {needed} bytes per rank for model states and transient unit buffers, \
@@ -35,6 +47,18 @@ pub enum EngineError {
     NotGathered {
         /// The unit.
         unit: usize,
+    },
+    /// Two units used at once where neither spans the micro-step: the memory plan reserves
+    /// room for one such unit at a time.
+    #[error(
+        "unit {unit} is used while unit {other} still is: only units declared with \
+         UnitSpec::spanning_micro_step may be in use beside another"
+    )]
+    OverlappingUnits {
+        /// The unit asked for.
+        unit: usize,
+        /// The unit still in use.
+        other: usize,
     },
     /// A unit index past the registered units.
     #[error("unit {unit} does not exist: the engine has {units} units")]
@@ -80,9 +104,41 @@ pub enum EngineError {
         /// The norm found.
         norm: f64,
     },
-    /// The optimizer refused its inputs.
-    #[error(transparent)]
-    Optim(#[from] crate::optim::Error),
+    /// AdamW's parameter, gradient and moment slices differ in length.
+    #[error("AdamW: slice lengths differ: params {params}, grads {grads}, m {m}, v {v}")]
+    LengthMismatch {
+        /// Parameters.
+        params: usize,
+        /// Gradients.
+        grads: usize,
+        /// First moments.
+        m: usize,
+        /// Second moments.
+        v: usize,
+    },
+    /// AdamW's decay segments overlap or are out of order.
+    #[error("AdamW: decay segment {index} ({start}..{end}) overlaps or precedes the previous one")]
+    SegmentsUnordered {
+        /// Index of the offending segment.
+        index: usize,
+        /// Its start.
+        start: usize,
+        /// Its end.
+        end: usize,
+    },
+    /// Optimizer steps count from 1 (bias correction divides by `1 - beta^t`).
+    #[error("AdamW: step must be at least 1, got 0")]
+    StepZero,
+    /// An optimizer or schedule hyper-parameter outside its domain.
+    #[error("{what}: {value} is out of range ({expected})")]
+    BadHyperParameter {
+        /// Which setting.
+        what: &'static str,
+        /// Its value.
+        value: f64,
+        /// The allowed range.
+        expected: &'static str,
+    },
     /// A rank visits units in another order than on the first step.
     #[error(
         "rank {rank} ran unit {got} at position {position} of this step, but the first step ran \
@@ -100,5 +156,5 @@ pub enum EngineError {
     },
 }
 
-/// The engine's result type.
-pub type Result<T, E = EngineError> = std::result::Result<T, E>;
+/// Result alias of crate `zero`.
+pub type Result<T, E = Error> = std::result::Result<T, E>;

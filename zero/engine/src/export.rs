@@ -5,8 +5,9 @@
 //! the bit, since every value is copied, never recomputed. For half precision the exported
 //! parameters are the f32 master weights, from which the stored ones are rounded.
 
-use super::error::{EngineError, Result};
-use super::state::{write_whole, zeroed, Engine};
+use super::engine::Engine;
+use super::error::{Error, Result};
+use super::unit_buffers::{write_whole, zeroed};
 use zero_alloc::Handle;
 
 /// One unit's whole model states.
@@ -31,17 +32,17 @@ impl Engine {
         self.drop_prefetches()?;
         let mut out = Vec::with_capacity(self.specs.len());
         for unit in 0..self.specs.len() {
-            let plan = self.plans[unit];
+            let policy = self.policies[unit];
             let b = &self.bufs[unit];
             let (params, params_whole) = match b.master {
-                Some(master) => (master, plan.whole_optim),
-                None => (b.params, plan.whole_params),
+                Some(master) => (master, policy.whole_optim),
+                None => (b.params, policy.whole_params),
             };
             let (m, v) = (b.m, b.v);
             out.push(UnitState {
                 params: self.whole_f32(unit, params, params_whole)?,
-                m: self.whole_f32(unit, m, plan.whole_optim)?,
-                v: self.whole_f32(unit, v, plan.whole_optim)?,
+                m: self.whole_f32(unit, m, policy.whole_optim)?,
+                v: self.whole_f32(unit, v, policy.whole_optim)?,
             });
         }
         Ok(out)
@@ -49,7 +50,7 @@ impl Engine {
 
     /// The `numel` real elements of an f32 buffer kept whole or sharded (all-gathered).
     fn whole_f32(&self, unit: usize, h: Handle, whole: bool) -> Result<Vec<f32>> {
-        let part = self.plans[unit].part;
+        let part = self.policies[unit].part;
         let local = self.arena.slice::<f32>(h)?;
         if whole {
             return Ok(local[..part.numel()].to_vec());
@@ -64,10 +65,10 @@ impl Engine {
     /// each rank keeps what its stage stores. Not collective.
     ///
     /// # Errors
-    /// [`EngineError::BadUnit`] when the number or sizes of units differ.
+    /// [`Error::BadUnit`] when the number or sizes of units differ.
     pub fn import_states(&mut self, states: &[UnitState], steps: u64) -> Result<()> {
         if states.len() != self.specs.len() {
-            return Err(EngineError::BadUnit {
+            return Err(Error::BadUnit {
                 unit: states.len().min(self.specs.len()),
                 message: format!(
                     "the saved state has {} units, the model {}",
@@ -78,11 +79,11 @@ impl Engine {
         }
         let rank = self.rank();
         for (unit, state) in states.iter().enumerate() {
-            let plan = self.plans[unit];
-            let numel = plan.part.numel();
+            let policy = self.policies[unit];
+            let numel = policy.part.numel();
             for (what, values) in [("params", &state.params), ("m", &state.m), ("v", &state.v)] {
                 if values.len() != numel {
-                    return Err(EngineError::BadUnit {
+                    return Err(Error::BadUnit {
                         unit,
                         message: format!(
                             "saved {what} has {} elements, the unit {numel}",
@@ -91,12 +92,12 @@ impl Engine {
                     });
                 }
             }
-            let staged = zeroed::<f32>(&mut self.arena, plan.part.padded_numel())?;
+            let staged = zeroed::<f32>(&mut self.arena, policy.part.padded_numel())?;
             self.arena.slice_mut::<f32>(staged)?[..numel].copy_from_slice(&state.params);
             let b = &self.bufs[unit];
             let written = write_whole(
                 &mut self.arena,
-                &plan,
+                &policy,
                 b,
                 self.config.precision,
                 rank,
@@ -104,11 +105,11 @@ impl Engine {
             );
             self.arena.free(staged)?;
             written?;
-            let data = plan.part.data_shard(rank);
+            let data = policy.part.data_shard(rank);
             for (h, values) in [(b.m, &state.m), (b.v, &state.v)] {
                 let local = self.arena.slice_mut::<f32>(h)?;
                 local.fill(0.0);
-                if plan.whole_optim {
+                if policy.whole_optim {
                     local[..numel].copy_from_slice(values);
                 } else {
                     local[..data.len].copy_from_slice(&values[data.range()]);

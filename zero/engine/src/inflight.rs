@@ -5,12 +5,12 @@
 //! arena keeps it pinned (not viewed, moved or freed) until the reduction hands it back, so
 //! the overlap costs no copy and every byte stays measured.
 
+use super::engine::Engine;
 use super::error::Result;
-use super::state::Engine;
-use super::storage::{widen, Store};
+use super::precision::{widen, Store};
 use zero_alloc::Handle;
 use zero_alloc::Lent;
-use zero_comm::Work;
+use zero_comm::{Bucket, ShardBuckets, Work};
 
 /// Gradient buckets allowed in flight before `end_backward` waits for the oldest. Two keep
 /// the communicator busy behind the backward without letting staged buckets pile up; the
@@ -30,12 +30,17 @@ impl std::fmt::Debug for InFlight {
 }
 
 impl InFlight {
-    /// A bucket of `unit`: pieces `[offset, offset + len)` of every rank's shard.
-    pub fn new<S: Store>(unit: usize, offset: usize, len: usize, work: Work<Lent<S>>) -> Self {
+    /// Bucket `bucket` of `unit`, laid out by `layout`.
+    pub fn new<S: Store>(
+        unit: usize,
+        layout: ShardBuckets,
+        bucket: Bucket,
+        work: Work<Lent<S>>,
+    ) -> Self {
         Self(Box::new(Reduction {
             unit,
-            offset,
-            len,
+            layout,
+            bucket,
             work,
         }))
     }
@@ -58,8 +63,8 @@ trait Pending: Send {
 
 struct Reduction<S> {
     unit: usize,
-    offset: usize,
-    len: usize,
+    layout: ShardBuckets,
+    bucket: Bucket,
     work: Work<Lent<S>>,
 }
 
@@ -75,7 +80,7 @@ impl<S: Store> Pending for Reduction<S> {
     fn finish(self: Box<Self>, engine: &mut Engine) -> Result<()> {
         let lent = self.work.wait()?;
         let staged = engine.arena.take_back(lent)?;
-        engine.accumulate_reduced::<S>(self.unit, staged, self.offset, self.len)
+        engine.accumulate_reduced::<S>(self.unit, self.layout, self.bucket, staged)
     }
 }
 

@@ -13,7 +13,7 @@
 //! let comms = zero_comm::local::create(2)?;
 //! std::thread::scope(|s| {
 //!     for comm in comms {
-//!         s.spawn(move || -> Result<(), zero::EngineError> {
+//!         s.spawn(move || -> Result<(), zero::Error> {
 //!             let units = vec![UnitSpec::new("weights", 10)];
 //!             let config = EngineConfig { stage: ZeroStage::Zero3, ..EngineConfig::default() };
 //!             let mut engine = Engine::new(comm, units, config, |_, w| w.fill(1.0))?;
@@ -36,30 +36,35 @@
 
 #![warn(missing_docs)]
 
+mod backward;
+mod engine;
 mod error;
 mod export;
+mod formulas;
+mod forward;
 mod inflight;
 mod loss_scale;
-pub mod memory;
 pub mod optim;
 mod order;
 pub mod partition;
 mod plan;
-mod state;
+mod policy;
+mod precision;
 mod step;
-mod storage;
 mod unit;
+mod unit_buffers;
 
-pub use error::{EngineError, Result};
+pub use engine::{Engine, EngineConfig, Traffic, UnitViews};
+pub use error::{Error, Result};
 pub use export::UnitState;
+pub use formulas::{
+    comm_elements_per_step, expected_model_state_bytes, padded_model_state_bytes, ModelStateBytes,
+};
 pub use inflight::MAX_IN_FLIGHT;
 pub use loss_scale::LossScaler;
-pub use memory::{
-    comm_elements_per_step, expected_model_state_bytes, padded_model_state_bytes, ModelStateBytes,
-    Precision, ZeroStage,
-};
-pub use partition::{Partition, PartitionError, Shard};
-pub use plan::{check_fits, plan_memory, MemoryPlan, PlanShape, SHARD_ALIGN_ELEMS};
-pub use state::{Engine, EngineConfig, Traffic, UnitViews};
+pub use partition::{Partition, Shard};
+pub use plan::{check_fits, plan_memory, MemoryPlan, PlanShape};
+pub use policy::{ZeroStage, SHARD_ALIGN_ELEMS};
+pub use precision::Precision;
 pub use step::StepReport;
 pub use unit::UnitSpec;

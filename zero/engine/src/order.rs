@@ -7,7 +7,7 @@
 //! the exact position on every rank; later steps are compared against that recorded order
 //! locally, at no cost.
 
-use super::error::{EngineError, Result};
+use super::error::{Error, Result};
 use zero_comm::Communicator;
 
 /// What a rank does to a unit at one point of the step.
@@ -61,7 +61,7 @@ impl OrderCheck {
                 if let Some((other_rank, &u)) =
                     all.iter().enumerate().find(|&(_, &u)| u != unit as f32)
                 {
-                    return Err(EngineError::DivergentOrder {
+                    return Err(Error::DivergentOrder {
                         rank: self.rank,
                         position,
                         got: unit / 2,
@@ -73,7 +73,7 @@ impl OrderCheck {
             }
             Some(order) => match order.get(position) {
                 Some(&u) if u == unit => Ok(()),
-                other => Err(EngineError::OrderChanged {
+                other => Err(Error::OrderChanged {
                     rank: self.rank,
                     position,
                     got: unit / 2,
@@ -108,7 +108,7 @@ impl OrderCheck {
         match &self.recorded {
             None => self.recorded = Some(current),
             Some(order) if order.len() != current.len() => {
-                return Err(EngineError::Order(format!(
+                return Err(Error::Order(format!(
                     "rank {} visited {} units this step but {} on the first step",
                     self.rank,
                     current.len(),

@@ -9,6 +9,8 @@
 //! This module is the only place shard offsets are computed: everything else asks a
 //! [`Partition`] for a [`Shard`].
 
+use crate::error::{Error, Result};
+
 /// A contiguous range `[offset, offset + len)` of a unit's (padded) flat buffer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub struct Shard {
@@ -55,15 +57,16 @@ impl Partition {
     /// `align` lets shards start on an arena-aligned boundary (e.g. 64 f32 = 256 bytes).
     ///
     /// # Errors
-    /// [`PartitionError`] when `world` or `align` is zero, or the padded size overflows.
-    pub fn new(numel: usize, world: usize, align: usize) -> Result<Self, PartitionError> {
+    /// [`Error::ZeroWorld`] or [`Error::ZeroAlign`] when `world` or `align` is zero,
+    /// [`Error::PartitionOverflow`] when the padded size overflows.
+    pub fn new(numel: usize, world: usize, align: usize) -> Result<Self> {
         if world == 0 {
-            return Err(PartitionError::ZeroWorld);
+            return Err(Error::ZeroWorld);
         }
         if align == 0 {
-            return Err(PartitionError::ZeroAlign);
+            return Err(Error::ZeroAlign);
         }
-        let quantum = world.checked_mul(align).ok_or(PartitionError::Overflow {
+        let quantum = world.checked_mul(align).ok_or(Error::PartitionOverflow {
             numel,
             world,
             align,
@@ -72,7 +75,7 @@ impl Partition {
             numel
                 .div_ceil(quantum)
                 .checked_mul(quantum)
-                .ok_or(PartitionError::Overflow {
+                .ok_or(Error::PartitionOverflow {
                     numel,
                     world,
                     align,
@@ -139,27 +142,6 @@ impl Partition {
     }
 }
 
-/// Why a unit cannot be partitioned.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum PartitionError {
-    /// A partition needs at least one rank.
-    #[error("cannot partition across a world of 0 ranks")]
-    ZeroWorld,
-    /// Shards must be a multiple of a positive number of elements.
-    #[error("shard alignment must be at least one element")]
-    ZeroAlign,
-    /// The padded size does not fit in `usize`.
-    #[error("padding {numel} elements to a multiple of {world} x {align} overflows")]
-    Overflow {
-        /// Elements in the unit.
-        numel: usize,
-        /// Ranks.
-        world: usize,
-        /// Alignment in elements.
-        align: usize,
-    },
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -183,11 +165,11 @@ mod tests {
 
     #[test]
     fn zero_ranks_is_an_error() {
-        assert_eq!(Partition::new(5, 0, 1), Err(PartitionError::ZeroWorld));
-        assert_eq!(Partition::new(5, 1, 0), Err(PartitionError::ZeroAlign));
+        assert!(matches!(Partition::new(5, 0, 1), Err(Error::ZeroWorld)));
+        assert!(matches!(Partition::new(5, 1, 0), Err(Error::ZeroAlign)));
         assert!(matches!(
             Partition::new(usize::MAX, 2, 1),
-            Err(PartitionError::Overflow { .. })
+            Err(Error::PartitionOverflow { .. })
         ));
     }
 

@@ -1,54 +1,12 @@
 //! Where every buffer of a rank goes, and how many bytes that takes, before anything is
 //! allocated: so a configuration that cannot fit fails at start-up, naming a stage that would.
 
-use super::memory::{ModelStateBytes, Precision, ZeroStage};
-use super::partition::Partition;
+use super::formulas::ModelStateBytes;
+use super::inflight::MAX_IN_FLIGHT;
+use super::policy::{UnitPolicy, ZeroStage};
+use super::precision::Precision;
 use super::unit::UnitSpec;
 use super::Result;
-
-/// Shards are multiples of 128 elements: 256 bytes (the arena's alignment) for 2-byte
-/// storage and 512 for f32, so every shard of every kind starts on an aligned boundary and
-/// no block wastes rounding.
-pub const SHARD_ALIGN_ELEMS: usize = 128;
-
-/// How one unit is laid out on this rank.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct UnitPlan {
-    pub part: Partition,
-    /// Parameters kept whole on every rank: stages 0-2, and units under the persistence
-    /// threshold at stage 3.
-    pub whole_params: bool,
-    /// Gradients accumulated whole (stages 0-1) rather than as one shard.
-    pub whole_grads: bool,
-    /// Optimizer states whole (stage 0) rather than as one shard.
-    pub whole_optim: bool,
-}
-
-impl UnitPlan {
-    pub fn new(
-        spec: &UnitSpec,
-        world: usize,
-        stage: ZeroStage,
-        persistence_threshold: usize,
-    ) -> Result<Self> {
-        let part = Partition::new(spec.numel, world, SHARD_ALIGN_ELEMS)?;
-        Ok(Self {
-            part,
-            whole_params: stage < ZeroStage::Zero3 || spec.numel < persistence_threshold,
-            whole_grads: stage < ZeroStage::Zero2,
-            whole_optim: stage == ZeroStage::Zero0,
-        })
-    }
-
-    /// Elements of a buffer kept whole (`true`) or as this rank's shard.
-    pub fn len(&self, whole: bool) -> usize {
-        if whole {
-            self.part.padded_numel()
-        } else {
-            self.part.shard_len()
-        }
-    }
-}
 
 /// The bytes one rank needs for a configuration.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -85,6 +43,12 @@ pub struct PlanShape {
 
 /// Plans the buffers of `specs` on one rank.
 ///
+/// Model states come from [`model_state_bytes`], the same sum the padded formula uses.
+/// Transient buffers follow the units' declared lifetimes ([`UnitSpec::spans_micro_step`]):
+/// at any moment the spanning units and one other unit hold a compute copy and an unreduced
+/// gradient, which the engine enforces; prefetches, gradient buckets and room for the holes
+/// that pinned blocks leave come on top.
+///
 /// # Errors
 /// A partition error (zero ranks, overflow).
 pub fn plan_memory(specs: &[UnitSpec], shape: PlanShape) -> Result<MemoryPlan> {
@@ -94,44 +58,89 @@ pub fn plan_memory(specs: &[UnitSpec], shape: PlanShape) -> Result<MemoryPlan> {
         precision,
         ..
     } = shape;
+    let policies = specs
+        .iter()
+        .map(|s| UnitPolicy::new(s, world, stage, precision, shape.persistence_threshold))
+        .collect::<Result<Vec<_>>>()?;
+    let states = model_state_bytes(&policies, precision);
+    let elem = precision.param_bytes();
+    let f32_bytes = |p: &UnitPolicy| p.part.padded_numel() as u64 * 4;
+    // Unreduced f32 gradients: every unit has one during its backward.
+    let unreduced = live_at_once(specs, &policies, |_| true, f32_bytes);
+    // f32 compute copies: units whose stored parameters the model cannot read directly.
+    let copies = live_at_once(specs, &policies, |p| !p.reads_stored, f32_bytes);
+    // Stage 3's all-gathers stage a whole unit in the storage type: the one being gathered
+    // now and the prefetched ones.
+    let largest_gathered = policies
+        .iter()
+        .filter(|p| p.gathered())
+        .map(|p| p.part.padded_numel() as u64 * elem)
+        .max()
+        .unwrap_or(0);
+    let gathers = (1 + shape.prefetch_units as u64) * largest_gathered;
+    let largest = policies.iter().map(|p| p.part.padded_numel() as u64).max();
+    // Gradient buckets in flight (and the one being filled) hold their staged pieces; a
+    // bucket is at most the bucket size, and never more than the largest unit (plus one
+    // element per rank, the least a bucket holds, and the arena's rounding).
+    let bucket = (shape.reduce_bucket_bytes as u64).min(largest.unwrap_or(0) * elem)
+        + world as u64 * elem
+        + 256;
+    let buckets = (MAX_IN_FLIGHT as u64 + 1) * bucket;
+    // Blocks lent to collectives in flight (gradient buckets, prefetched all-gathers) are
+    // pinned: defragmentation cannot move them, so each can split the free space into one
+    // more hole. Room for the largest transient block per pinned block keeps an allocation
+    // from failing on holes too small while the total free space would suffice.
+    let prefetching = if largest_gathered > 0 {
+        shape.prefetch_units
+    } else {
+        0
+    };
+    let pinned = (MAX_IN_FLIGHT + prefetching) as u64;
+    let fragmentation = pinned * largest.unwrap_or(0) * 4;
+    Ok(MemoryPlan {
+        model_states: states,
+        transient: unreduced + copies + gathers + buckets + fragmentation,
+    })
+}
+
+/// Bytes of the units `alive` selects that can be live at once: every one that spans the
+/// micro-step, plus the largest of the others (used one at a time).
+fn live_at_once(
+    specs: &[UnitSpec],
+    policies: &[UnitPolicy],
+    alive: impl Fn(&UnitPolicy) -> bool,
+    bytes: impl Fn(&UnitPolicy) -> u64,
+) -> u64 {
+    let mut spanning = 0;
+    let mut other = 0;
+    for (spec, p) in specs.iter().zip(policies).filter(|(_, p)| alive(p)) {
+        if spec.spans_micro_step {
+            spanning += bytes(p);
+        } else {
+            other = other.max(bytes(p));
+        }
+    }
+    spanning + other
+}
+
+/// Model-state bytes a rank stores for units kept as `policies` say: whole buffers hold the
+/// padded unit, sharded ones one shard.
+pub(crate) fn model_state_bytes(policies: &[UnitPolicy], precision: Precision) -> ModelStateBytes {
     let mut states = ModelStateBytes::default();
-    let mut largest = 0u64;
-    for spec in specs {
-        let p = UnitPlan::new(spec, world, stage, shape.persistence_threshold)?;
+    for p in policies {
         let count = |whole| p.len(whole) as f64;
         states.params += count(p.whole_params) * precision.param_bytes() as f64;
         states.grads += count(p.whole_grads) * precision.grad_bytes() as f64;
         // K bytes: m and v, plus the f32 master weights for half precision.
         states.optimizer += count(p.whole_optim) * precision.optimizer_bytes() as f64;
-        largest = largest.max(p.part.padded_numel() as u64);
     }
-    // Backward holds at most three unreduced f32 gradient units at once (the tied
-    // embedding, the final norm, the current block). f32 compute copies of parameters exist
-    // at stage 3 (gathered) and at half precision (widened): as many again, plus the
-    // prefetched ones.
-    let copies = if stage == ZeroStage::Zero3 || precision.has_master() {
-        3 + shape.prefetch_units as u64
-    } else {
-        0
-    };
-    // Gradient buckets in flight (and the one being filled) hold their staged pieces; a
-    // bucket is at most the bucket size, and never more than the largest unit.
-    let elem = if precision.has_master() { 2 } else { 4 };
-    // (Plus one element per rank, the least a bucket holds, and the arena's rounding.)
-    let bucket = (shape.reduce_bucket_bytes as u64).min(largest * elem) + world as u64 * elem + 256;
-    let buckets = (super::inflight::MAX_IN_FLIGHT as u64 + 1) * bucket;
-    // Prefetched all-gathers stage whole units in the storage type.
-    let prefetched = shape.prefetch_units as u64 * largest * elem;
-    Ok(MemoryPlan {
-        model_states: states,
-        transient: (3 + copies) * largest * 4 + buckets + prefetched,
-    })
+    states
 }
 
 /// Checks `stage` against a memory cap; on failure names the lowest stage that fits.
 ///
 /// # Errors
-/// [`EngineError::DoesNotFit`](super::EngineError::DoesNotFit).
+/// [`Error::DoesNotFit`](super::Error::DoesNotFit).
 pub fn check_fits(specs: &[UnitSpec], shape: PlanShape, limit: u64) -> Result<MemoryPlan> {
     let stage = shape.stage;
     let plan = |stage| plan_memory(specs, PlanShape { stage, ..shape });
@@ -153,7 +162,7 @@ pub fn check_fits(specs: &[UnitSpec], shape: PlanShape, limit: u64) -> Result<Me
             .unwrap_or(u64::MAX);
         format!("no stage fits at this world size (stage 3 needs {best} bytes): add ranks")
     });
-    Err(super::EngineError::DoesNotFit {
+    Err(super::Error::DoesNotFit {
         stage,
         needed: wanted.total(),
         limit,
@@ -165,8 +174,12 @@ pub fn check_fits(specs: &[UnitSpec], shape: PlanShape, limit: u64) -> Result<Me
 mod tests {
     use super::*;
 
+    /// Units of 1000 (spanning the micro-step) and 512 elements.
     fn units() -> Vec<UnitSpec> {
-        vec![UnitSpec::new("a", 1000), UnitSpec::new("b", 64 * 8)]
+        vec![
+            UnitSpec::new("a", 1000).spanning_micro_step(),
+            UnitSpec::new("b", 64 * 8),
+        ]
     }
 
     fn shape(stage: ZeroStage) -> PlanShape {
@@ -195,19 +208,33 @@ mod tests {
     }
 
     #[test]
+    fn a_spanning_unit_adds_to_the_others_which_count_once() {
+        let transient = |units: &[UnitSpec]| {
+            plan_memory(units, shape(ZeroStage::Zero1))
+                .unwrap()
+                .transient
+        };
+        let one_at_a_time = [UnitSpec::new("a", 1000), UnitSpec::new("b", 512)];
+        // Unreduced f32 gradients: 1024 x 4 alone, or 1024 x 4 + 512 x 4 side by side.
+        assert_eq!(transient(&units()) - transient(&one_at_a_time), 512 * 4);
+    }
+
+    #[test]
     fn a_tight_cap_names_the_lowest_stage_that_fits() {
         // Units of 1000 and 512 elements over 4 ranks pad to 1024 and 512 (shards 256, 128).
-        // Stage 1: params 6144 + grads 6144 + m,v 3072 bytes, plus transients of the largest
-        // unit (4096 bytes): 3 unreduced (12288), 3 gradient buckets of a whole unit each,
-        // one element per rank and the arena's rounding (3 x 4368), 1 prefetch (4096) = 44848.
+        // Stage 1: params 6144 + grads 6144 + m,v 3072 bytes; transients: unreduced f32
+        // gradients of the spanning unit and the other (4096 + 2048), no compute copies
+        // (whole f32 parameters), 3 gradient buckets of a whole unit each, one element per
+        // rank and the arena's rounding (3 x 4368), and a hole of the largest unit (4096)
+        // beside each of the 2 buckets in flight = 42800.
         let stage1 = plan_memory(&units(), shape(ZeroStage::Zero1))
             .unwrap()
             .total();
-        assert_eq!(stage1, 44848);
+        assert_eq!(stage1, 42800);
         let err = check_fits(&units(), shape(ZeroStage::Zero0), stage1).unwrap_err();
         let msg = err.to_string();
         assert!(msg.contains("stage 1 fits"), "{msg}");
-        assert!(msg.contains("54064"), "stage 0 needs 24576 + 29488: {msg}");
+        assert!(msg.contains("52016"), "stage 0 needs 24576 + 27440: {msg}");
         assert!(check_fits(&units(), shape(ZeroStage::Zero1), stage1).is_ok());
     }
 }

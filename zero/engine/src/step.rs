@@ -2,12 +2,11 @@
 //! on the owned range of the f32 master weights, and the all-gather that brings
 //! whole-parameter ranks back in sync.
 
-use super::error::{EngineError, Result};
-use super::memory::ZeroStage;
-use super::partition::Shard;
-use super::state::{zeroed, Engine};
-use super::storage::{narrow, with_store, Store};
-use crate::optim::{clip_coefficient, global_norm, DecaySegment};
+use super::engine::Engine;
+use super::error::{Error, Result};
+use super::precision::{narrow, with_store, Precision, Store};
+use super::unit_buffers::zeroed;
+use crate::optim::{clip_coefficient, global_norm};
 use zero_comm::ReduceOp;
 
 /// What one optimizer step did.
@@ -40,12 +39,12 @@ impl Engine {
     /// (fp32 and bf16; fp16 skips the step instead), collective or arena failures.
     pub fn step(&mut self, lr: f32) -> Result<StepReport> {
         if self.micro_steps == 0 {
-            return Err(EngineError::Order(
+            return Err(Error::Order(
                 "step without a finished micro-step (call end_micro_step after backward)".into(),
             ));
         }
         if let Some(u) = self.bufs.iter().position(|b| b.unreduced.is_some()) {
-            return Err(EngineError::Order(format!(
+            return Err(Error::Order(format!(
                 "step while unit {u}'s backward is still open"
             )));
         }
@@ -53,7 +52,7 @@ impl Engine {
         self.drop_prefetches()?;
         self.order.end_step()?;
         let loss_scale = self.scaler.scale;
-        if self.config.precision == super::Precision::Fp16 && self.any_rank_overflowed()? {
+        if self.config.precision == Precision::Fp16 && self.any_rank_overflowed()? {
             self.clear_grads()?;
             self.scaler.update(true);
             if self.rank() == 0 {
@@ -75,7 +74,7 @@ impl Engine {
         let factor = 1.0 / (self.micro_steps as f32 * loss_scale);
         let norm = self.global_norm(factor)?;
         if !norm.is_finite() {
-            return Err(EngineError::NonFinite {
+            return Err(Error::NonFinite {
                 step: self.steps + 1,
                 norm,
             });
@@ -117,41 +116,18 @@ impl Engine {
         Ok(())
     }
 
-    /// The range of `unit` this rank updates: everything at stage 0, its shard otherwise.
-    fn owned(&self, unit: usize) -> Shard {
-        let part = self.plans[unit].part;
-        if self.config.stage == ZeroStage::Zero0 {
-            Shard {
-                offset: 0,
-                len: part.numel(),
-            }
-        } else {
-            part.data_shard(self.rank())
-        }
-    }
-
     /// AdamW on the owned range of every unit (on the f32 master copy for half precision,
     /// rounded back into the stored parameters), then the all-gather where parameters are
     /// kept whole but updated by shard (stages 1-2, persistent units at stage 3).
     fn update_and_sync<S: Store>(&mut self, lr: f32, factor: f32, clip_coef: f32) -> Result<()> {
         let (t, adam, rank) = (self.steps, self.config.adam, self.rank());
         for unit in 0..self.specs.len() {
-            let plan = self.plans[unit];
-            let owned = self.owned(unit);
-            let p_at = plan.part.local(rank, owned, plan.whole_params);
-            let g_at = plan.part.local(rank, owned, plan.whole_grads);
-            let o_at = plan.part.local(rank, owned, plan.whole_optim);
-            let segments: Vec<DecaySegment> = self.specs[unit]
-                .segments(Shard {
-                    offset: 0,
-                    len: plan.part.numel(),
-                })
-                .into_iter()
-                .map(|(s, decay)| DecaySegment {
-                    range: s.range(),
-                    decay,
-                })
-                .collect();
+            let policy = self.policies[unit];
+            let owned = policy.owned(rank);
+            let p_at = policy.part.local(rank, owned, policy.whole_params);
+            let g_at = policy.part.local(rank, owned, policy.whole_grads);
+            let o_at = policy.part.local(rank, owned, policy.whole_optim);
+            let segments = self.specs[unit].decay_segments();
             let grad32 = zeroed::<f32>(&mut self.arena, owned.len.max(1))?;
             let b = &self.bufs[unit];
             let (params, master, grads, m, v) = (b.params, b.master, b.grads, b.m, b.v);
@@ -195,7 +171,7 @@ impl Engine {
                         )?;
                     }
                 }
-                if plan.whole_params && self.config.stage != ZeroStage::Zero0 {
+                if policy.syncs_params_after_step() {
                     self.comm.all_gather_in_place(stored)?;
                     self.traffic.all_gather += stored.len() as u64;
                 }
@@ -215,9 +191,11 @@ impl Engine {
     /// code, so every stage gets the same norm to the bit.
     fn global_norm(&mut self, factor: f32) -> Result<f64> {
         let world = self.world();
-        // Stage 0 holds every reduced shard; the others hold only their own (stage 1's whole
-        // buffer is reduced only on this rank's shard) and exchange partial sums.
-        let partials: Vec<f64> = if self.config.stage == ZeroStage::Zero0 || world == 1 {
+        // Under all-reduce a rank holds every reduced shard; under reduce-scatter only its
+        // own (stage 1's whole buffer is reduced only on this rank's shard), so ranks
+        // exchange partial sums.
+        let holds_all = self.policies.iter().all(|p| p.holds_every_reduced_shard());
+        let partials: Vec<f64> = if holds_all || world == 1 {
             (0..world)
                 .map(|r| self.partial_norm(r, factor))
                 .collect::<Result<_>>()?
@@ -243,10 +221,10 @@ impl Engine {
 
     fn sum_of_squares<S: Store>(&self, r: usize, factor: f32) -> Result<f64> {
         let mut sum = 0f64;
-        for (plan, b) in self.plans.iter().zip(&self.bufs) {
-            let data = plan
+        for (policy, b) in self.policies.iter().zip(&self.bufs) {
+            let data = policy
                 .part
-                .local(r, plan.part.data_shard(r), plan.whole_grads);
+                .local(r, policy.part.data_shard(r), policy.whole_grads);
             let g = self.arena.slice::<S>(b.grads)?;
             for &x in &g[data] {
                 let x = f64::from(x.to_f32() * factor);

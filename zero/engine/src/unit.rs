@@ -1,6 +1,7 @@
 //! What a model hands the engine: its units, and which of their elements take weight decay.
 
-use super::partition::Shard;
+use crate::optim::DecaySegment;
+use std::ops::Range;
 
 /// One unit of parameters: a flat buffer of `numel` elements, cut into named tensors of which
 /// some take weight decay.
@@ -11,7 +12,12 @@ pub struct UnitSpec {
     /// Elements in the unit.
     pub numel: usize,
     /// Ranges of the unit that take decoupled weight decay (matrices); the rest do not.
-    pub decay: Vec<Shard>,
+    pub decay: Vec<Range<usize>>,
+    /// The model keeps this unit in use (gathered, and its gradient open) across a whole
+    /// micro-step, beside the others: e.g. a tied embedding read at both ends of the pass.
+    /// Other units are used one at a time; the memory plan counts on it and the engine
+    /// enforces it.
+    pub spans_micro_step: bool,
 }
 
 impl UnitSpec {
@@ -21,11 +27,19 @@ impl UnitSpec {
             name: name.into(),
             numel,
             decay: Vec::new(),
+            spans_micro_step: false,
         }
     }
 
+    /// Declares that the unit stays in use across the whole micro-step
+    /// ([`UnitSpec::spans_micro_step`]).
+    pub fn spanning_micro_step(mut self) -> Self {
+        self.spans_micro_step = true;
+        self
+    }
+
     /// Adds a range that takes weight decay.
-    pub fn with_decay(mut self, range: Shard) -> Self {
+    pub fn with_decay(mut self, range: Range<usize>) -> Self {
         self.decay.push(range);
         self
     }
@@ -33,58 +47,50 @@ impl UnitSpec {
     /// Checks that decay ranges lie inside the unit and do not overlap.
     pub(crate) fn check(&self) -> Result<(), String> {
         let mut ranges = self.decay.clone();
-        ranges.sort_by_key(|r| r.offset);
+        ranges.sort_by_key(|r| r.start);
         let mut end = 0;
         for r in &ranges {
-            if r.offset < end {
-                return Err(format!("decay ranges overlap at element {}", r.offset));
+            if r.start < end {
+                return Err(format!("decay ranges overlap at element {}", r.start));
             }
-            if r.end() > self.numel {
+            if r.end > self.numel || r.start > r.end {
                 return Err(format!(
-                    "decay range {}..{} is past the unit's {} elements",
-                    r.offset,
-                    r.end(),
-                    self.numel
+                    "decay range {}..{} is not inside the unit's {} elements",
+                    r.start, r.end, self.numel
                 ));
             }
-            end = r.end();
+            end = r.end;
         }
         Ok(())
     }
 
-    /// The segments of `window` (a range of the unit) as (range, decays) pairs in order,
-    /// covering the window exactly.
-    pub(crate) fn segments(&self, window: Shard) -> Vec<(Shard, bool)> {
-        let mut decay: Vec<Shard> = self
+    /// The unit's elements as decay segments in order, covering `0..numel` exactly: the
+    /// form AdamW takes.
+    pub(crate) fn decay_segments(&self) -> Vec<DecaySegment> {
+        let mut decay: Vec<Range<usize>> = self
             .decay
             .iter()
-            .map(|r| r.intersect(window))
-            .filter(|r| r.len > 0)
+            .filter(|r| !r.is_empty())
+            .cloned()
             .collect();
-        decay.sort_by_key(|r| r.offset);
+        decay.sort_by_key(|r| r.start);
         let mut out = Vec::with_capacity(2 * decay.len() + 1);
-        let mut at = window.offset;
-        for r in decay {
-            if r.offset > at {
-                out.push((
-                    Shard {
-                        offset: at,
-                        len: r.offset - at,
-                    },
-                    false,
-                ));
+        let mut at = 0;
+        for range in decay {
+            if range.start > at {
+                out.push(DecaySegment {
+                    range: at..range.start,
+                    decay: false,
+                });
             }
-            out.push((r, true));
-            at = r.end();
+            at = range.end;
+            out.push(DecaySegment { range, decay: true });
         }
-        if window.end() > at {
-            out.push((
-                Shard {
-                    offset: at,
-                    len: window.end() - at,
-                },
-                false,
-            ));
+        if self.numel > at {
+            out.push(DecaySegment {
+                range: at..self.numel,
+                decay: false,
+            });
         }
         out
     }
@@ -94,34 +100,39 @@ impl UnitSpec {
 mod tests {
     use super::*;
 
-    fn s(offset: usize, len: usize) -> Shard {
-        Shard { offset, len }
+    fn seg(range: Range<usize>, decay: bool) -> DecaySegment {
+        DecaySegment { range, decay }
     }
 
     #[test]
-    fn segments_tile_the_window() {
+    fn decay_segments_tile_the_unit() {
         let u = UnitSpec::new("u", 100)
-            .with_decay(s(10, 20))
-            .with_decay(s(50, 10));
-        let segs = u.segments(s(20, 40)); // 20..60
+            .with_decay(50..60)
+            .with_decay(10..30);
         assert_eq!(
-            segs,
-            vec![(s(20, 10), true), (s(30, 20), false), (s(50, 10), true)]
+            u.decay_segments(),
+            vec![
+                seg(0..10, false),
+                seg(10..30, true),
+                seg(30..50, false),
+                seg(50..60, true),
+                seg(60..100, false)
+            ]
         );
-        assert_eq!(u.segments(s(0, 0)), vec![]);
+        assert_eq!(UnitSpec::new("e", 0).decay_segments(), vec![]);
     }
 
     #[test]
     fn overlapping_or_oversized_decay_is_refused() {
         assert!(UnitSpec::new("u", 10)
-            .with_decay(s(0, 5))
-            .with_decay(s(4, 2))
+            .with_decay(0..5)
+            .with_decay(4..6)
             .check()
             .is_err());
-        assert!(UnitSpec::new("u", 10).with_decay(s(8, 5)).check().is_err());
+        assert!(UnitSpec::new("u", 10).with_decay(8..13).check().is_err());
         assert!(UnitSpec::new("u", 10)
-            .with_decay(s(0, 5))
-            .with_decay(s(5, 5))
+            .with_decay(0..5)
+            .with_decay(5..10)
             .check()
             .is_ok());
     }

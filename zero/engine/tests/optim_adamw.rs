@@ -1,7 +1,8 @@
 //! AdamW: agreement with an f64 reference, sharding invariance, decay masks, bad input.
 
 use proptest::prelude::*;
-use zero::optim::{AdamW, DecaySegment, Error};
+use zero::optim::{AdamW, DecaySegment};
+use zero::Error;
 
 /// Straightforward f64 AdamW (PyTorch formulation) on one element.
 fn reference(p: &mut f64, m: &mut f64, v: &mut f64, g: f64, t: i32, lr: f64, decay: bool) {
@@ -187,10 +188,10 @@ fn inconsistent_input_is_an_error() {
         Err(Error::LengthMismatch { .. })
     ));
     let g = vec![0.0f32; 3];
-    assert_eq!(
+    assert!(matches!(
         opt.update(&mut p, &g, &mut m, &mut v, 0, &seg, 0, 0.1),
         Err(Error::StepZero)
-    );
+    ));
     let overlapping = [
         DecaySegment {
             range: 0..2,

@@ -41,7 +41,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                             };
                             // Parameter values do not change the footprint: skip the init.
                             let e = Engine::new(comm, units, cfg, |_, _| {})?;
-                            Ok::<_, zero::EngineError>((
+                            Ok::<_, zero::Error>((
                                 e.measured_model_state_bytes()?,
                                 e.expected_model_state_bytes(),
                             ))

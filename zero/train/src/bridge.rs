@@ -6,7 +6,7 @@
 //! at the start of backward, which the embedding's own backward finishes last: so unit 0
 //! stays gathered, and its unreduced gradient stays alive, for the whole micro-step.
 
-use zero::{Engine, EngineError, Shard, UnitSpec};
+use zero::{Engine, UnitSpec};
 use zero_gpt::{Activations, Gpt, GptError, ParamLayout, UnitKind};
 
 /// Why a GPT micro-step failed.
@@ -14,7 +14,7 @@ use zero_gpt::{Activations, Gpt, GptError, ParamLayout, UnitKind};
 pub enum StepError {
     /// The engine (memory, communication, order) failed.
     #[error(transparent)]
-    Engine(#[from] EngineError),
+    Engine(#[from] zero::Error),
     /// The model refused its inputs.
     #[error(transparent)]
     Model(#[from] GptError),
@@ -31,15 +31,15 @@ pub fn gpt_units(layout: &ParamLayout) -> Vec<UnitSpec> {
                 UnitKind::Block { layer } => format!("block {layer}"),
                 UnitKind::FinalNorm => "final norm".to_string(),
             };
-            unit.tensors.iter().filter(|t| t.weight_decay).fold(
-                UnitSpec::new(name, unit.len),
-                |spec, t| {
-                    spec.with_decay(Shard {
-                        offset: t.offset,
-                        len: t.len,
-                    })
-                },
-            )
+            // The tied embedding is read at both ends of the pass (see the module docs).
+            let spec = match unit.kind {
+                UnitKind::Embedding => UnitSpec::new(name, unit.len).spanning_micro_step(),
+                _ => UnitSpec::new(name, unit.len),
+            };
+            unit.tensors
+                .iter()
+                .filter(|t| t.weight_decay)
+                .fold(spec, |spec, t| spec.with_decay(t.offset..t.offset + t.len))
         })
         .collect()
 }
@@ -162,7 +162,7 @@ pub fn with_logits<R>(
 ///
 /// # Errors
 /// Engine errors.
-pub fn full_params(engine: &mut Engine) -> Result<Vec<Vec<f32>>, EngineError> {
+pub fn full_params(engine: &mut Engine) -> Result<Vec<Vec<f32>>, zero::Error> {
     engine.without_order_check(|engine| {
         (0..engine.units().len())
             .map(|unit| {

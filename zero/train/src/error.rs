@@ -54,15 +54,13 @@ pub enum TrainError {
     /// A checkpoint could not be written or read.
     #[error(transparent)]
     Checkpoint(#[from] crate::checkpoint::Error),
-    /// The ZeRO engine failed (memory, communication, unit order).
+    /// The ZeRO engine failed (memory, communication, unit order), or its optimizer or
+    /// schedule refused its settings.
     #[error(transparent)]
-    Engine(#[from] zero::EngineError),
+    Engine(#[from] zero::Error),
     /// A collective outside the engine failed.
     #[error(transparent)]
     Comm(#[from] zero_comm::CommError),
-    /// The optimizer or schedule refused its settings.
-    #[error(transparent)]
-    Optim(#[from] zero::optim::Error),
     /// The data directory lacks the token files.
     #[error(
         "no token file at {path}: run `bash scripts/train.sh` (which fetches and prepares the \

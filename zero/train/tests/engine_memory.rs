@@ -2,8 +2,8 @@
 //! and misuse fails with clear errors instead of hangs.
 
 use zero::{
-    expected_model_state_bytes, padded_model_state_bytes, Engine, EngineConfig, EngineError,
-    Precision, UnitSpec, ZeroStage, SHARD_ALIGN_ELEMS,
+    expected_model_state_bytes, padded_model_state_bytes, Engine, EngineConfig, Error, Precision,
+    UnitSpec, ZeroStage, SHARD_ALIGN_ELEMS,
 };
 
 /// Unit sizes that no world size divides evenly.
@@ -31,7 +31,7 @@ fn engine_in(comm: zero_comm::Communicator, stage: ZeroStage, precision: Precisi
 }
 
 /// The forward of a fake model from unit `from` on: every unit gathered and released.
-fn fake_forward(e: &mut Engine, from: usize) -> Result<(), EngineError> {
+fn fake_forward(e: &mut Engine, from: usize) -> Result<(), Error> {
     for u in from..SIZES.len() {
         e.gather(u)?;
         e.release(u)?;
@@ -41,7 +41,7 @@ fn fake_forward(e: &mut Engine, from: usize) -> Result<(), EngineError> {
 
 /// Its backward, in reverse, each unit gathered again and given the parameters themselves
 /// as gradient; `poison` puts an inf into that unit's gradient on this rank.
-fn fake_backward(e: &mut Engine, poison: Option<usize>) -> Result<(), EngineError> {
+fn fake_backward(e: &mut Engine, poison: Option<usize>) -> Result<(), Error> {
     for u in (0..SIZES.len()).rev() {
         e.gather(u)?;
         e.begin_backward(u)?;
@@ -60,7 +60,7 @@ fn fake_backward(e: &mut Engine, poison: Option<usize>) -> Result<(), EngineErro
 }
 
 /// One optimizer step of the fake model.
-fn fake_step(e: &mut Engine) -> Result<(), EngineError> {
+fn fake_step(e: &mut Engine) -> Result<(), Error> {
     fake_forward(e, 0)?;
     fake_backward(e, None)?;
     e.step(1e-3)?;
@@ -208,7 +208,7 @@ fn a_rank_that_visits_another_unit_gets_an_error_not_a_hang() {
     });
     for r in results {
         match r {
-            Err(EngineError::DivergentOrder { position: 0, .. }) => {}
+            Err(Error::DivergentOrder { position: 0, .. }) => {}
             other => panic!("expected a divergent order, got {other:?}"),
         }
     }
@@ -218,15 +218,12 @@ fn a_rank_that_visits_another_unit_gets_an_error_not_a_hang() {
 fn using_a_unit_outside_gather_is_an_error() {
     on_ranks(2, |c| {
         let mut e = engine(c, ZeroStage::Zero3);
-        assert!(matches!(
-            e.params(0),
-            Err(EngineError::NotGathered { unit: 0 })
-        ));
-        assert!(matches!(e.release(0), Err(EngineError::Order(_))));
-        assert!(matches!(e.step(1e-3), Err(EngineError::Order(_))));
+        assert!(matches!(e.params(0), Err(Error::NotGathered { unit: 0 })));
+        assert!(matches!(e.release(0), Err(Error::Order(_))));
+        assert!(matches!(e.step(1e-3), Err(Error::Order(_))));
         assert!(matches!(
             e.gather(9),
-            Err(EngineError::NoSuchUnit { unit: 9, units: 4 })
+            Err(Error::NoSuchUnit { unit: 9, units: 4 })
         ));
     });
 }

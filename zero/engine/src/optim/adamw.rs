@@ -13,7 +13,7 @@
 
 use std::ops::Range;
 
-use super::error::{Error, Result};
+use crate::error::{Error, Result};
 
 /// A run of a unit's flat buffer (unit coordinates) and whether weight decay applies to it.
 /// GPT-2 practice decays matrices and embeddings, not biases or LayerNorm parameters.

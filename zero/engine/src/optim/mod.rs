@@ -14,15 +14,13 @@
 //! let segments = [DecaySegment { range: 0..2, decay: true }, DecaySegment { range: 2..4, decay: false }];
 //! opt.update(&mut p, &g, &mut m, &mut v, 0, &segments, 1, 1e-3)?;
 //! assert!(p[0] < p[2], "decayed weights shrink more");
-//! # Ok::<(), zero::optim::Error>(())
+//! # Ok::<(), zero::Error>(())
 //! ```
 
 mod adamw;
 mod clip;
-mod error;
 mod schedule;
 
 pub use adamw::{AdamW, DecaySegment};
 pub use clip::{clip_coefficient, global_norm, sum_of_squares};
-pub use error::{Error, Result};
 pub use schedule::CosineSchedule;

@@ -2,7 +2,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::error::{Error, Result};
+use crate::error::{Error, Result};
 
 /// Linear warm-up over `warmup_steps`, cosine decay to `max_lr * min_lr_frac` at
 /// `total_steps`, and the floor after that. Steps count from 0.

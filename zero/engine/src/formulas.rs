@@ -5,83 +5,11 @@
 //! Notation follows the paper: Ψ parameters, N_d data-parallel ranks, K bytes of optimizer
 //! state per parameter (K = 12 for mixed-precision Adam: fp32 master weights, m and v).
 
-use super::partition::{Partition, PartitionError};
-use std::fmt;
-
-/// Which model states are partitioned across the data-parallel ranks (DeepSpeed's `stage`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub enum ZeroStage {
-    /// Plain data parallelism: everything replicated.
-    Zero0 = 0,
-    /// P_os: optimizer states partitioned.
-    Zero1 = 1,
-    /// P_os+g: optimizer states and gradients partitioned.
-    Zero2 = 2,
-    /// P_os+g+p: optimizer states, gradients and parameters partitioned.
-    Zero3 = 3,
-}
-
-impl ZeroStage {
-    /// All stages, in order.
-    pub const ALL: [ZeroStage; 4] = [Self::Zero0, Self::Zero1, Self::Zero2, Self::Zero3];
-
-    /// The stage numbered `n` (0..=3).
-    pub fn from_index(n: u8) -> Option<Self> {
-        Self::ALL.get(usize::from(n)).copied()
-    }
-
-    fn optimizer_partitioned(self) -> bool {
-        self >= Self::Zero1
-    }
-
-    fn gradients_partitioned(self) -> bool {
-        self >= Self::Zero2
-    }
-
-    fn parameters_partitioned(self) -> bool {
-        self >= Self::Zero3
-    }
-}
-
-impl fmt::Display for ZeroStage {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "stage {}", *self as u8)
-    }
-}
-
-/// How parameters and gradients are stored, and so what the optimizer keeps.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Precision {
-    /// fp32 parameters and gradients; Adam keeps m and v (the parameters are the master copy).
-    Fp32,
-    /// bf16 parameters and gradients; fp32 master weights, m and v.
-    Bf16,
-    /// fp16 parameters and gradients (with loss scaling); fp32 master weights, m and v.
-    Fp16,
-}
-
-impl Precision {
-    /// Bytes per stored parameter element.
-    pub fn param_bytes(self) -> u64 {
-        match self {
-            Self::Fp32 => 4,
-            Self::Bf16 | Self::Fp16 => 2,
-        }
-    }
-
-    /// Bytes per stored gradient element.
-    pub fn grad_bytes(self) -> u64 {
-        self.param_bytes()
-    }
-
-    /// K: optimizer-state bytes per parameter for Adam.
-    pub fn optimizer_bytes(self) -> u64 {
-        match self {
-            Self::Fp32 => 8,
-            Self::Bf16 | Self::Fp16 => 12,
-        }
-    }
-}
+use super::error::Result;
+use super::partition::Partition;
+use super::plan::model_state_bytes;
+use super::policy::{UnitPolicy, ZeroStage};
+use super::precision::Precision;
 
 /// Model-state bytes on one rank, by kind.
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
@@ -127,27 +55,22 @@ pub fn expected_model_state_bytes(
 /// reduce-scatter and all-gather can run on them without a staging copy.
 ///
 /// # Errors
-/// A [`PartitionError`] when a unit cannot be partitioned (zero ranks, overflow).
+/// A partition error when a unit cannot be partitioned (zero ranks, overflow).
 pub fn padded_model_state_bytes(
     unit_numels: &[usize],
     world: usize,
     align: usize,
     stage: ZeroStage,
     precision: Precision,
-) -> Result<ModelStateBytes, PartitionError> {
-    let mut whole = 0u64;
-    let mut shards = 0u64;
-    for &numel in unit_numels {
-        let p = Partition::new(numel, world, align)?;
-        whole += p.padded_numel() as u64;
-        shards += p.shard_len() as u64;
-    }
-    let count = |partitioned: bool| (if partitioned { shards } else { whole }) as f64;
-    Ok(ModelStateBytes {
-        params: precision.param_bytes() as f64 * count(stage.parameters_partitioned()),
-        grads: precision.grad_bytes() as f64 * count(stage.gradients_partitioned()),
-        optimizer: precision.optimizer_bytes() as f64 * count(stage.optimizer_partitioned()),
-    })
+) -> Result<ModelStateBytes> {
+    let policies = unit_numels
+        .iter()
+        .map(|&numel| {
+            let part = Partition::new(numel, world, align)?;
+            Ok(UnitPolicy::with_partition(part, stage, precision, false))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    Ok(model_state_bytes(&policies, precision))
 }
 
 /// Elements each rank moves per optimizer step, in the paper's accounting (before the ring's

@@ -5,9 +5,19 @@
 //! moments for the half types. Code that touches stored values is generic over [`Store`]
 //! and reached through [`with_store!`], so each precision is written once.
 
-use super::memory::Precision;
 use bytemuck::Pod;
 use zero_comm::Element;
+
+/// How parameters and gradients are stored, and so what the optimizer keeps.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Precision {
+    /// fp32 parameters and gradients; Adam keeps m and v (the parameters are the master copy).
+    Fp32,
+    /// bf16 parameters and gradients; fp32 master weights, m and v.
+    Bf16,
+    /// fp16 parameters and gradients (with loss scaling); fp32 master weights, m and v.
+    Fp16,
+}
 
 /// A storage element type: reducible by zero-comm and viewable from the arena.
 pub(crate) trait Store: Element + Pod {}
@@ -18,15 +28,15 @@ impl<T: Element + Pod> Store for T {}
 macro_rules! with_store {
     ($precision:expr, $S:ident => $body:expr) => {
         match $precision {
-            $crate::memory::Precision::Fp32 => {
+            $crate::Precision::Fp32 => {
                 type $S = f32;
                 $body
             }
-            $crate::memory::Precision::Bf16 => {
+            $crate::Precision::Bf16 => {
                 type $S = half::bf16;
                 $body
             }
-            $crate::memory::Precision::Fp16 => {
+            $crate::Precision::Fp16 => {
                 type $S = half::f16;
                 $body
             }
@@ -69,6 +79,27 @@ pub(crate) fn any_non_finite<S: Store>(xs: &[S]) -> bool {
 }
 
 impl Precision {
+    /// Bytes per stored parameter element.
+    pub fn param_bytes(self) -> u64 {
+        match self {
+            Self::Fp32 => 4,
+            Self::Bf16 | Self::Fp16 => 2,
+        }
+    }
+
+    /// Bytes per stored gradient element.
+    pub fn grad_bytes(self) -> u64 {
+        self.param_bytes()
+    }
+
+    /// K: optimizer-state bytes per parameter for Adam.
+    pub fn optimizer_bytes(self) -> u64 {
+        match self {
+            Self::Fp32 => 8,
+            Self::Bf16 | Self::Fp16 => 12,
+        }
+    }
+
     /// True when the optimizer keeps a separate f32 master copy.
     pub(crate) fn has_master(self) -> bool {
         self != Precision::Fp32

@@ -1,0 +1,182 @@
+//! Backward: a unit's unreduced f32 gradient buffer, its reduction across ranks in buckets
+//! launched as soon as the unit's backward ends, and the accumulation of the part this rank
+//! keeps.
+
+use super::engine::{Engine, UnitViews};
+use super::error::{Error, Result};
+use super::inflight::{InFlight, MAX_IN_FLIGHT};
+use super::order::Visit;
+use super::policy::GradReduce;
+use super::precision::{accumulate, any_non_finite, narrow, with_store, Store};
+use super::unit_buffers::zeroed;
+use zero_alloc::Handle;
+use zero_comm::{Bucket, ReduceOp, ShardBuckets};
+
+impl Engine {
+    /// Starts `unit`'s backward: gives it a zeroed f32 buffer for its unreduced gradient.
+    ///
+    /// # Errors
+    /// Unknown unit, a backward already begun, arena failures.
+    pub fn begin_backward(&mut self, unit: usize) -> Result<()> {
+        self.check_unit(unit)?;
+        if self.bufs[unit].unreduced.is_some() {
+            return Err(Error::Order(format!(
+                "begin_backward of unit {unit} twice without end_backward"
+            )));
+        }
+        self.check_one_at_a_time(unit)?;
+        let h = zeroed::<f32>(&mut self.arena, self.policies[unit].part.padded_numel())?;
+        self.bufs[unit].unreduced = Some(h);
+        Ok(())
+    }
+
+    /// Parameters of `param_units` and unreduced gradients of `grad_units`, all at once, for
+    /// a model's backward call (e.g. the tied LM head reads two units and writes two).
+    ///
+    /// # Errors
+    /// A unit not gathered or not in backward, or a gradient unit listed twice.
+    pub fn views(&mut self, param_units: &[usize], grad_units: &[usize]) -> Result<UnitViews<'_>> {
+        let params = param_units
+            .iter()
+            .map(|&u| Ok((self.param_block(u)?, self.specs[u].numel)))
+            .collect::<Result<Vec<_>>>()?;
+        let grads = grad_units
+            .iter()
+            .map(|&u| {
+                self.check_unit(u)?;
+                let h = self.bufs[u].unreduced.ok_or_else(|| {
+                    Error::Order(format!("gradients of unit {u} used outside its backward"))
+                })?;
+                Ok((h, self.specs[u].numel))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let mut views = self.arena.views();
+        let mut p = Vec::with_capacity(params.len());
+        for (h, n) in params {
+            p.push(&views.get::<f32>(h)?[..n]);
+        }
+        let mut g = Vec::with_capacity(grads.len());
+        for (h, n) in grads {
+            g.push(&mut views.get_mut::<f32>(h)?[..n]);
+        }
+        Ok((p, g))
+    }
+
+    /// Ends `unit`'s backward: rounds its gradient to the storage type (scaled by fp16's loss
+    /// scale) into buckets and launches their reduction across ranks (average) on the
+    /// communicator's progress thread, so it overlaps the backward of the units before it. The reduced part
+    /// this rank keeps is accumulated when the reduction completes: by a later call once it
+    /// is done, when more than [`MAX_IN_FLIGHT`] are pending, or at [`Engine::step`].
+    ///
+    /// # Errors
+    /// A unit not in backward, a divergent unit order, collective or arena failures (of this
+    /// reduction or of an earlier one completed here).
+    pub fn end_backward(&mut self, unit: usize) -> Result<()> {
+        self.check_unit(unit)?;
+        self.order.visit(&self.comm, unit, Visit::Reduce)?;
+        let tmp = self.bufs[unit].unreduced.take().ok_or_else(|| {
+            Error::Order(format!(
+                "end_backward of unit {unit} without begin_backward"
+            ))
+        })?;
+        with_store!(self.config.precision, S => self.launch_reduce::<S>(unit, tmp))
+    }
+
+    /// Launches the reduction of `unit`'s gradient `tmp` (f32, the model's buffer) in
+    /// buckets of at most `reduce_bucket_bytes`, then frees `tmp`.
+    ///
+    /// The buckets are zero-comm's [`ShardBuckets`] layout (bucket k holds the k-th piece of
+    /// every rank's shard), staged in arena blocks lent to the collective: shards stay
+    /// contiguous whatever the bucket size, the staging memory is a few buckets whatever the
+    /// unit size, and each element is still summed in rank order, so the bucket size never
+    /// changes a bit of the result.
+    fn launch_reduce<S: Store>(&mut self, unit: usize, tmp: Handle) -> Result<()> {
+        let result = self.launch_buckets::<S>(unit, tmp);
+        self.arena.free(tmp)?;
+        result
+    }
+
+    fn launch_buckets<S: Store>(&mut self, unit: usize, tmp: Handle) -> Result<()> {
+        let part = self.policies[unit].part;
+        let bucket_elems = self.config.reduce_bucket_bytes / std::mem::size_of::<S>();
+        let layout = ShardBuckets::new(part.world(), part.shard_len(), bucket_elems)?;
+        let scale = self.scaler.scale;
+        for bucket in layout.buckets() {
+            let elems = layout.bucket_elems(bucket);
+            let staged = self.arena.alloc_elems::<S>(elems)?;
+            let packed = (|| -> Result<()> {
+                let mut views = self.arena.views();
+                let wide = views.get::<f32>(tmp)?;
+                let out = views.get_mut::<S>(staged)?;
+                layout.pack(bucket, wide, out, |src, dst| narrow(src, dst, scale));
+                Ok(())
+            })();
+            if let Err(e) = packed {
+                self.arena.free(staged)?;
+                return Err(e);
+            }
+            let lent = self.arena.lend::<S>(staged)?;
+            let work = match self.policies[unit].reduce {
+                GradReduce::AllReduce => {
+                    self.traffic.all_reduce += elems as u64;
+                    self.comm.all_reduce_async(lent, ReduceOp::Avg)
+                }
+                GradReduce::ReduceScatter => {
+                    self.traffic.reduce_scatter += elems as u64;
+                    self.comm.reduce_scatter_async(lent, ReduceOp::Avg)
+                }
+            };
+            self.in_flight
+                .push_back(InFlight::new(unit, layout, bucket, work));
+            self.complete_reductions(MAX_IN_FLIGHT)?;
+        }
+        Ok(())
+    }
+
+    /// Completes pending reductions, oldest first: all that are done, and more until at most
+    /// `keep` remain.
+    pub(crate) fn complete_reductions(&mut self, keep: usize) -> Result<()> {
+        while let Some(front) = self.in_flight.front() {
+            if self.in_flight.len() <= keep && !front.is_done() {
+                break;
+            }
+            if let Some(pending) = self.in_flight.pop_front() {
+                pending.finish(self)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Accumulates a completed bucket of `unit` (laid out by `layout`, in `staged`) into the
+    /// gradient this rank keeps.
+    pub(crate) fn accumulate_reduced<S: Store>(
+        &mut self,
+        unit: usize,
+        layout: ShardBuckets,
+        bucket: Bucket,
+        staged: Handle,
+    ) -> Result<()> {
+        let policy = self.policies[unit];
+        let rank = self.comm.rank();
+        let grads = self.bufs[unit].grads;
+        let result = (|| -> Result<()> {
+            let mut views = self.arena.views();
+            let reduced = views.get::<S>(staged)?;
+            let acc = views.get_mut::<S>(grads)?;
+            for j in policy.kept_segments(rank) {
+                let piece = &reduced[layout.segment(bucket, j)];
+                let at = policy.grad_index(rank, j, bucket.offset);
+                self.overflow |= any_non_finite(piece);
+                accumulate(&mut acc[at..at + bucket.len], piece);
+            }
+            Ok(())
+        })();
+        self.arena.free(staged)?;
+        result
+    }
+
+    /// Marks the end of one micro-step's backward (for gradient accumulation).
+    pub fn end_micro_step(&mut self) {
+        self.micro_steps += 1;
+    }
+}

@@ -1,0 +1,289 @@
+//! The engine of one rank: its arena, its communicator, and every unit's buffers.
+//!
+//! Data flow of one optimizer step, the same for every stage:
+//! 1. forward, unit by unit: [`Engine::gather`] makes an f32 copy of the unit's whole
+//!    parameters where the stored ones are not that already (stage 3 all-gathers the
+//!    shards; half precision widens), the model reads [`Engine::params`], then
+//!    [`Engine::release`];
+//! 2. backward, in reverse: [`Engine::begin_backward`] gives the unit a zeroed f32 gradient
+//!    buffer that the model adds into (through [`Engine::views`]), and
+//!    [`Engine::end_backward`] rounds it to the storage type, reduces it across ranks
+//!    (all-reduce at stage 0, reduce-scatter otherwise, both summing every element in rank
+//!    order) and accumulates the part this rank keeps (whole at stages 0-1, a shard at 2-3);
+//! 3. [`Engine::step`]: global norm from per-shard partial sums combined in rank order,
+//!    clipping, AdamW on the owned range, and an all-gather of updated shards where
+//!    parameters are kept whole (stages 1-2).
+//!
+//! Every element sees the same arithmetic in the same order at every stage, so stages 0-3
+//! give the same parameters to the bit.
+
+use super::error::{Error, Result};
+use super::formulas::{expected_model_state_bytes, ModelStateBytes};
+use super::inflight::{InFlight, Prefetch};
+use super::loss_scale::LossScaler;
+use super::order::OrderCheck;
+use super::plan::{check_fits, plan_memory, MemoryPlan, PlanShape};
+use super::policy::{UnitPolicy, ZeroStage};
+use super::precision::Precision;
+use super::unit::UnitSpec;
+use super::unit_buffers::{initial_values, write_whole, UnitBuffers};
+use crate::optim::AdamW;
+use std::collections::VecDeque;
+use zero_alloc::{Arena, ArenaConfig, Handle};
+use zero_comm::Communicator;
+
+/// The engine's knobs, under DeepSpeed's names where it has them.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct EngineConfig {
+    /// Which model states are partitioned (`stage`).
+    pub stage: ZeroStage,
+    /// Storage of parameters and gradients (`fp16` / `bf16` sections).
+    pub precision: Precision,
+    /// Bytes per gradient bucket (`reduce_bucket_size`): the reduction of a unit is staged
+    /// and launched in pieces of this size, so its staging memory is fixed.
+    pub reduce_bucket_bytes: usize,
+    /// Units with fewer elements keep whole parameters at stage 3
+    /// (`param_persistence_threshold`).
+    pub persistence_threshold: usize,
+    /// Units whose stage-3 all-gathers are launched ahead of use, in the order recorded on
+    /// the first step, so they overlap the current unit's compute (`prefetch`).
+    pub prefetch_units: usize,
+    /// Global gradient-norm clipping threshold (0: off).
+    pub grad_clip: f32,
+    /// AdamW hyper-parameters.
+    pub adam: AdamW,
+    /// Cap on the rank's arena in bytes (`None`: exactly what the plan needs).
+    pub memory_limit: Option<u64>,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        Self {
+            stage: ZeroStage::Zero2,
+            precision: Precision::Fp32,
+            reduce_bucket_bytes: 4 << 20,
+            persistence_threshold: 0,
+            prefetch_units: 1,
+            grad_clip: 1.0,
+            adam: AdamW::default(),
+            memory_limit: None,
+        }
+    }
+}
+
+/// Elements this rank has handed to each kind of collective for model states.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Traffic {
+    /// Elements all-reduced.
+    pub all_reduce: u64,
+    /// Elements reduce-scattered (whole arrays).
+    pub reduce_scatter: u64,
+    /// Elements all-gathered (whole arrays).
+    pub all_gather: u64,
+}
+
+impl Traffic {
+    /// Paper accounting: an all-reduce moves 2x its array, the others 1x.
+    pub fn elements(&self) -> u64 {
+        2 * self.all_reduce + self.reduce_scatter + self.all_gather
+    }
+}
+
+/// Parameters (shared) and unreduced gradients (mutable) of some units, from
+/// [`Engine::views`], in the order the units were asked for.
+pub type UnitViews<'a> = (Vec<&'a [f32]>, Vec<&'a mut [f32]>);
+
+/// The ZeRO engine of one data-parallel rank.
+#[derive(Debug)]
+pub struct Engine {
+    pub(crate) comm: Communicator,
+    pub(crate) arena: Arena,
+    pub(crate) config: EngineConfig,
+    pub(crate) specs: Vec<UnitSpec>,
+    /// What the stage means for each unit.
+    pub(crate) policies: Vec<UnitPolicy>,
+    pub(crate) bufs: Vec<UnitBuffers>,
+    pub(crate) memory_plan: MemoryPlan,
+    /// Micro-steps whose gradients are accumulated since the last optimizer step.
+    pub(crate) micro_steps: u32,
+    /// Optimizer steps taken (Adam's t).
+    pub(crate) steps: u64,
+    pub(crate) traffic: Traffic,
+    pub(crate) order: OrderCheck,
+    /// Stage 3: all-gathers launched ahead of the units' `gather` calls.
+    pub(crate) prefetched: Vec<Option<Prefetch>>,
+    /// Gradient reductions launched and not yet accumulated, oldest first.
+    pub(crate) in_flight: VecDeque<InFlight>,
+    /// fp16's dynamic loss scale (1 and inert otherwise).
+    pub(crate) scaler: LossScaler,
+    /// An inf or NaN reached this rank's reduced gradients since the last step.
+    pub(crate) overflow: bool,
+}
+
+impl Engine {
+    /// Registers `specs` on this rank: plans and allocates every buffer from a fresh arena
+    /// and fills the parameters with `init(unit, whole_unit)`, which must give the same
+    /// values on every rank (seeded).
+    ///
+    /// # Errors
+    /// [`Error::DoesNotFit`] when the cap is too small (naming a stage that fits),
+    /// [`Error::BadUnit`] for inconsistent specs, arena errors.
+    pub fn new(
+        comm: Communicator,
+        specs: Vec<UnitSpec>,
+        config: EngineConfig,
+        mut init: impl FnMut(usize, &mut [f32]),
+    ) -> Result<Self> {
+        for (unit, spec) in specs.iter().enumerate() {
+            spec.check()
+                .map_err(|message| Error::BadUnit { unit, message })?;
+        }
+        let shape = PlanShape {
+            world: comm.size(),
+            stage: config.stage,
+            precision: config.precision,
+            persistence_threshold: config.persistence_threshold,
+            prefetch_units: config.prefetch_units,
+            reduce_bucket_bytes: config.reduce_bucket_bytes,
+        };
+        let memory_plan = match config.memory_limit {
+            Some(limit) => check_fits(&specs, shape, limit)?,
+            None => plan_memory(&specs, shape)?,
+        };
+        let capacity = config.memory_limit.unwrap_or(memory_plan.total());
+        let capacity = usize::try_from(capacity).unwrap_or(usize::MAX);
+        let mut arena = Arena::new(ArenaConfig::new(capacity))?;
+        let policies = specs
+            .iter()
+            .map(|s| {
+                UnitPolicy::new(
+                    s,
+                    shape.world,
+                    shape.stage,
+                    shape.precision,
+                    shape.persistence_threshold,
+                )
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let precision = config.precision;
+        let mut bufs = Vec::with_capacity(specs.len());
+        for (unit, policy) in policies.iter().enumerate() {
+            let b = UnitBuffers::new(&mut arena, policy, precision)?;
+            let values = initial_values(&mut arena, policy, |w| init(unit, w))?;
+            let loaded = write_whole(&mut arena, policy, &b, precision, comm.rank(), values);
+            arena.free(values)?;
+            loaded?;
+            bufs.push(b);
+        }
+        arena.reset_peak();
+        let n_units = bufs.len();
+        let order = OrderCheck::new(comm.rank());
+        let scaler = if precision == Precision::Fp16 {
+            LossScaler::default()
+        } else {
+            LossScaler::new(1.0, u32::MAX, 1, 1.0)
+        };
+        Ok(Self {
+            comm,
+            arena,
+            config,
+            specs,
+            policies,
+            bufs,
+            memory_plan,
+            micro_steps: 0,
+            steps: 0,
+            traffic: Traffic::default(),
+            order,
+            prefetched: (0..n_units).map(|_| None).collect(),
+            in_flight: VecDeque::new(),
+            scaler,
+            overflow: false,
+        })
+    }
+
+    /// This rank in the data-parallel group.
+    pub fn rank(&self) -> usize {
+        self.comm.rank()
+    }
+
+    /// Ranks in the data-parallel group.
+    pub fn world(&self) -> usize {
+        self.comm.size()
+    }
+
+    /// The communicator, for collectives outside model states (loss averaging, ...).
+    pub fn comm(&self) -> &Communicator {
+        &self.comm
+    }
+
+    /// The rank's arena (statistics, peak).
+    pub fn arena(&self) -> &Arena {
+        &self.arena
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &EngineConfig {
+        &self.config
+    }
+
+    /// Registered units.
+    pub fn units(&self) -> &[UnitSpec] {
+        &self.specs
+    }
+
+    /// Optimizer steps taken.
+    pub fn steps(&self) -> u64 {
+        self.steps
+    }
+
+    /// Elements handed to collectives for model states since the engine started.
+    pub fn traffic(&self) -> Traffic {
+        self.traffic
+    }
+
+    pub(crate) fn check_unit(&self, unit: usize) -> Result<()> {
+        if unit < self.specs.len() {
+            Ok(())
+        } else {
+            Err(Error::NoSuchUnit {
+                unit,
+                units: self.specs.len(),
+            })
+        }
+    }
+
+    /// Model-state bytes this rank holds, by kind, measured from its arena blocks.
+    ///
+    /// # Errors
+    /// Arena failures (a stale handle would be a bug).
+    pub fn measured_model_state_bytes(&self) -> Result<ModelStateBytes> {
+        let size = |h: Handle| -> Result<f64> { Ok(self.arena.block(h)?.size as f64) };
+        let mut out = ModelStateBytes::default();
+        for b in &self.bufs {
+            out.params += size(b.params)?;
+            out.grads += size(b.grads)?;
+            out.optimizer += size(b.m)? + size(b.v)?;
+            if let Some(master) = b.master {
+                out.optimizer += size(master)?;
+            }
+        }
+        Ok(out)
+    }
+
+    /// The paper's formula for this configuration (K = 12 for half precision, 8 for fp32).
+    pub fn expected_model_state_bytes(&self) -> ModelStateBytes {
+        let psi = self.specs.iter().map(|s| s.numel as u64).sum();
+        expected_model_state_bytes(psi, self.world(), self.config.stage, self.config.precision)
+    }
+
+    /// What the plan reserved: model states plus transient unit buffers.
+    pub fn memory_plan(&self) -> MemoryPlan {
+        self.memory_plan
+    }
+
+    /// fp16's current loss scale (1 for other precisions).
+    pub fn loss_scale(&self) -> f32 {
+        self.scaler.scale
+    }
+}

@@ -1,0 +1,176 @@
+//! Forward: a unit's whole f32 parameters made available while the model reads them
+//! (all-gathered at stage 3, widened from half precision), prefetched ahead in the recorded
+//! unit order, and freed on release.
+
+use super::engine::Engine;
+use super::error::{Error, Result};
+use super::inflight::Prefetch;
+use super::order::Visit;
+use super::precision::{widen, with_store, Store};
+use zero_alloc::Handle;
+
+impl Engine {
+    /// Makes `unit`'s whole parameters available in f32: stage 3 all-gathers the shards,
+    /// half precision widens; whole f32 parameters need nothing. Balanced by
+    /// [`Engine::release`]; nested calls share one copy.
+    ///
+    /// # Errors
+    /// Unknown unit, a rank visiting units in another order, arena or collective failures.
+    pub fn gather(&mut self, unit: usize) -> Result<()> {
+        self.check_unit(unit)?;
+        self.order.visit(&self.comm, unit, Visit::Gather)?;
+        if self.policies[unit].reads_stored {
+            return Ok(());
+        }
+        let b = &mut self.bufs[unit];
+        b.gather_refs += 1;
+        if b.gathered.is_some() {
+            return Ok(());
+        }
+        self.check_one_at_a_time(unit)?;
+        let copy = match self.prefetched[unit].take() {
+            Some(prefetch) => prefetch.finish(self)?,
+            None => with_store!(self.config.precision, S => self.compute_copy::<S>(unit))?,
+        };
+        self.bufs[unit].gathered = Some(copy);
+        with_store!(self.config.precision, S => self.launch_prefetches::<S>())
+    }
+
+    /// Refuses a transient buffer for `unit` while another unit that does not span the
+    /// micro-step holds one, which the memory plan does not reserve room for.
+    pub(crate) fn check_one_at_a_time(&self, unit: usize) -> Result<()> {
+        if self.specs[unit].spans_micro_step {
+            return Ok(());
+        }
+        let in_use = |i: usize| {
+            let b = &self.bufs[i];
+            i != unit
+                && !self.specs[i].spans_micro_step
+                && (b.gathered.is_some() || b.unreduced.is_some())
+        };
+        match (0..self.specs.len()).find(|&i| in_use(i)) {
+            Some(other) => Err(Error::OverlappingUnits { unit, other }),
+            None => Ok(()),
+        }
+    }
+
+    /// A new f32 block holding `unit`'s whole (padded) parameters.
+    fn compute_copy<S: Store>(&mut self, unit: usize) -> Result<Handle> {
+        let policy = self.policies[unit];
+        let padded = policy.part.padded_numel();
+        let params = self.bufs[unit].params;
+        let out = self.arena.alloc_elems::<f32>(padded)?;
+        let staged = if !policy.gathered() {
+            None
+        } else {
+            Some(self.arena.alloc_elems::<S>(padded)?)
+        };
+        let result = (|| -> Result<()> {
+            let mut views = self.arena.views();
+            let stored = views.get::<S>(params)?;
+            let out = views.get_mut::<f32>(out)?;
+            let whole: &[S] = match staged {
+                None => stored,
+                Some(h) => {
+                    let staged = views.get_mut::<S>(h)?;
+                    self.comm.all_gather(stored, staged)?;
+                    self.traffic.all_gather += padded as u64;
+                    staged
+                }
+            };
+            widen(whole, out, 1.0);
+            Ok(())
+        })();
+        if let Some(h) = staged {
+            self.arena.free(h)?;
+        }
+        match result {
+            Ok(()) => Ok(out),
+            Err(e) => {
+                self.arena.free(out)?;
+                Err(e)
+            }
+        }
+    }
+
+    /// Stage 3: launches the all-gathers of the next `prefetch_units` units of the recorded
+    /// order, so they arrive while the current unit computes. Every rank follows the same
+    /// recorded order, so every rank launches the same collectives in the same sequence.
+    fn launch_prefetches<S: Store>(&mut self) -> Result<()> {
+        let rank = self.comm.rank();
+        for unit in self.order.upcoming_gathers(self.config.prefetch_units) {
+            let policy = self.policies[unit];
+            let b = &self.bufs[unit];
+            if !policy.gathered() || b.gathered.is_some() || self.prefetched[unit].is_some() {
+                continue;
+            }
+            let padded = policy.part.padded_numel();
+            let staged = self.arena.alloc_elems::<S>(padded)?;
+            let params = b.params;
+            {
+                // In-place all-gather: this rank's input is its own chunk.
+                let mut views = self.arena.views();
+                let shard = views.get::<S>(params)?;
+                views.get_mut::<S>(staged)?[policy.part.shard(rank).range()].copy_from_slice(shard);
+            }
+            let lent = self.arena.lend::<S>(staged)?;
+            self.traffic.all_gather += padded as u64;
+            let work = self.comm.all_gather_async(lent);
+            self.prefetched[unit] = Some(Prefetch::new(work));
+        }
+        Ok(())
+    }
+
+    /// Waits for prefetches that were never used (a step that ended early) and frees them.
+    pub(crate) fn drop_prefetches(&mut self) -> Result<()> {
+        for unit in 0..self.prefetched.len() {
+            if let Some(p) = self.prefetched[unit].take() {
+                let copy = p.finish(self)?;
+                self.arena.free(copy)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Ends a use begun by [`Engine::gather`]; the last one frees the compute copy.
+    ///
+    /// # Errors
+    /// Unknown unit, or a release without a gather.
+    pub fn release(&mut self, unit: usize) -> Result<()> {
+        self.check_unit(unit)?;
+        if self.policies[unit].reads_stored {
+            return Ok(());
+        }
+        let b = &mut self.bufs[unit];
+        if b.gather_refs == 0 {
+            return Err(Error::Order(format!(
+                "release of unit {unit} without a matching gather"
+            )));
+        }
+        b.gather_refs -= 1;
+        if b.gather_refs == 0 {
+            if let Some(copy) = b.gathered.take() {
+                self.arena.free(copy)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The f32 block holding `unit`'s whole parameters right now.
+    pub(crate) fn param_block(&self, unit: usize) -> Result<Handle> {
+        self.check_unit(unit)?;
+        if self.policies[unit].reads_stored {
+            return Ok(self.bufs[unit].params);
+        }
+        self.bufs[unit].gathered.ok_or(Error::NotGathered { unit })
+    }
+
+    /// `unit`'s parameters in f32 (its `numel` elements, no padding).
+    ///
+    /// # Errors
+    /// [`Error::NotGathered`] outside gather/release where a copy is needed.
+    pub fn params(&self, unit: usize) -> Result<&[f32]> {
+        let block = self.param_block(unit)?;
+        Ok(&self.arena.slice::<f32>(block)?[..self.specs[unit].numel])
+    }
+}
