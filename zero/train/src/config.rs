@@ -12,7 +12,9 @@ use clap::{Args, FromArgMatches, ValueEnum};
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
 use zero::ZeroStage;
-use zero_gpt::{GptConfig, GptError};
+use zero_gpt::GptConfig;
+
+use crate::error::ConfigError;
 
 /// Where collectives run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ValueEnum)]
@@ -227,18 +229,24 @@ impl TrainConfig {
         self.batch_size / per_micro_step
     }
 
-    /// The model shape this configuration asks for: the preset, with explicit overrides.
+    /// The model shape this configuration asks for: the shape of the `--init-from` file when
+    /// one is given (shape flags must then agree with it), else the preset with explicit
+    /// overrides.
     ///
     /// # Errors
-    /// An unknown preset or an invalid shape.
-    pub fn model_config(&self) -> Result<GptConfig, GptError> {
+    /// An unknown preset, an invalid shape, an unreadable `--init-from` file or a shape flag
+    /// that contradicts it.
+    pub fn model_config(&self) -> Result<GptConfig, ConfigError> {
+        if let Some(path) = &self.init_from {
+            return crate::init::file_model(path, self);
+        }
         let preset = GptConfig::preset(&self.model)?;
-        GptConfig::new(
+        Ok(GptConfig::new(
             preset.max_seq_len.max(self.seq_len),
             self.vocab.unwrap_or(preset.vocab_size),
             self.layers.unwrap_or(preset.num_layers),
             self.heads.unwrap_or(preset.num_heads),
             self.dim.unwrap_or(preset.channels),
-        )
+        )?)
     }
 }

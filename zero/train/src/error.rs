@@ -34,6 +34,26 @@ pub enum ConfigError {
     /// The model shape the configuration asks for is invalid.
     #[error(transparent)]
     Model(#[from] zero_gpt::GptError),
+    /// The `--init-from` file cannot be read.
+    #[error("--init-from: {0}")]
+    InitFrom(Box<crate::checkpoint::Error>),
+    /// A shape flag contradicts the shape the `--init-from` file brings.
+    #[error(
+        "--{flag} {given} contradicts {path}, whose model has {field} = {found}: the file brings \
+         its own shape, so leave --{flag} out"
+    )]
+    ShapeConflict {
+        /// The flag.
+        flag: &'static str,
+        /// The field as the model names it.
+        field: &'static str,
+        /// The flag's value.
+        given: usize,
+        /// The file's value.
+        found: usize,
+        /// The file.
+        path: PathBuf,
+    },
     /// The merged layers do not form a configuration.
     #[error("invalid configuration: {0}")]
     Invalid(String),
@@ -70,6 +90,9 @@ pub enum TrainError {
         /// The missing file.
         path: PathBuf,
     },
+    /// An export that cannot be made as asked.
+    #[error("export: {0}")]
+    Export(String),
     /// A saved state does not match this run.
     #[error("cannot resume from {dir}: {reason}")]
     Resume {

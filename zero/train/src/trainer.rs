@@ -8,8 +8,9 @@
 
 use super::bridge::{eval_loss, gpt_units, micro_step};
 use super::error::TrainError;
+use super::init::load_init;
 use super::metrics::{RankReport, StepMetrics};
-use super::resume::{load_llmc, load_state, save_llmc, save_state, step_dir};
+use super::resume::{load_state, save_llmc, save_state, step_dir};
 use super::run::{RankOutput, Shared};
 use super::sample::{decode, sample};
 use crate::data::{DataLoader, LoaderConfig};
@@ -135,7 +136,7 @@ impl<'a> Trainer<'a> {
         };
         let mut loader = DataLoader::new(shared.train.clone(), loader_config)?;
         if let Some(path) = &cfg.init_from {
-            load_llmc(path, &shared.model, &mut engine)?;
+            load_init(path, &shared.model, &mut engine)?;
         }
         let mut start = 0;
         if let Some(dir) = &cfg.resume {

@@ -4,6 +4,8 @@
 //! ```text
 //! zero-train [FLAGS]                          train (flags over --config FILE over defaults)
 //! zero-train prepare --text FILE... --out DIR tokenise text into train.bin / val.bin
+//! zero-train export --from SRC --to FILE      one model file (safetensors or llm.c) out of a
+//!                                             training state or another model file
 //! ```
 
 use clap::{Parser, Subcommand};
@@ -39,6 +41,9 @@ enum Command {
         #[arg(long, default_value_t = 0.1)]
         val_fraction: f64,
     },
+    /// Write one model file (Hugging Face safetensors + config.json, or llm.c model.bin) from
+    /// a training state, an llm.c model.bin or a safetensors file.
+    Export(zero_train::export::ExportArgs),
 }
 
 fn main() -> ExitCode {
@@ -67,6 +72,18 @@ fn main() -> ExitCode {
                     s.train_path.display(),
                     s.val_tokens,
                     s.val_path.display()
+                )
+            })
+            .map_err(|e| e.to_string()),
+        Some(Command::Export(args)) => zero_train::export::export(&args)
+            .map(|model| {
+                eprintln!(
+                    "exported {} layers, {} channels, {} heads, vocab {} to {}",
+                    model.num_layers,
+                    model.channels,
+                    model.num_heads,
+                    model.vocab_size,
+                    args.to.display()
                 )
             })
             .map_err(|e| e.to_string()),

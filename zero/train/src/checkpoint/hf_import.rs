@@ -38,7 +38,30 @@ pub fn read_safetensors(
     path: impl AsRef<Path>,
     n_head: Option<usize>,
 ) -> Result<(GptConfig, Vec<Vec<f32>>)> {
-    let path = path.as_ref();
+    with_file(path.as_ref(), |r, len, dims| {
+        read_model(r, len, n_head, dims)
+    })
+}
+
+/// The model a GPT-2 safetensors file holds, from its header (and the `config.json` beside
+/// it) alone: no tensor data is read. The head count is found as in [`read_safetensors`].
+///
+/// # Errors
+/// As [`read_safetensors`], for the header's faults.
+pub fn safetensors_config(path: impl AsRef<Path>, n_head: Option<usize>) -> Result<GptConfig> {
+    with_file(path.as_ref(), |r, len, dims| {
+        let header = read_header(r, len)?;
+        let entries = gpt_entries(header.entries)?;
+        Ok(infer_config(&entries, n_head.or(dims.n_head), dims)?)
+    })
+}
+
+/// Opens `path` and its `config.json` sidecar, runs `read` on them, and names the file in
+/// any error.
+fn with_file<T>(
+    path: &Path,
+    read: impl FnOnce(&mut BufReader<File>, u64, HfDims) -> Result<T, ReadFail>,
+) -> Result<T> {
     let fail = |source| Error::Safetensors {
         path: path.to_path_buf(),
         source,
@@ -66,7 +89,7 @@ pub fn read_safetensors(
     };
     let file = File::open(path).map_err(io("open"))?;
     let len = file.metadata().map_err(io("stat"))?.len();
-    read_model(&mut BufReader::new(file), len, n_head, dims).map_err(|e| match e {
+    read(&mut BufReader::new(file), len, dims).map_err(|e| match e {
         ReadFail::Io(source) => io("read")(source),
         ReadFail::Format(source) => fail(source),
     })

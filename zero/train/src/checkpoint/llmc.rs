@@ -206,6 +206,30 @@ impl LlmcCheckpoint {
         Ok(Self { shape, params })
     }
 
+    /// The shape in a checkpoint file's header, checked against the file's length; the
+    /// parameters are not read.
+    ///
+    /// # Errors
+    /// As [`LlmcCheckpoint::load`].
+    pub fn read_shape(path: impl AsRef<Path>) -> Result<ModelShape> {
+        let path = path.as_ref();
+        let io = |op| {
+            move |source| Error::Io {
+                op,
+                path: path.to_path_buf(),
+                source,
+            }
+        };
+        let mut file = File::open(path).map_err(io("open"))?;
+        let mut header = vec![0u8; LLMC_HEADER_BYTES];
+        let got = read_up_to(&mut file, &mut header).map_err(io("read"))?;
+        let (shape, expected) = parse_header(&header[..got]).map_err(|e| format_err(path, e))?;
+        let file_len = file.metadata().map_err(io("stat"))?.len();
+        check_len(expected, file_len.saturating_sub(LLMC_HEADER_BYTES as u64))
+            .map_err(|e| format_err(path, e))?;
+        Ok(shape)
+    }
+
     /// Parses a checkpoint held in memory (the entry point of the fuzz target).
     ///
     /// # Errors

@@ -32,13 +32,15 @@ mod hf_export;
 mod hf_import;
 mod layout;
 mod llmc;
+mod model_file;
 mod safetensors;
 mod state;
 
 pub use error::{Error, FormatError, Result, SafetensorsError};
 pub use hf::hf_config_json;
 pub use hf_export::{export_safetensors, write_hf_config, SafetensorsDtype};
-pub use hf_import::{read_safetensors, read_safetensors_bytes};
+pub use hf_import::{read_safetensors, read_safetensors_bytes, safetensors_config};
 pub use layout::{LlmcTensor, ModelShape};
 pub use llmc::{LlmcCheckpoint, LLMC_HEADER_BYTES, LLMC_MAGIC, LLMC_VERSION};
+pub use model_file::{model_file_config, read_model_file, ModelFileFormat};
 pub use state::{Element, StateReader, StateWriter, STATE_FORMAT, STATE_VERSION};

@@ -1,0 +1,170 @@
+//! `zero-train export`: one model file out of a training state or another model file.
+//!
+//! Sources: a saved training state (a `step-NNNNNN` folder or the `--save` directory), an
+//! llm.c `model.bin` or a Hugging Face GPT-2 safetensors file. Targets: safetensors with
+//! Hugging Face's names and a `config.json` beside it (loads with
+//! `GPT2LMHeadModel.from_pretrained(folder)`), or llm.c's float32 `model.bin`. A training
+//! state is streamed into safetensors one unit at a time.
+
+use std::path::{Path, PathBuf};
+
+use clap::{Args, ValueEnum};
+use zero_gpt::GptConfig;
+
+use crate::checkpoint::{
+    export_safetensors, read_model_file, write_hf_config, LlmcCheckpoint, ModelShape,
+    SafetensorsDtype, StateReader,
+};
+use crate::error::TrainError;
+
+/// The file formats `export` writes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum ExportFormat {
+    /// Hugging Face GPT-2 names and layouts, plus `config.json` in the same folder.
+    Safetensors,
+    /// llm.c's float32 `model.bin` (always fp32).
+    Llmc,
+}
+
+/// Element types of a safetensors export.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum ExportDtype {
+    /// float32, bit-exact.
+    Fp32,
+    /// bfloat16, rounded to nearest even.
+    Bf16,
+}
+
+/// `zero-train export`'s flags.
+#[derive(Debug, Clone, Args)]
+pub struct ExportArgs {
+    /// A training state (`step-NNNNNN` folder or the --save directory), an llm.c model.bin
+    /// or a GPT-2 safetensors file.
+    #[arg(long)]
+    pub from: PathBuf,
+    /// The file to write.
+    #[arg(long)]
+    pub to: PathBuf,
+    /// Output format.
+    #[arg(long, value_enum, default_value_t = ExportFormat::Safetensors)]
+    pub format: ExportFormat,
+    /// Element type of a safetensors file.
+    #[arg(long, value_enum, default_value_t = ExportDtype::Fp32)]
+    pub dtype: ExportDtype,
+    /// Head count of a safetensors source that has no config.json beside it.
+    #[arg(long)]
+    pub heads: Option<usize>,
+}
+
+/// Writes the export `args` describe; returns the model it wrote.
+///
+/// # Errors
+/// Checkpoint errors naming the file (and tensor); [`TrainError::Resume`] for a training
+/// state without a model shape; `--dtype bf16` with `--format llmc` is refused.
+pub fn export(args: &ExportArgs) -> Result<GptConfig, TrainError> {
+    if args.format == ExportFormat::Llmc && args.dtype != ExportDtype::Fp32 {
+        return Err(TrainError::Export(
+            "--format llmc writes float32 only: drop --dtype".into(),
+        ));
+    }
+    if let Some(parent) = args.to.parent().filter(|p| !p.as_os_str().is_empty()) {
+        std::fs::create_dir_all(parent).map_err(|source| crate::checkpoint::Error::Io {
+            op: "create the folder",
+            path: parent.to_path_buf(),
+            source,
+        })?;
+    }
+    if args.from.is_dir() {
+        let mut state = open_state(&args.from)?;
+        let model = state_model(&state, &args.from)?;
+        let units = StateUnits::new(&mut state, &model);
+        write(args, &model, units)?;
+        Ok(model)
+    } else {
+        let (model, units) = read_model_file(&args.from, args.heads)?;
+        write(args, &model, units.into_iter().map(Ok))?;
+        Ok(model)
+    }
+}
+
+/// Writes `units` (in the model's unit order) as `args` asks; the first read error of the
+/// iterator stops the export and is returned.
+fn write(
+    args: &ExportArgs,
+    model: &GptConfig,
+    units: impl Iterator<Item = Result<Vec<f32>, TrainError>>,
+) -> Result<(), TrainError> {
+    let mut failed = None;
+    let units = units.map_while(|u| u.map_err(|e| failed = Some(e)).ok());
+    let written = match args.format {
+        ExportFormat::Safetensors => {
+            let dtype = match args.dtype {
+                ExportDtype::Fp32 => SafetensorsDtype::F32,
+                ExportDtype::Bf16 => SafetensorsDtype::Bf16,
+            };
+            export_safetensors(model, units, dtype, &args.to)
+                .and_then(|()| write_hf_config(model, dtype, args.to.with_file_name("config.json")))
+        }
+        ExportFormat::Llmc => {
+            let units: Vec<Vec<f32>> = units.collect();
+            LlmcCheckpoint::from_units(ModelShape::from_config(model), &units)
+                .and_then(|c| c.save(&args.to))
+        }
+    };
+    // A unit that could not be read explains a short iterator better than its symptom.
+    match failed {
+        Some(e) => Err(e),
+        None => Ok(written?),
+    }
+}
+
+/// The state folder `dir` names: itself, or the newest `step-NNNNNN` folder inside it.
+fn open_state(dir: &Path) -> Result<StateReader, TrainError> {
+    let step_of =
+        |p: &Path| -> Option<u64> { p.file_name()?.to_str()?.strip_prefix("step-")?.parse().ok() };
+    let latest = std::fs::read_dir(dir).ok().and_then(|entries| {
+        entries
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter_map(|p| step_of(&p).map(|n| (n, p)))
+            .max_by_key(|(n, _)| *n)
+            .map(|(_, p)| p)
+    });
+    Ok(StateReader::open(latest.as_deref().unwrap_or(dir))?)
+}
+
+fn state_model(state: &StateReader, dir: &Path) -> Result<GptConfig, TrainError> {
+    serde_json::from_value(state.meta()["model"].clone()).map_err(|e| TrainError::Resume {
+        dir: dir.to_path_buf(),
+        reason: format!("no model shape in the state ({e})"),
+    })
+}
+
+/// The whole parameters of each unit of a training state, read one at a time.
+struct StateUnits<'a> {
+    state: &'a mut StateReader,
+    next: usize,
+    units: usize,
+}
+
+impl<'a> StateUnits<'a> {
+    fn new(state: &'a mut StateReader, model: &GptConfig) -> Self {
+        let units = zero_gpt::ParamLayout::new(model).num_units();
+        Self {
+            state,
+            next: 0,
+            units,
+        }
+    }
+}
+
+impl Iterator for StateUnits<'_> {
+    type Item = Result<Vec<f32>, TrainError>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        (self.next < self.units).then(|| {
+            let name = format!("unit{}/params", self.next);
+            self.next += 1;
+            Ok(self.state.read(&name)?)
+        })
+    }
+}

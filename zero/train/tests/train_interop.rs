@@ -1,0 +1,186 @@
+//! Model files from other tools in and out of `zero-train`, through the binary as a user runs
+//! it: `--init-from` takes the shape from the file (llm.c or safetensors), a contradicting
+//! shape flag is refused by name, and `export` writes the same parameters whichever source
+//! (training state or model file) it starts from.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use zero_train::data::TokenFile;
+
+struct TempDir(PathBuf);
+
+impl TempDir {
+    fn new(tag: &str) -> Self {
+        let p = std::env::temp_dir().join(format!("zero-train-io-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&p);
+        std::fs::create_dir_all(&p).unwrap();
+        Self(p)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn corpus(dir: &Path) {
+    let tokens: Vec<u16> = (0..4_000).map(|i| ((i * 7) % 23) as u16).collect();
+    let (val, train) = tokens.split_at(1_000);
+    for (name, part) in [("train.bin", train), ("val.bin", val)] {
+        TokenFile::from_tokens_with_vocab(part.to_vec(), 100)
+            .unwrap()
+            .write(dir.join(name))
+            .unwrap();
+    }
+}
+
+fn zero_train(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_zero-train"))
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+fn ok(out: Output) -> Output {
+    assert!(
+        out.status.success(),
+        "zero-train failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+/// A run of 3 steps of a 2-layer model with 3 heads (not the tiny preset's shape).
+const RUN: &[&str] = &[
+    "--seq-len",
+    "8",
+    "--world-size",
+    "2",
+    "--batch-size",
+    "2",
+    "--micro-batch-size",
+    "1",
+    "--warmup-steps",
+    "0",
+    "--eval-every",
+    "0",
+    "--sample-tokens",
+    "0",
+    "--steps",
+    "3",
+];
+
+/// The `"loss":` values of a metrics file, in order.
+fn losses(metrics: &Path) -> Vec<String> {
+    let text = std::fs::read_to_string(metrics).unwrap();
+    text.lines()
+        .filter_map(|l| l.split("\"loss\":").nth(1))
+        .map(|rest| rest.split([',', '}']).next().unwrap().to_string())
+        .collect()
+}
+
+#[test]
+fn model_files_bring_their_shape_and_exports_agree() {
+    let tmp = TempDir::new("shape");
+    let p = |name: &str| tmp.0.join(name).to_str().unwrap().to_string();
+    corpus(&tmp.0);
+    let shape = [
+        "--model", "tiny", "--layers", "2", "--heads", "3", "--dim", "48",
+    ];
+    let data = p("");
+    let mut first: Vec<&str> = [&["--data", &data][..], RUN, &shape].concat();
+    let save = p("ck");
+    first.extend(["--save", &save]);
+    ok(zero_train(&first));
+
+    let st = p("a/model.safetensors");
+    let bin = p("b/model.bin");
+    let st_from_bin = p("c/model.safetensors");
+    ok(zero_train(&["export", "--from", &save, "--to", &st]));
+    ok(zero_train(&[
+        "export", "--from", &save, "--to", &bin, "--format", "llmc",
+    ]));
+    ok(zero_train(&[
+        "export",
+        "--from",
+        &bin,
+        "--to",
+        &st_from_bin,
+    ]));
+    // Two routes to one file: state -> safetensors, and state -> llm.c -> safetensors.
+    assert_eq!(
+        std::fs::read(&st).unwrap(),
+        std::fs::read(&st_from_bin).unwrap()
+    );
+    let config = std::fs::read_to_string(tmp.0.join("a/config.json")).unwrap();
+    assert!(
+        config.contains("\"n_head\": 3") || config.contains("\"n_head\":3"),
+        "{config}"
+    );
+
+    // Started from either file with no shape flag, the runs see the 3-head model: the
+    // same losses, from two readers of two formats.
+    let run_from = |file: &str, metrics: &str| {
+        let args: Vec<&str> = [
+            &["--data", &data, "--init-from", file, "--metrics", metrics][..],
+            RUN,
+        ]
+        .concat();
+        ok(zero_train(&args));
+        losses(Path::new(metrics))
+    };
+    let from_st = run_from(&st, &p("st.jsonl"));
+    let from_bin = run_from(&bin, &p("bin.jsonl"));
+    assert_eq!(from_st.len(), 3);
+    assert_eq!(from_st, from_bin);
+    // And the weights were used: a fresh start of the same shape gives other losses.
+    let scratch = p("scratch.jsonl");
+    let args: Vec<&str> = [&["--data", &data, "--metrics", &scratch][..], RUN, &shape].concat();
+    ok(zero_train(&args));
+    assert_ne!(losses(Path::new(&scratch)), from_st);
+}
+
+#[test]
+fn a_shape_flag_that_contradicts_the_file_is_refused_by_name() {
+    let tmp = TempDir::new("conflict");
+    let p = |name: &str| tmp.0.join(name).to_str().unwrap().to_string();
+    corpus(&tmp.0);
+    let data = p("");
+    let mut args: Vec<&str> = [&["--data", &data, "--model", "tiny"][..], RUN].concat();
+    let bin = p("init.bin");
+    args.extend(["--export-llmc", &bin]);
+    ok(zero_train(&args));
+    let out = zero_train(&[
+        "--data",
+        &p(""),
+        "--init-from",
+        &bin,
+        "--layers",
+        "7",
+        "--steps",
+        "1",
+    ]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("--layers 7") && err.contains("num_layers"),
+        "{err}"
+    );
+    assert!(!err.contains("panicked"), "{err}");
+}
+
+#[test]
+fn a_missing_or_foreign_init_file_is_a_clear_error() {
+    let tmp = TempDir::new("foreign");
+    let p = |name: &str| tmp.0.join(name).to_str().unwrap().to_string();
+    corpus(&tmp.0);
+    std::fs::write(p("junk.bin"), b"not a model at all").unwrap();
+    for (file, expect) in [(p("absent.bin"), "absent.bin"), (p("junk.bin"), "junk.bin")] {
+        let out = zero_train(&["--data", &p(""), "--init-from", &file, "--steps", "1"]);
+        assert!(!out.status.success());
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains("--init-from") && err.contains(expect), "{err}");
+        assert!(!err.contains("panicked"), "{err}");
+    }
+}
