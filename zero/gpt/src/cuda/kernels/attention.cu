@@ -66,7 +66,10 @@ extern "C" __global__ void attention_backward_scores(float* dscore, const float*
     const float* d = dout + (bi * t + ti) * c + h * hs;
     const float* a = att + ((bi * t + ti) * nh + h) * t;
     float* ds = dscore + idx * t;
-    for (u32 t2 = 0; t2 <= ti; t2++) ds[t2] = zr_dot16(d, 1, seq + (u64)t2 * 3 * c + 2 * c + h * hs, 1, hs);
+    for (u32 t2 = 0; t2 <= ti; t2++) {
+        const float* v = seq + (u64)t2 * 3 * c + 2 * c + h * hs;
+        ds[t2] = zr_dot16(d, 1, v, 1, hs);
+    }
     float dot = zr_dot16(a, 1, ds, 1, ti + 1);
     for (u32 t2 = 0; t2 <= ti; t2++) ds[t2] = a[t2] * (ds[t2] - dot) * scale;
     for (u32 t2 = ti + 1; t2 < t; t2++) ds[t2] = 0.0f;
