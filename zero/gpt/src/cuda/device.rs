@@ -17,6 +17,19 @@ use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut};
 #[repr(C)]
 pub struct Slot([u32; 0]);
 
+/// `addr`, or a dangling aligned address for an empty allocation whose address is 0: a
+/// view of no elements is never passed to a kernel that reads it.
+///
+/// # Panics
+/// On a null address with a non-zero length (cudarc never hands one out).
+fn non_null(addr: u64, len: usize) -> u64 {
+    if addr != 0 {
+        return addr;
+    }
+    assert_eq!(len, 0, "null device address for {len} elements");
+    std::mem::align_of::<Slot>() as u64
+}
+
 macro_rules! device_view {
     ($(#[$doc:meta])* $name:ident, $elem:ty) => {
         $(#[$doc])*
@@ -44,7 +57,9 @@ macro_rules! device_view {
             /// event tracking), so kernels launched on `stream` see its contents.
             pub fn of<'a>(s: &'a CudaSlice<$elem>, stream: &'a CudaStream) -> &'a Self {
                 let (addr, _record_read) = s.device_ptr(stream);
-                // SAFETY: cudarc allocations are non-null and 256-byte aligned and hold
+                let addr = non_null(addr, s.len());
+                // SAFETY: cudarc allocations are 256-byte aligned (non_null handles the empty
+                // one) and hold
                 // s.len() elements; the returned view borrows `s` immutably, so the memory
                 // lives and is not written through cudarc while the view exists.
                 unsafe { Self::from_raw(addr, s.len()) }
@@ -54,6 +69,7 @@ macro_rules! device_view {
             pub fn of_mut<'a>(s: &'a mut CudaSlice<$elem>, stream: &'a CudaStream) -> &'a mut Self {
                 let len = s.len();
                 let (addr, _record_write) = s.device_ptr_mut(stream);
+                let addr = non_null(addr, len);
                 // SAFETY: as in `of`, and the view borrows `s` mutably, so it is unique.
                 unsafe { Self::from_raw(addr, len) }
             }
@@ -128,6 +144,12 @@ mod tests {
         let sub = view.range(3..7);
         assert_eq!((sub.addr(), sub.len()), (0x1000 + 12, 4));
         assert!(view.range(10..10).is_empty());
+    }
+
+    #[test]
+    fn an_empty_allocation_at_address_zero_gets_an_aligned_dangling_address() {
+        assert_eq!(non_null(0, 0), 4);
+        assert_eq!(non_null(0x100, 3), 0x100);
     }
 
     #[test]
