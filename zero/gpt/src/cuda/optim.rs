@@ -171,7 +171,7 @@ impl CudaBackend {
         Ok(host.first().is_some_and(|&f| f != 0))
     }
 
-    /// out = inputs[0] + inputs[1] + ... in that order (a left fold), elementwise; more than
+    /// `out = inputs[0] + inputs[1] + ...` in that order (a left fold), elementwise; more than
     /// [`MAX_SUM_INPUTS`] inputs are chained through `out`, keeping the fold's order.
     /// `out` must not be one of the inputs.
     ///
