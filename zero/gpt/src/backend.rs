@@ -4,14 +4,16 @@
 //! V vocabulary, Vp padded vocabulary.
 //!
 //! Decision: kernels take `&Self::Slice` / `&mut Self::Slice` where `Slice` is an unsized
-//! element view: `[f32]` on CPU; on CUDA a `#[repr(transparent)]` wrapper over `[f32]` whose
-//! fat pointer carries a device address and length (never dereferenced on the host), the
-//! pattern `cust::DeviceSlice` uses; the CUDA backend holds its stream, cuBLAS handle and
-//! NVRTC module. Token ids get their own view type (`[u32]` here). Rejected: generic-associated
-//! view types with lifetimes (`View<'a>`), which would thread lifetimes through every model
-//! signature for no gain on CPU. The model itself is still CPU-only (`Gpt` owns a
-//! `CpuBackend` and host activation buffers); making it generic needs device activation
-//! buffers and a device upload of tokens, which the CUDA issue will add.
+//! element view: `[f32]` on CPU; on CUDA `cuda::DeviceSlice`, a `#[repr(transparent)]`
+//! wrapper over a slice of zero-sized 4-byte slots whose fat pointer carries a device address
+//! and length (it spans no host bytes, so it is never read on the host; a `[f32]` holding a
+//! device address was rejected because Rust may assume it can read it). `cuda::CudaBackend`
+//! (feature `cuda`) holds its stream, cuBLAS handle and NVRTC kernels. Token ids get their own
+//! view type (`[u32]` here). Rejected: generic-associated view types with lifetimes
+//! (`View<'a>`), which would thread lifetimes through every model signature for no gain on
+//! CPU. The model itself is still CPU-only (`Gpt` owns a `CpuBackend` and host activation
+//! buffers): running it on a device needs device activation buffers and a device upload of
+//! tokens.
 //!
 //! Every method has the semantics of the CPU kernel it names in `kernels::*`: backward methods
 //! accumulate into their gradient outputs.

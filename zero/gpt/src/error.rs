@@ -74,6 +74,46 @@ pub enum GptError {
         /// What had to happen first.
         reason: String,
     },
+    /// A kernel launch whose shape does not fit CUDA's launch limits or the kernels' 32-bit
+    /// dimension arguments.
+    #[error("CUDA kernel {kernel}: {what} = {value} exceeds the limit {limit}")]
+    LaunchTooLarge {
+        /// The kernel's name in its .cu source.
+        kernel: &'static str,
+        /// Which quantity overflowed (`"grid blocks"`, `"c"`, ...).
+        what: &'static str,
+        /// The value asked for (`usize::MAX` when computing it overflowed).
+        value: usize,
+        /// The largest value allowed.
+        limit: usize,
+    },
+    /// The CUDA backend cannot start: a library is missing or the crate was built without
+    /// the `cuda` feature.
+    #[error("CUDA unavailable: {library}: {reason}")]
+    CudaUnavailable {
+        /// The missing piece (`"libcuda"`, `"libcublas"`, `"libnvrtc"`, `"cuda feature"`).
+        library: &'static str,
+        /// Why, and how to provide it.
+        reason: String,
+    },
+    /// A CUDA driver or cuBLAS call failed; the message keeps the vendor's code and text.
+    #[error("CUDA {op} failed: {message}")]
+    Cuda {
+        /// The call that failed.
+        op: &'static str,
+        /// The vendor error, as its `Debug` prints it.
+        message: String,
+    },
+    /// NVRTC rejected a kernel source.
+    #[error("NVRTC could not compile {source_name} for {arch}: {log}")]
+    Nvrtc {
+        /// The .cu file.
+        source_name: &'static str,
+        /// The target architecture (`"sm_90"`, or `"default"`).
+        arch: &'static str,
+        /// The compiler's log.
+        log: String,
+    },
 }
 
 /// Result alias of the `gpt` module.

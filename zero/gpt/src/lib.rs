@@ -28,6 +28,7 @@
 mod activations;
 pub mod backend;
 mod config;
+pub mod cuda;
 mod error;
 mod init;
 pub mod kernels;

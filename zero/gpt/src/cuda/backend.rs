@@ -1,0 +1,248 @@
+//! [`CudaBackend`]: the [`crate::Backend`] kernels on one GPU: cuBLAS sgemm for the matrix
+//! products, the NVRTC-compiled kernels of `kernels/*.cu` for the rest.
+//!
+//! Legend: B batch, T sequence, C channels, OC output channels, NH heads, N = B*T rows,
+//! V vocabulary, Vp padded vocabulary.
+//!
+//! Ordering: every launch goes to the backend's one stream, and views are made on that
+//! stream ([`DeviceSlice::of`]), so stream order alone sequences the kernels. Errors: the
+//! trait's methods return nothing (the CPU kernels cannot fail), so a failed launch is
+//! recorded and the first one is returned by the next [`CudaBackend::synchronize`], as
+//! cudarc reports errors raised inside `Drop`. Buffers of the wrong length are caller bugs
+//! and panic, as on the CPU.
+
+// The llm.c signature (outputs, inputs, then every dimension) is the point of the trait.
+#![allow(clippy::too_many_arguments)]
+
+use std::sync::{Arc, Mutex, PoisonError};
+
+use cudarc::cublas::{self, sys::cublasOperation_t, CudaBlas};
+use cudarc::driver::{
+    CudaContext, CudaSlice, CudaStream, DevicePtrMut, LaunchConfig, PushKernelArg,
+};
+
+use super::device::{DeviceIds, DeviceSlice};
+use super::gemm::{Operand, SgemmCall};
+use super::geometry::{self as geo, Geometry};
+use super::probe;
+use super::registry::KernelRegistry;
+use super::sources::MAX_SUM_INPUTS;
+use crate::{GptError, Result};
+
+/// One kernel argument, by value (the launch passes the address of each).
+#[derive(Debug, Clone, Copy)]
+pub(super) enum Arg {
+    U32(u32),
+    U64(u64),
+    F32(f32),
+    Inputs([u64; MAX_SUM_INPUTS]),
+}
+
+/// A device view's address as a kernel argument.
+pub(super) fn addr(s: &DeviceSlice) -> Arg {
+    Arg::U64(s.addr())
+}
+
+pub(super) fn ids(s: &DeviceIds) -> Arg {
+    Arg::U64(s.addr())
+}
+
+pub(super) fn driver_err(op: &'static str) -> impl Fn(cudarc::driver::DriverError) -> GptError {
+    move |e| GptError::Cuda {
+        op,
+        message: format!("{e:?}"),
+    }
+}
+
+/// The GPT-2 kernels on one CUDA device.
+#[derive(Debug)]
+pub struct CudaBackend {
+    stream: Arc<CudaStream>,
+    blas: CudaBlas,
+    kernels: Arc<KernelRegistry>,
+    /// The attention backward's (B,NH,T,T) score gradients, grown on demand.
+    scratch: Mutex<Option<CudaSlice<f32>>>,
+    /// The first launch error since the last `synchronize`.
+    first_error: Mutex<Option<GptError>>,
+}
+
+impl CudaBackend {
+    /// A backend on device `ordinal`: checks for the driver, cuBLAS and NVRTC, creates a
+    /// stream and a cuBLAS handle on it, and compiles the kernels (once per device).
+    ///
+    /// # Errors
+    /// [`GptError::CudaUnavailable`] naming the first missing library (never a panic);
+    /// [`GptError::Cuda`] when the device does not exist or a driver/cuBLAS call fails;
+    /// [`GptError::Nvrtc`] when a kernel does not compile.
+    pub fn new(ordinal: usize) -> Result<Self> {
+        probe::require_backend_libraries()?;
+        let ctx = CudaContext::new(ordinal).map_err(driver_err("cuCtxCreate"))?;
+        let stream = ctx.new_stream().map_err(driver_err("cuStreamCreate"))?;
+        let blas = CudaBlas::new(Arc::clone(&stream)).map_err(|e| GptError::Cuda {
+            op: "cublasCreate",
+            message: format!("{e:?}"),
+        })?;
+        let kernels = KernelRegistry::for_context(&ctx)?;
+        Ok(Self {
+            stream,
+            blas,
+            kernels,
+            scratch: Mutex::new(None),
+            first_error: Mutex::new(None),
+        })
+    }
+
+    /// The stream every kernel of this backend runs on; allocate and copy on it.
+    #[must_use]
+    pub fn stream(&self) -> &Arc<CudaStream> {
+        &self.stream
+    }
+
+    /// Waits for every launched kernel; returns the first error recorded since the last call.
+    ///
+    /// # Errors
+    /// The first failed launch or sgemm, else a failed stream synchronisation.
+    pub fn synchronize(&self) -> Result<()> {
+        let first = self
+            .first_error
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
+        self.stream
+            .synchronize()
+            .map_err(driver_err("cuStreamSynchronize"))?;
+        first.map_or(Ok(()), Err)
+    }
+
+    pub(super) fn record(&self, result: Result<()>) {
+        if let Err(e) = result {
+            let mut slot = self
+                .first_error
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            slot.get_or_insert(e);
+        }
+    }
+
+    /// Launches kernel `name` with `args` on the stream, or records why it could not.
+    ///
+    /// Callers check that every buffer holds the elements the kernel indexes for the
+    /// dimensions they pass (each kernel's comment in `kernels/*.cu` states them), and that
+    /// `args` matches the kernel's parameter list in order and type.
+    pub(super) fn launch(
+        &self,
+        name: &'static str,
+        geometry: Result<Geometry>,
+        args: Result<Vec<Arg>>,
+    ) {
+        let result = geometry.and_then(|g| {
+            let args = args?;
+            if g.is_empty() {
+                return Ok(());
+            }
+            let f = self.kernels.get(name);
+            let mut builder = self.stream.launch_builder(f);
+            for a in &args {
+                match a {
+                    Arg::U32(v) => builder.arg(v),
+                    Arg::U64(v) => builder.arg(v),
+                    Arg::F32(v) => builder.arg(v),
+                    Arg::Inputs(v) => builder.arg(v),
+                };
+            }
+            let cfg = LaunchConfig {
+                grid_dim: (g.grid, 1, 1),
+                block_dim: (g.block, 1, 1),
+                shared_mem_bytes: g.shared_bytes,
+            };
+            // SAFETY: per this function's contract the arguments match the kernel's
+            // parameters and every buffer is large enough for the indices the kernel forms
+            // from the dimensions; all work is ordered on self.stream, and the views borrow
+            // their allocations for the whole call.
+            unsafe { builder.launch(cfg) }
+                .map(|_| ())
+                .map_err(driver_err(name))
+        });
+        self.record(result);
+    }
+
+    pub(super) fn sgemm(
+        &self,
+        call: Result<SgemmCall>,
+        inp: u64,
+        weight: u64,
+        dout: u64,
+        dst: u64,
+    ) {
+        let result = call.and_then(|call| {
+            let pick = |op: Operand| match op {
+                Operand::Inp => inp,
+                Operand::Weight => weight,
+                Operand::Dout => dout,
+            };
+            let op = |t: bool| {
+                if t {
+                    cublasOperation_t::CUBLAS_OP_T
+                } else {
+                    cublasOperation_t::CUBLAS_OP_N
+                }
+            };
+            let (alpha, beta) = (1.0f32, if call.beta_one { 1.0f32 } else { 0.0 });
+            // SAFETY: the gemm module maps (N,C,OC) to a column-major call that reads exactly
+            // the row-major inp (N,C), weight (OC,C), dout (N,OC) and writes dst, whose
+            // lengths the caller asserted; the handle is bound to self.stream.
+            unsafe {
+                cublas::result::sgemm(
+                    *self.blas.handle(),
+                    op(call.trans_a),
+                    op(call.trans_b),
+                    call.m,
+                    call.n,
+                    call.k,
+                    &alpha,
+                    pick(call.a) as usize as *const f32,
+                    call.lda,
+                    pick(call.b) as usize as *const f32,
+                    call.ldb,
+                    &beta,
+                    dst as usize as *mut f32,
+                    call.ldc,
+                )
+            }
+            .map_err(|e| GptError::Cuda {
+                op: "cublasSgemm",
+                message: format!("{e:?}"),
+            })
+        });
+        self.record(result);
+    }
+
+    /// The address of a scratch buffer of at least `len` f32, grown when smaller.
+    pub(super) fn scratch(&self, len: usize) -> Result<u64> {
+        let mut slot = self.scratch.lock().unwrap_or_else(PoisonError::into_inner);
+        if slot.as_ref().is_none_or(|s| s.len() < len) {
+            *slot = Some(
+                self.stream
+                    .alloc_zeros::<f32>(len.max(1))
+                    .map_err(driver_err("cuMemAlloc"))?,
+            );
+        }
+        match slot.as_mut() {
+            Some(s) => Ok(s.device_ptr_mut(&self.stream).0),
+            None => unreachable!("filled above"),
+        }
+    }
+}
+
+/// `head` followed by the u32 dimension arguments `named` of `kernel`, or the first
+/// dimension that does not fit a u32.
+pub(super) fn with_dims(
+    kernel: &'static str,
+    mut head: Vec<Arg>,
+    named: &[(&'static str, usize)],
+) -> Result<Vec<Arg>> {
+    for &(what, v) in named {
+        head.push(Arg::U32(geo::as_u32(kernel, what, v)?));
+    }
+    Ok(head)
+}

@@ -1,0 +1,162 @@
+//! Device memory views that fit [`crate::Backend`]'s unsized `Slice` and `Ids` types.
+//!
+//! Invariant: a `&DeviceSlice` is a fat pointer whose address is a CUDA device address and
+//! whose length is an element count; it is never dereferenced on the host. Its element type
+//! is a zero-sized, 4-byte-aligned slot, so the Rust slice it wraps spans zero bytes: any
+//! non-null aligned address makes a valid reference, and the view's length travels with it
+//! for free. (Rejected: a `[f32]` holding a device address, which Rust may assume it can
+//! read.) Views are made only from a borrow of a cudarc `CudaSlice`, so the memory outlives
+//! the view, and `&mut` views only from `&mut CudaSlice`, so a mutable view is unique.
+
+use std::ops::Range;
+
+use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut};
+
+/// A zero-sized stand-in for one 4-byte device element.
+#[derive(Debug)]
+#[repr(C)]
+pub struct Slot([u32; 0]);
+
+/// `addr`, or a dangling aligned address for an empty allocation whose address is 0: a
+/// view of no elements is never passed to a kernel that reads it.
+///
+/// # Panics
+/// On a null address with a non-zero length (cudarc never hands one out).
+fn non_null(addr: u64, len: usize) -> u64 {
+    if addr != 0 {
+        return addr;
+    }
+    assert_eq!(len, 0, "null device address for {len} elements");
+    std::mem::align_of::<Slot>() as u64
+}
+
+macro_rules! device_view {
+    ($(#[$doc:meta])* $name:ident, $elem:ty) => {
+        $(#[$doc])*
+        #[derive(Debug)]
+        #[repr(transparent)]
+        pub struct $name([Slot]);
+
+        impl $name {
+            /// A view of `len` elements at device address `addr`.
+            ///
+            /// # Safety
+            /// `addr` must be a non-zero multiple of 4 and, for the lifetime `'a`, the start
+            /// of `len` live device elements that nothing else writes while the view is
+            /// used (or reads, for a `&mut` view).
+            pub unsafe fn from_raw<'a>(addr: u64, len: usize) -> &'a mut Self {
+                let ptr = std::ptr::slice_from_raw_parts_mut(addr as usize as *mut Slot, len);
+                // SAFETY: Slot is zero-sized with alignment 4, so the slice spans no bytes;
+                // the caller guarantees addr is non-null and 4-aligned, which is all a
+                // reference to zero bytes needs. $name is repr(transparent) over [Slot], so
+                // the cast keeps the fat pointer's metadata.
+                unsafe { &mut *(ptr as *mut Self) }
+            }
+
+            /// A read-only view of `s`; `stream` first waits for `s`'s last write (cudarc's
+            /// event tracking), so kernels launched on `stream` see its contents.
+            pub fn of<'a>(s: &'a CudaSlice<$elem>, stream: &'a CudaStream) -> &'a Self {
+                let (addr, _record_read) = s.device_ptr(stream);
+                let addr = non_null(addr, s.len());
+                // SAFETY: cudarc allocations are 256-byte aligned (non_null handles the empty
+                // one) and hold
+                // s.len() elements; the returned view borrows `s` immutably, so the memory
+                // lives and is not written through cudarc while the view exists.
+                unsafe { Self::from_raw(addr, s.len()) }
+            }
+
+            /// A mutable view of `s` (see [`Self::of`]).
+            pub fn of_mut<'a>(s: &'a mut CudaSlice<$elem>, stream: &'a CudaStream) -> &'a mut Self {
+                let len = s.len();
+                let (addr, _record_write) = s.device_ptr_mut(stream);
+                let addr = non_null(addr, len);
+                // SAFETY: as in `of`, and the view borrows `s` mutably, so it is unique.
+                unsafe { Self::from_raw(addr, len) }
+            }
+
+            /// Elements in the view.
+            #[must_use]
+            pub fn len(&self) -> usize {
+                self.0.len()
+            }
+
+            /// True when the view has no elements.
+            #[must_use]
+            pub fn is_empty(&self) -> bool {
+                self.0.is_empty()
+            }
+
+            /// The device address of the first element.
+            #[must_use]
+            pub fn addr(&self) -> u64 {
+                self.0.as_ptr() as usize as u64
+            }
+
+            /// The sub-view of elements `range`.
+            ///
+            /// # Panics
+            /// If `range` is not within `0..self.len()`, as slice indexing does.
+            #[must_use]
+            pub fn range(&self, range: Range<usize>) -> &Self {
+                assert!(range.start <= range.end && range.end <= self.len(), "{range:?} out of 0..{}", self.len());
+                let addr = self.addr() + (range.start * std::mem::size_of::<$elem>()) as u64;
+                // SAFETY: the sub-range lies inside this view's elements (asserted), whose
+                // address is 4-aligned, and it borrows self immutably.
+                unsafe { Self::from_raw(addr, range.len()) }
+            }
+
+            /// The mutable sub-view of elements `range`.
+            ///
+            /// # Panics
+            /// If `range` is not within `0..self.len()`.
+            #[must_use]
+            pub fn range_mut(&mut self, range: Range<usize>) -> &mut Self {
+                assert!(range.start <= range.end && range.end <= self.len(), "{range:?} out of 0..{}", self.len());
+                let addr = self.addr() + (range.start * std::mem::size_of::<$elem>()) as u64;
+                // SAFETY: as in `range`, and it borrows self mutably, so it is unique.
+                unsafe { Self::from_raw(addr, range.len()) }
+            }
+        }
+    };
+}
+
+device_view!(
+    /// f32 elements in device memory: the CUDA backend's `Slice`.
+    DeviceSlice,
+    f32
+);
+device_view!(
+    /// u32 token ids in device memory: the CUDA backend's `Ids`.
+    DeviceIds,
+    u32
+);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn views_carry_address_and_length_and_sub_views_offset_the_address() {
+        // No device needed: the view is never dereferenced, so any aligned address works.
+        // SAFETY: 0x1000 is non-null and aligned; nothing is read through the view.
+        let view = unsafe { DeviceSlice::from_raw(0x1000, 10) };
+        assert_eq!((view.addr(), view.len()), (0x1000, 10));
+        let sub = view.range(3..7);
+        assert_eq!((sub.addr(), sub.len()), (0x1000 + 12, 4));
+        assert!(view.range(10..10).is_empty());
+    }
+
+    #[test]
+    fn an_empty_allocation_at_address_zero_gets_an_aligned_dangling_address() {
+        assert_eq!(non_null(0, 0), 4);
+        assert_eq!(non_null(0x100, 3), 0x100);
+    }
+
+    #[test]
+    #[should_panic(expected = "out of 0..4")]
+    fn sub_views_past_the_end_panic() {
+        // SAFETY: as above.
+        let view = unsafe { DeviceIds::from_raw(0x2000, 4) };
+        let _ = view.range(2..5);
+    }
+}

@@ -1,0 +1,347 @@
+//! `impl Backend for CudaBackend`: each method checks lengths as its CPU twin does, then
+//! launches the kernels its `.cu` comment describes.
+//!
+//! Legend: B batch, T sequence, C channels, OC output channels, NH heads, N = B*T rows,
+//! V vocabulary, Vp padded vocabulary.
+
+// The llm.c signature (outputs, inputs, then every dimension) is the point of the trait.
+#![allow(clippy::too_many_arguments)]
+
+use super::backend::{addr, ids, with_dims, Arg, CudaBackend};
+use super::device::{DeviceIds, DeviceSlice};
+use super::gemm;
+use super::geometry as geo;
+use crate::Backend;
+
+impl Backend for CudaBackend {
+    type Slice = DeviceSlice;
+    type Ids = DeviceIds;
+
+    fn encoder_forward(
+        &self,
+        out: &mut DeviceSlice,
+        tokens: &DeviceIds,
+        wte: &DeviceSlice,
+        wpe: &DeviceSlice,
+        b: usize,
+        t: usize,
+        c: usize,
+    ) {
+        assert_eq!(out.len(), b * t * c);
+        assert_eq!(tokens.len(), b * t);
+        assert!(wpe.len() >= t * c);
+        let k = "encoder_forward";
+        let args = with_dims(
+            k,
+            vec![addr(out), ids(tokens), addr(wte), addr(wpe)],
+            &[("n", b * t), ("t", t), ("c", c)],
+        );
+        self.launch(k, geo::per_element_of(k, &[b, t, c]), args);
+    }
+
+    fn encoder_backward(
+        &self,
+        dwte: &mut DeviceSlice,
+        dwpe: &mut DeviceSlice,
+        dout: &DeviceSlice,
+        tokens: &DeviceIds,
+        b: usize,
+        t: usize,
+        c: usize,
+    ) {
+        assert_eq!(dout.len(), b * t * c);
+        assert_eq!(tokens.len(), b * t);
+        assert!(dwpe.len() >= t * c);
+        let k = "encoder_backward_wpe";
+        let args = with_dims(
+            k,
+            vec![addr(dwpe), addr(dout)],
+            &[("b", b), ("t", t), ("c", c)],
+        );
+        self.launch(k, geo::per_element_of(k, &[t, c]), args);
+        let k = "encoder_backward_wte";
+        let args = with_dims(
+            k,
+            vec![addr(dwte), addr(dout), ids(tokens)],
+            &[("n", b * t), ("c", c)],
+        );
+        self.launch(k, geo::per_element(k, c), args);
+    }
+
+    fn layernorm_forward(
+        &self,
+        out: &mut DeviceSlice,
+        mean: &mut DeviceSlice,
+        rstd: &mut DeviceSlice,
+        inp: &DeviceSlice,
+        weight: &DeviceSlice,
+        bias: &DeviceSlice,
+        n: usize,
+        c: usize,
+    ) {
+        assert_eq!((out.len(), inp.len()), (n * c, n * c));
+        assert_eq!((mean.len(), rstd.len()), (n, n));
+        assert_eq!((weight.len(), bias.len()), (c, c));
+        let k = "layernorm_forward";
+        let bufs = vec![
+            addr(out),
+            addr(mean),
+            addr(rstd),
+            addr(inp),
+            addr(weight),
+            addr(bias),
+        ];
+        self.launch(
+            k,
+            geo::layernorm_rows(k, n),
+            with_dims(k, bufs, &[("n", n), ("c", c)]),
+        );
+    }
+
+    fn layernorm_backward(
+        &self,
+        dinp: &mut DeviceSlice,
+        dweight: &mut DeviceSlice,
+        dbias: &mut DeviceSlice,
+        dout: &DeviceSlice,
+        inp: &DeviceSlice,
+        weight: &DeviceSlice,
+        mean: &DeviceSlice,
+        rstd: &DeviceSlice,
+        n: usize,
+        c: usize,
+    ) {
+        assert_eq!(dinp.len(), n * c);
+        assert_eq!((dout.len(), inp.len()), (n * c, n * c));
+        assert_eq!((mean.len(), rstd.len()), (n, n));
+        assert_eq!((weight.len(), dweight.len(), dbias.len()), (c, c, c));
+        let k = "layernorm_backward_input";
+        let bufs = vec![
+            addr(dinp),
+            addr(dout),
+            addr(inp),
+            addr(weight),
+            addr(mean),
+            addr(rstd),
+        ];
+        self.launch(
+            k,
+            geo::layernorm_rows(k, n),
+            with_dims(k, bufs, &[("n", n), ("c", c)]),
+        );
+        let k = "layernorm_backward_params";
+        let bufs = vec![
+            addr(dweight),
+            addr(dbias),
+            addr(dout),
+            addr(inp),
+            addr(mean),
+            addr(rstd),
+        ];
+        self.launch(
+            k,
+            geo::per_element(k, c),
+            with_dims(k, bufs, &[("n", n), ("c", c)]),
+        );
+    }
+
+    fn matmul_forward(
+        &self,
+        out: &mut DeviceSlice,
+        inp: &DeviceSlice,
+        weight: &DeviceSlice,
+        bias: Option<&DeviceSlice>,
+        n: usize,
+        c: usize,
+        oc: usize,
+    ) {
+        assert_eq!(out.len(), n * oc);
+        assert_eq!(inp.len(), n * c);
+        assert_eq!(weight.len(), oc * c);
+        if let Some(bias) = bias {
+            assert_eq!(bias.len(), oc);
+            let k = "bias_broadcast";
+            let args = with_dims(k, vec![addr(out), addr(bias)], &[("n", n), ("oc", oc)]);
+            self.launch(k, geo::per_element_of(k, &[n, oc]), args);
+        }
+        if n == 0 || c == 0 || oc == 0 {
+            return; // cuBLAS rejects empty products; the CPU leaves out as the bias made it
+        }
+        let call = gemm::forward(n, c, oc, bias.is_some());
+        self.sgemm(call, inp.addr(), weight.addr(), 0, out.addr());
+    }
+
+    fn matmul_backward(
+        &self,
+        dinp: &mut DeviceSlice,
+        dweight: &mut DeviceSlice,
+        dbias: Option<&mut DeviceSlice>,
+        dout: &DeviceSlice,
+        inp: &DeviceSlice,
+        weight: &DeviceSlice,
+        n: usize,
+        c: usize,
+        oc: usize,
+    ) {
+        assert_eq!(dinp.len(), n * c);
+        assert_eq!(dweight.len(), oc * c);
+        assert_eq!(dout.len(), n * oc);
+        assert_eq!(inp.len(), n * c);
+        assert_eq!(weight.len(), oc * c);
+        if n != 0 && c != 0 && oc != 0 {
+            let (i, w, d) = (inp.addr(), weight.addr(), dout.addr());
+            self.sgemm(gemm::backward_input(n, c, oc), i, w, d, dinp.addr());
+            self.sgemm(gemm::backward_weight(n, c, oc), i, w, d, dweight.addr());
+        }
+        if let Some(dbias) = dbias {
+            assert_eq!(dbias.len(), oc);
+            let k = "bias_backward";
+            let args = with_dims(k, vec![addr(dbias), addr(dout)], &[("n", n), ("oc", oc)]);
+            self.launch(k, geo::per_element(k, oc), args);
+        }
+    }
+
+    fn attention_forward(
+        &self,
+        out: &mut DeviceSlice,
+        att: &mut DeviceSlice,
+        qkv: &DeviceSlice,
+        b: usize,
+        t: usize,
+        c: usize,
+        nh: usize,
+    ) {
+        assert_eq!(c % nh, 0);
+        assert_eq!(out.len(), b * t * c);
+        assert_eq!(att.len(), b * t * nh * t);
+        assert_eq!(qkv.len(), b * t * 3 * c);
+        let k = "attention_forward";
+        let args = with_dims(
+            k,
+            vec![addr(out), addr(att), addr(qkv)],
+            &[("b", b), ("t", t), ("c", c), ("nh", nh)],
+        );
+        self.launch(k, geo::attention_rows(k, b, t, nh), args);
+    }
+
+    fn attention_backward(
+        &self,
+        dqkv: &mut DeviceSlice,
+        dout: &DeviceSlice,
+        qkv: &DeviceSlice,
+        att: &DeviceSlice,
+        b: usize,
+        t: usize,
+        c: usize,
+        nh: usize,
+    ) {
+        assert_eq!(c % nh, 0);
+        assert_eq!(dqkv.len(), b * t * 3 * c);
+        assert_eq!(dout.len(), b * t * c);
+        assert_eq!(att.len(), b * t * nh * t);
+        assert_eq!(qkv.len(), b * t * 3 * c);
+        let dims = [("b", b), ("t", t), ("c", c), ("nh", nh)];
+        let scratch = geo::attention_scratch_len(b, t, nh).and_then(|len| self.scratch(len));
+        let scratch = match scratch {
+            Ok(s) => Arg::U64(s),
+            Err(e) => return self.record(Err(e)),
+        };
+        let k = "attention_backward_scores";
+        let args = with_dims(k, vec![scratch, addr(dout), addr(qkv), addr(att)], &dims);
+        self.launch(k, geo::attention_rows(k, b, nh, t), args);
+        let k = "attention_backward_qkv";
+        let args = with_dims(
+            k,
+            vec![addr(dqkv), scratch, addr(dout), addr(qkv), addr(att)],
+            &dims,
+        );
+        self.launch(k, geo::per_element_of(k, &[b, t, c]), args);
+    }
+
+    fn gelu_forward(&self, out: &mut DeviceSlice, inp: &DeviceSlice) {
+        assert_eq!(out.len(), inp.len());
+        let k = "gelu_forward";
+        let n = out.len();
+        self.launch(
+            k,
+            geo::per_element(k, n),
+            Ok(vec![addr(out), addr(inp), Arg::U64(n as u64)]),
+        );
+    }
+
+    fn gelu_backward(&self, dinp: &mut DeviceSlice, inp: &DeviceSlice, dout: &DeviceSlice) {
+        assert_eq!(dinp.len(), inp.len());
+        assert_eq!(dinp.len(), dout.len());
+        let k = "gelu_backward";
+        let n = dinp.len();
+        let args = vec![addr(dinp), addr(inp), addr(dout), Arg::U64(n as u64)];
+        self.launch(k, geo::per_element(k, n), Ok(args));
+    }
+
+    fn residual_forward(&self, out: &mut DeviceSlice, inp1: &DeviceSlice, inp2: &DeviceSlice) {
+        assert_eq!(out.len(), inp1.len());
+        assert_eq!(out.len(), inp2.len());
+        let k = "residual_forward";
+        let n = out.len();
+        let args = vec![addr(out), addr(inp1), addr(inp2), Arg::U64(n as u64)];
+        self.launch(k, geo::per_element(k, n), Ok(args));
+    }
+
+    fn residual_backward(
+        &self,
+        dinp1: &mut DeviceSlice,
+        dinp2: &mut DeviceSlice,
+        dout: &DeviceSlice,
+    ) {
+        assert_eq!(dinp1.len(), dout.len());
+        assert_eq!(dinp2.len(), dout.len());
+        let k = "residual_backward";
+        let n = dout.len();
+        let args = vec![addr(dinp1), addr(dinp2), addr(dout), Arg::U64(n as u64)];
+        self.launch(k, geo::per_element(k, n), Ok(args));
+    }
+
+    fn crossentropy_forward(
+        &self,
+        losses: &mut DeviceSlice,
+        logits: &mut DeviceSlice,
+        targets: &DeviceIds,
+        n: usize,
+        v: usize,
+        vp: usize,
+    ) {
+        assert!(v <= vp);
+        assert_eq!(losses.len(), n);
+        assert_eq!(logits.len(), n * vp);
+        assert_eq!(targets.len(), n);
+        let k = "crossentropy_forward";
+        let args = with_dims(
+            k,
+            vec![addr(losses), addr(logits), ids(targets)],
+            &[("n", n), ("v", v), ("vp", vp)],
+        );
+        self.launch(k, geo::crossentropy_forward(n), args);
+    }
+
+    fn crossentropy_backward(
+        &self,
+        probs: &mut DeviceSlice,
+        dlosses: &DeviceSlice,
+        targets: &DeviceIds,
+        n: usize,
+        v: usize,
+        vp: usize,
+    ) {
+        assert!(v <= vp);
+        assert_eq!(probs.len(), n * vp);
+        assert_eq!(dlosses.len(), n);
+        assert_eq!(targets.len(), n);
+        let k = "crossentropy_backward";
+        let args = with_dims(
+            k,
+            vec![addr(probs), addr(dlosses), ids(targets)],
+            &[("n", n), ("v", v), ("vp", vp)],
+        );
+        self.launch(k, geo::per_element_of(k, &[n, vp]), args);
+    }
+}

@@ -1,0 +1,52 @@
+//! The CUDA side of the GPT-2 kernels: CUDA C sources compiled at run time by NVRTC, their
+//! launch geometry, the cuBLAS mapping of the matrix products and, with the `cuda` feature,
+//! [`CudaBackend`].
+//!
+//! What needs no GPU is always compiled and unit-tested: the sources and their kernel lists
+//! ([`sources`]), launch geometry ([`geometry`]) and the sgemm mapping ([`gemm`]). With the
+//! `cuda` feature, cudarc loads the driver, cuBLAS and NVRTC at run time; a missing library
+//! is a [`crate::GptError::CudaUnavailable`] naming it, never a panic. docs/gpu.md lists
+//! every kernel with its geometry and its numerical contract against the CPU kernel.
+
+pub mod gemm;
+pub mod geometry;
+pub mod sources;
+
+#[cfg(feature = "cuda")]
+mod backend;
+#[cfg(feature = "cuda")]
+pub mod device;
+#[cfg(feature = "cuda")]
+mod kernels_impl;
+#[cfg(feature = "cuda")]
+mod optim;
+#[cfg(feature = "cuda")]
+pub mod probe;
+#[cfg(feature = "cuda")]
+pub mod registry;
+
+#[cfg(feature = "cuda")]
+pub use backend::CudaBackend;
+#[cfg(feature = "cuda")]
+pub use device::{DeviceIds, DeviceSlice};
+#[cfg(feature = "cuda")]
+pub use optim::{AdamWStep, HalfCopy};
+
+/// Whether a CUDA backend can start here: Ok, or the error naming what is missing (the
+/// `cuda` feature, the driver, cuBLAS or NVRTC). Never panics.
+///
+/// # Errors
+/// [`crate::GptError::CudaUnavailable`].
+pub fn available() -> crate::Result<()> {
+    #[cfg(feature = "cuda")]
+    {
+        probe::require_backend_libraries()
+    }
+    #[cfg(not(feature = "cuda"))]
+    {
+        Err(crate::GptError::CudaUnavailable {
+            library: "cuda feature",
+            reason: "zero-gpt was built without the `cuda` cargo feature".to_string(),
+        })
+    }
+}
