@@ -20,7 +20,7 @@ if ! ls "$lib"/libnvrtc.so.12 >/dev/null 2>&1; then
     pip_cmd=$(command -v pip || command -v pip3)
     mkdir -p "$dir"
     if ! "$pip_cmd" install --quiet --disable-pip-version-check --no-deps --target "$dir" \
-        nvidia-cuda-nvrtc-cu12 2>"$dir/pip.log"; then
+        nvidia-cuda-nvrtc-cu12==12.9.86 2>"$dir/pip.log"; then
         echo "nvrtc-check: SKIPPED: pip could not install nvidia-cuda-nvrtc-cu12:"
         tail -n 5 "$dir/pip.log"
         exit 0

@@ -3,11 +3,16 @@
 # `.ci/run` calls exactly this script.
 #
 #   1. cargo test --workspace              (no MPI needed: the `mpi` feature is off)
-#   2. the MPI backend (feature `mpi`): OpenMPI, its headers and libclang (rsmpi's bindgen)
+#   2. every CUDA kernel compiled by NVRTC for sm_80 and sm_90 (scripts/nvrtc-check.sh: the
+#      NVRTC library comes from a PyPI wheel; no GPU needed)
+#   3. zero-train's safetensors export read back by Hugging Face's `safetensors` package and
+#      numpy (from PyPI, into a cache folder) and compared with its llm.c export
+#   4. the MPI backend (feature `mpi`): OpenMPI, its headers and libclang (rsmpi's bindgen)
 #      are installed from apt when missing, then the shared conformance suite runs as one
 #      process and under `mpirun -np 2` and `-np 4`, each bounded by `timeout`.
 #
-# ZERO_SKIP_MPI=1 skips step 2 (for machines where MPI cannot be installed).
+# ZERO_SKIP_MPI=1 skips step 4 (for machines where MPI cannot be installed). Steps 2 and 3 say
+# why they skipped where pip cannot fetch their packages.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -18,6 +23,12 @@ fi
 
 # cargo test runs every unit, integration, property and doc test of the workspace.
 cargo test --workspace
+
+echo "== NVRTC: every CUDA kernel source"
+bash scripts/nvrtc-check.sh
+
+echo "== safetensors export read by Hugging Face's reader"
+bash scripts/check-export.sh
 
 if [[ "${ZERO_SKIP_MPI:-0}" == 1 ]]; then
   echo "test.sh: ZERO_SKIP_MPI=1: skipping the MPI backend"
