@@ -95,8 +95,8 @@ impl UnitLayout {
 ///
 /// Decision: matrices decay, including `wte` (a matrix, and as the tied LM head the largest
 /// projection of the model; GPT-2, llm.c and nanoGPT decay it too); biases, LayerNorm weights
-/// and biases, and the position embedding `wpe` do not, as the issue specifies (minGPT's
-/// rule). The rejected alternative, "every 2-D tensor", would decay `wpe` as nanoGPT does.
+/// and biases, and the position embedding `wpe` do not (minGPT's rule). The rejected
+/// alternative, "every 2-D tensor", would decay `wpe` as nanoGPT does.
 #[must_use]
 pub fn decays(name: &str) -> bool {
     matches!(name, "wte" | "qkvw" | "attprojw" | "fcw" | "fcprojw")
