@@ -152,7 +152,8 @@ pub struct TrainConfig {
     /// A saved `step-NNNNNN` folder to continue from, or the --save directory (its latest).
     #[arg(long)]
     pub resume: Option<PathBuf>,
-    /// llm.c float32 checkpoint (model.bin format) to start from instead of a random init.
+    /// Model file to start from instead of a random init: an llm.c float32 model.bin or a
+    /// Hugging Face GPT-2 safetensors file (config.json beside it); the shape comes from the file.
     #[arg(long)]
     pub init_from: Option<PathBuf>,
     /// Write the final parameters as an llm.c float32 checkpoint.

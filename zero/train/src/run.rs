@@ -130,7 +130,8 @@ impl RankGroup {
                     .into(),
             )),
             Backend::Nccl => Err(TrainError::Unsupported(
-                "--backend nccl is not supported by zero-train: the model has CPU kernels only"
+                "--backend nccl is not supported by zero-train yet: the model and the engine run on the \
+                 CPU only (the CUDA kernels and the NCCL communicator exist but are not wired in)"
                     .into(),
             )),
         }
@@ -161,7 +162,9 @@ fn run_group(cfg: &TrainConfig, group: RankGroup) -> Result<RunSummary, TrainErr
     cfg.validate()?;
     if cfg.device == Device::Cuda {
         return Err(TrainError::Unsupported(
-            "--device cuda is not supported by zero-train: the model has CPU kernels only".into(),
+            "--device cuda is not supported by zero-train yet: the model and the engine run on the \
+             CPU only (the CUDA kernels exist but are not wired in)"
+                .into(),
         ));
     }
     let model = cfg.model_config()?;
