@@ -100,6 +100,26 @@ fn decode_f32(bytes: &[u8], out: &mut Vec<f32>) {
     );
 }
 
+/// Opens a checkpoint file and checks its header and length; returns the file positioned
+/// after the header, the shape and the parameter byte count.
+fn open_checked(path: &Path) -> Result<(File, ModelShape, u64)> {
+    let io = |op| {
+        move |source| Error::Io {
+            op,
+            path: path.to_path_buf(),
+            source,
+        }
+    };
+    let mut file = File::open(path).map_err(io("open"))?;
+    let mut header = vec![0u8; LLMC_HEADER_BYTES];
+    let got = read_up_to(&mut file, &mut header).map_err(io("read"))?;
+    let (shape, expected) = parse_header(&header[..got]).map_err(|e| format_err(path, e))?;
+    let file_len = file.metadata().map_err(io("stat"))?.len();
+    check_len(expected, file_len.saturating_sub(LLMC_HEADER_BYTES as u64))
+        .map_err(|e| format_err(path, e))?;
+    Ok((file, shape, expected))
+}
+
 impl LlmcCheckpoint {
     /// A model of `shape` with every parameter zero.
     ///
@@ -180,20 +200,7 @@ impl LlmcCheckpoint {
     /// for a truncated, foreign, wrong-version, absurd or length-mismatched file.
     pub fn load(path: impl AsRef<Path>) -> Result<Self> {
         let path = path.as_ref();
-        let io = |op| {
-            move |source| Error::Io {
-                op,
-                path: path.to_path_buf(),
-                source,
-            }
-        };
-        let mut file = File::open(path).map_err(io("open"))?;
-        let mut header = vec![0u8; LLMC_HEADER_BYTES];
-        let got = read_up_to(&mut file, &mut header).map_err(io("read"))?;
-        let (shape, expected) = parse_header(&header[..got]).map_err(|e| format_err(path, e))?;
-        let file_len = file.metadata().map_err(io("stat"))?.len();
-        check_len(expected, file_len.saturating_sub(LLMC_HEADER_BYTES as u64))
-            .map_err(|e| format_err(path, e))?;
+        let (mut file, shape, expected) = open_checked(path)?;
         // The length was checked against the file, so reserving it all is safe here.
         let params = read_params(&mut file, expected, shape.num_params()).map_err(|e| match e {
             ReadError::Io(source) => Error::Io {
@@ -212,22 +219,7 @@ impl LlmcCheckpoint {
     /// # Errors
     /// As [`LlmcCheckpoint::load`].
     pub fn read_shape(path: impl AsRef<Path>) -> Result<ModelShape> {
-        let path = path.as_ref();
-        let io = |op| {
-            move |source| Error::Io {
-                op,
-                path: path.to_path_buf(),
-                source,
-            }
-        };
-        let mut file = File::open(path).map_err(io("open"))?;
-        let mut header = vec![0u8; LLMC_HEADER_BYTES];
-        let got = read_up_to(&mut file, &mut header).map_err(io("read"))?;
-        let (shape, expected) = parse_header(&header[..got]).map_err(|e| format_err(path, e))?;
-        let file_len = file.metadata().map_err(io("stat"))?.len();
-        check_len(expected, file_len.saturating_sub(LLMC_HEADER_BYTES as u64))
-            .map_err(|e| format_err(path, e))?;
-        Ok(shape)
+        Ok(open_checked(path.as_ref())?.1)
     }
 
     /// Parses a checkpoint held in memory (the entry point of the fuzz target).
