@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The GPU check of zero-gpt's CUDA kernels, in two modes (docs/gpu.md):
+# The GPU check of zero-gpt's CUDA kernels and zero-comm's NCCL communicator, in two modes
+# (docs/gpu.md):
 #
 #   bash scripts/gpu-check.sh build   # here, with cargo: release test binaries -> gpu-bin/
 #   bash scripts/gpu-check.sh run     # on the GPU machine (no Rust toolchain): runs them
@@ -14,7 +15,8 @@
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 mode="${1:-}"
-TESTS=(cuda_kernels cuda_optim nvrtc_compile)
+TESTS=(cuda_kernels cuda_optim nvrtc_compile)   # zero-gpt
+COMM_TESTS=(nccl_device)                         # zero-comm: NCCL at world size 1
 
 build() {
     cd "$here/.."
@@ -22,8 +24,10 @@ build() {
     mkdir -p "$bin"
     local json
     json=$(cargo test --release -p zero-gpt --features cuda --no-run --message-format=json \
-        "${TESTS[@]/#/--test=}")
-    for t in "${TESTS[@]}"; do
+        "${TESTS[@]/#/--test=}"
+        cargo test --release -p zero-comm --features cuda --no-run --message-format=json \
+        "${COMM_TESTS[@]/#/--test=}")
+    for t in "${TESTS[@]}" "${COMM_TESTS[@]}"; do
         local exe
         exe=$(printf '%s\n' "$json" | python3 -c '
 import json, sys
@@ -36,6 +40,9 @@ for line in sys.stdin:
         [ -n "$exe" ] || { echo "gpu-check: no executable for test $t" >&2; exit 1; }
         strip -o "$bin/$t" "$exe"
     done
+    cargo build --release -p zero-benches --features cuda --bin zero-bench
+    strip -o "$bin/zero-bench" "$(cargo metadata --format-version 1 --no-deps |
+        python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')/release/zero-bench"
     cp "$here/gpu-check.sh" "$bin/gpu-check.sh"
     du -sh "$bin"/*
     echo "gpu-check: built into $bin/; on the GPU machine run: bash gpu-bin/gpu-check.sh run"
@@ -91,15 +98,23 @@ run() {
     # Not in a subshell: link_libs exports LD_LIBRARY_PATH for the tests below.
     link_libs "$OUT/cuda-libs" >"$OUT/libs.txt" 2>&1
     cat "$OUT/libs.txt"
-    export ZERO_GPT_REQUIRE_GPU=1 ZERO_GPT_REQUIRE_NVRTC=1 RUST_BACKTRACE=1
+    export ZERO_GPT_REQUIRE_GPU=1 ZERO_GPT_REQUIRE_NVRTC=1 ZERO_COMM_REQUIRE_GPU=1 RUST_BACKTRACE=1
     local failed=0
     : >"$OUT/summary.txt"
-    for t in "${TESTS[@]}"; do
+    for t in "${TESTS[@]}" "${COMM_TESTS[@]}"; do
         local rc=0
         (cd "$OUT" && timeout 300 "$bin/$t" --test-threads 1 --nocapture) >"$OUT/$t.log" 2>&1 || rc=$?
         echo "$t: exit $rc ($(grep -E '^test result' "$OUT/$t.log" | tail -n 1))" | tee -a "$OUT/summary.txt"
         [ "$rc" -eq 0 ] || failed=1
     done
+    # nccl-tests' all_reduce_perf beside ours: one rank (torchrun's variables), 1 KiB to 1 GiB.
+    local rc=0
+    RANK=0 WORLD_SIZE=1 LOCAL_RANK=0 MASTER_ADDR=127.0.0.1 MASTER_PORT=29517 \
+        timeout 300 "$bin/zero-bench" all_reduce --backend nccl -b 1K -e 1G -f 4 -n 20 -w 5 \
+        >"$OUT/zero-bench-nccl.log" 2>&1 || rc=$?
+    echo "zero-bench --backend nccl: exit $rc ($(grep -E '^# Avg bus' "$OUT/zero-bench-nccl.log"))" |
+        tee -a "$OUT/summary.txt"
+    [ "$rc" -eq 0 ] || failed=1
     echo "gpu-check: logs in $OUT"
     return "$failed"
 }
