@@ -1,14 +1,58 @@
-//! Whole model states out of, and back into, a partitioned engine.
+//! Model states out of, and back into, a partitioned engine: whole units
+//! ([`Engine::export_states`] / [`Engine::import_states`]), or each rank's own shard of
+//! every unit with no collective ([`Engine::owned_states`] / [`Engine::import_owned`]).
 //!
-//! Exported states are whole units (no padding) whatever the stage and world size, so a run
+//! Whole exported states are whole units (no padding) whatever the stage and world size, so a run
 //! saved at one configuration resumes at any other; at the same configuration it resumes to
 //! the bit, since every value is copied, never recomputed. For half precision the exported
 //! parameters are the f32 master weights, from which the stored ones are rounded.
 
 use super::engine::Engine;
 use super::error::{Error, Result};
+use super::partition::{Partition, Shard};
+use super::precision::{narrow, with_store};
 use super::unit_buffers::{write_whole, zeroed};
+use std::ops::Range;
 use zero_alloc::Handle;
+
+/// One of a unit's three f32 model states.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum StateKind {
+    /// Parameters (the f32 master weights for half precision).
+    Params,
+    /// Adam's first moment.
+    AdamM,
+    /// Adam's second moment.
+    AdamV,
+}
+
+impl StateKind {
+    /// The three kinds, in the order checkpoints store them.
+    pub const ALL: [StateKind; 3] = [Self::Params, Self::AdamM, Self::AdamV];
+
+    /// The name checkpoints give it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Params => "params",
+            Self::AdamM => "adam_m",
+            Self::AdamV => "adam_v",
+        }
+    }
+}
+
+/// The states of the elements of one unit a rank owns, borrowed from its arena: the real
+/// elements of its shard (`range`, possibly empty for the last ranks), at every stage.
+#[derive(Debug, Clone)]
+pub struct OwnedStates<'a> {
+    /// The owned elements, in the coordinates of the whole unit.
+    pub range: Range<usize>,
+    /// Parameters (the f32 master weights for half precision), `range.len()` elements.
+    pub params: &'a [f32],
+    /// Adam's first moment.
+    pub m: &'a [f32],
+    /// Adam's second moment.
+    pub v: &'a [f32],
+}
 
 /// One unit's whole model states.
 #[derive(Debug, Clone, PartialEq)]
@@ -59,6 +103,149 @@ impl Engine {
         self.comm.all_gather(local, &mut full)?;
         full.truncate(part.numel());
         Ok(full)
+    }
+
+    /// The split of `unit` across the ranks.
+    ///
+    /// # Errors
+    /// [`Error::NoSuchUnit`].
+    pub fn partition(&self, unit: usize) -> Result<Partition> {
+        self.check_unit(unit)?;
+        Ok(self.policies[unit].part)
+    }
+
+    /// This rank's owned elements of `unit` and their states, with no collective and no
+    /// copy: every rank owns the real elements of its shard at every stage (at stages 0-2,
+    /// where parameters or moments are whole on every rank, the slice is cut from them), so
+    /// the ranks' pieces together hold each element once. Finishes pending gradient
+    /// reductions and drops prefetched gathers first.
+    ///
+    /// # Errors
+    /// [`Error::NoSuchUnit`], collective or arena failures.
+    pub fn owned_states(&mut self, unit: usize) -> Result<OwnedStates<'_>> {
+        self.check_unit(unit)?;
+        self.complete_reductions(0)?;
+        self.drop_prefetches()?;
+        let rank = self.rank();
+        let policy = self.policies[unit];
+        let owned = policy.part.data_shard(rank);
+        let b = &self.bufs[unit];
+        let (params, params_whole) = match b.master {
+            Some(master) => (master, policy.whole_optim),
+            None => (b.params, policy.whole_params),
+        };
+        let cut = |h: Handle, whole: bool| -> Result<&[f32]> {
+            let local = self.arena.slice::<f32>(h)?;
+            Ok(&local[policy.part.local(rank, owned, whole)])
+        };
+        Ok(OwnedStates {
+            range: owned.range(),
+            params: cut(params, params_whole)?,
+            m: cut(b.m, policy.whole_optim)?,
+            v: cut(b.v, policy.whole_optim)?,
+        })
+    }
+
+    /// The elements of `unit` whose `kind` this rank keeps: the whole unit where that
+    /// state is whole here, else its shard's real elements. A restore reads exactly these.
+    ///
+    /// # Errors
+    /// [`Error::NoSuchUnit`].
+    pub fn held_range(&self, unit: usize, kind: StateKind) -> Result<Range<usize>> {
+        self.check_unit(unit)?;
+        let policy = self.policies[unit];
+        let whole = match kind {
+            StateKind::Params => policy.whole_params || policy.whole_optim,
+            StateKind::AdamM | StateKind::AdamV => policy.whole_optim,
+        };
+        Ok(if whole {
+            0..policy.part.numel()
+        } else {
+            policy.part.data_shard(self.rank()).range()
+        })
+    }
+
+    /// Stores `values`, the `kind` states of elements `range` of `unit`, into whatever this
+    /// rank keeps of them (parameters into the stored copy, rounded for half precision, and
+    /// into the master copy); elements it does not keep are skipped. Not collective.
+    ///
+    /// # Errors
+    /// [`Error::BadUnit`] when `range` is not inside the unit or `values` has another
+    /// length; [`Error::NoSuchUnit`]; arena failures.
+    pub fn import_owned(
+        &mut self,
+        unit: usize,
+        kind: StateKind,
+        range: Range<usize>,
+        values: &[f32],
+    ) -> Result<()> {
+        self.check_unit(unit)?;
+        let policy = self.policies[unit];
+        let numel = policy.part.numel();
+        if range.start > range.end || range.end > numel || values.len() != range.len() {
+            return Err(Error::BadUnit {
+                unit,
+                message: format!(
+                    "{} elements {}..{} with {} values do not fit a unit of {numel}",
+                    kind.name(),
+                    range.start,
+                    range.end,
+                    values.len()
+                ),
+            });
+        }
+        let rank = self.rank();
+        let given = Shard {
+            offset: range.start,
+            len: range.len(),
+        };
+        // The part of `given` a buffer kept whole or as this rank's shard holds, as
+        // (indices into `values`, indices into the buffer).
+        let window = |whole: bool| {
+            let kept = if whole {
+                Shard {
+                    offset: 0,
+                    len: numel,
+                }
+            } else {
+                policy.part.data_shard(rank)
+            };
+            let common = given.intersect(kept);
+            let from = common.offset - given.offset..common.end() - given.offset;
+            (from, policy.part.local(rank, common, whole))
+        };
+        let b = &self.bufs[unit];
+        let precision = self.config.precision;
+        let f32_targets = match kind {
+            StateKind::Params => b.master.map(|h| (h, policy.whole_optim)),
+            StateKind::AdamM => Some((b.m, policy.whole_optim)),
+            StateKind::AdamV => Some((b.v, policy.whole_optim)),
+        };
+        if let Some((h, whole)) = f32_targets {
+            let (from, to) = window(whole);
+            self.arena.slice_mut::<f32>(h)?[to].copy_from_slice(&values[from]);
+        }
+        if kind == StateKind::Params {
+            let (from, to) = window(policy.whole_params);
+            with_store!(precision, S => {
+                let stored = self.arena.slice_mut::<S>(b.params)?;
+                narrow(&values[from], &mut stored[to], 1.0);
+            });
+        }
+        Ok(())
+    }
+
+    /// Sets the optimizer step count (Adam's t) of a restored run.
+    pub fn set_steps(&mut self, steps: u64) {
+        self.steps = steps;
+    }
+
+    /// Sets fp16's loss scale in a restored run (the count of clean steps towards the next
+    /// doubling and the hysteresis start afresh). Other precisions keep their scale of 1.
+    pub fn set_loss_scale(&mut self, scale: f32) {
+        if self.config.precision == super::precision::Precision::Fp16 {
+            self.scaler.scale = scale;
+        }
     }
 
     /// Loads whole states (as [`Engine::export_states`] gives) and the optimizer step count;

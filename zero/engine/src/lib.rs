@@ -56,7 +56,7 @@ mod unit_buffers;
 
 pub use engine::{Engine, EngineConfig, Traffic, UnitViews};
 pub use error::{Error, Result};
-pub use export::UnitState;
+pub use export::{OwnedStates, StateKind, UnitState};
 pub use formulas::{
     comm_elements_per_step, expected_model_state_bytes, padded_model_state_bytes, ModelStateBytes,
 };

@@ -149,7 +149,12 @@ pub struct TrainConfig {
     /// Steps between saves besides the final one (0: only at the end).
     #[arg(long, default_value_t = 0)]
     pub save_every: u64,
-    /// A saved `step-NNNNNN` folder to continue from, or the --save directory (its latest).
+    /// Complete states kept in the --save directory, newest first; older ones are removed
+    /// once a new one is published (0 keeps all).
+    #[arg(long, default_value_t = 0)]
+    pub keep_last: usize,
+    /// A saved `step-NNNNNN` folder to continue from, or the --save directory (the state
+    /// its `latest` file names, else its highest complete step).
     #[arg(long)]
     pub resume: Option<PathBuf>,
     /// Model file to start from instead of a random init: an llm.c float32 model.bin or a

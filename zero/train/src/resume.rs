@@ -1,91 +1,219 @@
-//! Saving a run and resuming it to the bit.
+//! Saving a run and resuming it, at the same or another world size and stage.
 //!
-//! The state is world-size independent: whole parameters and Adam moments per unit (as the
-//! engine exports them), the optimizer step count, the data loader's position and the run's
-//! configuration. The learning rate is a function of the step and the sample RNG is seeded,
-//! so nothing else is needed for the resumed run to continue exactly as the unbroken one.
+//! [`save_sharded`] has every rank write the states it owns (its shard of every unit's
+//! parameters, Adam m and v) into its own piece file, with no collective over the states;
+//! rank 0 publishes the manifest once all ranks succeeded (`checkpoint/sharded.rs` has the
+//! format and the crash-safety protocol). [`load_sharded`] has every rank read exactly the
+//! element ranges it keeps under its own stage and world size. The run's position (step,
+//! optimizer steps, data-loader position, configuration) rides in the manifest's `meta`;
+//! the learning rate is a function of the step and sampling is seeded, so at the same
+//! world size and stage a resumed run continues to the bit.
 
 use super::config::TrainConfig;
 use super::error::TrainError;
-use crate::checkpoint::{LlmcCheckpoint, ModelShape, StateReader, StateWriter};
+use crate::checkpoint::{
+    begin_save, publish, resolve_state_dir, Error as CkptError, LlmcCheckpoint, ModelShape,
+    Partitioning, PieceWriter, ShardedReader, UnitPartition,
+};
 use crate::data::{DataLoader, LoaderState};
 use serde_json::json;
 use std::path::{Path, PathBuf};
-use zero::{Engine, UnitState};
+use zero::{Engine, Precision, StateKind, UnitState};
+use zero_comm::ReduceOp;
 use zero_gpt::GptConfig;
 
-/// The folder a save at `step` goes into, inside the `--save` directory.
-pub fn step_dir(save: &Path, step: u64) -> PathBuf {
-    save.join(format!("step-{step:06}"))
-}
+pub use crate::checkpoint::step_dir;
 
-/// The state folder `--resume` names: a `step-NNNNNN` folder itself, or the `--save`
-/// directory, whose latest step folder is taken.
-fn resolve_resume(dir: &Path) -> PathBuf {
-    let step_of =
-        |p: &Path| -> Option<u64> { p.file_name()?.to_str()?.strip_prefix("step-")?.parse().ok() };
-    let latest = std::fs::read_dir(dir).ok().and_then(|entries| {
-        entries
-            .filter_map(|e| e.ok().map(|e| e.path()))
-            .filter_map(|p| step_of(&p).map(|n| (n, p)))
-            .max_by_key(|(n, _)| *n)
-            .map(|(_, p)| p)
-    });
-    latest.unwrap_or_else(|| dir.to_path_buf())
-}
-
-fn tensor_name(unit: usize, what: &str) -> String {
-    format!("unit{unit}/{what}")
-}
-
-/// Writes `states` and the run's position into `dir` (atomically replaced).
-///
-/// # Errors
-/// Checkpoint I/O errors naming the directory.
-pub fn save_state(
-    dir: &Path,
-    cfg: &TrainConfig,
-    model: &GptConfig,
-    states: &[UnitState],
-    engine_steps: u64,
-    loader: &LoaderState,
-    step: u64,
-) -> Result<(), TrainError> {
-    let mut w = StateWriter::create(dir)?;
-    for (unit, s) in states.iter().enumerate() {
-        w.write(&tensor_name(unit, "params"), &s.params)?;
-        w.write(&tensor_name(unit, "adam_m"), &s.m)?;
-        w.write(&tensor_name(unit, "adam_v"), &s.v)?;
+/// The name a manifest gives a precision.
+fn precision_name(p: Precision) -> &'static str {
+    match p {
+        Precision::Fp32 => "fp32",
+        Precision::Bf16 => "bf16",
+        Precision::Fp16 => "fp16",
     }
-    let meta = json!({
-        "model": model,
-        "units": states.len(),
-        "engine_steps": engine_steps,
-        "loader": loader,
-        "config": cfg,
-    });
-    w.finish(step, meta)?;
+}
+
+/// `engine`'s split of every unit across its ranks.
+fn partitioning(engine: &Engine) -> Result<Partitioning, TrainError> {
+    let units = (0..engine.units().len())
+        .map(|unit| {
+            let part = engine.partition(unit)?;
+            let owned = (0..part.world())
+                .map(|r| {
+                    let s = part.data_shard(r);
+                    [s.offset as u64, s.end() as u64]
+                })
+                .collect();
+            Ok(UnitPartition {
+                numel: part.numel() as u64,
+                padded_numel: part.padded_numel() as u64,
+                shard_len: part.shard_len() as u64,
+                owned,
+            })
+        })
+        .collect::<Result<Vec<_>, zero::Error>>()?;
+    Ok(Partitioning {
+        world: engine.world(),
+        stage: engine.config().stage as u8,
+        precision: precision_name(engine.config().precision).into(),
+        units,
+    })
+}
+
+/// Makes `local` every rank's outcome: `Ok` only when every rank succeeded. Collective.
+fn agree<T>(engine: &Engine, dir: &Path, local: Result<T, TrainError>) -> Result<T, TrainError> {
+    let mut failed = [if local.is_err() { 1.0f32 } else { 0.0 }];
+    engine
+        .comm()
+        .all_reduce_in_place(&mut failed, ReduceOp::Max)?;
+    match local {
+        Err(e) => Err(e),
+        Ok(_) if failed[0] > 0.0 => Err(CkptError::BadState {
+            path: dir.to_path_buf(),
+            reason: "another rank failed while saving (its error is reported by that rank)".into(),
+        }
+        .into()),
+        Ok(v) => Ok(v),
+    }
+}
+
+/// This rank's pieces: the owned elements of every unit, parameters then m then v.
+fn write_pieces(engine: &mut Engine, partial: &Path) -> Result<(), TrainError> {
+    let mut w = PieceWriter::create(partial, engine.rank())?;
+    for unit in 0..engine.units().len() {
+        let o = engine.owned_states(unit)?;
+        w.write(unit, StateKind::Params.name(), o.range.start, o.params)?;
+        w.write(unit, StateKind::AdamM.name(), o.range.start, o.m)?;
+        w.write(unit, StateKind::AdamV.name(), o.range.start, o.v)?;
+    }
+    w.finish()?;
     Ok(())
 }
 
-/// Loads a saved state into `engine` and `loader`; returns the step to continue from.
+/// Saves `engine`'s states after `step` steps as `save/step-N/`, with `meta` in the
+/// manifest, and points `save/latest` at it; keeps the newest `keep_last` states (0: all).
+/// Collective: every rank calls it. Returns the folder.
 ///
 /// # Errors
-/// [`TrainError::Resume`] when the saved model differs from this run's, checkpoint errors
-/// for missing or corrupt files.
+/// Checkpoint I/O errors naming the file, on the rank that met them; the other ranks
+/// report that a peer failed. Nothing is published then.
+pub fn save_sharded(
+    engine: &mut Engine,
+    save: &Path,
+    step: u64,
+    meta: serde_json::Value,
+    keep_last: usize,
+) -> Result<PathBuf, TrainError> {
+    let rank0 = engine.rank() == 0;
+    let dir = step_dir(save, step);
+    let began = if rank0 {
+        begin_save(save, step).map_err(TrainError::from)
+    } else {
+        Ok(PathBuf::new())
+    };
+    agree(engine, &dir, began)?;
+    let partial = crate::checkpoint::partial_dir(save, step);
+    let written = write_pieces(engine, &partial);
+    agree(engine, &dir, written)?;
+    let published = if rank0 {
+        let layout = partitioning(engine)?;
+        publish(save, step, layout, meta, keep_last)
+            .map(|_| ())
+            .map_err(TrainError::from)
+    } else {
+        Ok(())
+    };
+    agree(engine, &dir, published)?;
+    Ok(dir)
+}
+
+/// Loads the state `dir` names (a `step-N` folder, or a save directory: see
+/// [`resolve_state_dir`]) into `engine`: each rank reads the element ranges it keeps.
+/// Returns the reader, for the caller's `meta`. Not collective.
+///
+/// # Errors
+/// [`TrainError::Resume`] when the state's units or precision differ from the engine's;
+/// checkpoint errors naming the file and piece for missing or corrupt data.
+pub fn load_sharded(dir: &Path, engine: &mut Engine) -> Result<ShardedReader, TrainError> {
+    let dir = resolve_state_dir(dir)?;
+    let reader = ShardedReader::open(&dir)?;
+    let bad = |reason: String| TrainError::Resume {
+        dir: dir.clone(),
+        reason,
+    };
+    let saved = &reader.manifest().partitioning;
+    let precision = precision_name(engine.config().precision);
+    if saved.precision != precision {
+        return Err(bad(format!(
+            "it was saved at precision {}, this run uses {precision} (pass --precision {})",
+            saved.precision, saved.precision
+        )));
+    }
+    let units = engine.units().len();
+    if saved.units.len() != units {
+        return Err(bad(format!(
+            "it holds {} units, this model {units}",
+            saved.units.len()
+        )));
+    }
+    for unit in 0..units {
+        let numel = engine.units()[unit].numel;
+        if saved.units[unit].numel != numel as u64 {
+            return Err(bad(format!(
+                "its unit {unit} has {} elements, this model's {numel}",
+                saved.units[unit].numel
+            )));
+        }
+        for kind in StateKind::ALL {
+            let held = engine.held_range(unit, kind)?;
+            let mut values = vec![0f32; held.len()];
+            reader.read_range(unit, kind.name(), held.clone(), &mut values)?;
+            engine.import_owned(unit, kind, held, &values)?;
+        }
+    }
+    Ok(reader)
+}
+
+/// Saves the training run: the engine's states with the run's position.
+///
+/// # Errors
+/// As [`save_sharded`].
+pub fn save_state(
+    engine: &mut Engine,
+    save: &Path,
+    cfg: &TrainConfig,
+    model: &GptConfig,
+    loader: &LoaderState,
+    step: u64,
+) -> Result<PathBuf, TrainError> {
+    let meta = json!({
+        "model": model,
+        "units": engine.units().len(),
+        "engine_steps": engine.steps(),
+        "loss_scale": engine.loss_scale(),
+        "loader": loader,
+        "config": cfg,
+    });
+    save_sharded(engine, save, step, meta, cfg.keep_last)
+}
+
+/// Loads a saved run into `engine` and `loader`; returns the step to continue from.
+///
+/// # Errors
+/// [`TrainError::Resume`] when the saved model or precision differs from this run's,
+/// checkpoint errors for missing or corrupt files.
 pub fn load_state(
     dir: &Path,
     model: &GptConfig,
     engine: &mut Engine,
     loader: &mut DataLoader,
 ) -> Result<u64, TrainError> {
-    let dir = resolve_resume(dir);
+    let state_dir = resolve_state_dir(dir)?;
     let bad = |reason: String| TrainError::Resume {
-        dir: dir.clone(),
+        dir: state_dir.clone(),
         reason,
     };
-    let mut r = StateReader::open(&dir)?;
-    let meta = r.meta().clone();
+    let meta = ShardedReader::open(&state_dir)?.manifest().meta.clone();
     let saved: GptConfig = serde_json::from_value(meta["model"].clone())
         .map_err(|e| bad(format!("no model shape in the state ({e})")))?;
     if saved != *model {
@@ -93,32 +221,39 @@ pub fn load_state(
             "it holds a model of shape {saved:?}, this run builds {model:?}"
         )));
     }
+    let reader = load_sharded(&state_dir, engine)?;
+    let step = reader.manifest().step;
     let engine_steps = meta["engine_steps"]
         .as_u64()
         .ok_or_else(|| bad("no optimizer step count in the state".into()))?;
     // The engine counts one optimizer step per training step at most (fewer once fp16
-    // overflows skip some), and the count grows by one per step from here: a larger figure
-    // is an edited or corrupt manifest.
-    if engine_steps > r.step() {
+    // overflows skip some): a larger figure is an edited or corrupt manifest.
+    if engine_steps > step {
         return Err(bad(format!(
-            "its engine_steps {engine_steps} exceeds its step {}",
-            r.step()
+            "its engine_steps {engine_steps} exceeds its step {step}"
         )));
     }
     let loader_state: LoaderState = serde_json::from_value(meta["loader"].clone())
         .map_err(|e| bad(format!("no data loader position in the state ({e})")))?;
-    let states = (0..engine.units().len())
-        .map(|unit| {
-            Ok(UnitState {
-                params: r.read(&tensor_name(unit, "params"))?,
-                m: r.read(&tensor_name(unit, "adam_m"))?,
-                v: r.read(&tensor_name(unit, "adam_v"))?,
-            })
-        })
-        .collect::<Result<Vec<_>, TrainError>>()?;
-    engine.import_states(&states, engine_steps)?;
+    let loss_scale = meta["loss_scale"]
+        .as_f64()
+        .filter(|s| s.is_finite() && *s > 0.0)
+        .ok_or_else(|| bad("no positive loss scale in the state".into()))?;
+    engine.set_steps(engine_steps);
+    engine.set_loss_scale(loss_scale as f32);
     loader.restore(&loader_state)?;
-    Ok(r.step())
+    Ok(step)
+}
+
+/// Reads and verifies every piece of the state `dir` names; returns its folder and step.
+///
+/// # Errors
+/// Checkpoint errors naming the file and piece.
+pub fn verify_state(dir: &Path) -> Result<(PathBuf, u64), TrainError> {
+    let state_dir = resolve_state_dir(dir)?;
+    let reader = ShardedReader::open(&state_dir)?;
+    reader.verify()?;
+    Ok((state_dir, reader.manifest().step))
 }
 
 /// llm.c's header fields for `model`.

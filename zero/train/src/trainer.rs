@@ -10,7 +10,7 @@ use super::bridge::{eval_loss, gpt_units, micro_step};
 use super::error::TrainError;
 use super::init::load_init;
 use super::metrics::{RankReport, StepMetrics};
-use super::resume::{load_state, save_llmc, save_state, step_dir};
+use super::resume::{load_state, save_llmc, save_state};
 use super::run::{RankOutput, Shared};
 use super::sample::{decode, sample};
 use crate::data::{DataLoader, LoaderConfig};
@@ -270,8 +270,8 @@ impl<'a> Trainer<'a> {
         Ok(())
     }
 
-    /// Saves the run after `step` steps into the `--save` directory: every rank exports its
-    /// states, rank 0 writes them, and the ranks wait for the write to finish.
+    /// Saves the run after `step` steps into the `--save` directory: every rank writes the
+    /// states it owns, rank 0 publishes the manifest once all succeeded (collective).
     ///
     /// # Errors
     /// Engine, collective or checkpoint I/O errors.
@@ -279,18 +279,14 @@ impl<'a> Trainer<'a> {
         let Some(dir) = &self.shared.cfg.save else {
             return Ok(());
         };
-        let states = self.engine.export_states()?;
+        let (cfg, model) = (self.shared.cfg, &self.shared.model);
+        let loader = self.loader.state();
+        let at = save_state(&mut self.engine, dir, cfg, model, &loader, step)?;
         if self.rank == 0 {
-            let at = step_dir(dir, step);
-            let (cfg, model) = (self.shared.cfg, &self.shared.model);
-            let loader = self.loader.state();
-            save_state(&at, cfg, model, &states, self.engine.steps(), &loader, step)?;
             self.shared
                 .reporter
                 .line(&format!("saved {}", at.display()));
         }
-        // Nobody reads a half-written state: ranks wait for rank 0's write.
-        self.engine.comm().barrier()?;
         Ok(())
     }
 

@@ -6,9 +6,11 @@
 //! - [`export_safetensors`] / [`read_safetensors`]: one safetensors file with the names and
 //!   layouts of Hugging Face's GPT-2 checkpoint (plus [`write_hf_config`] for its
 //!   `config.json`), written one unit at a time.
+//! - The sharded training state the trainer saves and resumes ([`PieceWriter`],
+//!   [`publish`], [`ShardedReader`]): one piece file per rank plus a manifest, readable at
+//!   any world size and stage.
 //! - [`StateWriter`] / [`StateReader`]: a versioned, checksummed directory of named raw
-//!   tensors plus a JSON manifest, for bit-exact resume (model, optimizer shards, step, data
-//!   loader position, RNG state, configuration).
+//!   tensors plus a JSON manifest, written by one process.
 //!
 //! Dimension legend: L layers, NH heads, C channels, maxT context length, V vocabulary,
 //! Vp vocabulary padded (to a multiple of 128 in llm.c) for fast matrix products.
@@ -34,6 +36,9 @@ mod layout;
 mod llmc;
 mod model_file;
 mod safetensors;
+mod sharded;
+mod sharded_read;
+mod sharded_write;
 mod state;
 
 pub use error::{Error, FormatError, Result, SafetensorsError};
@@ -43,4 +48,11 @@ pub use hf_import::{read_safetensors, read_safetensors_bytes, safetensors_config
 pub use layout::{LlmcTensor, ModelShape};
 pub use llmc::{LlmcCheckpoint, LLMC_HEADER_BYTES, LLMC_MAGIC, LLMC_VERSION};
 pub use model_file::{model_file_config, read_model_file, ModelFileFormat};
+pub use sharded::{
+    complete_states, partial_dir, piece_file_name, resolve_state_dir, step_dir, Partitioning,
+    Piece, PieceFile, ShardedManifest, UnitPartition, LATEST, MANIFEST, SHARDED_FORMAT,
+    SHARDED_VERSION, TENSORS,
+};
+pub use sharded_read::ShardedReader;
+pub use sharded_write::{begin_save, publish, PieceWriter};
 pub use state::{Element, StateReader, StateWriter, STATE_FORMAT, STATE_VERSION};

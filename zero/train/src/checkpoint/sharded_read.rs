@@ -1,0 +1,266 @@
+//! Reading a sharded state: [`ShardedReader`] checks the manifest against the piece files
+//! on open, then hands out any element range of any unit's states, taking it from the
+//! pieces that overlap it (seeking into their files) and verifying each piece it touches.
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::io::{BufReader, Read, Seek, SeekFrom};
+use std::ops::Range;
+use std::path::{Path, PathBuf};
+
+use super::checksum::Checksum;
+use super::error::{Error, Result};
+use super::sharded::{Piece, ShardedManifest, MANIFEST, SHARDED_FORMAT, SHARDED_VERSION, TENSORS};
+use crate::fsio::failed;
+
+const CHUNK_ELEMS: usize = 1 << 16;
+
+/// An open sharded state folder.
+#[derive(Debug)]
+pub struct ShardedReader {
+    dir: PathBuf,
+    manifest: ShardedManifest,
+    /// Piece indices by (unit, tensor), sorted by `start`.
+    by_tensor: HashMap<(usize, String), Vec<usize>>,
+}
+
+impl ShardedReader {
+    /// Opens the state folder `dir` and checks, before reading any values: format and
+    /// version, that every piece file exists with the length the manifest records, that
+    /// the pieces of each file tile it, and that the pieces of each unit's tensor tile the
+    /// unit's elements exactly.
+    ///
+    /// # Errors
+    /// [`Error::Io`] or [`Error::Json`] for the manifest; [`Error::BadState`] naming what
+    /// is inconsistent; [`Error::Tensor`] naming the file and a piece it should hold when a
+    /// piece file is missing or truncated.
+    pub fn open(dir: impl AsRef<Path>) -> Result<Self> {
+        let dir = dir.as_ref().to_path_buf();
+        let path = dir.join(MANIFEST);
+        let bytes = std::fs::read(&path).map_err(failed("read", &path))?;
+        let manifest: ShardedManifest =
+            serde_json::from_slice(&bytes).map_err(|source| Error::Json { path, source })?;
+        let bad = |reason: String| Error::BadState {
+            path: dir.clone(),
+            reason,
+        };
+        if manifest.format != SHARDED_FORMAT {
+            return Err(bad(format!(
+                "format is {:?}, expected {SHARDED_FORMAT:?}",
+                manifest.format
+            )));
+        }
+        if manifest.version != SHARDED_VERSION {
+            return Err(bad(format!(
+                "format version {} is not supported: this build reads version \
+                 {SHARDED_VERSION} (a newer zero-train wrote it?)",
+                manifest.version
+            )));
+        }
+        check_files(&dir, &manifest)?;
+        let by_tensor = index_tensors(&manifest).map_err(bad)?;
+        Ok(Self {
+            dir,
+            manifest,
+            by_tensor,
+        })
+    }
+
+    /// The state folder.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// The manifest.
+    pub fn manifest(&self) -> &ShardedManifest {
+        &self.manifest
+    }
+
+    /// Reads the `tensor` values of elements `range` of `unit` into `out`. Every piece
+    /// overlapping `range` is read in full through a fixed buffer, to verify its checksum;
+    /// only the overlap is kept.
+    ///
+    /// # Errors
+    /// [`Error::Tensor`] for a range outside the unit or an `out` of another length;
+    /// [`Error::ChecksumMismatch`] naming the file and piece; [`Error::Io`].
+    pub fn read_range(
+        &self,
+        unit: usize,
+        tensor: &str,
+        range: Range<usize>,
+        out: &mut [f32],
+    ) -> Result<()> {
+        let numel = self.manifest.partitioning.units.get(unit).map(|u| u.numel);
+        let fits = numel.is_some_and(|n| range.start <= range.end && range.end as u64 <= n);
+        if !fits || out.len() != range.len() {
+            return Err(Error::Tensor {
+                path: self.dir.clone(),
+                name: format!("unit{unit}/{tensor}"),
+                reason: format!(
+                    "elements {}..{} into {} values are not inside the unit ({numel:?} elements)",
+                    range.start,
+                    range.end,
+                    out.len()
+                ),
+            });
+        }
+        let key = (unit, tensor.to_string());
+        let pieces = self.by_tensor.get(&key).map(Vec::as_slice).unwrap_or(&[]);
+        let (lo, hi) = (range.start as u64, range.end as u64);
+        for &i in pieces {
+            let p = &self.manifest.pieces[i];
+            let (start, end) = (p.start.max(lo), p.start.saturating_add(p.len).min(hi));
+            if start < end {
+                let into = &mut out[(start - lo) as usize..(end - lo) as usize];
+                self.read_piece(p, start - p.start, into)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Reads and verifies every piece (what `zero-train` does to check a state).
+    ///
+    /// # Errors
+    /// As [`ShardedReader::read_range`].
+    pub fn verify(&self) -> Result<()> {
+        for p in &self.manifest.pieces {
+            self.read_piece(p, 0, &mut [])?;
+        }
+        Ok(())
+    }
+
+    /// Streams piece `p` through its checksum, copying elements `skip..skip + into.len()`
+    /// of it into `into`.
+    fn read_piece(&self, p: &Piece, skip: u64, into: &mut [f32]) -> Result<()> {
+        let path = self.dir.join(&p.file);
+        let file = File::open(&path).map_err(failed("open", &path))?;
+        let mut reader = BufReader::new(file);
+        reader
+            .seek(SeekFrom::Start(p.offset))
+            .map_err(failed("seek", &path))?;
+        let mut hash = Checksum::new();
+        let mut buf = vec![0u8; CHUNK_ELEMS * 4];
+        let (keep_from, keep_to) = (skip, skip + into.len() as u64);
+        let mut at = 0u64;
+        while at < p.len {
+            let n = (p.len - at).min(CHUNK_ELEMS as u64);
+            let bytes = &mut buf[..4 * n as usize];
+            reader.read_exact(bytes).map_err(failed("read", &path))?;
+            hash.update(bytes);
+            let (from, to) = (at.max(keep_from), (at + n).min(keep_to));
+            for e in from..to {
+                let b = 4 * (e - at) as usize;
+                let word = [bytes[b], bytes[b + 1], bytes[b + 2], bytes[b + 3]];
+                into[(e - keep_from) as usize] = f32::from_bits(u32::from_le_bytes(word));
+            }
+            at += n;
+        }
+        let found = hash.finish();
+        if found != p.checksum {
+            return Err(Error::ChecksumMismatch {
+                path,
+                name: p.name(),
+                expected: p.checksum,
+                found,
+            });
+        }
+        Ok(())
+    }
+}
+
+/// Every piece file exists with its recorded length, and its pieces tile it.
+fn check_files(dir: &Path, manifest: &ShardedManifest) -> Result<()> {
+    for f in &manifest.files {
+        let path = dir.join(&f.name);
+        let mut mine: Vec<&Piece> = manifest
+            .pieces
+            .iter()
+            .filter(|p| p.file == f.name)
+            .collect();
+        mine.sort_by_key(|p| p.offset);
+        let first = mine.first().map_or_else(|| "(none)".into(), |p| p.name());
+        let piece_err = |reason: String| Error::Tensor {
+            path: path.clone(),
+            name: first.clone(),
+            reason,
+        };
+        let len = std::fs::metadata(&path)
+            .map_err(|e| piece_err(format!("piece file unreadable: {e}")))?
+            .len();
+        if len != f.bytes {
+            return Err(piece_err(format!(
+                "piece file has {len} bytes, the manifest says {} (truncated or overwritten)",
+                f.bytes
+            )));
+        }
+        let mut end = 0u64;
+        for p in mine {
+            let stop = p.len.checked_mul(4).and_then(|b| p.offset.checked_add(b));
+            if p.dtype != "f32" || p.offset != end || stop.is_none_or(|s| s > len) {
+                return Err(Error::Tensor {
+                    path: path.clone(),
+                    name: p.name(),
+                    reason: format!("dtype {:?} or extent outside or out of order", p.dtype),
+                });
+            }
+            end = stop.unwrap_or(end);
+        }
+        if end != len {
+            return Err(piece_err(format!("{} bytes belong to no piece", len - end)));
+        }
+    }
+    if let Some(p) = manifest
+        .pieces
+        .iter()
+        .find(|p| !manifest.files.iter().any(|f| f.name == p.file))
+    {
+        return Err(Error::BadState {
+            path: dir.to_path_buf(),
+            reason: format!("piece {} names an unlisted file {}", p.name(), p.file),
+        });
+    }
+    Ok(())
+}
+
+/// Piece indices by (unit, tensor), after checking that each tensor's pieces tile
+/// `0..numel` exactly (no gap, no overlap).
+fn index_tensors(
+    manifest: &ShardedManifest,
+) -> std::result::Result<HashMap<(usize, String), Vec<usize>>, String> {
+    let units = &manifest.partitioning.units;
+    let mut by_tensor: HashMap<(usize, String), Vec<usize>> = HashMap::new();
+    for (i, p) in manifest.pieces.iter().enumerate() {
+        if p.unit >= units.len() || !TENSORS.contains(&p.tensor.as_str()) {
+            return Err(format!("piece {} belongs to no unit or tensor", p.name()));
+        }
+        by_tensor
+            .entry((p.unit, p.tensor.clone()))
+            .or_default()
+            .push(i);
+    }
+    for (unit, u) in units.iter().enumerate() {
+        for tensor in TENSORS {
+            let list = by_tensor.entry((unit, tensor.into())).or_default();
+            list.sort_by_key(|&i| manifest.pieces[i].start);
+            let mut end = 0u64;
+            for &i in list.iter() {
+                let p = &manifest.pieces[i];
+                if p.start != end {
+                    return Err(format!(
+                        "unit{unit}/{tensor}: piece {} does not start where the last ended \
+                         ({end})",
+                        p.name()
+                    ));
+                }
+                end = p.start.saturating_add(p.len);
+            }
+            if end != u.numel {
+                return Err(format!(
+                    "unit{unit}/{tensor}: pieces cover {end} of {} elements",
+                    u.numel
+                ));
+            }
+        }
+    }
+    Ok(by_tensor)
+}
