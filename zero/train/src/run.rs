@@ -222,7 +222,8 @@ fn run_ranks(shared: &Shared<'_>, comms: Vec<Communicator>) -> Vec<Result<RankOu
 }
 
 /// The ranks' outputs, or the error that caused the others: the first one that is not a
-/// broken group (the peers of a failed rank usually report only that).
+/// broken group, from a collective of the trainer's or of the engine's (the peers of a
+/// failed rank usually report only that).
 fn first_error(
     results: Vec<Result<RankOutput, TrainError>>,
 ) -> Result<Vec<RankOutput>, TrainError> {
@@ -232,7 +233,13 @@ fn first_error(
         match r {
             Ok(o) => outputs.push(o),
             Err(e) => {
-                if first_err.is_none() || matches!(first_err, Some(TrainError::Comm(_))) {
+                let broken = |e: &Option<TrainError>| {
+                    matches!(
+                        e,
+                        Some(TrainError::Comm(_) | TrainError::Engine(zero::Error::Comm(_)))
+                    )
+                };
+                if first_err.is_none() || broken(&first_err) {
                     first_err = Some(e);
                 }
             }

@@ -1,0 +1,183 @@
+//! Sharded training states at the engine level: every rank writes only what it owns, the
+//! pieces hold each element once, and a state saved at one world size and stage loads at
+//! any other to the same parameters and Adam moments, bit for bit. The reference is the
+//! engine's whole-unit export (an all-gather), which shares no code with the piece files.
+
+use std::path::{Path, PathBuf};
+use zero::{Engine, EngineConfig, Precision, UnitSpec, UnitState, ZeroStage};
+use zero_gpt::Rng;
+use zero_train::checkpoint::{ShardedReader, LATEST};
+use zero_train::resume::{load_sharded, save_sharded};
+
+/// Unit sizes chosen so that shards pad (not multiples of 128 x 4) and one unit is smaller
+/// than a shard (ranks past the first own nothing of it).
+const SIZES: [usize; 3] = [1000, 300, 5];
+
+fn temp_dir(tag: &str) -> PathBuf {
+    let p = std::env::temp_dir().join(format!("zero-sharded-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&p);
+    std::fs::create_dir_all(&p).unwrap();
+    p
+}
+
+fn units() -> Vec<UnitSpec> {
+    SIZES
+        .iter()
+        .enumerate()
+        .map(|(i, &n)| UnitSpec::new(format!("u{i}"), n))
+        .collect()
+}
+
+/// Seeded whole states with distinct values everywhere (moments positive like Adam's v).
+fn reference_states(seed: u64) -> Vec<UnitState> {
+    let mut rng = Rng::new(seed);
+    let mut draw = |n: usize, f: &mut dyn FnMut(f64) -> f64| -> Vec<f32> {
+        (0..n).map(|_| f(rng.normal()) as f32).collect()
+    };
+    SIZES
+        .iter()
+        .map(|&n| UnitState {
+            params: draw(n, &mut |x| x),
+            m: draw(n, &mut |x| 0.01 * x),
+            v: draw(n, &mut |x| 1e-4 * x * x),
+        })
+        .collect()
+}
+
+/// Runs `f` on every rank of a local group of `world` ranks; returns the results by rank.
+fn on_ranks<T: Send>(
+    world: usize,
+    stage: ZeroStage,
+    precision: Precision,
+    f: impl Fn(&mut Engine) -> T + Sync,
+) -> Vec<T> {
+    let comms = zero_comm::local::create(world).unwrap();
+    let config = EngineConfig {
+        stage,
+        precision,
+        ..EngineConfig::default()
+    };
+    std::thread::scope(|s| {
+        let handles: Vec<_> = comms
+            .into_iter()
+            .map(|comm| {
+                let f = &f;
+                s.spawn(move || {
+                    let mut engine =
+                        Engine::new(comm, units(), config, |_, w| w.fill(0.5)).unwrap();
+                    f(&mut engine)
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    })
+}
+
+fn bits(states: &[UnitState]) -> Vec<Vec<u32>> {
+    states
+        .iter()
+        .flat_map(|s| [&s.params, &s.m, &s.v])
+        .map(|xs| xs.iter().map(|x| x.to_bits()).collect())
+        .collect()
+}
+
+/// Saves `states` at (`world`, `stage`) into `save` as step 7.
+fn save_at(save: &Path, world: usize, stage: ZeroStage, precision: Precision) {
+    let states = reference_states(42);
+    on_ranks(world, stage, precision, |engine| {
+        engine.import_states(&states, 5).unwrap();
+        save_sharded(engine, save, 7, serde_json::json!({"note": "test"}), 0).unwrap();
+    });
+}
+
+/// Loads `dir` at (`world`, `stage`) and returns every rank's whole export.
+fn load_at(
+    dir: &Path,
+    world: usize,
+    stage: ZeroStage,
+    precision: Precision,
+) -> Vec<Vec<UnitState>> {
+    on_ranks(world, stage, precision, |engine| {
+        load_sharded(dir, engine).unwrap();
+        engine.export_states().unwrap()
+    })
+}
+
+fn round_trip(from: (usize, ZeroStage), to: &[(usize, ZeroStage)], precision: Precision) {
+    let save = temp_dir(&format!("rt{}{}{precision:?}", from.0, from.1 as u8));
+    save_at(&save, from.0, from.1, precision);
+    let expected = bits(&reference_states(42));
+    for &(world, stage) in to {
+        for (rank, got) in load_at(&save, world, stage, precision).iter().enumerate() {
+            assert_eq!(bits(got), expected, "N_d={world} {stage} rank {rank}");
+        }
+    }
+    std::fs::remove_dir_all(save).ok();
+}
+
+#[test]
+fn four_ranks_stage_three_load_at_two_ranks_stage_one_and_one_rank_stage_zero_bit_for_bit() {
+    round_trip(
+        (4, ZeroStage::Zero3),
+        &[
+            (2, ZeroStage::Zero1),
+            (1, ZeroStage::Zero0),
+            (4, ZeroStage::Zero3),
+        ],
+        Precision::Fp32,
+    );
+}
+
+#[test]
+fn one_rank_stage_zero_loads_at_four_ranks_stage_three_and_three_ranks_stage_two() {
+    round_trip(
+        (1, ZeroStage::Zero0),
+        &[(4, ZeroStage::Zero3), (3, ZeroStage::Zero2)],
+        Precision::Fp32,
+    );
+}
+
+#[test]
+fn bf16_master_weights_move_between_world_sizes_bit_for_bit() {
+    round_trip(
+        (4, ZeroStage::Zero2),
+        &[(2, ZeroStage::Zero3), (1, ZeroStage::Zero1)],
+        Precision::Bf16,
+    );
+}
+
+#[test]
+fn every_rank_writes_only_its_own_shard_and_the_pieces_hold_each_element_once() {
+    let save = temp_dir("once");
+    save_at(&save, 4, ZeroStage::Zero1, Precision::Fp32);
+    let dir = save.join("step-000007");
+    let reader = ShardedReader::open(&dir).unwrap();
+    let m = reader.manifest();
+    assert_eq!(
+        (m.step, m.partitioning.world, m.partitioning.stage),
+        (7, 4, 1)
+    );
+    let total: usize = SIZES.iter().sum();
+    // Bytes on disk: parameters, m and v of every element, once (f32).
+    let bytes: u64 = m.files.iter().map(|f| f.bytes).sum();
+    assert_eq!(bytes, 3 * 4 * total as u64);
+    for (rank, f) in m.files.iter().enumerate() {
+        let on_disk = std::fs::metadata(dir.join(&f.name)).unwrap().len();
+        assert_eq!(on_disk, f.bytes);
+        // Shards are 128-element aligned: 1000 -> 4 x 256, 300 -> 4 x 128, 5 -> 4 x 128.
+        let owned: u64 = [(1000u64, 256u64), (300, 128), (5, 128)]
+            .iter()
+            .map(|&(n, shard)| {
+                n.min(shard * (rank as u64 + 1))
+                    .saturating_sub(shard * rank as u64)
+            })
+            .sum();
+        assert_eq!(f.bytes, 3 * 4 * owned, "rank {rank}");
+    }
+    assert!(!save.join("step-000007.partial").exists());
+    assert_eq!(
+        std::fs::read_to_string(save.join(LATEST)).unwrap(),
+        "step-000007\n"
+    );
+    std::fs::remove_dir_all(save).ok();
+}
