@@ -78,21 +78,24 @@ fn agree<T>(engine: &Engine, dir: &Path, local: Result<T, TrainError>) -> Result
 }
 
 /// This rank's pieces: the owned elements of every unit, parameters then m then v.
-fn write_pieces(engine: &mut Engine, partial: &Path) -> Result<(), TrainError> {
+/// Returns the bytes written.
+fn write_pieces(engine: &mut Engine, partial: &Path) -> Result<u64, TrainError> {
     let mut w = PieceWriter::create(partial, engine.rank())?;
+    let mut bytes = 0u64;
     for unit in 0..engine.units().len() {
         let o = engine.owned_states(unit)?;
         w.write(unit, StateKind::Params.name(), o.range.start, o.params)?;
         w.write(unit, StateKind::AdamM.name(), o.range.start, o.m)?;
         w.write(unit, StateKind::AdamV.name(), o.range.start, o.v)?;
+        bytes += 3 * 4 * o.range.len() as u64;
     }
     w.finish()?;
-    Ok(())
+    Ok(bytes)
 }
 
 /// Saves `engine`'s states after `step` steps as `save/step-N/`, with `meta` in the
 /// manifest, and points `save/latest` at it; keeps the newest `keep_last` states (0: all).
-/// Collective: every rank calls it. Returns the folder.
+/// Collective: every rank calls it. Returns the folder and the bytes this rank wrote.
 ///
 /// # Errors
 /// Checkpoint I/O errors naming the file, on the rank that met them; the other ranks
@@ -103,7 +106,7 @@ pub fn save_sharded(
     step: u64,
     meta: serde_json::Value,
     keep_last: usize,
-) -> Result<PathBuf, TrainError> {
+) -> Result<(PathBuf, u64), TrainError> {
     let rank0 = engine.rank() == 0;
     let dir = step_dir(save, step);
     let began = if rank0 {
@@ -114,7 +117,7 @@ pub fn save_sharded(
     agree(engine, &dir, began)?;
     let partial = crate::checkpoint::partial_dir(save, step);
     let written = write_pieces(engine, &partial);
-    agree(engine, &dir, written)?;
+    let bytes = agree(engine, &dir, written)?;
     let published = if rank0 {
         let layout = partitioning(engine)?;
         publish(save, step, layout, meta, keep_last)
@@ -124,7 +127,7 @@ pub fn save_sharded(
         Ok(())
     };
     agree(engine, &dir, published)?;
-    Ok(dir)
+    Ok((dir, bytes))
 }
 
 /// Loads the state `dir` names (a `step-N` folder, or a save directory: see
@@ -185,7 +188,7 @@ pub fn save_state(
     model: &GptConfig,
     loader: &LoaderState,
     step: u64,
-) -> Result<PathBuf, TrainError> {
+) -> Result<(PathBuf, u64), TrainError> {
     let meta = json!({
         "model": model,
         "units": engine.units().len(),

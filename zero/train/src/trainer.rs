@@ -140,7 +140,15 @@ impl<'a> Trainer<'a> {
         }
         let mut start = 0;
         if let Some(dir) = &cfg.resume {
+            let began = Instant::now();
             start = load_state(dir, &shared.model, &mut engine, &mut loader)?;
+            if rank == 0 {
+                shared.reporter.line(&format!(
+                    "resumed from {} at step {start} ({:.0} ms on rank 0)",
+                    dir.display(),
+                    began.elapsed().as_secs_f64() * 1e3
+                ));
+            }
             if start > cfg.steps {
                 return Err(TrainError::Resume {
                     dir: dir.clone(),
@@ -281,11 +289,14 @@ impl<'a> Trainer<'a> {
         };
         let (cfg, model) = (self.shared.cfg, &self.shared.model);
         let loader = self.loader.state();
-        let at = save_state(&mut self.engine, dir, cfg, model, &loader, step)?;
+        let began = Instant::now();
+        let (at, bytes) = save_state(&mut self.engine, dir, cfg, model, &loader, step)?;
         if self.rank == 0 {
-            self.shared
-                .reporter
-                .line(&format!("saved {}", at.display()));
+            self.shared.reporter.line(&format!(
+                "saved {} ({bytes} bytes by rank 0, {:.0} ms)",
+                at.display(),
+                began.elapsed().as_secs_f64() * 1e3
+            ));
         }
         Ok(())
     }
