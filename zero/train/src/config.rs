@@ -153,6 +153,11 @@ pub struct TrainConfig {
     /// once a new one is published (0 keeps all).
     #[arg(long, default_value_t = 0)]
     pub keep_last: usize,
+    /// Write each save's pieces on a background thread from a copy of the rank's shards
+    /// while training goes on; the next save (and the final one, always in the foreground)
+    /// waits for it and reports its errors.
+    #[arg(long)]
+    pub async_save: bool,
     /// A saved `step-NNNNNN` folder to continue from, or the --save directory (the state
     /// its `latest` file names, else its highest complete step).
     #[arg(long)]

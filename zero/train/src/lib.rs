@@ -19,6 +19,7 @@ mod report;
 pub mod resume;
 pub mod run;
 mod sample;
+mod sharded_save;
 mod trainer;
 pub mod validate;
 

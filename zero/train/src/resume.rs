@@ -11,124 +11,16 @@
 
 use super::config::TrainConfig;
 use super::error::TrainError;
-use crate::checkpoint::{
-    begin_save, publish, resolve_state_dir, Error as CkptError, LlmcCheckpoint, ModelShape,
-    Partitioning, PieceWriter, ShardedReader, UnitPartition,
-};
+use crate::checkpoint::{resolve_state_dir, LlmcCheckpoint, ModelShape, ShardedReader};
 use crate::data::{DataLoader, LoaderState};
+use crate::sharded_save::precision_name;
 use serde_json::json;
 use std::path::{Path, PathBuf};
-use zero::{Engine, Precision, StateKind, UnitState};
-use zero_comm::ReduceOp;
+use zero::{Engine, StateKind, UnitState};
 use zero_gpt::GptConfig;
 
 pub use crate::checkpoint::step_dir;
-
-/// The name a manifest gives a precision.
-fn precision_name(p: Precision) -> &'static str {
-    match p {
-        Precision::Fp32 => "fp32",
-        Precision::Bf16 => "bf16",
-        Precision::Fp16 => "fp16",
-    }
-}
-
-/// `engine`'s split of every unit across its ranks.
-fn partitioning(engine: &Engine) -> Result<Partitioning, TrainError> {
-    let units = (0..engine.units().len())
-        .map(|unit| {
-            let part = engine.partition(unit)?;
-            let owned = (0..part.world())
-                .map(|r| {
-                    let s = part.data_shard(r);
-                    [s.offset as u64, s.end() as u64]
-                })
-                .collect();
-            Ok(UnitPartition {
-                numel: part.numel() as u64,
-                padded_numel: part.padded_numel() as u64,
-                shard_len: part.shard_len() as u64,
-                owned,
-            })
-        })
-        .collect::<Result<Vec<_>, zero::Error>>()?;
-    Ok(Partitioning {
-        world: engine.world(),
-        stage: engine.config().stage as u8,
-        precision: precision_name(engine.config().precision).into(),
-        units,
-    })
-}
-
-/// Makes `local` every rank's outcome: `Ok` only when every rank succeeded. Collective.
-fn agree<T>(engine: &Engine, dir: &Path, local: Result<T, TrainError>) -> Result<T, TrainError> {
-    let mut failed = [if local.is_err() { 1.0f32 } else { 0.0 }];
-    engine
-        .comm()
-        .all_reduce_in_place(&mut failed, ReduceOp::Max)?;
-    match local {
-        Err(e) => Err(e),
-        Ok(_) if failed[0] > 0.0 => Err(CkptError::BadState {
-            path: dir.to_path_buf(),
-            reason: "another rank failed while saving (its error is reported by that rank)".into(),
-        }
-        .into()),
-        Ok(v) => Ok(v),
-    }
-}
-
-/// This rank's pieces: the owned elements of every unit, parameters then m then v.
-/// Returns the bytes written.
-fn write_pieces(engine: &mut Engine, partial: &Path) -> Result<u64, TrainError> {
-    let mut w = PieceWriter::create(partial, engine.rank())?;
-    let mut bytes = 0u64;
-    for unit in 0..engine.units().len() {
-        let o = engine.owned_states(unit)?;
-        w.write(unit, StateKind::Params.name(), o.range.start, o.params)?;
-        w.write(unit, StateKind::AdamM.name(), o.range.start, o.m)?;
-        w.write(unit, StateKind::AdamV.name(), o.range.start, o.v)?;
-        bytes += 3 * 4 * o.range.len() as u64;
-    }
-    w.finish()?;
-    Ok(bytes)
-}
-
-/// Saves `engine`'s states after `step` steps as `save/step-N/`, with `meta` in the
-/// manifest, and points `save/latest` at it; keeps the newest `keep_last` states (0: all).
-/// Collective: every rank calls it. Returns the folder and the bytes this rank wrote.
-///
-/// # Errors
-/// Checkpoint I/O errors naming the file, on the rank that met them; the other ranks
-/// report that a peer failed. Nothing is published then.
-pub fn save_sharded(
-    engine: &mut Engine,
-    save: &Path,
-    step: u64,
-    meta: serde_json::Value,
-    keep_last: usize,
-) -> Result<(PathBuf, u64), TrainError> {
-    let rank0 = engine.rank() == 0;
-    let dir = step_dir(save, step);
-    let began = if rank0 {
-        begin_save(save, step).map_err(TrainError::from)
-    } else {
-        Ok(PathBuf::new())
-    };
-    agree(engine, &dir, began)?;
-    let partial = crate::checkpoint::partial_dir(save, step);
-    let written = write_pieces(engine, &partial);
-    let bytes = agree(engine, &dir, written)?;
-    let published = if rank0 {
-        let layout = partitioning(engine)?;
-        publish(save, step, layout, meta, keep_last)
-            .map(|_| ())
-            .map_err(TrainError::from)
-    } else {
-        Ok(())
-    };
-    agree(engine, &dir, published)?;
-    Ok((dir, bytes))
-}
+pub use crate::sharded_save::{finish_save, save_sharded, start_save, PendingSave};
 
 /// Loads the state `dir` names (a `step-N` folder, or a save directory: see
 /// [`resolve_state_dir`]) into `engine`: each rank reads the element ranges it keeps.
@@ -177,18 +69,20 @@ pub fn load_sharded(dir: &Path, engine: &mut Engine) -> Result<ShardedReader, Tr
     Ok(reader)
 }
 
-/// Saves the training run: the engine's states with the run's position.
+/// Starts saving the training run: the engine's states with the run's position; written
+/// in the background when `background` (see [`start_save`]).
 ///
 /// # Errors
-/// As [`save_sharded`].
-pub fn save_state(
+/// As [`start_save`].
+pub fn start_state_save(
     engine: &mut Engine,
     save: &Path,
     cfg: &TrainConfig,
     model: &GptConfig,
     loader: &LoaderState,
     step: u64,
-) -> Result<(PathBuf, u64), TrainError> {
+    background: bool,
+) -> Result<PendingSave, TrainError> {
     let meta = json!({
         "model": model,
         "units": engine.units().len(),
@@ -197,7 +91,7 @@ pub fn save_state(
         "loader": loader,
         "config": cfg,
     });
-    save_sharded(engine, save, step, meta, cfg.keep_last)
+    start_save(engine, save, step, meta, cfg.keep_last, background)
 }
 
 /// Loads a saved run into `engine` and `loader`; returns the step to continue from.

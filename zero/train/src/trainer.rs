@@ -10,7 +10,7 @@ use super::bridge::{eval_loss, gpt_units, micro_step};
 use super::error::TrainError;
 use super::init::load_init;
 use super::metrics::{RankReport, StepMetrics};
-use super::resume::{load_state, save_llmc, save_state};
+use super::resume::{finish_save, load_state, save_llmc, start_state_save, PendingSave};
 use super::run::{RankOutput, Shared};
 use super::sample::{decode, sample};
 use crate::data::{DataLoader, LoaderConfig};
@@ -40,6 +40,8 @@ pub(crate) struct Trainer<'a> {
     /// Collective traffic and bytes sent by the steps run so far.
     traffic: Traffic,
     sent: u64,
+    /// An `--async-save` whose pieces are being written, and when it started.
+    pending_save: Option<(PendingSave, Instant)>,
 }
 
 impl std::fmt::Debug for Trainer<'_> {
@@ -179,6 +181,7 @@ impl<'a> Trainer<'a> {
             out,
             traffic: Traffic::default(),
             sent: 0,
+            pending_save: None,
         })
     }
 
@@ -279,21 +282,40 @@ impl<'a> Trainer<'a> {
     }
 
     /// Saves the run after `step` steps into the `--save` directory: every rank writes the
-    /// states it owns, rank 0 publishes the manifest once all succeeded (collective).
+    /// states it owns, rank 0 publishes the manifest once all succeeded (collective). With
+    /// `--async-save` the pieces of every save but the last are written in the background
+    /// and published by the next save, which first waits for them.
     ///
     /// # Errors
-    /// Engine, collective or checkpoint I/O errors.
+    /// Engine, collective or checkpoint I/O errors, including those of the previous
+    /// background save.
     pub(crate) fn save(&mut self, step: u64) -> Result<(), TrainError> {
-        let Some(dir) = &self.shared.cfg.save else {
+        let cfg = self.shared.cfg;
+        let Some(dir) = &cfg.save else {
             return Ok(());
         };
-        let (cfg, model) = (self.shared.cfg, &self.shared.model);
-        let loader = self.loader.state();
+        if let Some((pending, began)) = self.pending_save.take() {
+            self.publish(pending, began)?;
+        }
         let began = Instant::now();
-        let (at, bytes) = save_state(&mut self.engine, dir, cfg, model, &loader, step)?;
+        let background = cfg.async_save && step < cfg.steps;
+        let loader = self.loader.state();
+        let (engine, model) = (&mut self.engine, &self.shared.model);
+        let pending = start_state_save(engine, dir, cfg, model, &loader, step, background)?;
+        if background {
+            self.pending_save = Some((pending, began));
+            Ok(())
+        } else {
+            self.publish(pending, began)
+        }
+    }
+
+    /// Finishes a save and reports it.
+    fn publish(&mut self, pending: PendingSave, began: Instant) -> Result<(), TrainError> {
+        let (at, bytes) = finish_save(&mut self.engine, pending)?;
         if self.rank == 0 {
             self.shared.reporter.line(&format!(
-                "saved {} ({bytes} bytes by rank 0, {:.0} ms)",
+                "saved {} ({bytes} bytes by rank 0, {:.0} ms from start to publication)",
                 at.display(),
                 began.elapsed().as_secs_f64() * 1e3
             ));

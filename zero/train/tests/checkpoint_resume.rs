@@ -142,6 +142,33 @@ fn one_rank_stage_zero_resumes_at_two_ranks_stage_one_and_four_ranks_stage_three
 }
 
 #[test]
+fn async_saves_hold_the_same_bytes_and_resume_to_the_bit() {
+    let dir = TempDir::new("async");
+    corpus(&dir.0);
+    let (fg, bg) = (dir.0.join("fg"), dir.0.join("bg"));
+    let sync = saved_run(&dir.0, &fg, 2, ZeroStage::Zero2);
+    let cfg = TrainConfig {
+        save: Some(bg.clone()),
+        save_every: 2,
+        async_save: true,
+        ..tiny(&dir.0, 2, ZeroStage::Zero2)
+    };
+    let asynchronous = train(&cfg).unwrap().losses;
+    assert_eq!(sync, asynchronous);
+    for rank in 0..2 {
+        let name = format!("step-000006/rank-0000{rank}.bin");
+        assert!(std::fs::read(fg.join(&name)).unwrap() == std::fs::read(bg.join(&name)).unwrap());
+    }
+    // Saves at 2 and 4 were written in the background and published by the next save.
+    let resumed = train(&TrainConfig {
+        resume: Some(bg.join("step-000004")),
+        ..tiny(&dir.0, 2, ZeroStage::Zero2)
+    })
+    .unwrap();
+    assert_eq!(resumed.losses, sync[4..]);
+}
+
+#[test]
 fn keep_last_prunes_old_states_and_latest_names_the_newest() {
     let dir = TempDir::new("keep");
     corpus(&dir.0);

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use zero::{Engine, EngineConfig, Precision, UnitSpec, UnitState, ZeroStage};
 use zero_gpt::Rng;
 use zero_train::checkpoint::{ShardedReader, LATEST};
-use zero_train::resume::{load_sharded, save_sharded};
+use zero_train::resume::{finish_save, load_sharded, save_sharded, start_save};
 
 /// Unit sizes chosen so that shards pad (not multiples of 128 x 4) and one unit is smaller
 /// than a shard (ranks past the first own nothing of it).
@@ -180,4 +180,44 @@ fn every_rank_writes_only_its_own_shard_and_the_pieces_hold_each_element_once() 
         "step-000007\n"
     );
     std::fs::remove_dir_all(save).ok();
+}
+
+#[test]
+fn a_background_save_that_fails_is_reported_by_finish_and_publishes_nothing() {
+    let save = temp_dir("async-fail");
+    let partial = save.join("step-000003.partial");
+    let results = on_ranks(1, ZeroStage::Zero2, Precision::Fp32, |engine| {
+        engine.import_states(&reference_states(1), 1).unwrap();
+        let pending = start_save(engine, &save, 3, serde_json::json!({}), 0, true).unwrap();
+        // Replace the folder the background thread writes into by a file: its next create
+        // fails, or (if it had finished) rank 0's merge of the indexes does.
+        while std::fs::remove_dir_all(&partial).is_err() {}
+        std::fs::write(&partial, b"not a folder").unwrap();
+        finish_save(engine, pending).map(|_| ())
+    });
+    let err = results.into_iter().next().unwrap().unwrap_err();
+    assert!(err.to_string().contains("step-000003.partial"), "{err}");
+    assert!(!save.join("step-000003").exists());
+    assert!(!save.join(LATEST).exists());
+    std::fs::remove_dir_all(save).ok();
+}
+
+#[test]
+fn a_background_save_writes_the_same_pieces_as_a_foreground_one() {
+    let (fg, bg) = (temp_dir("fg"), temp_dir("bg"));
+    let states = reference_states(9);
+    on_ranks(2, ZeroStage::Zero3, Precision::Fp32, |engine| {
+        engine.import_states(&states, 2).unwrap();
+        save_sharded(engine, &fg, 1, serde_json::json!({}), 0).unwrap();
+        let pending = start_save(engine, &bg, 1, serde_json::json!({}), 0, true).unwrap();
+        // Training goes on meanwhile: the snapshot, not the engine, is written.
+        engine.import_states(&reference_states(10), 3).unwrap();
+        finish_save(engine, pending).unwrap();
+    });
+    for rank in 0..2 {
+        let name = format!("step-000001/rank-0000{rank}.bin");
+        assert!(std::fs::read(fg.join(&name)).unwrap() == std::fs::read(bg.join(&name)).unwrap());
+    }
+    std::fs::remove_dir_all(fg).ok();
+    std::fs::remove_dir_all(bg).ok();
 }

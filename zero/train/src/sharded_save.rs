@@ -1,0 +1,246 @@
+//! Saving an engine's states as a sharded state (format and crash-safety protocol in
+//! `checkpoint/sharded.rs`), in the foreground or in the background.
+//!
+//! A save has two halves. [`start_save`]: rank 0 creates the partial folder and the ranks
+//! agree it exists; then each rank writes its pieces, either at once straight from the
+//! engine's buffers (no copy), or, in the background, from a snapshot of its owned shards
+//! taken into an ordinary `Vec` (12 bytes per owned element) so that training can go on
+//! changing the engine. [`finish_save`]: waits for the writing, has the ranks agree that all
+//! succeeded, and has rank 0 publish. Every collective runs on the training thread: the
+//! background thread only writes files, so it never interleaves with training's collectives.
+//! (A pinned buffer was rejected for the snapshot: the states are already in host memory,
+//! and nothing copies them to a device.)
+
+use super::error::TrainError;
+use crate::checkpoint::{
+    begin_save, partial_dir, publish, step_dir, Error as CkptError, Partitioning, PieceWriter,
+    UnitPartition,
+};
+use std::path::{Path, PathBuf};
+use std::thread::JoinHandle;
+use zero::{Engine, Precision, StateKind};
+use zero_comm::ReduceOp;
+
+/// The name a manifest gives a precision.
+pub(crate) fn precision_name(p: Precision) -> &'static str {
+    match p {
+        Precision::Fp32 => "fp32",
+        Precision::Bf16 => "bf16",
+        Precision::Fp16 => "fp16",
+    }
+}
+
+/// `engine`'s split of every unit across its ranks.
+fn partitioning(engine: &Engine) -> Result<Partitioning, TrainError> {
+    let units = (0..engine.units().len())
+        .map(|unit| {
+            let part = engine.partition(unit)?;
+            let owned = (0..part.world())
+                .map(|r| {
+                    let s = part.data_shard(r);
+                    [s.offset as u64, s.end() as u64]
+                })
+                .collect();
+            Ok(UnitPartition {
+                numel: part.numel() as u64,
+                padded_numel: part.padded_numel() as u64,
+                shard_len: part.shard_len() as u64,
+                owned,
+            })
+        })
+        .collect::<Result<Vec<_>, zero::Error>>()?;
+    Ok(Partitioning {
+        world: engine.world(),
+        stage: engine.config().stage as u8,
+        precision: precision_name(engine.config().precision).into(),
+        units,
+    })
+}
+
+/// Makes `local` every rank's outcome: `Ok` only when every rank succeeded. Collective.
+fn agree<T>(engine: &Engine, dir: &Path, local: Result<T, TrainError>) -> Result<T, TrainError> {
+    let mut failed = [if local.is_err() { 1.0f32 } else { 0.0 }];
+    engine
+        .comm()
+        .all_reduce_in_place(&mut failed, ReduceOp::Max)?;
+    match local {
+        Err(e) => Err(e),
+        Ok(_) if failed[0] > 0.0 => Err(CkptError::BadState {
+            path: dir.to_path_buf(),
+            reason: "another rank failed while saving (its error is reported by that rank)".into(),
+        }
+        .into()),
+        Ok(v) => Ok(v),
+    }
+}
+
+/// This rank's pieces straight from the engine: the owned elements of every unit,
+/// parameters then m then v. Returns the bytes written.
+fn write_pieces(engine: &mut Engine, partial: &Path) -> Result<u64, TrainError> {
+    let mut w = PieceWriter::create(partial, engine.rank())?;
+    let mut bytes = 0u64;
+    for unit in 0..engine.units().len() {
+        let o = engine.owned_states(unit)?;
+        w.write(unit, StateKind::Params.name(), o.range.start, o.params)?;
+        w.write(unit, StateKind::AdamM.name(), o.range.start, o.m)?;
+        w.write(unit, StateKind::AdamV.name(), o.range.start, o.v)?;
+        bytes += 3 * 4 * o.range.len() as u64;
+    }
+    w.finish()?;
+    Ok(bytes)
+}
+
+/// A copy of one unit's owned states: first element, then params, m, v.
+type UnitSnapshot = (usize, [Vec<f32>; 3]);
+
+/// Copies this rank's owned states of every unit.
+fn snapshot(engine: &mut Engine) -> Result<Vec<UnitSnapshot>, TrainError> {
+    (0..engine.units().len())
+        .map(|unit| {
+            let o = engine.owned_states(unit)?;
+            Ok((
+                o.range.start,
+                [o.params.to_vec(), o.m.to_vec(), o.v.to_vec()],
+            ))
+        })
+        .collect()
+}
+
+/// Writes a snapshot as `rank`'s pieces; returns the bytes written.
+fn write_snapshot(partial: &Path, rank: usize, units: &[UnitSnapshot]) -> Result<u64, CkptError> {
+    let mut w = PieceWriter::create(partial, rank)?;
+    let mut bytes = 0u64;
+    for (unit, (start, states)) in units.iter().enumerate() {
+        for (kind, values) in StateKind::ALL.iter().zip(states) {
+            w.write(unit, kind.name(), *start, values)?;
+            bytes += 4 * values.len() as u64;
+        }
+    }
+    w.finish()?;
+    Ok(bytes)
+}
+
+/// How this rank's pieces are being written.
+#[derive(Debug)]
+enum Writing {
+    /// Written already, with this outcome.
+    Done(Result<u64, TrainError>),
+    /// Being written by a thread.
+    Background(JoinHandle<Result<u64, CkptError>>),
+}
+
+/// A save whose pieces are written (or being written) and not yet published.
+#[derive(Debug)]
+#[must_use = "a save is published only by finish_save"]
+pub struct PendingSave {
+    save: PathBuf,
+    step: u64,
+    meta: serde_json::Value,
+    keep_last: usize,
+    writing: Writing,
+}
+
+impl PendingSave {
+    /// The step being saved.
+    pub fn step(&self) -> u64 {
+        self.step
+    }
+}
+
+/// Starts saving `engine`'s states after `step` steps as `save/step-N/` with `meta` in its
+/// manifest: rank 0 creates the partial folder, then this rank writes its pieces, at once,
+/// or on a background thread from a snapshot when `background`. Collective.
+///
+/// # Errors
+/// Creating the folder (every rank fails then). Write errors surface in [`finish_save`].
+pub fn start_save(
+    engine: &mut Engine,
+    save: &Path,
+    step: u64,
+    meta: serde_json::Value,
+    keep_last: usize,
+    background: bool,
+) -> Result<PendingSave, TrainError> {
+    let dir = step_dir(save, step);
+    let began = if engine.rank() == 0 {
+        begin_save(save, step).map(|_| ()).map_err(TrainError::from)
+    } else {
+        Ok(())
+    };
+    agree(engine, &dir, began)?;
+    let partial = partial_dir(save, step);
+    let writing = if background {
+        let units = snapshot(engine)?;
+        let rank = engine.rank();
+        Writing::Background(std::thread::spawn(move || {
+            write_snapshot(&partial, rank, &units)
+        }))
+    } else {
+        Writing::Done(write_pieces(engine, &partial))
+    };
+    Ok(PendingSave {
+        save: save.to_path_buf(),
+        step,
+        meta,
+        keep_last,
+        writing,
+    })
+}
+
+/// Waits for `pending`'s pieces, has the ranks agree that all were written, and has rank 0
+/// publish the state and point `latest` at it. Collective. Returns the folder and the bytes
+/// this rank wrote.
+///
+/// # Errors
+/// This rank's write or publish error (a background error surfaces here, naming the file);
+/// on the other ranks, that a peer failed. Nothing is published then.
+pub fn finish_save(
+    engine: &mut Engine,
+    pending: PendingSave,
+) -> Result<(PathBuf, u64), TrainError> {
+    let dir = step_dir(&pending.save, pending.step);
+    let written = match pending.writing {
+        Writing::Done(result) => result,
+        Writing::Background(handle) => match handle.join() {
+            Ok(result) => result.map_err(TrainError::from),
+            Err(_) => Err(CkptError::BadState {
+                path: partial_dir(&pending.save, pending.step),
+                reason: "the background writer of this rank's pieces panicked".into(),
+            }
+            .into()),
+        },
+    };
+    let bytes = agree(engine, &dir, written)?;
+    let published = if engine.rank() == 0 {
+        partitioning(engine).and_then(|layout| {
+            publish(
+                &pending.save,
+                pending.step,
+                layout,
+                pending.meta,
+                pending.keep_last,
+            )
+            .map(|_| ())
+            .map_err(TrainError::from)
+        })
+    } else {
+        Ok(())
+    };
+    agree(engine, &dir, published)?;
+    Ok((dir, bytes))
+}
+
+/// Saves in the foreground: [`start_save`] then [`finish_save`]. Collective.
+///
+/// # Errors
+/// As those two.
+pub fn save_sharded(
+    engine: &mut Engine,
+    save: &Path,
+    step: u64,
+    meta: serde_json::Value,
+    keep_last: usize,
+) -> Result<(PathBuf, u64), TrainError> {
+    let pending = start_save(engine, save, step, meta, keep_last, false)?;
+    finish_save(engine, pending)
+}
