@@ -12,8 +12,8 @@ use clap::{Args, ValueEnum};
 use zero_gpt::GptConfig;
 
 use crate::checkpoint::{
-    export_safetensors, read_model_file, write_hf_config, LlmcCheckpoint, ModelShape,
-    SafetensorsDtype, StateReader,
+    export_safetensors, read_model_file, resolve_state_dir, write_hf_config, LlmcCheckpoint,
+    ModelShape, SafetensorsDtype, ShardedReader,
 };
 use crate::error::TrainError;
 
@@ -75,9 +75,9 @@ pub fn export(args: &ExportArgs) -> Result<GptConfig, TrainError> {
         })?;
     }
     if args.from.is_dir() {
-        let mut state = open_state(&args.from)?;
+        let state = ShardedReader::open(resolve_state_dir(&args.from)?)?;
         let model = state_model(&state, &args.from)?;
-        let units = StateUnits::new(&mut state, &model);
+        let units = StateUnits::new(&state, &model);
         write(args, &model, units)?;
         Ok(model)
     } else {
@@ -118,22 +118,8 @@ fn write(
     }
 }
 
-/// The state folder `dir` names: itself, or the newest `step-NNNNNN` folder inside it.
-fn open_state(dir: &Path) -> Result<StateReader, TrainError> {
-    let step_of =
-        |p: &Path| -> Option<u64> { p.file_name()?.to_str()?.strip_prefix("step-")?.parse().ok() };
-    let latest = std::fs::read_dir(dir).ok().and_then(|entries| {
-        entries
-            .filter_map(|e| e.ok().map(|e| e.path()))
-            .filter_map(|p| step_of(&p).map(|n| (n, p)))
-            .max_by_key(|(n, _)| *n)
-            .map(|(_, p)| p)
-    });
-    Ok(StateReader::open(latest.as_deref().unwrap_or(dir))?)
-}
-
-fn state_model(state: &StateReader, dir: &Path) -> Result<GptConfig, TrainError> {
-    serde_json::from_value(state.meta()["model"].clone()).map_err(|e| TrainError::Resume {
+fn state_model(state: &ShardedReader, dir: &Path) -> Result<GptConfig, TrainError> {
+    serde_json::from_value(state.manifest().meta["model"].clone()).map_err(|e| TrainError::Resume {
         dir: dir.to_path_buf(),
         reason: format!("no model shape in the state ({e})"),
     })
@@ -141,13 +127,13 @@ fn state_model(state: &StateReader, dir: &Path) -> Result<GptConfig, TrainError>
 
 /// The whole parameters of each unit of a training state, read one at a time.
 struct StateUnits<'a> {
-    state: &'a mut StateReader,
+    state: &'a ShardedReader,
     next: usize,
     units: usize,
 }
 
 impl<'a> StateUnits<'a> {
-    fn new(state: &'a mut StateReader, model: &GptConfig) -> Self {
+    fn new(state: &'a ShardedReader, model: &GptConfig) -> Self {
         let units = zero_gpt::ParamLayout::new(model).num_units();
         Self {
             state,
@@ -162,9 +148,20 @@ impl Iterator for StateUnits<'_> {
 
     fn next(&mut self) -> Option<Self::Item> {
         (self.next < self.units).then(|| {
-            let name = format!("unit{}/params", self.next);
+            let unit = self.next;
             self.next += 1;
-            Ok(self.state.read(&name)?)
+            // The pieces of every rank that saved it, joined (and checksum-verified).
+            let numel = self
+                .state
+                .manifest()
+                .partitioning
+                .units
+                .get(unit)
+                .map_or(0, |u| u.numel);
+            let mut params = vec![0f32; usize::try_from(numel).unwrap_or(0)];
+            self.state
+                .read_range(unit, "params", 0..params.len(), &mut params)?;
+            Ok(params)
         })
     }
 }
