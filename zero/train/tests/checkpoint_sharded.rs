@@ -141,7 +141,11 @@ fn one_rank_stage_zero_loads_at_four_ranks_stage_three_and_three_ranks_stage_two
 fn bf16_master_weights_move_between_world_sizes_bit_for_bit() {
     round_trip(
         (4, ZeroStage::Zero2),
-        &[(2, ZeroStage::Zero3), (1, ZeroStage::Zero1)],
+        &[
+            (2, ZeroStage::Zero3),
+            (2, ZeroStage::Zero1),
+            (1, ZeroStage::Zero0),
+        ],
         Precision::Bf16,
     );
 }
