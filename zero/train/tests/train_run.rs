@@ -275,7 +275,7 @@ fn an_llmc_export_starts_another_run_at_the_same_parameters() {
 }
 
 #[test]
-fn an_llmc_checkpoint_of_another_shape_is_refused() {
+fn a_shape_flag_that_contradicts_the_init_file_is_refused() {
     let dir = TempDir::new("llmc-shape");
     corpus(&dir.0);
     let model_bin = dir.0.join("model.bin");
@@ -293,5 +293,7 @@ fn an_llmc_checkpoint_of_another_shape_is_refused() {
         ..tiny(&dir.0)
     })
     .unwrap_err();
-    assert!(err.to_string().contains("checkpoint's model"), "{err}");
+    // The file brings its own shape (the tiny preset's 32 channels): --dim 64 contradicts it.
+    let msg = err.to_string();
+    assert!(msg.contains("--dim 64") && msg.contains("channels = 32"), "{msg}");
 }
