@@ -153,55 +153,12 @@ pub fn verify_state(dir: &Path) -> Result<(PathBuf, u64), TrainError> {
     Ok((state_dir, reader.manifest().step))
 }
 
-/// llm.c's header fields for `model`.
-fn llmc_shape(model: &GptConfig) -> ModelShape {
-    ModelShape {
-        max_t: model.max_seq_len,
-        vocab: model.vocab_size,
-        padded_vocab: model.padded_vocab_size,
-        layers: model.num_layers,
-        heads: model.num_heads,
-        channels: model.channels,
-    }
-}
-
-/// Starts `engine` from an llm.c float32 checkpoint (fresh optimizer state).
-///
-/// # Errors
-/// [`TrainError::Resume`] when the checkpoint's shape differs from the model's; checkpoint
-/// errors for missing or corrupt files.
-pub fn load_llmc(path: &Path, model: &GptConfig, engine: &mut Engine) -> Result<(), TrainError> {
-    let ckpt = LlmcCheckpoint::load(path)?;
-    if *ckpt.shape() != llmc_shape(model) {
-        return Err(TrainError::Resume {
-            dir: path.to_path_buf(),
-            reason: format!(
-                "the checkpoint's model is {:?}, this run builds {:?} (pass matching --layers \
-                 --heads --dim --vocab and a --seq-len no longer than its maxT)",
-                ckpt.shape(),
-                llmc_shape(model)
-            ),
-        });
-    }
-    let states: Vec<UnitState> = ckpt
-        .to_units()?
-        .into_iter()
-        .map(|params| UnitState {
-            m: vec![0.0; params.len()],
-            v: vec![0.0; params.len()],
-            params,
-        })
-        .collect();
-    engine.import_states(&states, 0)?;
-    Ok(())
-}
-
 /// Writes whole parameters as an llm.c float32 checkpoint.
 ///
 /// # Errors
 /// Checkpoint I/O errors naming the file.
 pub fn save_llmc(path: &Path, model: &GptConfig, states: &[UnitState]) -> Result<(), TrainError> {
     let units: Vec<&[f32]> = states.iter().map(|s| s.params.as_slice()).collect();
-    LlmcCheckpoint::from_units(llmc_shape(model), &units)?.save(path)?;
+    LlmcCheckpoint::from_units(ModelShape::from_config(model), &units)?.save(path)?;
     Ok(())
 }
