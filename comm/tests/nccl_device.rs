@@ -83,14 +83,19 @@ fn scatter_gather_and_broadcast_copy_with_nccl_layouts() {
     g.all_gather(&send, &mut ag).unwrap();
     g.broadcast(Some(&send), &mut bc, 0).unwrap();
     g.launch().unwrap().wait().unwrap();
-    for (name, got) in [("reduce_scatter", &rs), ("all_gather", &ag), ("broadcast", &bc)] {
+    for (name, got) in [
+        ("reduce_scatter", &rs),
+        ("all_gather", &ag),
+        ("broadcast", &bc),
+    ] {
         assert_eq!(download(&s, got), host, "{name} (grouped launch)");
     }
     // A group may not name one buffer twice (the borrow checker refuses it), so the in-place
     // forms run one group each.
     let mut inplace = upload(&s, &host);
     let mut g = comm.group();
-    g.reduce_scatter_in_place(&mut inplace, ReduceOp::Sum).unwrap();
+    g.reduce_scatter_in_place(&mut inplace, ReduceOp::Sum)
+        .unwrap();
     g.launch().unwrap().wait().unwrap();
     let mut g = comm.group();
     g.all_gather_in_place(&mut inplace).unwrap();

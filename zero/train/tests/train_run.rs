@@ -295,5 +295,8 @@ fn a_shape_flag_that_contradicts_the_init_file_is_refused() {
     .unwrap_err();
     // The file brings its own shape (the tiny preset's 32 channels): --dim 64 contradicts it.
     let msg = err.to_string();
-    assert!(msg.contains("--dim 64") && msg.contains("channels = 32"), "{msg}");
+    assert!(
+        msg.contains("--dim 64") && msg.contains("channels = 32"),
+        "{msg}"
+    );
 }
