@@ -96,7 +96,7 @@ grep "^rank [0-9]: after" <<<"$out"
 # A tiny model on a generated corpus (no download), 2 ranks, every ZeRO stage, f32 and bf16.
 echo "== zero-train --backend mpi (mpirun -np 2) against --backend local --world-size 2"
 # The test profile (optimised, see Cargo.toml) reuses the dependencies step 1 compiled.
-cargo build --profile test -p zero --features mpi --bin zero-train
+cargo build --profile test -p zero-train --features mpi --bin zero-train
 zt=$(cargo metadata --format-version 1 --no-deps | grep -o '"target_directory":"[^"]*"' |
   cut -d'"' -f4)/debug/zero-train
 work=$(mktemp -d)
