@@ -3,11 +3,12 @@
 //! continues within floating-point tolerance; damaged or foreign states are refused with
 //! errors that name the file and piece, and nothing is overwritten.
 
+mod common;
+use common::{learnable_corpus, TempDir};
+
 use std::path::{Path, PathBuf};
 use zero::ZeroStage;
-use zero_gpt::Rng;
 use zero_train::checkpoint::Error as CkptError;
-use zero_train::data::TokenFile;
 use zero_train::resume::verify_state;
 use zero_train::{train, PrecisionArg, TrainConfig, TrainError};
 
@@ -17,44 +18,6 @@ use zero_train::{train, PrecisionArg, TrainConfig, TrainError};
 /// gradients are summed across ranks and micro-steps, i.e. f32 rounding. Measured: at most
 /// 2.4e-7 (half an ulp of a loss near 4.6); the bound is 40 times that.
 const CROSS_WORLD_LOSS_TOL: f32 = 1e-5;
-
-struct TempDir(PathBuf);
-
-impl TempDir {
-    fn new(tag: &str) -> Self {
-        let p = std::env::temp_dir().join(format!("zero-resume-{tag}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&p);
-        std::fs::create_dir_all(&p).unwrap();
-        Self(p)
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
-/// train.bin and val.bin of a learnable stream: a repeating pattern with noise.
-fn corpus(dir: &Path) {
-    let mut rng = Rng::new(3);
-    let tokens: Vec<u16> = (0..20_000)
-        .map(|i| {
-            if rng.next_u64() % 8 == 0 {
-                (rng.next_u64() % 100) as u16
-            } else {
-                (i % 17) as u16
-            }
-        })
-        .collect();
-    let (val, train) = tokens.split_at(4_000);
-    for (name, part) in [("train.bin", train), ("val.bin", val)] {
-        TokenFile::from_tokens_with_vocab(part.to_vec(), 100)
-            .unwrap()
-            .write(dir.join(name))
-            .unwrap();
-    }
-}
 
 /// The tiny model (2 layers, dim 32), 4 sequences of 16 tokens per step.
 fn tiny(data: &Path, world: usize, stage: ZeroStage) -> TrainConfig {
@@ -100,7 +63,7 @@ fn params_after_load(data: &Path, state: &Path, world: usize, stage: ZeroStage) 
 
 fn check_resumes(from: (usize, ZeroStage), to: &[(usize, ZeroStage)]) {
     let dir = TempDir::new(&format!("x{}{}", from.0, from.1 as u8));
-    corpus(&dir.0);
+    learnable_corpus(&dir.0);
     let save = dir.0.join("ckpt");
     let whole = saved_run(&dir.0, &save, from.0, from.1);
     let step3 = save.join("step-000003");
@@ -144,7 +107,7 @@ fn one_rank_stage_zero_resumes_at_two_ranks_stage_one_and_four_ranks_stage_three
 #[test]
 fn async_saves_hold_the_same_bytes_and_resume_to_the_bit() {
     let dir = TempDir::new("async");
-    corpus(&dir.0);
+    learnable_corpus(&dir.0);
     let (fg, bg) = (dir.0.join("fg"), dir.0.join("bg"));
     let sync = saved_run(&dir.0, &fg, 2, ZeroStage::Zero2);
     let cfg = TrainConfig {
@@ -171,7 +134,7 @@ fn async_saves_hold_the_same_bytes_and_resume_to_the_bit() {
 #[test]
 fn keep_last_prunes_old_states_and_latest_names_the_newest() {
     let dir = TempDir::new("keep");
-    corpus(&dir.0);
+    learnable_corpus(&dir.0);
     let save = dir.0.join("ckpt");
     train(&TrainConfig {
         save: Some(save.clone()),
@@ -196,7 +159,7 @@ fn keep_last_prunes_old_states_and_latest_names_the_newest() {
 
 /// A state saved by a 2-rank, 1-step run, and the bytes of every file in it.
 fn one_state(dir: &Path) -> (PathBuf, Vec<(PathBuf, Vec<u8>)>) {
-    corpus(dir);
+    learnable_corpus(dir);
     let save = dir.join("ckpt");
     train(&TrainConfig {
         save: Some(save.clone()),

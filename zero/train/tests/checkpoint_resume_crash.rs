@@ -2,24 +2,20 @@
 //! every step always leaves a state that verifies and resumes: a save is published only by
 //! renames after everything it holds is synced, and `latest` only ever names a complete one.
 
+mod common;
+use common::write_corpus;
+
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 use zero_gpt::Rng;
-use zero_train::data::TokenFile;
 use zero_train::resume::verify_state;
 use zero_train::{train, TrainConfig};
 
 fn corpus(dir: &Path) {
     let mut rng = Rng::new(5);
     let tokens: Vec<u16> = (0..8_000).map(|_| (rng.next_u64() % 100) as u16).collect();
-    let (val, train) = tokens.split_at(2_000);
-    for (name, part) in [("train.bin", train), ("val.bin", val)] {
-        TokenFile::from_tokens_with_vocab(part.to_vec(), 100)
-            .unwrap()
-            .write(dir.join(name))
-            .unwrap();
-    }
+    write_corpus(dir, &tokens, 2_000, 100);
 }
 
 /// The tiny model at 2 ranks, stage 3, saving after every step and keeping 2 states.

@@ -2,37 +2,15 @@
 //! unchecked count would turn into a panic or a wrap, ends in a clear error that names the
 //! flag (or the manifest field). The binary is spawned, so a panic shows in its stderr.
 
+mod common;
+use common::{write_corpus, TempDir};
+
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use zero_train::data::TokenFile;
-
-/// A throwaway directory removed on drop.
-struct TempDir(PathBuf);
-
-impl TempDir {
-    fn new(tag: &str) -> Self {
-        let p = std::env::temp_dir().join(format!("zero-train-bad-{tag}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&p);
-        std::fs::create_dir_all(&p).unwrap();
-        Self(p)
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
 
 fn corpus(dir: &Path) {
     let tokens: Vec<u16> = (0..4_000).map(|i| (i % 17) as u16).collect();
-    let (val, train) = tokens.split_at(1_000);
-    for (name, part) in [("train.bin", train), ("val.bin", val)] {
-        TokenFile::from_tokens_with_vocab(part.to_vec(), 100)
-            .unwrap()
-            .write(dir.join(name))
-            .unwrap();
-    }
+    write_corpus(dir, &tokens, 1_000, 100);
 }
 
 /// The tiny model, one rank, no evaluation or sample: a run of a few milliseconds.

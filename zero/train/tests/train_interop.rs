@@ -3,36 +3,15 @@
 //! shape flag is refused by name, and `export` writes the same parameters whichever source
 //! (training state or model file) it starts from.
 
-use std::path::{Path, PathBuf};
+mod common;
+use common::{write_corpus, TempDir};
+
+use std::path::Path;
 use std::process::{Command, Output};
-use zero_train::data::TokenFile;
-
-struct TempDir(PathBuf);
-
-impl TempDir {
-    fn new(tag: &str) -> Self {
-        let p = std::env::temp_dir().join(format!("zero-train-io-{tag}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&p);
-        std::fs::create_dir_all(&p).unwrap();
-        Self(p)
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
 
 fn corpus(dir: &Path) {
     let tokens: Vec<u16> = (0..4_000).map(|i| ((i * 7) % 23) as u16).collect();
-    let (val, train) = tokens.split_at(1_000);
-    for (name, part) in [("train.bin", train), ("val.bin", val)] {
-        TokenFile::from_tokens_with_vocab(part.to_vec(), 100)
-            .unwrap()
-            .write(dir.join(name))
-            .unwrap();
-    }
+    write_corpus(dir, &tokens, 1_000, 100);
 }
 
 fn zero_train(args: &[&str]) -> Output {

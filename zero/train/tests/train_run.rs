@@ -1,52 +1,12 @@
 //! Whole training runs of the tiny GPT on a synthetic corpus: reproducible to the bit,
 //! resumable to the bit, and reported in the metrics file.
 
-use std::path::{Path, PathBuf};
+mod common;
+use common::{learnable_corpus, TempDir};
+
+use std::path::Path;
 use zero::ZeroStage;
-use zero_gpt::Rng;
-use zero_train::data::TokenFile;
 use zero_train::{train, TrainConfig, TrainError};
-
-/// A throwaway directory removed on drop.
-struct TempDir(PathBuf);
-
-impl TempDir {
-    fn new(tag: &str) -> Self {
-        let p = std::env::temp_dir().join(format!("zero-train-{tag}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&p);
-        std::fs::create_dir_all(&p).unwrap();
-        Self(p)
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
-/// train.bin and val.bin of a learnable stream: a repeating pattern with noise.
-fn corpus(dir: &Path) {
-    let mut rng = Rng::new(3);
-    let tokens: Vec<u16> = (0..20_000)
-        .map(|i| {
-            if rng.next_u64() % 8 == 0 {
-                (rng.next_u64() % 100) as u16
-            } else {
-                (i % 17) as u16
-            }
-        })
-        .collect();
-    let (val, train) = tokens.split_at(4_000);
-    TokenFile::from_tokens_with_vocab(train.to_vec(), 100)
-        .unwrap()
-        .write(dir.join("train.bin"))
-        .unwrap();
-    TokenFile::from_tokens_with_vocab(val.to_vec(), 100)
-        .unwrap()
-        .write(dir.join("val.bin"))
-        .unwrap();
-}
 
 fn tiny(data: &Path) -> TrainConfig {
     TrainConfig {
@@ -73,7 +33,7 @@ fn bits(xs: &[f32]) -> Vec<u32> {
 #[test]
 fn the_same_command_gives_the_same_bits() {
     let dir = TempDir::new("repeat");
-    corpus(&dir.0);
+    learnable_corpus(&dir.0);
     let a = train(&tiny(&dir.0)).unwrap();
     let b = train(&tiny(&dir.0)).unwrap();
     assert_eq!(bits(&a.losses), bits(&b.losses));
@@ -88,7 +48,7 @@ fn the_same_command_gives_the_same_bits() {
 #[test]
 fn a_resumed_run_continues_to_the_bit() {
     let dir = TempDir::new("resume");
-    corpus(&dir.0);
+    learnable_corpus(&dir.0);
     let save = dir.0.join("ckpt");
     let whole = train(&TrainConfig {
         save: Some(save.clone()),
@@ -111,7 +71,7 @@ fn a_resumed_run_continues_to_the_bit() {
 #[test]
 fn resuming_a_different_model_is_refused() {
     let dir = TempDir::new("mismatch");
-    corpus(&dir.0);
+    learnable_corpus(&dir.0);
     let save = dir.0.join("ckpt");
     train(&TrainConfig {
         save: Some(save.clone()),
@@ -133,7 +93,7 @@ fn resuming_a_different_model_is_refused() {
 #[test]
 fn the_loss_falls_on_a_learnable_stream() {
     let dir = TempDir::new("learn");
-    corpus(&dir.0);
+    learnable_corpus(&dir.0);
     let run = train(&TrainConfig {
         steps: 30,
         eval_every: 30,
@@ -150,7 +110,7 @@ fn the_loss_falls_on_a_learnable_stream() {
 #[test]
 fn metrics_hold_steps_evaluations_and_a_summary() {
     let dir = TempDir::new("metrics");
-    corpus(&dir.0);
+    learnable_corpus(&dir.0);
     let path = dir.0.join("m.jsonl");
     // One micro-step per step, as the paper's traffic accounting assumes.
     let cfg = TrainConfig {
@@ -204,7 +164,7 @@ fn missing_data_names_the_file_and_the_fix() {
 #[test]
 fn a_model_too_big_for_stage_zero_trains_at_stage_three_under_the_same_cap() {
     let dir = TempDir::new("cap");
-    corpus(&dir.0);
+    learnable_corpus(&dir.0);
     // tiny has 30,592 parameters: stage 0 keeps 16 bytes of fp32 model states per parameter
     // (about 490 KB) on every rank, stage 3 on 4 ranks a quarter of that; both also reserve
     // transient unit buffers (about 300 KB at stage 0, 500 KB at stage 3 for this model).
@@ -248,7 +208,7 @@ fn a_model_too_big_for_stage_zero_trains_at_stage_three_under_the_same_cap() {
 #[test]
 fn an_llmc_export_starts_another_run_at_the_same_parameters() {
     let dir = TempDir::new("llmc");
-    corpus(&dir.0);
+    learnable_corpus(&dir.0);
     let model_bin = dir.0.join("model.bin");
     let first = train(&TrainConfig {
         export_llmc: Some(model_bin.clone()),
@@ -277,7 +237,7 @@ fn an_llmc_export_starts_another_run_at_the_same_parameters() {
 #[test]
 fn a_shape_flag_that_contradicts_the_init_file_is_refused() {
     let dir = TempDir::new("llmc-shape");
-    corpus(&dir.0);
+    learnable_corpus(&dir.0);
     let model_bin = dir.0.join("model.bin");
     train(&TrainConfig {
         export_llmc: Some(model_bin.clone()),

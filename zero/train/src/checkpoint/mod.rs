@@ -9,8 +9,6 @@
 //! - The sharded training state the trainer saves and resumes ([`PieceWriter`],
 //!   [`publish`], [`ShardedReader`]): one piece file per rank plus a manifest, readable at
 //!   any world size and stage.
-//! - [`StateWriter`] / [`StateReader`]: a versioned, checksummed directory of named raw
-//!   tensors plus a JSON manifest, written by one process.
 //!
 //! Dimension legend: L layers, NH heads, C channels, maxT context length, V vocabulary,
 //! Vp vocabulary padded (to a multiple of 128 in llm.c) for fast matrix products.
@@ -39,7 +37,6 @@ mod safetensors;
 mod sharded;
 mod sharded_read;
 mod sharded_write;
-mod state;
 
 pub use error::{Error, FormatError, Result, SafetensorsError};
 pub use hf::hf_config_json;
@@ -55,4 +52,3 @@ pub use sharded::{
 };
 pub use sharded_read::ShardedReader;
 pub use sharded_write::{begin_save, publish, PieceWriter};
-pub use state::{Element, StateReader, StateWriter, STATE_FORMAT, STATE_VERSION};

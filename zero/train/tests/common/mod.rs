@@ -1,0 +1,51 @@
+//! Helpers shared by zero-train's integration tests: a temporary folder and token files.
+// Each test binary compiles this module and uses part of it.
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use zero_train::data::TokenFile;
+
+/// A fresh folder under the system's temporary directory, removed on drop.
+pub struct TempDir(pub PathBuf);
+
+impl TempDir {
+    /// `tag` keeps the folders of one binary's tests apart; the process id keeps runs apart.
+    pub fn new(tag: &str) -> Self {
+        let p = std::env::temp_dir().join(format!("zero-train-test-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&p);
+        std::fs::create_dir_all(&p).unwrap();
+        Self(p)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// Writes `val.bin` (the first `val` tokens) and `train.bin` (the rest) into `dir`.
+pub fn write_corpus(dir: &Path, tokens: &[u16], val: usize, vocab: u32) {
+    let (val, train) = tokens.split_at(val);
+    for (name, part) in [("train.bin", train), ("val.bin", val)] {
+        TokenFile::from_tokens_with_vocab(part.to_vec(), vocab)
+            .unwrap()
+            .write(dir.join(name))
+            .unwrap();
+    }
+}
+
+/// train.bin and val.bin of a learnable stream: a repeating pattern with noise (vocab 100).
+pub fn learnable_corpus(dir: &Path) {
+    let mut rng = zero_gpt::Rng::new(3);
+    let tokens: Vec<u16> = (0..20_000)
+        .map(|i| {
+            if rng.next_u64() % 8 == 0 {
+                (rng.next_u64() % 100) as u16
+            } else {
+                (i % 17) as u16
+            }
+        })
+        .collect();
+    write_corpus(dir, &tokens, 4_000, 100);
+}
