@@ -4,12 +4,13 @@
 //! Legend: B batch, T sequence, C channels, NH heads, L layers, N = B*T, Vp padded vocabulary.
 //!
 //! The forward buffer is laid out unit by unit, `[embed | layer 0 | .. | layer L-1 | head]`,
-//! so one layer's activations are contiguous (what activation checkpointing will drop and
-//! recompute, or offload, per layer). Each region ends with its output (N,C), so a unit's
-//! input is always the last N*C elements before its region.
+//! so one layer's activations are contiguous. Each region ends with its output (N,C), so a
+//! block's input is always the last N*C elements before its region. With activation
+//! checkpointing every K blocks, only K regions exist, reused segment after segment.
 
 use super::config::GptConfig;
 use super::error::{GptError, Result};
+use std::ops::Range;
 
 /// Names of a layer region's views, in buffer order (the output `res3` last).
 pub const LAYER_VIEWS: [&str; 15] = [
@@ -41,35 +42,33 @@ pub(crate) enum Progress {
     Done,
 }
 
-/// Activations of one (B, T) batch shape.
-#[derive(Debug)]
-pub struct Activations {
-    pub(crate) b: usize,
-    pub(crate) t: usize,
-    pub(crate) c: usize,
-    /// The model these buffers were sized for; every unit call checks it.
-    pub(crate) config: GptConfig,
-    /// Forward buffer: `[encoded (N,C) | L x layer region | head region]`.
-    pub(crate) fwd: Vec<f32>,
-    /// Backward scratch: `[dres (N,C) | dln (N,C) | datty (N,C) | dqkv (N,3C) | dfch (N,4C) |
-    /// dfch_gelu (N,4C)]`.
-    pub(crate) grad: Vec<f32>,
-    pub(crate) layer_lens: [usize; 15],
-    pub(crate) head_lens: [usize; 5],
-    pub(crate) grad_lens: [usize; 6],
-    pub(crate) tokens: Vec<u32>,  // (B,T)
-    pub(crate) targets: Vec<u32>, // (B,T)
-    pub(crate) dlosses: Vec<f32>, // (B,T), 1/N each: d(mean loss)/d(loss[b,t])
-    pub(crate) progress: Progress,
+/// The sizes of every activation buffer for one (B, T) shape and checkpointing option: the
+/// one place the activation memory is computed ([`activation_bytes`] reports it, and
+/// [`Activations::new`] allocates exactly it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Sizes {
+    pub layer_lens: [usize; 15],
+    pub head_lens: [usize; 5],
+    pub grad_lens: [usize; 6],
+    /// Layer regions in the forward buffer: L, or K with checkpointing every K blocks.
+    pub slots: usize,
+    /// f32 elements of the forward buffer: `[input (N,C) | slots x layer | head]`.
+    pub fwd: usize,
+    /// f32 elements of the kept block inputs: ceil(L/K) x (N,C), or none.
+    pub saved: usize,
+    /// f32 elements of the backward scratch.
+    pub grad: usize,
+    /// Positions N (tokens, targets, dlosses: 4 bytes each).
+    pub n: usize,
 }
 
-impl Activations {
-    /// Buffers for batches of `b` sequences of `t` tokens.
+impl Sizes {
+    /// Sizes for batches (B, T) of `config`, keeping only every `every`-th block input when
+    /// checkpointing (`None`: every activation kept).
     ///
-    /// # Errors
-    /// [`GptError::BadBatch`] if B or T is 0, T exceeds `max_seq_len`, or the buffers would not
-    /// be addressable.
-    pub fn new(config: &GptConfig, b: usize, t: usize) -> Result<Self> {
+    /// Per layer region 19NC + 4N + NH·N·T; head NC + 4N + N·Vp; scratch 14NC; plus the
+    /// input (N,C) and 3N for tokens, targets and dlosses.
+    pub fn new(config: &GptConfig, b: usize, t: usize, every: Option<usize>) -> Result<Self> {
         let bad = |reason| {
             Err(GptError::BadBatch {
                 batch: b,
@@ -83,7 +82,15 @@ impl Activations {
         if t > config.max_seq_len {
             return bad("T exceeds the model's max_seq_len");
         }
-        let (c, nh, vp) = (config.channels, config.num_heads, config.padded_vocab_size);
+        if every == Some(0) {
+            return bad("checkpointing every 0 blocks");
+        }
+        let (c, nh, vp, l) = (
+            config.channels,
+            config.num_heads,
+            config.padded_vocab_size,
+            config.num_layers,
+        );
         let Some(n) = b.checked_mul(t) else {
             return bad("B*T overflows");
         };
@@ -119,19 +126,119 @@ impl Activations {
             n,      // losses (N,)
         ];
         let grad_lens = [n * c, n * c, n * c, n * 3 * c, n * 4 * c, n * 4 * c];
-        let fwd_len = n * c
-            + config.num_layers * layer_lens.iter().sum::<usize>()
-            + head_lens.iter().sum::<usize>();
+        let (slots, saved) = match every {
+            None => (l, 0),
+            Some(k) => (k.min(l), l.div_ceil(k) * n * c),
+        };
         Ok(Self {
-            b,
-            t,
-            c,
-            config: *config,
-            fwd: vec![0.0; fwd_len],
-            grad: vec![0.0; grad_lens.iter().sum()],
             layer_lens,
             head_lens,
             grad_lens,
+            slots,
+            fwd: n * c + slots * layer_lens.iter().sum::<usize>() + head_lens.iter().sum::<usize>(),
+            saved,
+            grad: grad_lens.iter().sum(),
+            n,
+        })
+    }
+
+    /// Bytes of every activation buffer together.
+    pub fn bytes(&self) -> u64 {
+        4 * (self.fwd + self.saved + self.grad + 3 * self.n) as u64
+    }
+}
+
+/// Bytes of the activations of one (B, T) micro-batch of `config` on one rank, with
+/// checkpointing every `every` blocks or without (`None`): what [`Activations::new`]
+/// allocates.
+///
+/// # Errors
+/// As [`Activations::new`].
+pub fn activation_bytes(
+    config: &GptConfig,
+    b: usize,
+    t: usize,
+    every: Option<usize>,
+) -> Result<u64> {
+    Ok(Sizes::new(config, b, t, every)?.bytes())
+}
+
+/// Activations of one (B, T) batch shape.
+///
+/// With activation checkpointing every K blocks, the forward buffer holds K layer regions
+/// (one segment) instead of L: the input of every K-th block is copied into `saved` as the
+/// forward passes it, and before a segment's backward its blocks are run forward again from
+/// that copy ([`crate::Gpt::block_recompute`]). The last segment's activations are still in
+/// place when backward starts, so it is never recomputed.
+#[derive(Debug)]
+pub struct Activations {
+    pub(crate) b: usize,
+    pub(crate) t: usize,
+    pub(crate) c: usize,
+    /// The model these buffers were sized for; every unit call checks it.
+    pub(crate) config: GptConfig,
+    /// Forward buffer: `[input (N,C) | slots x layer region | head region]`; block `l` uses
+    /// region `l % slots`.
+    pub(crate) fwd: Vec<f32>,
+    /// Kept block inputs with checkpointing: segment s's first input at `s*N*C`, (N,C) each.
+    pub(crate) saved: Vec<f32>,
+    /// Backward scratch: `[dres (N,C) | dln (N,C) | datty (N,C) | dqkv (N,3C) | dfch (N,4C) |
+    /// dfch_gelu (N,4C)]`.
+    pub(crate) grad: Vec<f32>,
+    pub(crate) layer_lens: [usize; 15],
+    pub(crate) head_lens: [usize; 5],
+    pub(crate) grad_lens: [usize; 6],
+    /// Blocks per checkpointed segment (`None`: no checkpointing).
+    pub(crate) every: Option<usize>,
+    pub(crate) slots: usize,
+    /// The segment whose activations the layer regions hold now (checkpointing only).
+    pub(crate) valid_segment: Option<usize>,
+    /// The next block a segment's recompute runs.
+    pub(crate) recompute_next: Option<usize>,
+    pub(crate) tokens: Vec<u32>,  // (B,T)
+    pub(crate) targets: Vec<u32>, // (B,T)
+    pub(crate) dlosses: Vec<f32>, // (B,T), 1/N each: d(mean loss)/d(loss[b,t])
+    pub(crate) progress: Progress,
+}
+
+impl Activations {
+    /// Buffers for batches of `b` sequences of `t` tokens, keeping every activation.
+    ///
+    /// # Errors
+    /// [`GptError::BadBatch`] if B or T is 0, T exceeds `max_seq_len`, or the buffers would not
+    /// be addressable.
+    pub fn new(config: &GptConfig, b: usize, t: usize) -> Result<Self> {
+        Self::with_checkpointing(config, b, t, None)
+    }
+
+    /// Buffers for batches (B, T) that keep only every `every`-th block input (`None`: every
+    /// activation, as [`Activations::new`]).
+    ///
+    /// # Errors
+    /// As [`Activations::new`]; also `every == Some(0)`.
+    pub fn with_checkpointing(
+        config: &GptConfig,
+        b: usize,
+        t: usize,
+        every: Option<usize>,
+    ) -> Result<Self> {
+        let sizes = Sizes::new(config, b, t, every)?;
+        let n = sizes.n;
+        Ok(Self {
+            b,
+            t,
+            c: config.channels,
+            config: *config,
+            fwd: vec![0.0; sizes.fwd],
+            saved: vec![0.0; sizes.saved],
+            grad: vec![0.0; sizes.grad],
+            layer_lens: sizes.layer_lens,
+            head_lens: sizes.head_lens,
+            grad_lens: sizes.grad_lens,
+            every,
+            slots: sizes.slots,
+            valid_segment: None,
+            recompute_next: None,
             tokens: vec![0; n],
             targets: vec![0; n],
             dlosses: vec![1.0 / n as f32; n],
@@ -151,10 +258,37 @@ impl Activations {
         self.t
     }
 
-    /// f32 elements held (forward buffer + backward scratch): the activation memory.
+    /// Bytes held by every buffer (forward, kept inputs, backward scratch, tokens, targets,
+    /// loss gradients), counted from the buffers themselves.
     #[must_use]
-    pub fn num_floats(&self) -> usize {
-        self.fwd.len() + self.grad.len() + self.dlosses.len()
+    pub fn bytes(&self) -> u64 {
+        let floats = self.fwd.len() + self.saved.len() + self.grad.len() + self.dlosses.len();
+        4 * (floats + self.tokens.len() + self.targets.len()) as u64
+    }
+
+    /// Blocks per checkpointed segment, or `None` without checkpointing.
+    #[must_use]
+    pub fn checkpoint_every(&self) -> Option<usize> {
+        self.every
+    }
+
+    /// The blocks of `layer`'s checkpointed segment (just `layer` without checkpointing).
+    #[must_use]
+    pub fn segment(&self, layer: usize) -> Range<usize> {
+        match self.every {
+            None => layer..layer + 1,
+            Some(k) => {
+                let start = layer - layer % k;
+                start..(start + k).min(self.config.num_layers)
+            }
+        }
+    }
+
+    /// True when `layer`'s activations must be recomputed before its backward: its
+    /// segment's forward was dropped (checkpointing only).
+    #[must_use]
+    pub fn needs_recompute(&self, layer: usize) -> bool {
+        self.every.is_some() && self.valid_segment != Some(self.segment(layer).start)
     }
 
     /// Per-position losses (B,T) of the last head forward with targets.
@@ -179,13 +313,43 @@ impl Activations {
         self.layer_lens.iter().sum()
     }
 
-    /// Offset of layer `l`'s region in `fwd`.
+    /// Offset in `fwd` of the region block `l` uses; its input is the N*C elements before.
     pub(crate) fn layer_offset(&self, l: usize) -> usize {
-        self.b * self.t * self.c + l * self.layer_len()
+        self.b * self.t * self.c + (l % self.slots) * self.layer_len()
+    }
+
+    /// Offset in `fwd` of the head's input (N,C): the last block's output.
+    pub(crate) fn head_input_offset(&self) -> usize {
+        let last = self.config.num_layers - 1;
+        self.layer_offset(last) + self.layer_len() - self.b * self.t * self.c
     }
 
     /// Offset of the head region in `fwd`.
     pub(crate) fn head_offset(&self) -> usize {
         self.fwd.len() - self.head_lens.iter().sum::<usize>()
+    }
+
+    /// Checkpointing, before the first block `layer` of a segment runs forward: moves the
+    /// previous block's output (in the last region) into the input slot and keeps a copy.
+    pub(crate) fn begin_segment(&mut self, layer: usize) {
+        let nc = self.b * self.t * self.c;
+        if layer > 0 {
+            let from = self.layer_offset(layer - 1) + self.layer_len() - nc;
+            self.fwd.copy_within(from..from + nc, 0);
+        }
+        let at = self.segment_index(layer) * nc;
+        self.saved[at..at + nc].copy_from_slice(&self.fwd[..nc]);
+    }
+
+    /// Checkpointing, before recomputing the segment that starts at `layer`: puts its kept
+    /// input back in the input slot.
+    pub(crate) fn restore_segment(&mut self, layer: usize) {
+        let nc = self.b * self.t * self.c;
+        let at = self.segment_index(layer) * nc;
+        self.fwd[..nc].copy_from_slice(&self.saved[at..at + nc]);
+    }
+
+    fn segment_index(&self, layer: usize) -> usize {
+        layer / self.every.unwrap_or(1)
     }
 }

@@ -77,6 +77,20 @@ impl Gpt {
         Activations::new(&self.config, b, t)
     }
 
+    /// Activation buffers for batches (B, T) that keep only every `every`-th block's input
+    /// and recompute the rest in backward (`None`: keep everything).
+    ///
+    /// # Errors
+    /// As [`Gpt::activations`]; also `every == Some(0)`.
+    pub fn activations_checkpointed(
+        &self,
+        b: usize,
+        t: usize,
+        every: Option<usize>,
+    ) -> Result<Activations> {
+        Activations::with_checkpointing(&self.config, b, t, every)
+    }
+
     /// Embeds `tokens` (B,T): `encoded = wte[tokens] + wpe`. Starts a new forward pass.
     ///
     /// # Errors
@@ -96,6 +110,8 @@ impl Gpt {
         let encoded = &mut acts.fwd[..b * t * c]; // (B,T,C)
         self.backend
             .encoder_forward(encoded, &acts.tokens, wte, wpe, b, t, c);
+        acts.valid_segment = None;
+        acts.recompute_next = None;
         acts.progress = Progress::Forward { next: 1 };
         Ok(())
     }
@@ -113,6 +129,66 @@ impl Gpt {
         let unit = self.block_unit(layer)?;
         self.check_unit(unit, params.len(), "block parameters")?;
         self.expect(acts, Progress::Forward { next: unit }, "block_forward")?;
+        let segment = acts.segment(layer);
+        if acts.every.is_some() && segment.start == layer {
+            acts.begin_segment(layer);
+        }
+        self.block_compute(acts, layer, params);
+        acts.valid_segment = Some(segment.start);
+        acts.progress = Progress::Forward { next: unit + 1 };
+        Ok(())
+    }
+
+    /// Checkpointing: runs block `layer` forward again, in backward, before the backward of
+    /// its segment. A segment's blocks are recomputed in order, first to last, when backward
+    /// reaches the segment's last block ([`Activations::needs_recompute`]); the results are
+    /// the forward's to the bit (the same kernels on the same input).
+    ///
+    /// # Errors
+    /// Wrong buffer size, a layer past L, no checkpointing, or a call out of order.
+    pub fn block_recompute(
+        &self,
+        acts: &mut Activations,
+        layer: usize,
+        params: &[f32],
+    ) -> Result<()> {
+        self.block_unit(layer)?;
+        let segment = acts.segment(layer);
+        let due = ParamLayout::block_unit(segment.end - 1);
+        self.expect(acts, Progress::Backward { next: due }, "block_recompute")?;
+        let in_order = if layer == segment.start {
+            acts.needs_recompute(layer)
+        } else {
+            acts.recompute_next == Some(layer)
+        };
+        if !in_order {
+            return Err(GptError::OutOfOrder {
+                call: "block_recompute",
+                reason: format!("block {layer} is not the next block its segment recomputes"),
+            });
+        }
+        self.check_unit(
+            ParamLayout::block_unit(layer),
+            params.len(),
+            "block parameters",
+        )?;
+        if layer == segment.start {
+            acts.restore_segment(layer);
+            acts.valid_segment = None;
+        }
+        self.block_compute(acts, layer, params);
+        if layer + 1 == segment.end {
+            acts.valid_segment = Some(segment.start);
+            acts.recompute_next = None;
+        } else {
+            acts.recompute_next = Some(layer + 1);
+        }
+        Ok(())
+    }
+
+    /// Block `layer`'s forward arithmetic, from its input to its output, into its region.
+    fn block_compute(&self, acts: &mut Activations, layer: usize, params: &[f32]) {
+        let unit = ParamLayout::block_unit(layer);
         let be = &self.backend;
         let (b, t, c, nh) = (acts.b, acts.t, self.config.channels, self.config.num_heads);
         let n = b * t;
@@ -139,8 +215,6 @@ impl Gpt {
         be.gelu_forward(fch_gelu, fch);
         be.matmul_forward(fcproj, fch_gelu, fcprojw, Some(fcprojb), n, 4 * c, c);
         be.residual_forward(res3, res2, fcproj);
-        acts.progress = Progress::Forward { next: unit + 1 };
-        Ok(())
     }
 
     /// Final LayerNorm, tied LM head and, with `targets` (B,T), the mean cross-entropy.
@@ -170,9 +244,9 @@ impl Gpt {
         let (v, vp) = (self.config.vocab_size, self.config.padded_vocab_size);
         let [lnfw, lnfb] = carve(final_norm, self.layout.units()[last].lens()); // (C,), (C,)
         let [wte, _] = carve(embed, self.layout.units()[0].lens()); // (Vp,C)
-        let offset = acts.head_offset();
+        let (input, offset) = (acts.head_input_offset(), acts.head_offset());
         let (before, head) = acts.fwd.split_at_mut(offset);
-        let x = &before[offset - n * c..]; // (N,C) last block's output
+        let x = &before[input..input + n * c]; // (N,C) last block's output
         let [lnf, lnf_mean, lnf_rstd, logits, losses] = carve_mut(head, acts.head_lens);
         be.layernorm_forward(lnf, lnf_mean, lnf_rstd, x, lnfw, lnfb, n, c);
         be.matmul_forward(logits, lnf, wte, None, n, c, vp);
@@ -224,9 +298,9 @@ impl Gpt {
         let [dlnfw, dlnfb] = carve_mut(final_norm_grad, self.layout.units()[last].lens());
         let [wte, _] = carve(embed, self.layout.units()[0].lens()); // (Vp,C)
         let [dwte, _] = carve_mut(embed_grad, self.layout.units()[0].lens()); // (Vp,C)
-        let offset = acts.head_offset();
+        let (input, offset) = (acts.head_input_offset(), acts.head_offset());
         let (before, head) = acts.fwd.split_at_mut(offset);
-        let x = &before[offset - n * c..]; // (N,C)
+        let x = &before[input..input + n * c]; // (N,C) last block's output
         let [lnf, lnf_mean, lnf_rstd, logits, _] = carve_mut(head, acts.head_lens);
         let [dres, dln, ..] = carve_mut(&mut acts.grad, acts.grad_lens); // (N,C) each
         be.crossentropy_backward(logits, &acts.dlosses, &acts.targets, n, v, vp);
@@ -254,6 +328,12 @@ impl Gpt {
         self.check_unit(unit, params.len(), "block parameters")?;
         self.check_unit(unit, grads.len(), "block gradients")?;
         self.expect(acts, Progress::Backward { next: unit }, "block_backward")?;
+        if acts.needs_recompute(layer) {
+            return Err(GptError::OutOfOrder {
+                call: "block_backward",
+                reason: format!("block {layer}'s checkpointed segment was not recomputed"),
+            });
+        }
         let be = &self.backend;
         let (b, t, c, nh) = (acts.b, acts.t, self.config.channels, self.config.num_heads);
         let n = b * t;
@@ -393,6 +473,11 @@ impl Gpt {
         )?;
         for layer in (0..self.config.num_layers).rev() {
             let unit = ParamLayout::block_unit(layer);
+            if acts.needs_recompute(layer) {
+                for r in acts.segment(layer) {
+                    self.block_recompute(acts, r, params[ParamLayout::block_unit(r)].as_ref())?;
+                }
+            }
             self.block_backward(
                 acts,
                 layer,

@@ -82,7 +82,11 @@ fn backward(engine: &mut Engine, model: &Gpt, acts: &mut Activations) -> Result<
     engine.release(last)?;
     for layer in (0..model.config().num_layers).rev() {
         let unit = ParamLayout::block_unit(layer);
-        engine.gather(unit)?;
+        if acts.needs_recompute(layer) {
+            recompute_segment(engine, model, acts, layer)?;
+        } else {
+            engine.gather(unit)?;
+        }
         engine.begin_backward(unit)?;
         {
             let (p, mut g) = engine.views(&[unit], &[unit])?;
@@ -97,6 +101,25 @@ fn backward(engine: &mut Engine, model: &Gpt, acts: &mut Activations) -> Result<
     }
     engine.end_backward(0)?;
     engine.release(0)?;
+    Ok(())
+}
+
+/// Activation checkpointing: runs forward again the blocks of `last`'s segment, each
+/// gathered in turn, and leaves `last` (the segment's last block, due for backward) gathered.
+fn recompute_segment(
+    engine: &mut Engine,
+    model: &Gpt,
+    acts: &mut Activations,
+    last: usize,
+) -> Result<(), StepError> {
+    for layer in acts.segment(last) {
+        let unit = ParamLayout::block_unit(layer);
+        engine.gather(unit)?;
+        model.block_recompute(acts, layer, engine.params(unit)?)?;
+        if layer != last {
+            engine.release(unit)?;
+        }
+    }
     Ok(())
 }
 

@@ -71,6 +71,7 @@ impl RankOutput {
                     precision,
                 ),
                 peak_bytes: 0,
+                activation_bytes: 0,
                 traffic_per_step: Traffic::default(),
                 comm_bytes_sent_per_step: 0.0,
             },
@@ -157,7 +158,7 @@ impl<'a> Trainer<'a> {
         schedule.validate()?;
         let out = RankOutput::new(&engine, model.layout().num_params(), cfg.precision.into())?;
         Ok(Self {
-            acts: model.activations(b, t)?,
+            acts: model.activations_checkpointed(b, t, cfg.checkpoint_every())?,
             x: vec![0; b * t],
             y: vec![0; b * t],
             shared,
@@ -250,14 +251,14 @@ impl<'a> Trainer<'a> {
             ..self.loader_config
         };
         let mut loader = DataLoader::new(self.shared.val.clone(), cfg)?;
-        let mut acts = self.model.activations(cfg.micro_batch, cfg.seq_len)?;
+        // The training activations serve evaluation too: same (B, T), no second set.
         let n = cfg.micro_batch * cfg.seq_len;
         let (mut x, mut y) = (vec![0u32; n], vec![0u32; n]);
         let mut sum = 0.0f32;
         let batches = self.shared.cfg.eval_batches.max(1);
         for _ in 0..batches {
             loader.next_micro_batch(&mut x, &mut y)?;
-            sum += eval_loss(&mut self.engine, &self.model, &mut acts, &x, &y)?;
+            sum += eval_loss(&mut self.engine, &self.model, &mut self.acts, &x, &y)?;
         }
         let mut mean = [sum / batches as f32];
         self.engine
@@ -334,6 +335,7 @@ impl<'a> Trainer<'a> {
         let t = self.traffic;
         let report = &mut self.out.report;
         report.peak_bytes = self.engine.arena().stats().peak_allocated as u64;
+        report.activation_bytes = self.acts.bytes();
         report.traffic_per_step = Traffic {
             all_reduce: t.all_reduce / steps_run,
             reduce_scatter: t.reduce_scatter / steps_run,

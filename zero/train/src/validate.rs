@@ -166,6 +166,7 @@ impl TrainConfig {
         if let Some(limit) = self.memory_limit {
             in_range("memory_limit", limit.0, 1, u64::MAX)?;
         }
+        in_range("checkpoint_every", self.checkpoint_every, 1, usize::MAX)?;
         let units = ParamLayout::new(&self.model_config()?).num_units();
         in_range("prefetch_units", self.prefetch_units, 0, units)
     }
