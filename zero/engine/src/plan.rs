@@ -69,15 +69,16 @@ pub fn plan_memory(specs: &[UnitSpec], shape: PlanShape) -> Result<MemoryPlan> {
     let unreduced = live_at_once(specs, &policies, |_| true, f32_bytes);
     // f32 compute copies: units whose stored parameters the model cannot read directly.
     let copies = live_at_once(specs, &policies, |p| !p.reads_stored, f32_bytes);
-    // Stage 3's all-gathers stage a whole unit in the storage type: the one being gathered
-    // now and the prefetched ones.
+    // Stage 3's all-gathers stage a whole unit in the storage type: the prefetched ones, and
+    // in half precision the one being gathered now (f32 is gathered into its compute copy).
     let largest_gathered = policies
         .iter()
         .filter(|p| p.gathered())
         .map(|p| p.part.padded_numel() as u64 * elem)
         .max()
         .unwrap_or(0);
-    let gathers = (1 + shape.prefetch_units as u64) * largest_gathered;
+    let staged_now = u64::from(precision.has_master());
+    let gathers = (staged_now + shape.prefetch_units as u64) * largest_gathered;
     let largest = policies.iter().map(|p| p.part.padded_numel() as u64).max();
     // Gradient buckets in flight (and the one being filled) hold their staged pieces; a
     // bucket is at most the bucket size, and never more than the largest unit (plus one

@@ -36,6 +36,8 @@ pub(crate) enum Progress {
     Logits,
     /// The head ran with targets: the loss is valid and backward may start.
     Loss,
+    /// The head's backward to its input ran; the tied weight's gradient is due.
+    HeadWeight,
     /// Backward ran down to unit `next + 1`; unit `next` is due.
     Backward { next: usize },
     /// Backward finished.
@@ -298,7 +300,7 @@ impl Activations {
     pub fn losses(&self) -> Result<&[f32]> {
         if !matches!(
             self.progress,
-            Progress::Loss | Progress::Backward { .. } | Progress::Done
+            Progress::Loss | Progress::HeadWeight | Progress::Backward { .. } | Progress::Done
         ) {
             return Err(GptError::OutOfOrder {
                 call: "losses",

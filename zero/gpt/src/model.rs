@@ -9,10 +9,10 @@
 //! exact reverse: `head_backward`, `block_backward(L-1..0)`, `embed_backward`.
 //!
 //! The LM head is tied to `wte`: `head_forward`/`head_backward` read the EMBEDDING unit's
-//! parameters, and `head_backward` adds the head's share of d(wte) into the embedding unit's
-//! gradient buffer, which `embed_backward` completes at the very end. An engine that frees or
-//! reduces gradients per unit must therefore keep unit 0's gradient buffer (and, at stage 3,
-//! its gathered parameters) alive from `head_backward` until `embed_backward` returns.
+//! parameters, and `head_backward` and `embed_backward` each add their part of d(wte) into
+//! the embedding gradient buffer they are given: one buffer kept from the head's backward to
+//! the embedding's, or two buffers (the head's part, the encoder's part) that the caller sums
+//! or reduces separately, so nothing of unit 0 need stay alive across the blocks.
 //!
 //! Gradients accumulate (`+=`) into the caller's buffers: zero them before the first
 //! micro-batch of a step; further micro-batches add to them.
@@ -21,6 +21,9 @@ use super::activations::{Activations, Progress};
 use super::backend::{Backend, CpuBackend};
 use super::config::GptConfig;
 use super::error::{GptError, Result};
+// The tied head runs the two halves of its matrix product apart (see `head_backward_input`);
+// the backend trait offers them only together, and this model runs on the CPU kernels.
+use super::kernels::matmul;
 use super::layout::ParamLayout;
 use super::views::{carve, carve_mut};
 
@@ -271,9 +274,9 @@ impl Gpt {
         Ok(logits)
     }
 
-    /// Backward of the head: adds d(lnfw), d(lnfb) into `final_norm_grad` and the LM head's
-    /// d(wte) into `embed_grad` (tied weights; see the module doc), and seeds the residual
-    /// gradient for the blocks.
+    /// Backward of the head: [`Gpt::head_backward_input`] then [`Gpt::head_backward_weight`]
+    /// (adds d(lnfw), d(lnfb) into `final_norm_grad` and the LM head's d(wte) into
+    /// `embed_grad`, and seeds the residual gradient for the blocks).
     ///
     /// # Errors
     /// Wrong buffer sizes, or no `head_forward` with targets just before.
@@ -285,11 +288,27 @@ impl Gpt {
         final_norm_grad: &mut [f32],
         embed_grad: &mut [f32],
     ) -> Result<()> {
+        self.head_backward_input(acts, final_norm, embed, final_norm_grad)?;
+        self.head_backward_weight(acts, embed_grad)
+    }
+
+    /// The head's backward down to its input, which reads the tied `wte` but not its
+    /// gradient: turns the logits into d(logits), adds d(lnfw), d(lnfb) into
+    /// `final_norm_grad` and seeds the residual gradient for the blocks.
+    ///
+    /// # Errors
+    /// Wrong buffer sizes, or no `head_forward` with targets just before.
+    pub fn head_backward_input(
+        &self,
+        acts: &mut Activations,
+        final_norm: &[f32],
+        embed: &[f32],
+        final_norm_grad: &mut [f32],
+    ) -> Result<()> {
         let last = self.layout.final_norm_unit();
         self.check_unit(last, final_norm.len(), "final norm parameters")?;
         self.check_unit(last, final_norm_grad.len(), "final norm gradients")?;
         self.check_unit(0, embed.len(), "embedding parameters")?;
-        self.check_unit(0, embed_grad.len(), "embedding gradients")?;
         self.expect(acts, Progress::Loss, "head_backward")?;
         let be = &self.backend;
         let (n, c) = (acts.b * acts.t, self.config.channels);
@@ -297,18 +316,43 @@ impl Gpt {
         let [lnfw, _] = carve(final_norm, self.layout.units()[last].lens()); // (C,)
         let [dlnfw, dlnfb] = carve_mut(final_norm_grad, self.layout.units()[last].lens());
         let [wte, _] = carve(embed, self.layout.units()[0].lens()); // (Vp,C)
-        let [dwte, _] = carve_mut(embed_grad, self.layout.units()[0].lens()); // (Vp,C)
         let (input, offset) = (acts.head_input_offset(), acts.head_offset());
         let (before, head) = acts.fwd.split_at_mut(offset);
         let x = &before[input..input + n * c]; // (N,C) last block's output
-        let [lnf, lnf_mean, lnf_rstd, logits, _] = carve_mut(head, acts.head_lens);
+        let [_, lnf_mean, lnf_rstd, logits, _] = carve_mut(head, acts.head_lens);
         let [dres, dln, ..] = carve_mut(&mut acts.grad, acts.grad_lens); // (N,C) each
         be.crossentropy_backward(logits, &acts.dlosses, &acts.targets, n, v, vp);
         dln.fill(0.0);
-        be.matmul_backward(dln, dwte, None, logits, lnf, wte, n, c, vp);
+        matmul::matmul_backward_input(dln, logits, wte, n, c, vp);
         dres.fill(0.0);
         be.layernorm_backward(dres, dlnfw, dlnfb, dln, x, lnfw, lnf_mean, lnf_rstd, n, c);
-        acts.progress = Progress::Backward { next: last - 1 };
+        acts.progress = Progress::HeadWeight;
+        Ok(())
+    }
+
+    /// The rest of the head's backward: adds the LM head's d(wte) = d(logits)ᵀ · lnf into
+    /// `embed_grad` (tied weights; see the module doc). Needs no parameters.
+    ///
+    /// # Errors
+    /// A wrong buffer size, or no [`Gpt::head_backward_input`] just before.
+    pub fn head_backward_weight(
+        &self,
+        acts: &mut Activations,
+        embed_grad: &mut [f32],
+    ) -> Result<()> {
+        self.check_unit(0, embed_grad.len(), "embedding gradients")?;
+        self.expect(acts, Progress::HeadWeight, "head_backward_weight")?;
+        let (n, c, vp) = (
+            acts.b * acts.t,
+            self.config.channels,
+            self.config.padded_vocab_size,
+        );
+        let [dwte, _] = carve_mut(embed_grad, self.layout.units()[0].lens()); // (Vp,C)
+        let [lnf, _, _, dlogits, _] = carve(&acts.fwd[acts.head_offset()..], acts.head_lens);
+        matmul::matmul_backward_weight(dwte, None, dlogits, lnf, n, c, vp);
+        acts.progress = Progress::Backward {
+            next: self.layout.final_norm_unit() - 1,
+        };
         Ok(())
     }
 

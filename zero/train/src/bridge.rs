@@ -2,9 +2,17 @@
 //! forward and backward bracketed unit by unit so the engine decides when parameters exist
 //! and when gradients are reduced.
 //!
-//! The tied LM head reads the embedding unit at the end of forward and writes its gradient
-//! at the start of backward, which the embedding's own backward finishes last: so unit 0
-//! stays gathered, and its unreduced gradient stays alive, for the whole micro-step.
+//! The tied embedding (unit 0) is used at both ends of the pass, and each use is bracketed on
+//! its own: gathered for the embedding's forward and released; gathered again for the LM
+//! head and its backward down to its input, then released; the head's part of d(wte), which
+//! needs no parameters, then goes into a fresh gradient buffer reduced at once (so wte and
+//! its whole gradient are never held together);
+//! the encoder's backward at the very end opens a second gradient buffer for unit 0 and
+//! reduces it, the engine adding both reduced parts to the shard this rank keeps. So no
+//! whole copy of unit 0, parameters or gradient, lives across the blocks at stage 3. Every
+//! stage runs this same sequence, so every stage sums the same two parts in the same order.
+//! The final norm is read beside the embedding in the head, so it is the unit declared
+//! [`UnitSpec::spanning_micro_step`] (2C elements).
 
 use zero::{Engine, UnitSpec};
 use zero_gpt::{Activations, Gpt, GptError, ParamLayout, UnitKind};
@@ -31,9 +39,9 @@ pub fn gpt_units(layout: &ParamLayout) -> Vec<UnitSpec> {
                 UnitKind::Block { layer } => format!("block {layer}"),
                 UnitKind::FinalNorm => "final norm".to_string(),
             };
-            // The tied embedding is read at both ends of the pass (see the module docs).
+            // The final norm is in use beside the embedding (see the module docs).
             let spec = match unit.kind {
-                UnitKind::Embedding => UnitSpec::new(name, unit.len).spanning_micro_step(),
+                UnitKind::FinalNorm => UnitSpec::new(name, unit.len).spanning_micro_step(),
                 _ => UnitSpec::new(name, unit.len),
             };
             unit.tensors
@@ -46,7 +54,8 @@ pub fn gpt_units(layout: &ParamLayout) -> Vec<UnitSpec> {
 
 /// Forward through every unit; with targets, returns this rank's mean loss.
 ///
-/// Leaves the embedding unit gathered (released by [`backward`] or by the caller).
+/// Leaves the final norm and the embedding gathered for the head (released by [`backward`]
+/// or by the caller).
 fn forward(
     engine: &mut Engine,
     model: &Gpt,
@@ -57,6 +66,7 @@ fn forward(
     let last = model.layout().final_norm_unit();
     engine.gather(0)?;
     model.embed_forward(acts, engine.params(0)?, tokens)?;
+    engine.release(0)?;
     for layer in 0..model.config().num_layers {
         let unit = ParamLayout::block_unit(layer);
         engine.gather(unit)?;
@@ -64,22 +74,29 @@ fn forward(
         engine.release(unit)?;
     }
     engine.gather(last)?;
+    engine.gather(0)?;
     let loss = model.head_forward(acts, engine.params(last)?, engine.params(0)?, targets)?;
     Ok(loss)
 }
 
-/// Backward in reverse unit order, each unit's gradient reduced as soon as it is complete.
+/// Backward in reverse unit order, each unit's gradient reduced as soon as it is complete:
+/// the embedding's twice, its head part first and its encoder part last.
 fn backward(engine: &mut Engine, model: &Gpt, acts: &mut Activations) -> Result<(), StepError> {
     let last = model.layout().final_norm_unit();
     engine.begin_backward(last)?;
-    engine.begin_backward(0)?;
     {
-        let (p, mut g) = engine.views(&[last, 0], &[last, 0])?;
-        let (final_grad, rest) = g.split_at_mut(1);
-        model.head_backward(acts, p[0], p[1], final_grad[0], rest[0])?;
+        let (p, mut g) = engine.views(&[last, 0], &[last])?;
+        model.head_backward_input(acts, p[0], p[1], g[0])?;
     }
     engine.end_backward(last)?;
     engine.release(last)?;
+    engine.release(0)?;
+    engine.begin_backward(0)?;
+    {
+        let (_, mut g) = engine.views(&[], &[0])?;
+        model.head_backward_weight(acts, g[0])?;
+    }
+    engine.end_backward(0)?;
     for layer in (0..model.config().num_layers).rev() {
         let unit = ParamLayout::block_unit(layer);
         if acts.needs_recompute(layer) {
@@ -95,12 +112,12 @@ fn backward(engine: &mut Engine, model: &Gpt, acts: &mut Activations) -> Result<
         engine.end_backward(unit)?;
         engine.release(unit)?;
     }
+    engine.begin_backward(0)?;
     {
         let (_, mut g) = engine.views(&[], &[0])?;
         model.embed_backward(acts, g[0])?;
     }
     engine.end_backward(0)?;
-    engine.release(0)?;
     Ok(())
 }
 
