@@ -15,12 +15,14 @@ pub struct MemoryPlan {
     pub model_states: ModelStateBytes,
     /// Upper bound of the transient unit buffers (gathered parameters, unreduced gradients).
     pub transient: u64,
+    /// The model's own bytes in the arena (activations), as declared.
+    pub activations: u64,
 }
 
 impl MemoryPlan {
     /// Everything the rank's arena must hold.
     pub fn total(&self) -> u64 {
-        self.model_states.total() as u64 + self.transient
+        self.model_states.total() as u64 + self.transient + self.activations
     }
 }
 
@@ -39,6 +41,8 @@ pub struct PlanShape {
     pub prefetch_units: usize,
     /// Bytes per gradient bucket.
     pub reduce_bucket_bytes: usize,
+    /// The model's activation bytes in the arena (0 when it keeps them elsewhere).
+    pub activation_bytes: u64,
 }
 
 /// Plans the buffers of `specs` on one rank.
@@ -101,6 +105,7 @@ pub fn plan_memory(specs: &[UnitSpec], shape: PlanShape) -> Result<MemoryPlan> {
     Ok(MemoryPlan {
         model_states: states,
         transient: unreduced + copies + gathers + buckets + fragmentation,
+        activations: shape.activation_bytes,
     })
 }
 
@@ -191,6 +196,7 @@ mod tests {
             persistence_threshold: 0,
             prefetch_units: 1,
             reduce_bucket_bytes: 1 << 20,
+            activation_bytes: 0,
         }
     }
 

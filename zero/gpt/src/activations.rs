@@ -10,6 +10,7 @@
 
 use super::config::GptConfig;
 use super::error::{GptError, Result};
+use std::fmt;
 use std::ops::Range;
 
 /// Names of a layer region's views, in buffer order (the output `res3` last).
@@ -42,6 +43,38 @@ pub(crate) enum Progress {
     Backward { next: usize },
     /// Backward finished.
     Done,
+}
+
+/// Memory an activation buffer lives in: a `Vec<f32>` by default, or any other owner of f32
+/// memory the caller hands over, such as a block lent out of a rank's arena (zero-train
+/// does that, so the engine's arena holds, caps and counts the activations while this
+/// crate knows no allocator).
+pub trait ActivationMemory: Send + fmt::Debug {
+    /// The memory, read.
+    fn floats(&self) -> &[f32];
+    /// The memory, written.
+    fn floats_mut(&mut self) -> &mut [f32];
+}
+
+impl<M: AsRef<[f32]> + AsMut<[f32]> + Send + fmt::Debug> ActivationMemory for M {
+    fn floats(&self) -> &[f32] {
+        self.as_ref()
+    }
+    fn floats_mut(&mut self) -> &mut [f32] {
+        self.as_mut()
+    }
+}
+
+/// An activation buffer.
+pub type Buffer = Box<dyn ActivationMemory>;
+
+/// Token ids kept in a 4-byte-word buffer.
+pub(crate) fn ids(buf: &Buffer) -> &[u32] {
+    bytemuck::cast_slice(buf.floats())
+}
+
+pub(crate) fn ids_mut(buf: &mut Buffer) -> &mut [u32] {
+    bytemuck::cast_slice_mut(buf.floats_mut())
 }
 
 /// The sizes of every activation buffer for one (B, T) shape and checkpointing option: the
@@ -144,10 +177,40 @@ impl Sizes {
         })
     }
 
+    /// Elements of each buffer, in [`BUFFER_NAMES`] order.
+    pub fn buffers(&self) -> [usize; 6] {
+        [self.fwd, self.saved, self.grad, self.n, self.n, self.n]
+    }
+
     /// Bytes of every activation buffer together.
     pub fn bytes(&self) -> u64 {
-        4 * (self.fwd + self.saved + self.grad + 3 * self.n) as u64
+        4 * self.buffers().iter().sum::<usize>() as u64
     }
+}
+
+/// The activation buffers, in the order [`Activations::with_memory`] asks for them (tokens
+/// and targets are u32 ids, stored in 4-byte words).
+pub const BUFFER_NAMES: [&str; 6] = [
+    "forward",
+    "kept inputs",
+    "backward scratch",
+    "dlosses",
+    "tokens",
+    "targets",
+];
+
+/// Elements (4 bytes each) of every activation buffer for one (B, T) micro-batch of
+/// `config`, in [`BUFFER_NAMES`] order: what [`Activations::with_memory`] asks for.
+///
+/// # Errors
+/// As [`Activations::new`].
+pub fn activation_buffers(
+    config: &GptConfig,
+    b: usize,
+    t: usize,
+    every: Option<usize>,
+) -> Result<[usize; 6]> {
+    Ok(Sizes::new(config, b, t, every)?.buffers())
 }
 
 /// Bytes of the activations of one (B, T) micro-batch of `config` on one rank, with
@@ -181,12 +244,12 @@ pub struct Activations {
     pub(crate) config: GptConfig,
     /// Forward buffer: `[input (N,C) | slots x layer region | head region]`; block `l` uses
     /// region `l % slots`.
-    pub(crate) fwd: Vec<f32>,
+    pub(crate) fwd: Buffer,
     /// Kept block inputs with checkpointing: segment s's first input at `s*N*C`, (N,C) each.
-    pub(crate) saved: Vec<f32>,
+    pub(crate) saved: Buffer,
     /// Backward scratch: `[dres (N,C) | dln (N,C) | datty (N,C) | dqkv (N,3C) | dfch (N,4C) |
     /// dfch_gelu (N,4C)]`.
-    pub(crate) grad: Vec<f32>,
+    pub(crate) grad: Buffer,
     pub(crate) layer_lens: [usize; 15],
     pub(crate) head_lens: [usize; 5],
     pub(crate) grad_lens: [usize; 6],
@@ -197,9 +260,9 @@ pub struct Activations {
     pub(crate) valid_segment: Option<usize>,
     /// The next block a segment's recompute runs.
     pub(crate) recompute_next: Option<usize>,
-    pub(crate) tokens: Vec<u32>,  // (B,T)
-    pub(crate) targets: Vec<u32>, // (B,T)
-    pub(crate) dlosses: Vec<f32>, // (B,T), 1/N each: d(mean loss)/d(loss[b,t])
+    pub(crate) dlosses: Buffer, // (B,T), 1/N each: d(mean loss)/d(loss[b,t])
+    pub(crate) tokens: Buffer,  // (B,T) u32 ids
+    pub(crate) targets: Buffer, // (B,T) u32 ids
     pub(crate) progress: Progress,
 }
 
@@ -224,16 +287,50 @@ impl Activations {
         t: usize,
         every: Option<usize>,
     ) -> Result<Self> {
+        Self::with_memory(config, b, t, every, |len| -> Result<Buffer> {
+            Ok(Box::new(vec![0f32; len]))
+        })
+    }
+
+    /// As [`Activations::with_checkpointing`], with every buffer taken from `alloc`, called
+    /// once per buffer with its length in f32 elements ([`activation_buffers`] gives them all
+    /// beforehand). Buffers are zeroed here whatever they held.
+    ///
+    /// # Errors
+    /// As [`Activations::with_checkpointing`], and the errors of `alloc`.
+    pub fn with_memory<E: From<GptError>>(
+        config: &GptConfig,
+        b: usize,
+        t: usize,
+        every: Option<usize>,
+        mut alloc: impl FnMut(usize) -> std::result::Result<Buffer, E>,
+    ) -> std::result::Result<Self, E> {
         let sizes = Sizes::new(config, b, t, every)?;
-        let n = sizes.n;
+        let mut take = |len: usize| -> std::result::Result<Buffer, E> {
+            let mut buf = alloc(len)?;
+            if buf.floats().len() != len {
+                return Err(GptError::SizeMismatch {
+                    what: "activation buffer",
+                    expected: len,
+                    got: buf.floats().len(),
+                }
+                .into());
+            }
+            buf.floats_mut().fill(0.0);
+            Ok(buf)
+        };
+        let [fwd, saved, grad, n, _, _] = sizes.buffers();
+        let (fwd, saved, grad) = (take(fwd)?, take(saved)?, take(grad)?);
+        let mut dlosses = take(n)?;
+        dlosses.floats_mut().fill(1.0 / n as f32);
         Ok(Self {
             b,
             t,
             c: config.channels,
             config: *config,
-            fwd: vec![0.0; sizes.fwd],
-            saved: vec![0.0; sizes.saved],
-            grad: vec![0.0; sizes.grad],
+            fwd,
+            saved,
+            grad,
             layer_lens: sizes.layer_lens,
             head_lens: sizes.head_lens,
             grad_lens: sizes.grad_lens,
@@ -241,9 +338,9 @@ impl Activations {
             slots: sizes.slots,
             valid_segment: None,
             recompute_next: None,
-            tokens: vec![0; n],
-            targets: vec![0; n],
-            dlosses: vec![1.0 / n as f32; n],
+            dlosses,
+            tokens: take(n)?,
+            targets: take(n)?,
             progress: Progress::Empty,
         })
     }
@@ -264,8 +361,15 @@ impl Activations {
     /// loss gradients), counted from the buffers themselves.
     #[must_use]
     pub fn bytes(&self) -> u64 {
-        let floats = self.fwd.len() + self.saved.len() + self.grad.len() + self.dlosses.len();
-        4 * (floats + self.tokens.len() + self.targets.len()) as u64
+        let bufs = [
+            &self.fwd,
+            &self.saved,
+            &self.grad,
+            &self.dlosses,
+            &self.tokens,
+            &self.targets,
+        ];
+        4 * bufs.iter().map(|b| b.floats().len()).sum::<usize>() as u64
     }
 
     /// Blocks per checkpointed segment, or `None` without checkpointing.
@@ -308,7 +412,8 @@ impl Activations {
             });
         }
         let n = self.b * self.t;
-        Ok(&self.fwd[self.fwd.len() - n..])
+        let fwd = self.fwd.floats();
+        Ok(&fwd[fwd.len() - n..])
     }
 
     pub(crate) fn layer_len(&self) -> usize {
@@ -328,7 +433,7 @@ impl Activations {
 
     /// Offset of the head region in `fwd`.
     pub(crate) fn head_offset(&self) -> usize {
-        self.fwd.len() - self.head_lens.iter().sum::<usize>()
+        self.fwd.floats().len() - self.head_lens.iter().sum::<usize>()
     }
 
     /// Checkpointing, before the first block `layer` of a segment runs forward: moves the
@@ -337,10 +442,10 @@ impl Activations {
         let nc = self.b * self.t * self.c;
         if layer > 0 {
             let from = self.layer_offset(layer - 1) + self.layer_len() - nc;
-            self.fwd.copy_within(from..from + nc, 0);
+            self.fwd.floats_mut().copy_within(from..from + nc, 0);
         }
         let at = self.segment_index(layer) * nc;
-        self.saved[at..at + nc].copy_from_slice(&self.fwd[..nc]);
+        self.saved.floats_mut()[at..at + nc].copy_from_slice(&self.fwd.floats()[..nc]);
     }
 
     /// Checkpointing, before recomputing the segment that starts at `layer`: puts its kept
@@ -348,7 +453,7 @@ impl Activations {
     pub(crate) fn restore_segment(&mut self, layer: usize) {
         let nc = self.b * self.t * self.c;
         let at = self.segment_index(layer) * nc;
-        self.fwd[..nc].copy_from_slice(&self.saved[at..at + nc]);
+        self.fwd.floats_mut()[..nc].copy_from_slice(&self.saved.floats()[at..at + nc]);
     }
 
     fn segment_index(&self, layer: usize) -> usize {

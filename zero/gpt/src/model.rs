@@ -17,7 +17,7 @@
 //! Gradients accumulate (`+=`) into the caller's buffers: zero them before the first
 //! micro-batch of a step; further micro-batches add to them.
 
-use super::activations::{Activations, Progress};
+use super::activations::{ids, ids_mut, Activations, Progress};
 use super::backend::{Backend, CpuBackend};
 use super::config::GptConfig;
 use super::error::{GptError, Result};
@@ -109,10 +109,10 @@ impl Gpt {
         check_ids("tokens", tokens, acts, self.config.vocab_size)?;
         let (b, t, c) = (acts.b, acts.t, self.config.channels);
         let [wte, wpe] = carve(embed, self.layout.units()[0].lens()); // (Vp,C), (maxT,C)
-        acts.tokens.copy_from_slice(tokens);
-        let encoded = &mut acts.fwd[..b * t * c]; // (B,T,C)
+        ids_mut(&mut acts.tokens).copy_from_slice(tokens);
+        let encoded = &mut acts.fwd.floats_mut()[..b * t * c]; // (B,T,C)
         self.backend
-            .encoder_forward(encoded, &acts.tokens, wte, wpe, b, t, c);
+            .encoder_forward(encoded, ids(&acts.tokens), wte, wpe, b, t, c);
         acts.valid_segment = None;
         acts.recompute_next = None;
         acts.progress = Progress::Forward { next: 1 };
@@ -200,7 +200,7 @@ impl Gpt {
         let [ln1w, ln1b, qkvw, qkvb, attprojw, attprojb, ln2w, ln2b, fcw, fcb, fcprojw, fcprojb] =
             carve(params, self.layout.units()[unit].lens());
         let (offset, len) = (acts.layer_offset(layer), acts.layer_len());
-        let (before, rest) = acts.fwd.split_at_mut(offset);
+        let (before, rest) = acts.fwd.floats_mut().split_at_mut(offset);
         let x = &before[offset - n * c..]; // (N,C) the block's input
 
         // Activations: ln1 (N,C), ln1_mean (N), ln1_rstd (N), qkv (N,3C), atty (N,C),
@@ -240,7 +240,7 @@ impl Gpt {
         self.expect(acts, Progress::Forward { next: last }, "head_forward")?;
         if let Some(targets) = targets {
             check_ids("targets", targets, acts, self.config.vocab_size)?;
-            acts.targets.copy_from_slice(targets);
+            ids_mut(&mut acts.targets).copy_from_slice(targets);
         }
         let be = &self.backend;
         let (n, c) = (acts.b * acts.t, self.config.channels);
@@ -248,7 +248,7 @@ impl Gpt {
         let [lnfw, lnfb] = carve(final_norm, self.layout.units()[last].lens()); // (C,), (C,)
         let [wte, _] = carve(embed, self.layout.units()[0].lens()); // (Vp,C)
         let (input, offset) = (acts.head_input_offset(), acts.head_offset());
-        let (before, head) = acts.fwd.split_at_mut(offset);
+        let (before, head) = acts.fwd.floats_mut().split_at_mut(offset);
         let x = &before[input..input + n * c]; // (N,C) last block's output
         let [lnf, lnf_mean, lnf_rstd, logits, losses] = carve_mut(head, acts.head_lens);
         be.layernorm_forward(lnf, lnf_mean, lnf_rstd, x, lnfw, lnfb, n, c);
@@ -257,7 +257,7 @@ impl Gpt {
             acts.progress = Progress::Logits;
             return Ok(None);
         }
-        be.crossentropy_forward(losses, logits, &acts.targets, n, v, vp);
+        be.crossentropy_forward(losses, logits, ids(&acts.targets), n, v, vp);
         // f64 sum in a fixed order: the same loss to the bit on every run.
         let mean = losses.iter().map(|&l| f64::from(l)).sum::<f64>() / n as f64;
         acts.progress = Progress::Loss;
@@ -270,7 +270,7 @@ impl Gpt {
     /// [`GptError::OutOfOrder`] unless the last call was `head_forward(.., None)`.
     pub fn logits<'a>(&self, acts: &'a Activations) -> Result<&'a [f32]> {
         self.expect(acts, Progress::Logits, "logits")?;
-        let [_, _, _, logits, _] = carve(&acts.fwd[acts.head_offset()..], acts.head_lens);
+        let [_, _, _, logits, _] = carve(&acts.fwd.floats()[acts.head_offset()..], acts.head_lens);
         Ok(logits)
     }
 
@@ -317,11 +317,11 @@ impl Gpt {
         let [dlnfw, dlnfb] = carve_mut(final_norm_grad, self.layout.units()[last].lens());
         let [wte, _] = carve(embed, self.layout.units()[0].lens()); // (Vp,C)
         let (input, offset) = (acts.head_input_offset(), acts.head_offset());
-        let (before, head) = acts.fwd.split_at_mut(offset);
+        let (before, head) = acts.fwd.floats_mut().split_at_mut(offset);
         let x = &before[input..input + n * c]; // (N,C) last block's output
         let [_, lnf_mean, lnf_rstd, logits, _] = carve_mut(head, acts.head_lens);
-        let [dres, dln, ..] = carve_mut(&mut acts.grad, acts.grad_lens); // (N,C) each
-        be.crossentropy_backward(logits, &acts.dlosses, &acts.targets, n, v, vp);
+        let [dres, dln, ..] = carve_mut(acts.grad.floats_mut(), acts.grad_lens); // (N,C) each
+        be.crossentropy_backward(logits, acts.dlosses.floats(), ids(&acts.targets), n, v, vp);
         dln.fill(0.0);
         matmul::matmul_backward_input(dln, logits, wte, n, c, vp);
         dres.fill(0.0);
@@ -348,7 +348,8 @@ impl Gpt {
             self.config.padded_vocab_size,
         );
         let [dwte, _] = carve_mut(embed_grad, self.layout.units()[0].lens()); // (Vp,C)
-        let [lnf, _, _, dlogits, _] = carve(&acts.fwd[acts.head_offset()..], acts.head_lens);
+        let [lnf, _, _, dlogits, _] =
+            carve(&acts.fwd.floats()[acts.head_offset()..], acts.head_lens);
         matmul::matmul_backward_weight(dwte, None, dlogits, lnf, n, c, vp);
         acts.progress = Progress::Backward {
             next: self.layout.final_norm_unit() - 1,
@@ -389,15 +390,16 @@ impl Gpt {
         let [dln1w, dln1b, dqkvw, dqkvb, dattprojw, dattprojb, dln2w, dln2b, dfcw, dfcb, dfcprojw, dfcprojb] =
             carve_mut(grads, lens);
         let (offset, len) = (acts.layer_offset(layer), acts.layer_len());
-        let x = &acts.fwd[offset - n * c..offset]; // (N,C) the block's input
+        let x = &acts.fwd.floats()[offset - n * c..offset]; // (N,C) the block's input
 
         // Activations: ln1 (N,C), ln1_mean (N), ln1_rstd (N), qkv (N,3C), atty (N,C),
         // att (B,T,NH,T), attproj (N,C), res2 (N,C), ln2 (N,C), ln2_mean (N), ln2_rstd (N),
         // fch (N,4C), fch_gelu (N,4C), fcproj (N,C), res3 (N,C).
         let [ln1, ln1_mean, ln1_rstd, qkv, atty, att, _, res2, ln2, ln2_mean, ln2_rstd, fch, fch_gelu, _, _] =
-            carve(&acts.fwd[offset..offset + len], acts.layer_lens);
+            carve(&acts.fwd.floats()[offset..offset + len], acts.layer_lens);
         // dres (N,C) holds d(block output) and leaves holding d(block input).
-        let [dres, dln, datty, dqkv, dfch, dfch_gelu] = carve_mut(&mut acts.grad, acts.grad_lens);
+        let [dres, dln, datty, dqkv, dfch, dfch_gelu] =
+            carve_mut(acts.grad.floats_mut(), acts.grad_lens);
         for scratch in [
             &mut *dln,
             &mut *datty,
@@ -455,9 +457,9 @@ impl Gpt {
         self.expect(acts, Progress::Backward { next: 0 }, "embed_backward")?;
         let (b, t, c) = (acts.b, acts.t, self.config.channels);
         let [dwte, dwpe] = carve_mut(embed_grad, self.layout.units()[0].lens());
-        let [dres, ..] = carve(&acts.grad, acts.grad_lens); // (N,C)
+        let [dres, ..] = carve(acts.grad.floats(), acts.grad_lens); // (N,C)
         self.backend
-            .encoder_backward(dwte, dwpe, dres, &acts.tokens, b, t, c);
+            .encoder_backward(dwte, dwpe, dres, ids(&acts.tokens), b, t, c);
         acts.progress = Progress::Done;
         Ok(())
     }

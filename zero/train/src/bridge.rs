@@ -15,7 +15,10 @@
 //! [`UnitSpec::spanning_micro_step`] (2C elements).
 
 use zero::{Engine, UnitSpec};
-use zero_gpt::{Activations, Gpt, GptError, ParamLayout, UnitKind};
+use zero_alloc::DEFAULT_ALIGNMENT;
+use zero_gpt::{
+    activation_buffers, Activations, Buffer, Gpt, GptConfig, GptError, ParamLayout, UnitKind,
+};
 
 /// Why a GPT micro-step failed.
 #[derive(Debug, thiserror::Error)]
@@ -50,6 +53,53 @@ pub fn gpt_units(layout: &ParamLayout) -> Vec<UnitSpec> {
                 .fold(spec, |spec, t| spec.with_decay(t.offset..t.offset + t.len))
         })
         .collect()
+}
+
+/// Bytes the activations of one (B, T) micro-batch take in a rank's arena: the model's
+/// buffers ([`zero_gpt::activation_buffers`]), each rounded up to the arena's alignment.
+/// What [`EngineConfig::activation_bytes`](zero::EngineConfig::activation_bytes) declares.
+///
+/// # Errors
+/// A batch shape the model refuses.
+pub fn activation_arena_bytes(
+    config: &GptConfig,
+    b: usize,
+    t: usize,
+    every: Option<usize>,
+) -> Result<u64, GptError> {
+    let align = DEFAULT_ALIGNMENT as u64;
+    Ok(activation_buffers(config, b, t, every)?
+        .iter()
+        .map(|&len| (len as u64 * 4).div_ceil(align) * align)
+        .sum())
+}
+
+/// Activations whose every buffer is a block of `engine`'s arena, lent for good: the arena
+/// holds, caps and counts them with the model states. (The model takes its memory from a
+/// caller-supplied allocator and knows no arena; the engine lends blocks and knows no model:
+/// this glue is the one place that knows both.)
+///
+/// # Errors
+/// A batch shape the model refuses; arena errors (a cap too small).
+pub fn arena_activations(
+    engine: &mut Engine,
+    model: &Gpt,
+    b: usize,
+    t: usize,
+    every: Option<usize>,
+) -> Result<Activations, StepError> {
+    Activations::with_memory(
+        model.config(),
+        b,
+        t,
+        every,
+        |len| -> Result<Buffer, StepError> {
+            if len == 0 {
+                return Ok(Box::new(Vec::<f32>::new()));
+            }
+            Ok(Box::new(engine.lend_f32(len)?))
+        },
+    )
 }
 
 /// Forward through every unit; with targets, returns this rank's mean loss.

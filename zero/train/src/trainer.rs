@@ -6,9 +6,10 @@
 //! [`save`]: Trainer::save
 //! [`report`]: Trainer::report
 
-use super::bridge::{eval_loss, gpt_units, micro_step};
+use super::bridge::{activation_arena_bytes, arena_activations, eval_loss, gpt_units, micro_step};
 use super::error::TrainError;
 use super::init::load_init;
+use super::memory_fit::MemoryQuery;
 use super::metrics::{RankReport, StepMetrics};
 use super::resume::{load_state, save_llmc, save_state, step_dir};
 use super::run::{RankOutput, Shared};
@@ -16,7 +17,9 @@ use super::sample::{decode, sample};
 use crate::data::{DataLoader, LoaderConfig};
 use std::time::Instant;
 use zero::optim::{AdamW, CosineSchedule};
-use zero::{expected_model_state_bytes, Engine, EngineConfig, Precision, Traffic, ZeroStage};
+use zero::{
+    expected_model_state_bytes, Engine, EngineConfig, PlanShape, Precision, Traffic, ZeroStage,
+};
 use zero_comm::{Communicator, ReduceOp};
 use zero_gpt::{init_unit, Activations, Gpt};
 
@@ -98,8 +101,17 @@ fn build_engine(
             ..AdamW::default()
         },
         memory_limit: cfg.memory_limit.map(|m| m.0),
+        activation_bytes: activation_arena_bytes(
+            &shared.model,
+            cfg.micro_batch_size,
+            cfg.seq_len,
+            cfg.checkpoint_every(),
+        )?,
     };
     engine_config.adam.validate()?;
+    if let Some(limit) = engine_config.memory_limit {
+        refuse_what_cannot_fit(shared, &engine_config, comm.size(), limit)?;
+    }
     let (gcfg, layout) = (shared.model, model.layout());
     let mut init_err = None;
     let engine = Engine::new(comm, gpt_units(layout), engine_config, |unit, w| {
@@ -111,6 +123,43 @@ fn build_engine(
         Some(e) => Err(e.into()),
         None => Ok(engine),
     }
+}
+
+/// Refuses at start-up a cap below the plan (model states, transient unit buffers and
+/// activations), naming the bytes needed and a stage and options that fit.
+fn refuse_what_cannot_fit(
+    shared: &Shared<'_>,
+    engine_config: &EngineConfig,
+    world: usize,
+    limit: u64,
+) -> Result<(), TrainError> {
+    let cfg = shared.cfg;
+    let query = MemoryQuery {
+        model: shared.model,
+        micro_batch: cfg.micro_batch_size,
+        seq_len: cfg.seq_len,
+        checkpoint_every: cfg.checkpoint_every(),
+        shape: PlanShape {
+            world,
+            stage: engine_config.stage,
+            precision: engine_config.precision,
+            persistence_threshold: engine_config.persistence_threshold,
+            prefetch_units: engine_config.prefetch_units,
+            reduce_bucket_bytes: engine_config.reduce_bucket_bytes,
+            activation_bytes: engine_config.activation_bytes,
+        },
+    };
+    let needed = query.plan()?.total();
+    if needed <= limit {
+        return Ok(());
+    }
+    Err(zero::Error::DoesNotFit {
+        stage: engine_config.stage,
+        needed,
+        limit,
+        hint: query.what_fits(limit),
+    }
+    .into())
 }
 
 impl<'a> Trainer<'a> {
@@ -126,6 +175,8 @@ impl<'a> Trainer<'a> {
         let (rank, world) = (comm.rank(), comm.size());
         let mut engine = build_engine(shared, comm, &model)?;
         let (b, t) = (cfg.micro_batch_size, cfg.seq_len);
+        // First in the arena after the model states, so these pinned blocks leave no hole.
+        let acts = arena_activations(&mut engine, &model, b, t, cfg.checkpoint_every())?;
         let loader_config = LoaderConfig {
             micro_batch: b,
             seq_len: t,
@@ -158,7 +209,7 @@ impl<'a> Trainer<'a> {
         schedule.validate()?;
         let out = RankOutput::new(&engine, model.layout().num_params(), cfg.precision.into())?;
         Ok(Self {
-            acts: model.activations_checkpointed(b, t, cfg.checkpoint_every())?,
+            acts,
             x: vec![0; b * t],
             y: vec![0; b * t],
             shared,
