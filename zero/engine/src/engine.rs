@@ -282,7 +282,7 @@ impl Engine {
         expected_model_state_bytes(psi, self.world(), self.config.stage, self.config.precision)
     }
 
-    /// What the plan reserved: model states plus transient unit buffers.
+    /// What the plan reserved: model states, transient unit buffers and activations.
     pub fn memory_plan(&self) -> MemoryPlan {
         self.memory_plan
     }
