@@ -18,7 +18,9 @@ use clap::Parser;
 use zero::{Engine, EngineConfig, Precision, ZeroStage};
 use zero_benches::size::parse_size;
 use zero_gpt::{init_unit, Gpt, GptConfig, ParamLayout, Rng};
-use zero_train::bridge::{activation_arena_bytes, arena_activations, gpt_units, micro_step};
+use zero_train::bridge::{
+    activation_arena_bytes, arena_activations, gpt_units, micro_step, ActivationPlacement,
+};
 use zero_train::memory_fit::{default_shape, MemoryQuery};
 
 /// The largest GPT each ZeRO stage trains under a per-rank memory cap (fp32, local ranks;
@@ -74,7 +76,10 @@ fn fits(args: &Args, model: &GptConfig, stage: ZeroStage, every: Option<usize>) 
         model: *model,
         micro_batch: args.micro_batch,
         seq_len: args.seq_len,
-        checkpoint_every: every,
+        placement: ActivationPlacement {
+            checkpoint_every: every,
+            offload: false,
+        },
         shape: default_shape(args.ranks, stage, Precision::Fp32),
     };
     query
@@ -112,10 +117,15 @@ fn train(
     cap: Option<u64>,
 ) -> Result<(u64, f64), String> {
     let (b, t) = (args.micro_batch, args.seq_len);
+    let placement = ActivationPlacement {
+        checkpoint_every: every,
+        offload: false,
+    };
     let engine_config = EngineConfig {
         stage,
         memory_limit: cap,
-        activation_bytes: activation_arena_bytes(&model, b, t, every).map_err(|e| e.to_string())?,
+        activation_bytes: activation_arena_bytes(&model, b, t, placement)
+            .map_err(|e| e.to_string())?,
         ..EngineConfig::default()
     };
     let comms = zero_comm::local::create(args.ranks).map_err(|e| e.to_string())?;
@@ -133,8 +143,8 @@ fn train(
                             let _ = init_unit(&model, &layout, unit, 1, w);
                         })
                         .map_err(|e| err(&e))?;
-                    let mut acts =
-                        arena_activations(&mut engine, &gpt, b, t, every).map_err(|e| err(&e))?;
+                    let mut acts = arena_activations(&mut engine, &gpt, b, t, placement)
+                        .map_err(|e| err(&e))?;
                     let mut rng = Rng::new(engine.rank() as u64);
                     let mut seconds = 0.0;
                     for _ in 0..2 {

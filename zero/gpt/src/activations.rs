@@ -199,6 +199,11 @@ pub const BUFFER_NAMES: [&str; 6] = [
     "targets",
 ];
 
+/// The index in [`BUFFER_NAMES`] of the kept block inputs (checkpointing): the buffer read
+/// only at segment starts, in forward and before recompute, so it may live in slower memory
+/// (offloaded to pinned host memory).
+pub const KEPT_INPUTS: usize = 1;
+
 /// Elements (4 bytes each) of every activation buffer for one (B, T) micro-batch of
 /// `config`, in [`BUFFER_NAMES`] order: what [`Activations::with_memory`] asks for.
 ///
@@ -287,14 +292,15 @@ impl Activations {
         t: usize,
         every: Option<usize>,
     ) -> Result<Self> {
-        Self::with_memory(config, b, t, every, |len| -> Result<Buffer> {
+        Self::with_memory(config, b, t, every, |_, len| -> Result<Buffer> {
             Ok(Box::new(vec![0f32; len]))
         })
     }
 
     /// As [`Activations::with_checkpointing`], with every buffer taken from `alloc`, called
-    /// once per buffer with its length in f32 elements ([`activation_buffers`] gives them all
-    /// beforehand). Buffers are zeroed here whatever they held.
+    /// once per buffer with its index in [`BUFFER_NAMES`] and its length in f32 elements
+    /// ([`activation_buffers`] gives them all beforehand). Buffers are zeroed here whatever
+    /// they held.
     ///
     /// # Errors
     /// As [`Activations::with_checkpointing`], and the errors of `alloc`.
@@ -303,11 +309,13 @@ impl Activations {
         b: usize,
         t: usize,
         every: Option<usize>,
-        mut alloc: impl FnMut(usize) -> std::result::Result<Buffer, E>,
+        mut alloc: impl FnMut(usize, usize) -> std::result::Result<Buffer, E>,
     ) -> std::result::Result<Self, E> {
         let sizes = Sizes::new(config, b, t, every)?;
+        let mut index = 0;
         let mut take = |len: usize| -> std::result::Result<Buffer, E> {
-            let mut buf = alloc(len)?;
+            let mut buf = alloc(index, len)?;
+            index += 1;
             if buf.floats().len() != len {
                 return Err(GptError::SizeMismatch {
                     what: "activation buffer",

@@ -39,7 +39,7 @@ mod views;
 
 pub use activations::{
     activation_buffers, activation_bytes, ActivationMemory, Activations, Buffer, BUFFER_NAMES,
-    GRAD_VIEWS, HEAD_VIEWS, LAYER_VIEWS,
+    GRAD_VIEWS, HEAD_VIEWS, KEPT_INPUTS, LAYER_VIEWS,
 };
 pub use backend::{Backend, CpuBackend};
 pub use config::{pad_vocab, GptConfig, GPT2_VOCAB_SIZE, PRESET_NAMES, VOCAB_PAD_MULTIPLE};

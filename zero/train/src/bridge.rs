@@ -15,9 +15,10 @@
 //! [`UnitSpec::spanning_micro_step`] (2C elements).
 
 use zero::{Engine, UnitSpec};
-use zero_alloc::DEFAULT_ALIGNMENT;
+use zero_alloc::{PinnedBuffer, DEFAULT_ALIGNMENT};
 use zero_gpt::{
     activation_buffers, Activations, Buffer, Gpt, GptConfig, GptError, ParamLayout, UnitKind,
+    KEPT_INPUTS,
 };
 
 /// Why a GPT micro-step failed.
@@ -55,9 +56,25 @@ pub fn gpt_units(layout: &ParamLayout) -> Vec<UnitSpec> {
         .collect()
 }
 
+/// Where a micro-batch's activations live, and how many are kept.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct ActivationPlacement {
+    /// Activation checkpointing every K blocks, or `None`.
+    pub checkpoint_every: Option<usize>,
+    /// The kept block inputs live in pinned host memory, outside the rank's arena.
+    pub offload: bool,
+}
+
+impl ActivationPlacement {
+    /// Kept inputs exist (checkpointing on) and are offloaded.
+    fn offloads(self) -> bool {
+        self.offload && self.checkpoint_every.is_some()
+    }
+}
+
 /// Bytes the activations of one (B, T) micro-batch take in a rank's arena: the model's
-/// buffers ([`zero_gpt::activation_buffers`]), each rounded up to the arena's alignment.
-/// What [`EngineConfig::activation_bytes`](zero::EngineConfig::activation_bytes) declares.
+/// buffers ([`zero_gpt::activation_buffers`]) but offloaded ones, each rounded up to the
+/// arena's alignment. What [`EngineConfig::activation_bytes`](zero::EngineConfig) declares.
 ///
 /// # Errors
 /// A batch shape the model refuses.
@@ -65,17 +82,39 @@ pub fn activation_arena_bytes(
     config: &GptConfig,
     b: usize,
     t: usize,
-    every: Option<usize>,
+    placement: ActivationPlacement,
 ) -> Result<u64, GptError> {
     let align = DEFAULT_ALIGNMENT as u64;
-    Ok(activation_buffers(config, b, t, every)?
-        .iter()
-        .map(|&len| (len as u64 * 4).div_ceil(align) * align)
-        .sum())
+    Ok(
+        activation_buffers(config, b, t, placement.checkpoint_every)?
+            .iter()
+            .enumerate()
+            .filter(|&(i, _)| !(placement.offloads() && i == KEPT_INPUTS))
+            .map(|(_, &len)| (len as u64 * 4).div_ceil(align) * align)
+            .sum(),
+    )
+}
+
+/// Pinned host memory as f32 (page-aligned, a whole number of floats: `as_slice` cannot
+/// fail, and `Activations::with_memory` checks the length it sees).
+#[derive(Debug)]
+struct PinnedFloats(PinnedBuffer);
+
+impl AsRef<[f32]> for PinnedFloats {
+    fn as_ref(&self) -> &[f32] {
+        self.0.as_slice::<f32>().unwrap_or_default()
+    }
+}
+
+impl AsMut<[f32]> for PinnedFloats {
+    fn as_mut(&mut self) -> &mut [f32] {
+        self.0.as_slice_mut::<f32>().unwrap_or_default()
+    }
 }
 
 /// Activations whose every buffer is a block of `engine`'s arena, lent for good: the arena
-/// holds, caps and counts them with the model states. (The model takes its memory from a
+/// holds, caps and counts them with the model states; with `placement.offload`, the kept
+/// block inputs go to pinned host memory instead. (The model takes its memory from a
 /// caller-supplied allocator and knows no arena; the engine lends blocks and knows no model:
 /// this glue is the one place that knows both.)
 ///
@@ -86,16 +125,21 @@ pub fn arena_activations(
     model: &Gpt,
     b: usize,
     t: usize,
-    every: Option<usize>,
+    placement: ActivationPlacement,
 ) -> Result<Activations, StepError> {
+    let every = placement.checkpoint_every;
     Activations::with_memory(
         model.config(),
         b,
         t,
         every,
-        |len| -> Result<Buffer, StepError> {
+        |which, len| -> Result<Buffer, StepError> {
             if len == 0 {
                 return Ok(Box::new(Vec::<f32>::new()));
+            }
+            if placement.offloads() && which == KEPT_INPUTS {
+                let pinned = PinnedBuffer::new(len * 4).map_err(zero::Error::from)?;
+                return Ok(Box::new(PinnedFloats(pinned)));
             }
             Ok(Box::new(engine.lend_f32(len)?))
         },

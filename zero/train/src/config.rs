@@ -186,6 +186,10 @@ pub struct TrainConfig {
     /// Blocks per checkpointed segment (K) with `--activation-checkpointing`.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(usize))]
     pub checkpoint_every: usize,
+    /// With `--activation-checkpointing`: keep the block inputs in pinned host memory,
+    /// outside the rank's arena.
+    #[arg(long)]
+    pub offload_activations: bool,
 }
 
 impl Default for TrainConfig {
@@ -233,6 +237,14 @@ impl TrainConfig {
     pub fn checkpoint_every(&self) -> Option<usize> {
         self.activation_checkpointing
             .then_some(self.checkpoint_every)
+    }
+
+    /// Where the activations live: checkpointing, and the kept inputs offloaded or not.
+    pub fn activation_placement(&self) -> crate::bridge::ActivationPlacement {
+        crate::bridge::ActivationPlacement {
+            checkpoint_every: self.checkpoint_every(),
+            offload: self.offload_activations,
+        }
     }
 
     /// Micro-steps per optimizer step on each rank (after [`validate`](Self::validate), the

@@ -1,7 +1,7 @@
 //! What one rank's arena must hold for a GPT training configuration (the engine's plan plus
 //! the model's activations), and, for a cap too small, which stage and options would fit.
 
-use super::bridge::{activation_arena_bytes, gpt_units};
+use super::bridge::{activation_arena_bytes, gpt_units, ActivationPlacement};
 use super::error::TrainError;
 use zero::{plan_memory, MemoryPlan, PlanShape, Precision, ZeroStage};
 use zero_gpt::{GptConfig, ParamLayout};
@@ -15,8 +15,8 @@ pub struct MemoryQuery {
     pub micro_batch: usize,
     /// Sequence length T.
     pub seq_len: usize,
-    /// Activation checkpointing every K blocks, or `None`.
-    pub checkpoint_every: Option<usize>,
+    /// Checkpointing and offload of the activations.
+    pub placement: ActivationPlacement,
     /// Everything else the engine's plan depends on (its `activation_bytes` is filled in
     /// from the model's formula).
     pub shape: PlanShape,
@@ -28,12 +28,8 @@ impl MemoryQuery {
     /// # Errors
     /// A batch shape the model refuses, or a plan error (zero ranks, overflow).
     pub fn plan(&self) -> Result<MemoryPlan, TrainError> {
-        let activation_bytes = activation_arena_bytes(
-            &self.model,
-            self.micro_batch,
-            self.seq_len,
-            self.checkpoint_every,
-        )?;
+        let activation_bytes =
+            activation_arena_bytes(&self.model, self.micro_batch, self.seq_len, self.placement)?;
         let specs = gpt_units(&ParamLayout::new(&self.model));
         let shape = PlanShape {
             activation_bytes,
@@ -42,10 +38,13 @@ impl MemoryQuery {
         Ok(plan_memory(&specs, shape)?)
     }
 
-    /// The same query at `stage` with checkpointing `every`.
+    /// The same query at `stage` with checkpointing `every` (offload as asked).
     pub fn with(&self, stage: ZeroStage, every: Option<usize>) -> Self {
         Self {
-            checkpoint_every: every,
+            placement: ActivationPlacement {
+                checkpoint_every: every,
+                ..self.placement
+            },
             shape: PlanShape {
                 stage,
                 ..self.shape
@@ -58,8 +57,8 @@ impl MemoryQuery {
     /// lowest that fits with activation checkpointing every block when it is off, or the
     /// bytes the leanest of them needs.
     pub fn what_fits(&self, limit: u64) -> String {
-        let mut options = vec![(self.checkpoint_every, "")];
-        if self.checkpoint_every.is_none() {
+        let mut options = vec![(self.placement.checkpoint_every, "")];
+        if self.placement.checkpoint_every.is_none() {
             options.push((Some(1), " with --activation-checkpointing"));
         }
         let mut least = u64::MAX;

@@ -105,7 +105,7 @@ fn build_engine(
             &shared.model,
             cfg.micro_batch_size,
             cfg.seq_len,
-            cfg.checkpoint_every(),
+            cfg.activation_placement(),
         )?,
     };
     engine_config.adam.validate()?;
@@ -138,7 +138,7 @@ fn refuse_what_cannot_fit(
         model: shared.model,
         micro_batch: cfg.micro_batch_size,
         seq_len: cfg.seq_len,
-        checkpoint_every: cfg.checkpoint_every(),
+        placement: cfg.activation_placement(),
         shape: PlanShape {
             world,
             stage: engine_config.stage,
@@ -176,7 +176,7 @@ impl<'a> Trainer<'a> {
         let mut engine = build_engine(shared, comm, &model)?;
         let (b, t) = (cfg.micro_batch_size, cfg.seq_len);
         // First in the arena after the model states, so these pinned blocks leave no hole.
-        let acts = arena_activations(&mut engine, &model, b, t, cfg.checkpoint_every())?;
+        let acts = arena_activations(&mut engine, &model, b, t, cfg.activation_placement())?;
         let loader_config = LoaderConfig {
             micro_batch: b,
             seq_len: t,

@@ -4,7 +4,9 @@
 
 use zero::{Engine, EngineConfig, Precision, ZeroStage};
 use zero_gpt::{activation_bytes, init_unit, Gpt, GptConfig, Rng};
-use zero_train::bridge::{activation_arena_bytes, arena_activations, gpt_units, micro_step};
+use zero_train::bridge::{
+    activation_arena_bytes, arena_activations, gpt_units, micro_step, ActivationPlacement,
+};
 use zero_train::memory_fit::{default_shape, MemoryQuery};
 
 const T: usize = 16;
@@ -24,11 +26,27 @@ struct Measured {
 /// Two training steps at `stage` over `world` ranks, activations in the arena; rank 0's
 /// plan and peak.
 fn run(world: usize, stage: ZeroStage, every: Option<usize>, limit: Option<u64>) -> Measured {
+    run_placed(world, stage, placed(every, false), limit)
+}
+
+fn placed(checkpoint_every: Option<usize>, offload: bool) -> ActivationPlacement {
+    ActivationPlacement {
+        checkpoint_every,
+        offload,
+    }
+}
+
+fn run_placed(
+    world: usize,
+    stage: ZeroStage,
+    placement: ActivationPlacement,
+    limit: Option<u64>,
+) -> Measured {
     let cfg = config();
     let engine_config = EngineConfig {
         stage,
         memory_limit: limit,
-        activation_bytes: activation_arena_bytes(&cfg, B, T, every).unwrap(),
+        activation_bytes: activation_arena_bytes(&cfg, B, T, placement).unwrap(),
         ..EngineConfig::default()
     };
     let comms = zero_comm::local::create(world).unwrap();
@@ -44,7 +62,7 @@ fn run(world: usize, stage: ZeroStage, every: Option<usize>, limit: Option<u64>)
                             init_unit(&cfg, &layout, unit, 1, w).unwrap()
                         })
                         .unwrap();
-                    let mut acts = arena_activations(&mut engine, &model, B, T, every).unwrap();
+                    let mut acts = arena_activations(&mut engine, &model, B, T, placement).unwrap();
                     let mut rng = Rng::new(engine.rank() as u64);
                     for _ in 0..2 {
                         let seq: Vec<u32> =
@@ -102,7 +120,7 @@ fn a_cap_at_the_plan_trains_and_a_cap_below_names_what_fits() {
         model: cfg,
         micro_batch: B,
         seq_len: T,
-        checkpoint_every: None,
+        placement: placed(None, false),
         shape: default_shape(2, ZeroStage::Zero0, Precision::Fp32),
     };
     let plan = |stage, every| query.with(stage, every).plan().unwrap().total();
@@ -130,11 +148,28 @@ fn a_cap_at_the_plan_trains_and_a_cap_below_names_what_fits() {
     let engine_config = EngineConfig {
         stage: ZeroStage::Zero3,
         memory_limit: Some(with_ckpt - 1),
-        activation_bytes: activation_arena_bytes(&cfg, B, T, Some(1)).unwrap(),
+        activation_bytes: activation_arena_bytes(&cfg, B, T, placed(Some(1), false)).unwrap(),
         ..EngineConfig::default()
     };
     let comm = zero_comm::local::create(1).unwrap().pop().unwrap();
     let layout = Gpt::new(cfg).unwrap().layout().clone();
     let err = Engine::new(comm, gpt_units(&layout), engine_config, |_, _| {}).unwrap_err();
     assert!(matches!(err, zero::Error::DoesNotFit { .. }), "{err}");
+}
+
+#[test]
+fn offloaded_inputs_leave_the_arena_and_the_plan_by_their_bytes() {
+    let cfg = config();
+    for stage in [ZeroStage::Zero0, ZeroStage::Zero3] {
+        let kept = run_placed(2, stage, placed(Some(1), false), None);
+        let offloaded = run_placed(2, stage, placed(Some(1), true), None);
+        // L=3 kept inputs of (B*T, C) floats, 256-byte aligned already.
+        let inputs = 3 * (B * T * cfg.channels) as u64 * 4;
+        assert_eq!(kept.plan - offloaded.plan, inputs, "{stage}");
+        assert!(offloaded.peak <= offloaded.plan, "{stage}");
+        assert_eq!(
+            offloaded.activations, kept.activations,
+            "the model holds the same"
+        );
+    }
 }

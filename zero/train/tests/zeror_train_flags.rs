@@ -83,6 +83,26 @@ fn checkpointing_keeps_the_losses_and_shrinks_the_activations() {
     // The activations are arena blocks: the peak holds them beside the model states.
     assert!(a.peak_bytes as f64 >= a.measured.total() + a.activation_bytes as f64);
     assert!(a.peak_bytes - b.peak_bytes >= a.activation_bytes - b.activation_bytes);
+    let offloaded = train(&TrainConfig {
+        activation_checkpointing: true,
+        offload_activations: true,
+        ..tiny(&dir.0)
+    })
+    .unwrap();
+    assert_eq!(bits(&plain.losses), bits(&offloaded.losses));
+}
+
+#[test]
+fn offload_without_checkpointing_is_refused() {
+    let dir = TempDir::new("offload");
+    corpus(&dir.0);
+    let err = train(&TrainConfig {
+        offload_activations: true,
+        ..tiny(&dir.0)
+    })
+    .unwrap_err()
+    .to_string();
+    assert!(err.contains("--activation-checkpointing"), "{err}");
 }
 
 #[test]
