@@ -80,9 +80,12 @@ fn checkpointing_keeps_the_losses_and_shrinks_the_activations() {
         activation_bytes(&model, 1, 16, Some(1)).unwrap()
     );
     assert!(b.activation_bytes < a.activation_bytes);
-    // The activations are arena blocks: the peak holds them beside the model states.
-    assert!(a.peak_bytes as f64 >= a.measured.total() + a.activation_bytes as f64);
-    assert!(a.peak_bytes - b.peak_bytes >= a.activation_bytes - b.activation_bytes);
+    // The activations are arena blocks: the peak holds them beside the model states. (Peaks
+    // are not compared between runs: how many gradient buckets are in flight at once
+    // depends on thread timing.)
+    for r in [a, b] {
+        assert!(r.peak_bytes as f64 >= r.measured.total() + r.activation_bytes as f64);
+    }
     let offloaded = train(&TrainConfig {
         activation_checkpointing: true,
         offload_activations: true,
