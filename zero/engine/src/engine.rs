@@ -29,7 +29,7 @@ use super::unit::UnitSpec;
 use super::unit_buffers::{initial_values, write_whole, UnitBuffers};
 use crate::optim::AdamW;
 use std::collections::VecDeque;
-use zero_alloc::{Arena, ArenaConfig, Handle};
+use zero_alloc::{Arena, ArenaConfig, Handle, Lent};
 use zero_comm::Communicator;
 
 /// The engine's knobs, under DeepSpeed's names where it has them.
@@ -54,6 +54,9 @@ pub struct EngineConfig {
     pub adam: AdamW,
     /// Cap on the rank's arena in bytes (`None`: exactly what the plan needs).
     pub memory_limit: Option<u64>,
+    /// Bytes the model takes from the arena besides model states (its activations, through
+    /// [`Engine::lend_f32`]), arena rounding included: planned and capped with the rest.
+    pub activation_bytes: u64,
 }
 
 impl Default for EngineConfig {
@@ -67,6 +70,7 @@ impl Default for EngineConfig {
             grad_clip: 1.0,
             adam: AdamW::default(),
             memory_limit: None,
+            activation_bytes: 0,
         }
     }
 }
@@ -145,6 +149,7 @@ impl Engine {
             persistence_threshold: config.persistence_threshold,
             prefetch_units: config.prefetch_units,
             reduce_bucket_bytes: config.reduce_bucket_bytes,
+            activation_bytes: config.activation_bytes,
         };
         let memory_plan = match config.memory_limit {
             Some(limit) => check_fits(&specs, shape, limit)?,
@@ -277,9 +282,27 @@ impl Engine {
         expected_model_state_bytes(psi, self.world(), self.config.stage, self.config.precision)
     }
 
-    /// What the plan reserved: model states plus transient unit buffers.
+    /// What the plan reserved: model states, transient unit buffers and activations.
     pub fn memory_plan(&self) -> MemoryPlan {
         self.memory_plan
+    }
+
+    /// A block of `len` f32 elements from this rank's arena, lent out for good (pinned, so
+    /// compaction never moves it): memory the model owns, such as its activations, that the
+    /// arena counts and caps with the model states. Declare its bytes in
+    /// [`EngineConfig::activation_bytes`] so the plan reserves them.
+    ///
+    /// # Errors
+    /// Arena errors (out of memory names the arena's statistics).
+    pub fn lend_f32(&mut self, len: usize) -> Result<Lent<f32>> {
+        let h = self.arena.alloc_elems::<f32>(len)?;
+        match self.arena.lend::<f32>(h) {
+            Ok(lent) => Ok(lent),
+            Err(e) => {
+                self.arena.free(h)?;
+                Err(e.into())
+            }
+        }
     }
 
     /// fp16's current loss scale (1 for other precisions).

@@ -29,8 +29,8 @@ pub enum Error {
     },
     /// The configuration needs more memory than the cap allows.
     #[error(
-        "{stage} needs {needed} bytes per rank for model states and transient unit buffers, \
-         but --memory-limit is {limit} bytes; {hint}"
+        "{stage} needs {needed} bytes per rank for model states, transient unit buffers and \
+         activations, but --memory-limit is {limit} bytes; {hint}"
     )]
     DoesNotFit {
         /// The stage asked for.

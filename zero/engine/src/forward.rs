@@ -54,13 +54,16 @@ impl Engine {
         }
     }
 
-    /// A new f32 block holding `unit`'s whole (padded) parameters.
+    /// A new f32 block holding `unit`'s whole (padded) parameters. f32 storage is
+    /// all-gathered straight into it; half precision is gathered into a staging block of
+    /// the storage type and widened.
     fn compute_copy<S: Store>(&mut self, unit: usize) -> Result<Handle> {
         let policy = self.policies[unit];
         let padded = policy.part.padded_numel();
         let params = self.bufs[unit].params;
         let out = self.arena.alloc_elems::<f32>(padded)?;
-        let staged = if !policy.gathered() {
+        let direct = policy.gathered() && std::mem::size_of::<S>() == 4;
+        let staged = if !policy.gathered() || direct {
             None
         } else {
             Some(self.arena.alloc_elems::<S>(padded)?)
@@ -68,6 +71,12 @@ impl Engine {
         let result = (|| -> Result<()> {
             let mut views = self.arena.views();
             let stored = views.get::<S>(params)?;
+            if direct {
+                // f32 storage: the compute copy is the gathered buffer itself.
+                self.comm.all_gather(stored, views.get_mut::<S>(out)?)?;
+                self.traffic.all_gather += padded as u64;
+                return Ok(());
+            }
             let out = views.get_mut::<f32>(out)?;
             let whole: &[S] = match staged {
                 None => stored,

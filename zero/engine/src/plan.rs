@@ -15,12 +15,14 @@ pub struct MemoryPlan {
     pub model_states: ModelStateBytes,
     /// Upper bound of the transient unit buffers (gathered parameters, unreduced gradients).
     pub transient: u64,
+    /// The model's own bytes in the arena (activations), as declared.
+    pub activations: u64,
 }
 
 impl MemoryPlan {
     /// Everything the rank's arena must hold.
     pub fn total(&self) -> u64 {
-        self.model_states.total() as u64 + self.transient
+        self.model_states.total() as u64 + self.transient + self.activations
     }
 }
 
@@ -39,6 +41,8 @@ pub struct PlanShape {
     pub prefetch_units: usize,
     /// Bytes per gradient bucket.
     pub reduce_bucket_bytes: usize,
+    /// The model's activation bytes in the arena (0 when it keeps them elsewhere).
+    pub activation_bytes: u64,
 }
 
 /// Plans the buffers of `specs` on one rank.
@@ -69,15 +73,16 @@ pub fn plan_memory(specs: &[UnitSpec], shape: PlanShape) -> Result<MemoryPlan> {
     let unreduced = live_at_once(specs, &policies, |_| true, f32_bytes);
     // f32 compute copies: units whose stored parameters the model cannot read directly.
     let copies = live_at_once(specs, &policies, |p| !p.reads_stored, f32_bytes);
-    // Stage 3's all-gathers stage a whole unit in the storage type: the one being gathered
-    // now and the prefetched ones.
+    // Stage 3's all-gathers stage a whole unit in the storage type: the prefetched ones, and
+    // in half precision the one being gathered now (f32 is gathered into its compute copy).
     let largest_gathered = policies
         .iter()
         .filter(|p| p.gathered())
         .map(|p| p.part.padded_numel() as u64 * elem)
         .max()
         .unwrap_or(0);
-    let gathers = (1 + shape.prefetch_units as u64) * largest_gathered;
+    let staged_now = u64::from(precision.has_master());
+    let gathers = (staged_now + shape.prefetch_units as u64) * largest_gathered;
     let largest = policies.iter().map(|p| p.part.padded_numel() as u64).max();
     // Gradient buckets in flight (and the one being filled) hold their staged pieces; a
     // bucket is at most the bucket size, and never more than the largest unit (plus one
@@ -100,6 +105,7 @@ pub fn plan_memory(specs: &[UnitSpec], shape: PlanShape) -> Result<MemoryPlan> {
     Ok(MemoryPlan {
         model_states: states,
         transient: unreduced + copies + gathers + buckets + fragmentation,
+        activations: shape.activation_bytes,
     })
 }
 
@@ -190,6 +196,7 @@ mod tests {
             persistence_threshold: 0,
             prefetch_units: 1,
             reduce_bucket_bytes: 1 << 20,
+            activation_bytes: 0,
         }
     }
 

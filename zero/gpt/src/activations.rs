@@ -4,12 +4,19 @@
 //! Legend: B batch, T sequence, C channels, NH heads, L layers, N = B*T, Vp padded vocabulary.
 //!
 //! The forward buffer is laid out unit by unit, `[embed | layer 0 | .. | layer L-1 | head]`,
-//! so one layer's activations are contiguous (what activation checkpointing will drop and
-//! recompute, or offload, per layer). Each region ends with its output (N,C), so a unit's
-//! input is always the last N*C elements before its region.
+//! so one layer's activations are contiguous. Each region ends with its output (N,C), so a
+//! block's input is always the last N*C elements before its region. With activation
+//! checkpointing every K blocks, only K regions exist, reused segment after segment.
 
 use super::config::GptConfig;
 use super::error::{GptError, Result};
+use std::fmt;
+use std::ops::Range;
+
+mod sizes;
+
+pub(crate) use sizes::Sizes;
+pub use sizes::{activation_buffers, activation_bytes, BUFFER_NAMES, KEPT_INPUTS};
 
 /// Names of a layer region's views, in buffer order (the output `res3` last).
 pub const LAYER_VIEWS: [&str; 15] = [
@@ -35,13 +42,53 @@ pub(crate) enum Progress {
     Logits,
     /// The head ran with targets: the loss is valid and backward may start.
     Loss,
+    /// The head's backward to its input ran; the tied weight's gradient is due.
+    HeadWeight,
     /// Backward ran down to unit `next + 1`; unit `next` is due.
     Backward { next: usize },
     /// Backward finished.
     Done,
 }
 
+/// Memory an activation buffer lives in: a `Vec<f32>` by default, or any other owner of f32
+/// memory the caller hands over, such as a block lent out of a rank's arena (zero-train
+/// does that, so the engine's arena holds, caps and counts the activations while this
+/// crate knows no allocator).
+pub trait ActivationMemory: Send + fmt::Debug {
+    /// The memory, read.
+    fn floats(&self) -> &[f32];
+    /// The memory, written.
+    fn floats_mut(&mut self) -> &mut [f32];
+}
+
+impl<M: AsRef<[f32]> + AsMut<[f32]> + Send + fmt::Debug> ActivationMemory for M {
+    fn floats(&self) -> &[f32] {
+        self.as_ref()
+    }
+    fn floats_mut(&mut self) -> &mut [f32] {
+        self.as_mut()
+    }
+}
+
+/// An activation buffer.
+pub type Buffer = Box<dyn ActivationMemory>;
+
+/// Token ids kept in a 4-byte-word buffer.
+pub(crate) fn ids(buf: &Buffer) -> &[u32] {
+    bytemuck::cast_slice(buf.floats())
+}
+
+pub(crate) fn ids_mut(buf: &mut Buffer) -> &mut [u32] {
+    bytemuck::cast_slice_mut(buf.floats_mut())
+}
+
 /// Activations of one (B, T) batch shape.
+///
+/// With activation checkpointing every K blocks, the forward buffer holds K layer regions
+/// (one segment) instead of L: the input of every K-th block is copied into `saved` as the
+/// forward passes it, and before a segment's backward its blocks are run forward again from
+/// that copy ([`crate::Gpt::block_recompute`]). The last segment's activations are still in
+/// place when backward starts, so it is never recomputed.
 #[derive(Debug)]
 pub struct Activations {
     pub(crate) b: usize,
@@ -49,92 +96,108 @@ pub struct Activations {
     pub(crate) c: usize,
     /// The model these buffers were sized for; every unit call checks it.
     pub(crate) config: GptConfig,
-    /// Forward buffer: `[encoded (N,C) | L x layer region | head region]`.
-    pub(crate) fwd: Vec<f32>,
+    /// Forward buffer: `[input (N,C) | slots x layer region | head region]`; block `l` uses
+    /// region `l % slots`.
+    pub(crate) fwd: Buffer,
+    /// Kept block inputs with checkpointing: segment s's first input at `s*N*C`, (N,C) each.
+    pub(crate) saved: Buffer,
     /// Backward scratch: `[dres (N,C) | dln (N,C) | datty (N,C) | dqkv (N,3C) | dfch (N,4C) |
     /// dfch_gelu (N,4C)]`.
-    pub(crate) grad: Vec<f32>,
+    pub(crate) grad: Buffer,
     pub(crate) layer_lens: [usize; 15],
     pub(crate) head_lens: [usize; 5],
     pub(crate) grad_lens: [usize; 6],
-    pub(crate) tokens: Vec<u32>,  // (B,T)
-    pub(crate) targets: Vec<u32>, // (B,T)
-    pub(crate) dlosses: Vec<f32>, // (B,T), 1/N each: d(mean loss)/d(loss[b,t])
+    /// Blocks per checkpointed segment (`None`: no checkpointing).
+    pub(crate) every: Option<usize>,
+    pub(crate) slots: usize,
+    /// The segment whose activations the layer regions hold now (checkpointing only).
+    pub(crate) valid_segment: Option<usize>,
+    /// The next block a segment's recompute runs.
+    pub(crate) recompute_next: Option<usize>,
+    pub(crate) dlosses: Buffer, // (B,T), 1/N each: d(mean loss)/d(loss[b,t])
+    pub(crate) tokens: Buffer,  // (B,T) u32 ids
+    pub(crate) targets: Buffer, // (B,T) u32 ids
     pub(crate) progress: Progress,
 }
 
 impl Activations {
-    /// Buffers for batches of `b` sequences of `t` tokens.
+    /// Buffers for batches of `b` sequences of `t` tokens, keeping every activation.
     ///
     /// # Errors
     /// [`GptError::BadBatch`] if B or T is 0, T exceeds `max_seq_len`, or the buffers would not
     /// be addressable.
     pub fn new(config: &GptConfig, b: usize, t: usize) -> Result<Self> {
-        let bad = |reason| {
-            Err(GptError::BadBatch {
-                batch: b,
-                seq_len: t,
-                reason,
-            })
+        Self::with_checkpointing(config, b, t, None)
+    }
+
+    /// Buffers for batches (B, T) that keep only every `every`-th block input (`None`: every
+    /// activation, as [`Activations::new`]).
+    ///
+    /// # Errors
+    /// As [`Activations::new`]; also `every == Some(0)`.
+    pub fn with_checkpointing(
+        config: &GptConfig,
+        b: usize,
+        t: usize,
+        every: Option<usize>,
+    ) -> Result<Self> {
+        Self::with_memory(config, b, t, every, |_, len| -> Result<Buffer> {
+            Ok(Box::new(vec![0f32; len]))
+        })
+    }
+
+    /// As [`Activations::with_checkpointing`], with every buffer taken from `alloc`, called
+    /// once per buffer with its index in [`BUFFER_NAMES`] and its length in f32 elements
+    /// ([`activation_buffers`] gives them all beforehand). Buffers are zeroed here whatever
+    /// they held.
+    ///
+    /// # Errors
+    /// As [`Activations::with_checkpointing`], and the errors of `alloc`.
+    pub fn with_memory<E: From<GptError>>(
+        config: &GptConfig,
+        b: usize,
+        t: usize,
+        every: Option<usize>,
+        mut alloc: impl FnMut(usize, usize) -> std::result::Result<Buffer, E>,
+    ) -> std::result::Result<Self, E> {
+        let sizes = Sizes::new(config, b, t, every)?;
+        let mut index = 0;
+        let mut take = |len: usize| -> std::result::Result<Buffer, E> {
+            let mut buf = alloc(index, len)?;
+            index += 1;
+            if buf.floats().len() != len {
+                return Err(GptError::SizeMismatch {
+                    what: "activation buffer",
+                    expected: len,
+                    got: buf.floats().len(),
+                }
+                .into());
+            }
+            buf.floats_mut().fill(0.0);
+            Ok(buf)
         };
-        if b == 0 || t == 0 {
-            return bad("B and T must be at least 1");
-        }
-        if t > config.max_seq_len {
-            return bad("T exceeds the model's max_seq_len");
-        }
-        let (c, nh, vp) = (config.channels, config.num_heads, config.padded_vocab_size);
-        let Some(n) = b.checked_mul(t) else {
-            return bad("B*T overflows");
-        };
-        let largest = n.checked_mul(vp.max(nh * t).max(4 * c));
-        if largest
-            .and_then(|x| x.checked_mul(16 * (config.num_layers + 2)))
-            .is_none()
-        {
-            return bad("activation buffers overflow usize");
-        }
-        let layer_lens = [
-            n * c,      // ln1 (N,C)
-            n,          // ln1_mean (N,)
-            n,          // ln1_rstd (N,)
-            n * 3 * c,  // qkv (N,3C)
-            n * c,      // atty (N,C)
-            n * nh * t, // att (B,T,NH,T)
-            n * c,      // attproj (N,C)
-            n * c,      // res2 (N,C)
-            n * c,      // ln2 (N,C)
-            n,          // ln2_mean (N,)
-            n,          // ln2_rstd (N,)
-            n * 4 * c,  // fch (N,4C)
-            n * 4 * c,  // fch_gelu (N,4C)
-            n * c,      // fcproj (N,C)
-            n * c,      // res3 (N,C)
-        ];
-        let head_lens = [
-            n * c,  // lnf (N,C)
-            n,      // lnf_mean (N,)
-            n,      // lnf_rstd (N,)
-            n * vp, // logits (N,Vp): logits, then probs, then dlogits
-            n,      // losses (N,)
-        ];
-        let grad_lens = [n * c, n * c, n * c, n * 3 * c, n * 4 * c, n * 4 * c];
-        let fwd_len = n * c
-            + config.num_layers * layer_lens.iter().sum::<usize>()
-            + head_lens.iter().sum::<usize>();
+        let [fwd, saved, grad, n, _, _] = sizes.buffers();
+        let (fwd, saved, grad) = (take(fwd)?, take(saved)?, take(grad)?);
+        let mut dlosses = take(n)?;
+        dlosses.floats_mut().fill(1.0 / n as f32);
         Ok(Self {
             b,
             t,
-            c,
+            c: config.channels,
             config: *config,
-            fwd: vec![0.0; fwd_len],
-            grad: vec![0.0; grad_lens.iter().sum()],
-            layer_lens,
-            head_lens,
-            grad_lens,
-            tokens: vec![0; n],
-            targets: vec![0; n],
-            dlosses: vec![1.0 / n as f32; n],
+            fwd,
+            saved,
+            grad,
+            layer_lens: sizes.layer_lens,
+            head_lens: sizes.head_lens,
+            grad_lens: sizes.grad_lens,
+            every,
+            slots: sizes.slots,
+            valid_segment: None,
+            recompute_next: None,
+            dlosses,
+            tokens: take(n)?,
+            targets: take(n)?,
             progress: Progress::Empty,
         })
     }
@@ -151,10 +214,44 @@ impl Activations {
         self.t
     }
 
-    /// f32 elements held (forward buffer + backward scratch): the activation memory.
+    /// Bytes held by every buffer (forward, kept inputs, backward scratch, tokens, targets,
+    /// loss gradients), counted from the buffers themselves.
     #[must_use]
-    pub fn num_floats(&self) -> usize {
-        self.fwd.len() + self.grad.len() + self.dlosses.len()
+    pub fn bytes(&self) -> u64 {
+        let bufs = [
+            &self.fwd,
+            &self.saved,
+            &self.grad,
+            &self.dlosses,
+            &self.tokens,
+            &self.targets,
+        ];
+        4 * bufs.iter().map(|b| b.floats().len()).sum::<usize>() as u64
+    }
+
+    /// Blocks per checkpointed segment, or `None` without checkpointing.
+    #[must_use]
+    pub fn checkpoint_every(&self) -> Option<usize> {
+        self.every
+    }
+
+    /// The blocks of `layer`'s checkpointed segment (just `layer` without checkpointing).
+    #[must_use]
+    pub fn segment(&self, layer: usize) -> Range<usize> {
+        match self.every {
+            None => layer..layer + 1,
+            Some(k) => {
+                let start = layer - layer % k;
+                start..(start + k).min(self.config.num_layers)
+            }
+        }
+    }
+
+    /// True when `layer`'s activations must be recomputed before its backward: its
+    /// segment's forward was dropped (checkpointing only).
+    #[must_use]
+    pub fn needs_recompute(&self, layer: usize) -> bool {
+        self.every.is_some() && self.valid_segment != Some(self.segment(layer).start)
     }
 
     /// Per-position losses (B,T) of the last head forward with targets.
@@ -164,7 +261,7 @@ impl Activations {
     pub fn losses(&self) -> Result<&[f32]> {
         if !matches!(
             self.progress,
-            Progress::Loss | Progress::Backward { .. } | Progress::Done
+            Progress::Loss | Progress::HeadWeight | Progress::Backward { .. } | Progress::Done
         ) {
             return Err(GptError::OutOfOrder {
                 call: "losses",
@@ -172,20 +269,51 @@ impl Activations {
             });
         }
         let n = self.b * self.t;
-        Ok(&self.fwd[self.fwd.len() - n..])
+        let fwd = self.fwd.floats();
+        Ok(&fwd[fwd.len() - n..])
     }
 
     pub(crate) fn layer_len(&self) -> usize {
         self.layer_lens.iter().sum()
     }
 
-    /// Offset of layer `l`'s region in `fwd`.
+    /// Offset in `fwd` of the region block `l` uses; its input is the N*C elements before.
     pub(crate) fn layer_offset(&self, l: usize) -> usize {
-        self.b * self.t * self.c + l * self.layer_len()
+        self.b * self.t * self.c + (l % self.slots) * self.layer_len()
+    }
+
+    /// Offset in `fwd` of the head's input (N,C): the last block's output.
+    pub(crate) fn head_input_offset(&self) -> usize {
+        let last = self.config.num_layers - 1;
+        self.layer_offset(last) + self.layer_len() - self.b * self.t * self.c
     }
 
     /// Offset of the head region in `fwd`.
     pub(crate) fn head_offset(&self) -> usize {
-        self.fwd.len() - self.head_lens.iter().sum::<usize>()
+        self.fwd.floats().len() - self.head_lens.iter().sum::<usize>()
+    }
+
+    /// Checkpointing, before the first block `layer` of a segment runs forward: moves the
+    /// previous block's output (in the last region) into the input slot and keeps a copy.
+    pub(crate) fn begin_segment(&mut self, layer: usize) {
+        let nc = self.b * self.t * self.c;
+        if layer > 0 {
+            let from = self.layer_offset(layer - 1) + self.layer_len() - nc;
+            self.fwd.floats_mut().copy_within(from..from + nc, 0);
+        }
+        let at = self.segment_index(layer) * nc;
+        self.saved.floats_mut()[at..at + nc].copy_from_slice(&self.fwd.floats()[..nc]);
+    }
+
+    /// Checkpointing, before recomputing the segment that starts at `layer`: puts its kept
+    /// input back in the input slot.
+    pub(crate) fn restore_segment(&mut self, layer: usize) {
+        let nc = self.b * self.t * self.c;
+        let at = self.segment_index(layer) * nc;
+        self.fwd.floats_mut()[..nc].copy_from_slice(&self.saved.floats()[at..at + nc]);
+    }
+
+    fn segment_index(&self, layer: usize) -> usize {
+        layer / self.every.unwrap_or(1)
     }
 }

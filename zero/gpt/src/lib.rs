@@ -37,7 +37,10 @@ mod model;
 mod sample;
 mod views;
 
-pub use activations::{Activations, GRAD_VIEWS, HEAD_VIEWS, LAYER_VIEWS};
+pub use activations::{
+    activation_buffers, activation_bytes, ActivationMemory, Activations, Buffer, BUFFER_NAMES,
+    GRAD_VIEWS, HEAD_VIEWS, KEPT_INPUTS, LAYER_VIEWS,
+};
 pub use backend::{Backend, CpuBackend};
 pub use config::{pad_vocab, GptConfig, GPT2_VOCAB_SIZE, PRESET_NAMES, VOCAB_PAD_MULTIPLE};
 pub use error::{GptError, Result};

@@ -9,15 +9,17 @@
 //! exact reverse: `head_backward`, `block_backward(L-1..0)`, `embed_backward`.
 //!
 //! The LM head is tied to `wte`: `head_forward`/`head_backward` read the EMBEDDING unit's
-//! parameters, and `head_backward` adds the head's share of d(wte) into the embedding unit's
-//! gradient buffer, which `embed_backward` completes at the very end. An engine that frees or
-//! reduces gradients per unit must therefore keep unit 0's gradient buffer (and, at stage 3,
-//! its gathered parameters) alive from `head_backward` until `embed_backward` returns.
+//! parameters, and `head_backward` and `embed_backward` each add their part of d(wte) into
+//! the embedding gradient buffer they are given: one buffer kept from the head's backward to
+//! the embedding's, or two buffers (the head's part, the encoder's part) that the caller sums
+//! or reduces separately, so nothing of unit 0 need stay alive across the blocks.
 //!
 //! Gradients accumulate (`+=`) into the caller's buffers: zero them before the first
 //! micro-batch of a step; further micro-batches add to them.
 
-use super::activations::{Activations, Progress};
+mod head;
+
+use super::activations::{ids, ids_mut, Activations, Progress};
 use super::backend::{Backend, CpuBackend};
 use super::config::GptConfig;
 use super::error::{GptError, Result};
@@ -77,6 +79,20 @@ impl Gpt {
         Activations::new(&self.config, b, t)
     }
 
+    /// Activation buffers for batches (B, T) that keep only every `every`-th block's input
+    /// and recompute the rest in backward (`None`: keep everything).
+    ///
+    /// # Errors
+    /// As [`Gpt::activations`]; also `every == Some(0)`.
+    pub fn activations_checkpointed(
+        &self,
+        b: usize,
+        t: usize,
+        every: Option<usize>,
+    ) -> Result<Activations> {
+        Activations::with_checkpointing(&self.config, b, t, every)
+    }
+
     /// Embeds `tokens` (B,T): `encoded = wte[tokens] + wpe`. Starts a new forward pass.
     ///
     /// # Errors
@@ -92,10 +108,12 @@ impl Gpt {
         check_ids("tokens", tokens, acts, self.config.vocab_size)?;
         let (b, t, c) = (acts.b, acts.t, self.config.channels);
         let [wte, wpe] = carve(embed, self.layout.units()[0].lens()); // (Vp,C), (maxT,C)
-        acts.tokens.copy_from_slice(tokens);
-        let encoded = &mut acts.fwd[..b * t * c]; // (B,T,C)
+        ids_mut(&mut acts.tokens).copy_from_slice(tokens);
+        let encoded = &mut acts.fwd.floats_mut()[..b * t * c]; // (B,T,C)
         self.backend
-            .encoder_forward(encoded, &acts.tokens, wte, wpe, b, t, c);
+            .encoder_forward(encoded, ids(&acts.tokens), wte, wpe, b, t, c);
+        acts.valid_segment = None;
+        acts.recompute_next = None;
         acts.progress = Progress::Forward { next: 1 };
         Ok(())
     }
@@ -113,6 +131,66 @@ impl Gpt {
         let unit = self.block_unit(layer)?;
         self.check_unit(unit, params.len(), "block parameters")?;
         self.expect(acts, Progress::Forward { next: unit }, "block_forward")?;
+        let segment = acts.segment(layer);
+        if acts.every.is_some() && segment.start == layer {
+            acts.begin_segment(layer);
+        }
+        self.block_compute(acts, layer, params);
+        acts.valid_segment = Some(segment.start);
+        acts.progress = Progress::Forward { next: unit + 1 };
+        Ok(())
+    }
+
+    /// Checkpointing: runs block `layer` forward again, in backward, before the backward of
+    /// its segment. A segment's blocks are recomputed in order, first to last, when backward
+    /// reaches the segment's last block ([`Activations::needs_recompute`]); the results are
+    /// the forward's to the bit (the same kernels on the same input).
+    ///
+    /// # Errors
+    /// Wrong buffer size, a layer past L, no checkpointing, or a call out of order.
+    pub fn block_recompute(
+        &self,
+        acts: &mut Activations,
+        layer: usize,
+        params: &[f32],
+    ) -> Result<()> {
+        self.block_unit(layer)?;
+        let segment = acts.segment(layer);
+        let due = ParamLayout::block_unit(segment.end - 1);
+        self.expect(acts, Progress::Backward { next: due }, "block_recompute")?;
+        let in_order = if layer == segment.start {
+            acts.needs_recompute(layer)
+        } else {
+            acts.recompute_next == Some(layer)
+        };
+        if !in_order {
+            return Err(GptError::OutOfOrder {
+                call: "block_recompute",
+                reason: format!("block {layer} is not the next block its segment recomputes"),
+            });
+        }
+        self.check_unit(
+            ParamLayout::block_unit(layer),
+            params.len(),
+            "block parameters",
+        )?;
+        if layer == segment.start {
+            acts.restore_segment(layer);
+            acts.valid_segment = None;
+        }
+        self.block_compute(acts, layer, params);
+        if layer + 1 == segment.end {
+            acts.valid_segment = Some(segment.start);
+            acts.recompute_next = None;
+        } else {
+            acts.recompute_next = Some(layer + 1);
+        }
+        Ok(())
+    }
+
+    /// Block `layer`'s forward arithmetic, from its input to its output, into its region.
+    fn block_compute(&self, acts: &mut Activations, layer: usize, params: &[f32]) {
+        let unit = ParamLayout::block_unit(layer);
         let be = &self.backend;
         let (b, t, c, nh) = (acts.b, acts.t, self.config.channels, self.config.num_heads);
         let n = b * t;
@@ -121,7 +199,7 @@ impl Gpt {
         let [ln1w, ln1b, qkvw, qkvb, attprojw, attprojb, ln2w, ln2b, fcw, fcb, fcprojw, fcprojb] =
             carve(params, self.layout.units()[unit].lens());
         let (offset, len) = (acts.layer_offset(layer), acts.layer_len());
-        let (before, rest) = acts.fwd.split_at_mut(offset);
+        let (before, rest) = acts.fwd.floats_mut().split_at_mut(offset);
         let x = &before[offset - n * c..]; // (N,C) the block's input
 
         // Activations: ln1 (N,C), ln1_mean (N), ln1_rstd (N), qkv (N,3C), atty (N,C),
@@ -139,103 +217,6 @@ impl Gpt {
         be.gelu_forward(fch_gelu, fch);
         be.matmul_forward(fcproj, fch_gelu, fcprojw, Some(fcprojb), n, 4 * c, c);
         be.residual_forward(res3, res2, fcproj);
-        acts.progress = Progress::Forward { next: unit + 1 };
-        Ok(())
-    }
-
-    /// Final LayerNorm, tied LM head and, with `targets` (B,T), the mean cross-entropy.
-    ///
-    /// With `Some(targets)` returns the mean loss and readies backward; with `None` it stops at
-    /// the logits ([`Gpt::logits`]) and returns `None`.
-    ///
-    /// # Errors
-    /// Wrong buffer sizes, a target >= V, or a call out of order.
-    pub fn head_forward(
-        &self,
-        acts: &mut Activations,
-        final_norm: &[f32],
-        embed: &[f32],
-        targets: Option<&[u32]>,
-    ) -> Result<Option<f32>> {
-        let last = self.layout.final_norm_unit();
-        self.check_unit(last, final_norm.len(), "final norm parameters")?;
-        self.check_unit(0, embed.len(), "embedding parameters")?;
-        self.expect(acts, Progress::Forward { next: last }, "head_forward")?;
-        if let Some(targets) = targets {
-            check_ids("targets", targets, acts, self.config.vocab_size)?;
-            acts.targets.copy_from_slice(targets);
-        }
-        let be = &self.backend;
-        let (n, c) = (acts.b * acts.t, self.config.channels);
-        let (v, vp) = (self.config.vocab_size, self.config.padded_vocab_size);
-        let [lnfw, lnfb] = carve(final_norm, self.layout.units()[last].lens()); // (C,), (C,)
-        let [wte, _] = carve(embed, self.layout.units()[0].lens()); // (Vp,C)
-        let offset = acts.head_offset();
-        let (before, head) = acts.fwd.split_at_mut(offset);
-        let x = &before[offset - n * c..]; // (N,C) last block's output
-        let [lnf, lnf_mean, lnf_rstd, logits, losses] = carve_mut(head, acts.head_lens);
-        be.layernorm_forward(lnf, lnf_mean, lnf_rstd, x, lnfw, lnfb, n, c);
-        be.matmul_forward(logits, lnf, wte, None, n, c, vp);
-        if targets.is_none() {
-            acts.progress = Progress::Logits;
-            return Ok(None);
-        }
-        be.crossentropy_forward(losses, logits, &acts.targets, n, v, vp);
-        // f64 sum in a fixed order: the same loss to the bit on every run.
-        let mean = losses.iter().map(|&l| f64::from(l)).sum::<f64>() / n as f64;
-        acts.progress = Progress::Loss;
-        Ok(Some(mean as f32))
-    }
-
-    /// Logits (B,T,Vp) of the last `head_forward` without targets (columns V..Vp are padding).
-    ///
-    /// # Errors
-    /// [`GptError::OutOfOrder`] unless the last call was `head_forward(.., None)`.
-    pub fn logits<'a>(&self, acts: &'a Activations) -> Result<&'a [f32]> {
-        self.expect(acts, Progress::Logits, "logits")?;
-        let [_, _, _, logits, _] = carve(&acts.fwd[acts.head_offset()..], acts.head_lens);
-        Ok(logits)
-    }
-
-    /// Backward of the head: adds d(lnfw), d(lnfb) into `final_norm_grad` and the LM head's
-    /// d(wte) into `embed_grad` (tied weights; see the module doc), and seeds the residual
-    /// gradient for the blocks.
-    ///
-    /// # Errors
-    /// Wrong buffer sizes, or no `head_forward` with targets just before.
-    pub fn head_backward(
-        &self,
-        acts: &mut Activations,
-        final_norm: &[f32],
-        embed: &[f32],
-        final_norm_grad: &mut [f32],
-        embed_grad: &mut [f32],
-    ) -> Result<()> {
-        let last = self.layout.final_norm_unit();
-        self.check_unit(last, final_norm.len(), "final norm parameters")?;
-        self.check_unit(last, final_norm_grad.len(), "final norm gradients")?;
-        self.check_unit(0, embed.len(), "embedding parameters")?;
-        self.check_unit(0, embed_grad.len(), "embedding gradients")?;
-        self.expect(acts, Progress::Loss, "head_backward")?;
-        let be = &self.backend;
-        let (n, c) = (acts.b * acts.t, self.config.channels);
-        let (v, vp) = (self.config.vocab_size, self.config.padded_vocab_size);
-        let [lnfw, _] = carve(final_norm, self.layout.units()[last].lens()); // (C,)
-        let [dlnfw, dlnfb] = carve_mut(final_norm_grad, self.layout.units()[last].lens());
-        let [wte, _] = carve(embed, self.layout.units()[0].lens()); // (Vp,C)
-        let [dwte, _] = carve_mut(embed_grad, self.layout.units()[0].lens()); // (Vp,C)
-        let offset = acts.head_offset();
-        let (before, head) = acts.fwd.split_at_mut(offset);
-        let x = &before[offset - n * c..]; // (N,C)
-        let [lnf, lnf_mean, lnf_rstd, logits, _] = carve_mut(head, acts.head_lens);
-        let [dres, dln, ..] = carve_mut(&mut acts.grad, acts.grad_lens); // (N,C) each
-        be.crossentropy_backward(logits, &acts.dlosses, &acts.targets, n, v, vp);
-        dln.fill(0.0);
-        be.matmul_backward(dln, dwte, None, logits, lnf, wte, n, c, vp);
-        dres.fill(0.0);
-        be.layernorm_backward(dres, dlnfw, dlnfb, dln, x, lnfw, lnf_mean, lnf_rstd, n, c);
-        acts.progress = Progress::Backward { next: last - 1 };
-        Ok(())
     }
 
     /// Backward of block `layer`: adds its parameter gradients into `grads` and turns the
@@ -254,6 +235,12 @@ impl Gpt {
         self.check_unit(unit, params.len(), "block parameters")?;
         self.check_unit(unit, grads.len(), "block gradients")?;
         self.expect(acts, Progress::Backward { next: unit }, "block_backward")?;
+        if acts.needs_recompute(layer) {
+            return Err(GptError::OutOfOrder {
+                call: "block_backward",
+                reason: format!("block {layer}'s checkpointed segment was not recomputed"),
+            });
+        }
         let be = &self.backend;
         let (b, t, c, nh) = (acts.b, acts.t, self.config.channels, self.config.num_heads);
         let n = b * t;
@@ -265,15 +252,16 @@ impl Gpt {
         let [dln1w, dln1b, dqkvw, dqkvb, dattprojw, dattprojb, dln2w, dln2b, dfcw, dfcb, dfcprojw, dfcprojb] =
             carve_mut(grads, lens);
         let (offset, len) = (acts.layer_offset(layer), acts.layer_len());
-        let x = &acts.fwd[offset - n * c..offset]; // (N,C) the block's input
+        let x = &acts.fwd.floats()[offset - n * c..offset]; // (N,C) the block's input
 
         // Activations: ln1 (N,C), ln1_mean (N), ln1_rstd (N), qkv (N,3C), atty (N,C),
         // att (B,T,NH,T), attproj (N,C), res2 (N,C), ln2 (N,C), ln2_mean (N), ln2_rstd (N),
         // fch (N,4C), fch_gelu (N,4C), fcproj (N,C), res3 (N,C).
         let [ln1, ln1_mean, ln1_rstd, qkv, atty, att, _, res2, ln2, ln2_mean, ln2_rstd, fch, fch_gelu, _, _] =
-            carve(&acts.fwd[offset..offset + len], acts.layer_lens);
+            carve(&acts.fwd.floats()[offset..offset + len], acts.layer_lens);
         // dres (N,C) holds d(block output) and leaves holding d(block input).
-        let [dres, dln, datty, dqkv, dfch, dfch_gelu] = carve_mut(&mut acts.grad, acts.grad_lens);
+        let [dres, dln, datty, dqkv, dfch, dfch_gelu] =
+            carve_mut(acts.grad.floats_mut(), acts.grad_lens);
         for scratch in [
             &mut *dln,
             &mut *datty,
@@ -331,9 +319,9 @@ impl Gpt {
         self.expect(acts, Progress::Backward { next: 0 }, "embed_backward")?;
         let (b, t, c) = (acts.b, acts.t, self.config.channels);
         let [dwte, dwpe] = carve_mut(embed_grad, self.layout.units()[0].lens());
-        let [dres, ..] = carve(&acts.grad, acts.grad_lens); // (N,C)
+        let [dres, ..] = carve(acts.grad.floats(), acts.grad_lens); // (N,C)
         self.backend
-            .encoder_backward(dwte, dwpe, dres, &acts.tokens, b, t, c);
+            .encoder_backward(dwte, dwpe, dres, ids(&acts.tokens), b, t, c);
         acts.progress = Progress::Done;
         Ok(())
     }
@@ -393,6 +381,11 @@ impl Gpt {
         )?;
         for layer in (0..self.config.num_layers).rev() {
             let unit = ParamLayout::block_unit(layer);
+            if acts.needs_recompute(layer) {
+                for r in acts.segment(layer) {
+                    self.block_recompute(acts, r, params[ParamLayout::block_unit(r)].as_ref())?;
+                }
+            }
             self.block_backward(
                 acts,
                 layer,

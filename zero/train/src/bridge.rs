@@ -2,12 +2,24 @@
 //! forward and backward bracketed unit by unit so the engine decides when parameters exist
 //! and when gradients are reduced.
 //!
-//! The tied LM head reads the embedding unit at the end of forward and writes its gradient
-//! at the start of backward, which the embedding's own backward finishes last: so unit 0
-//! stays gathered, and its unreduced gradient stays alive, for the whole micro-step.
+//! The tied embedding (unit 0) is used at both ends of the pass, and each use is bracketed on
+//! its own: gathered for the embedding's forward and released; gathered again for the LM
+//! head and its backward down to its input, then released; the head's part of d(wte), which
+//! needs no parameters, then goes into a fresh gradient buffer reduced at once (so wte and
+//! its whole gradient are never held together);
+//! the encoder's backward at the very end opens a second gradient buffer for unit 0 and
+//! reduces it, the engine adding both reduced parts to the shard this rank keeps. So no
+//! whole copy of unit 0, parameters or gradient, lives across the blocks at stage 3. Every
+//! stage runs this same sequence, so every stage sums the same two parts in the same order.
+//! The final norm is read beside the embedding in the head, so it is the unit declared
+//! [`UnitSpec::spanning_micro_step`] (2C elements).
 
 use zero::{Engine, UnitSpec};
-use zero_gpt::{Activations, Gpt, GptError, ParamLayout, UnitKind};
+use zero_alloc::{PinnedBuffer, DEFAULT_ALIGNMENT};
+use zero_gpt::{
+    activation_buffers, Activations, Buffer, Gpt, GptConfig, GptError, ParamLayout, UnitKind,
+    KEPT_INPUTS,
+};
 
 /// Why a GPT micro-step failed.
 #[derive(Debug, thiserror::Error)]
@@ -31,9 +43,9 @@ pub fn gpt_units(layout: &ParamLayout) -> Vec<UnitSpec> {
                 UnitKind::Block { layer } => format!("block {layer}"),
                 UnitKind::FinalNorm => "final norm".to_string(),
             };
-            // The tied embedding is read at both ends of the pass (see the module docs).
+            // The final norm is in use beside the embedding (see the module docs).
             let spec = match unit.kind {
-                UnitKind::Embedding => UnitSpec::new(name, unit.len).spanning_micro_step(),
+                UnitKind::FinalNorm => UnitSpec::new(name, unit.len).spanning_micro_step(),
                 _ => UnitSpec::new(name, unit.len),
             };
             unit.tensors
@@ -44,9 +56,100 @@ pub fn gpt_units(layout: &ParamLayout) -> Vec<UnitSpec> {
         .collect()
 }
 
+/// Where a micro-batch's activations live, and how many are kept.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct ActivationPlacement {
+    /// Activation checkpointing every K blocks, or `None`.
+    pub checkpoint_every: Option<usize>,
+    /// The kept block inputs live in pinned host memory, outside the rank's arena.
+    pub offload: bool,
+}
+
+impl ActivationPlacement {
+    /// Kept inputs exist (checkpointing on) and are offloaded.
+    fn offloads(self) -> bool {
+        self.offload && self.checkpoint_every.is_some()
+    }
+}
+
+/// Bytes the activations of one (B, T) micro-batch take in a rank's arena: the model's
+/// buffers ([`zero_gpt::activation_buffers`]) but offloaded ones, each rounded up to the
+/// arena's alignment. What [`EngineConfig::activation_bytes`](zero::EngineConfig) declares.
+///
+/// # Errors
+/// A batch shape the model refuses.
+pub fn activation_arena_bytes(
+    config: &GptConfig,
+    b: usize,
+    t: usize,
+    placement: ActivationPlacement,
+) -> Result<u64, GptError> {
+    let align = DEFAULT_ALIGNMENT as u64;
+    Ok(
+        activation_buffers(config, b, t, placement.checkpoint_every)?
+            .iter()
+            .enumerate()
+            .filter(|&(i, _)| !(placement.offloads() && i == KEPT_INPUTS))
+            .map(|(_, &len)| (len as u64 * 4).div_ceil(align) * align)
+            .sum(),
+    )
+}
+
+/// Pinned host memory as f32 (page-aligned, a whole number of floats: `as_slice` cannot
+/// fail, and `Activations::with_memory` checks the length it sees).
+#[derive(Debug)]
+struct PinnedFloats(PinnedBuffer);
+
+impl AsRef<[f32]> for PinnedFloats {
+    fn as_ref(&self) -> &[f32] {
+        self.0.as_slice::<f32>().unwrap_or_default()
+    }
+}
+
+impl AsMut<[f32]> for PinnedFloats {
+    fn as_mut(&mut self) -> &mut [f32] {
+        self.0.as_slice_mut::<f32>().unwrap_or_default()
+    }
+}
+
+/// Activations whose every buffer is a block of `engine`'s arena, lent for good: the arena
+/// holds, caps and counts them with the model states; with `placement.offload`, the kept
+/// block inputs go to pinned host memory instead. (The model takes its memory from a
+/// caller-supplied allocator and knows no arena; the engine lends blocks and knows no model:
+/// this glue is the one place that knows both.)
+///
+/// # Errors
+/// A batch shape the model refuses; arena errors (a cap too small).
+pub fn arena_activations(
+    engine: &mut Engine,
+    model: &Gpt,
+    b: usize,
+    t: usize,
+    placement: ActivationPlacement,
+) -> Result<Activations, StepError> {
+    let every = placement.checkpoint_every;
+    Activations::with_memory(
+        model.config(),
+        b,
+        t,
+        every,
+        |which, len| -> Result<Buffer, StepError> {
+            if len == 0 {
+                return Ok(Box::new(Vec::<f32>::new()));
+            }
+            if placement.offloads() && which == KEPT_INPUTS {
+                let pinned = PinnedBuffer::new(len * 4).map_err(zero::Error::from)?;
+                return Ok(Box::new(PinnedFloats(pinned)));
+            }
+            Ok(Box::new(engine.lend_f32(len)?))
+        },
+    )
+}
+
 /// Forward through every unit; with targets, returns this rank's mean loss.
 ///
-/// Leaves the embedding unit gathered (released by [`backward`] or by the caller).
+/// Leaves the final norm and the embedding gathered for the head (released by [`backward`]
+/// or by the caller).
 fn forward(
     engine: &mut Engine,
     model: &Gpt,
@@ -57,6 +160,7 @@ fn forward(
     let last = model.layout().final_norm_unit();
     engine.gather(0)?;
     model.embed_forward(acts, engine.params(0)?, tokens)?;
+    engine.release(0)?;
     for layer in 0..model.config().num_layers {
         let unit = ParamLayout::block_unit(layer);
         engine.gather(unit)?;
@@ -64,25 +168,36 @@ fn forward(
         engine.release(unit)?;
     }
     engine.gather(last)?;
+    engine.gather(0)?;
     let loss = model.head_forward(acts, engine.params(last)?, engine.params(0)?, targets)?;
     Ok(loss)
 }
 
-/// Backward in reverse unit order, each unit's gradient reduced as soon as it is complete.
+/// Backward in reverse unit order, each unit's gradient reduced as soon as it is complete:
+/// the embedding's twice, its head part first and its encoder part last.
 fn backward(engine: &mut Engine, model: &Gpt, acts: &mut Activations) -> Result<(), StepError> {
     let last = model.layout().final_norm_unit();
     engine.begin_backward(last)?;
-    engine.begin_backward(0)?;
     {
-        let (p, mut g) = engine.views(&[last, 0], &[last, 0])?;
-        let (final_grad, rest) = g.split_at_mut(1);
-        model.head_backward(acts, p[0], p[1], final_grad[0], rest[0])?;
+        let (p, mut g) = engine.views(&[last, 0], &[last])?;
+        model.head_backward_input(acts, p[0], p[1], g[0])?;
     }
     engine.end_backward(last)?;
     engine.release(last)?;
+    engine.release(0)?;
+    engine.begin_backward(0)?;
+    {
+        let (_, mut g) = engine.views(&[], &[0])?;
+        model.head_backward_weight(acts, g[0])?;
+    }
+    engine.end_backward(0)?;
     for layer in (0..model.config().num_layers).rev() {
         let unit = ParamLayout::block_unit(layer);
-        engine.gather(unit)?;
+        if acts.needs_recompute(layer) {
+            recompute_segment(engine, model, acts, layer)?;
+        } else {
+            engine.gather(unit)?;
+        }
         engine.begin_backward(unit)?;
         {
             let (p, mut g) = engine.views(&[unit], &[unit])?;
@@ -91,12 +206,31 @@ fn backward(engine: &mut Engine, model: &Gpt, acts: &mut Activations) -> Result<
         engine.end_backward(unit)?;
         engine.release(unit)?;
     }
+    engine.begin_backward(0)?;
     {
         let (_, mut g) = engine.views(&[], &[0])?;
         model.embed_backward(acts, g[0])?;
     }
     engine.end_backward(0)?;
-    engine.release(0)?;
+    Ok(())
+}
+
+/// Activation checkpointing: runs forward again the blocks of `last`'s segment, each
+/// gathered in turn, and leaves `last` (the segment's last block, due for backward) gathered.
+fn recompute_segment(
+    engine: &mut Engine,
+    model: &Gpt,
+    acts: &mut Activations,
+    last: usize,
+) -> Result<(), StepError> {
+    for layer in acts.segment(last) {
+        let unit = ParamLayout::block_unit(layer);
+        engine.gather(unit)?;
+        model.block_recompute(acts, layer, engine.params(unit)?)?;
+        if layer != last {
+            engine.release(unit)?;
+        }
+    }
     Ok(())
 }
 

@@ -190,6 +190,17 @@ pub struct TrainConfig {
     /// Cap on each rank's arena, emulating a device of that size (e.g. 16G).
     #[arg(long)]
     pub memory_limit: Option<ByteSize>,
+    /// ZeRO-R activation checkpointing: keep only every K-th block's input in forward and
+    /// recompute the blocks in backward (K = `--checkpoint-every`).
+    #[arg(long)]
+    pub activation_checkpointing: bool,
+    /// Blocks per checkpointed segment (K) with `--activation-checkpointing`.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(usize))]
+    pub checkpoint_every: usize,
+    /// With `--activation-checkpointing`: keep the block inputs in pinned host memory,
+    /// outside the rank's arena.
+    #[arg(long)]
+    pub offload_activations: bool,
 }
 
 impl Default for TrainConfig {
@@ -233,6 +244,20 @@ mod stage_index {
 }
 
 impl TrainConfig {
+    /// Blocks per checkpointed segment, or `None` without activation checkpointing.
+    pub fn checkpoint_every(&self) -> Option<usize> {
+        self.activation_checkpointing
+            .then_some(self.checkpoint_every)
+    }
+
+    /// Where the activations live: checkpointing, and the kept inputs offloaded or not.
+    pub fn activation_placement(&self) -> crate::bridge::ActivationPlacement {
+        crate::bridge::ActivationPlacement {
+            checkpoint_every: self.checkpoint_every(),
+            offload: self.offload_activations,
+        }
+    }
+
     /// Micro-steps per optimizer step on each rank (after [`validate`](Self::validate), the
     /// global batch is a whole multiple of `micro_batch_size * world_size`).
     pub fn grad_accum_steps(&self) -> usize {

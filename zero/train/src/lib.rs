@@ -13,6 +13,7 @@ pub mod export;
 mod fsio;
 pub mod init;
 mod llmc_header;
+pub mod memory_fit;
 pub mod metrics;
 mod progress;
 mod report;

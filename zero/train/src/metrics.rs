@@ -42,6 +42,9 @@ pub struct RankReport {
     pub stage0: ModelStateBytes,
     /// Highest bytes allocated from the rank's arena.
     pub peak_bytes: u64,
+    /// Bytes of the rank's activations (with activation checkpointing, the kept block
+    /// inputs and one segment).
+    pub activation_bytes: u64,
     /// Elements handed to collectives per training step, by kind.
     pub traffic_per_step: Traffic,
     /// Bytes zero-comm counted as sent per training step (all collectives).
@@ -64,6 +67,7 @@ impl RankReport {
         json!({
             "rank": self.rank,
             "peak_bytes": self.peak_bytes,
+            "activation_bytes": self.activation_bytes,
             "model_state_bytes": bytes_json(&self.measured),
             "expected_model_state_bytes": bytes_json(&self.expected),
             "stage0_model_state_bytes": bytes_json(&self.stage0),
@@ -137,17 +141,18 @@ pub fn step_json(m: &StepMetrics) -> Value {
 pub fn memory_table(reports: &[RankReport]) -> String {
     let mib = |b: f64| b / (1024.0 * 1024.0);
     let mut s = String::from(
-        "rank | model states measured | formula | stage 0 would need | saving | traffic/step (elements: RS + AG + 2 x AR)\n",
+        "rank | model states measured | formula | stage 0 would need | saving | activations | traffic/step (elements: RS + AG + 2 x AR)\n",
     );
     for r in reports {
         let saving = 1.0 - r.measured.total() / r.stage0.total().max(1.0);
         s.push_str(&format!(
-            "{:>4} | {:>17.2} MiB | {:>7.2} MiB | {:>14.2} MiB | {:>5.1}% | {}\n",
+            "{:>4} | {:>17.2} MiB | {:>7.2} MiB | {:>14.2} MiB | {:>5.1}% | {:>7.2} MiB | {}\n",
             r.rank,
             mib(r.measured.total()),
             mib(r.expected.total()),
             mib(r.stage0.total()),
             100.0 * saving,
+            mib(r.activation_bytes as f64),
             r.traffic_per_step.elements()
         ));
     }

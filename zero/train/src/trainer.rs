@@ -6,9 +6,10 @@
 //! [`save`]: Trainer::save
 //! [`report`]: Trainer::report
 
-use super::bridge::{eval_loss, gpt_units, micro_step};
+use super::bridge::{activation_arena_bytes, arena_activations, eval_loss, gpt_units, micro_step};
 use super::error::TrainError;
 use super::init::load_init;
+use super::memory_fit::MemoryQuery;
 use super::metrics::{RankReport, StepMetrics};
 use super::resume::{finish_save, load_state, save_llmc, start_state_save, PendingSave};
 use super::run::{RankOutput, Shared};
@@ -16,7 +17,9 @@ use super::sample::{decode, sample};
 use crate::data::{DataLoader, LoaderConfig};
 use std::time::Instant;
 use zero::optim::{AdamW, CosineSchedule};
-use zero::{expected_model_state_bytes, Engine, EngineConfig, Precision, Traffic, ZeroStage};
+use zero::{
+    expected_model_state_bytes, Engine, EngineConfig, PlanShape, Precision, Traffic, ZeroStage,
+};
 use zero_comm::{Communicator, ReduceOp};
 use zero_gpt::{init_unit, Activations, Gpt};
 
@@ -73,6 +76,7 @@ impl RankOutput {
                     precision,
                 ),
                 peak_bytes: 0,
+                activation_bytes: 0,
                 traffic_per_step: Traffic::default(),
                 comm_bytes_sent_per_step: 0.0,
             },
@@ -99,8 +103,17 @@ fn build_engine(
             ..AdamW::default()
         },
         memory_limit: cfg.memory_limit.map(|m| m.0),
+        activation_bytes: activation_arena_bytes(
+            &shared.model,
+            cfg.micro_batch_size,
+            cfg.seq_len,
+            cfg.activation_placement(),
+        )?,
     };
     engine_config.adam.validate()?;
+    if let Some(limit) = engine_config.memory_limit {
+        refuse_what_cannot_fit(shared, &engine_config, comm.size(), limit)?;
+    }
     let (gcfg, layout) = (shared.model, model.layout());
     let mut init_err = None;
     let engine = Engine::new(comm, gpt_units(layout), engine_config, |unit, w| {
@@ -112,6 +125,43 @@ fn build_engine(
         Some(e) => Err(e.into()),
         None => Ok(engine),
     }
+}
+
+/// Refuses at start-up a cap below the plan (model states, transient unit buffers and
+/// activations), naming the bytes needed and a stage and options that fit.
+fn refuse_what_cannot_fit(
+    shared: &Shared<'_>,
+    engine_config: &EngineConfig,
+    world: usize,
+    limit: u64,
+) -> Result<(), TrainError> {
+    let cfg = shared.cfg;
+    let query = MemoryQuery {
+        model: shared.model,
+        micro_batch: cfg.micro_batch_size,
+        seq_len: cfg.seq_len,
+        placement: cfg.activation_placement(),
+        shape: PlanShape {
+            world,
+            stage: engine_config.stage,
+            precision: engine_config.precision,
+            persistence_threshold: engine_config.persistence_threshold,
+            prefetch_units: engine_config.prefetch_units,
+            reduce_bucket_bytes: engine_config.reduce_bucket_bytes,
+            activation_bytes: engine_config.activation_bytes,
+        },
+    };
+    let needed = query.plan()?.total();
+    if needed <= limit {
+        return Ok(());
+    }
+    Err(zero::Error::DoesNotFit {
+        stage: engine_config.stage,
+        needed,
+        limit,
+        hint: query.what_fits(limit),
+    }
+    .into())
 }
 
 impl<'a> Trainer<'a> {
@@ -127,6 +177,8 @@ impl<'a> Trainer<'a> {
         let (rank, world) = (comm.rank(), comm.size());
         let mut engine = build_engine(shared, comm, &model)?;
         let (b, t) = (cfg.micro_batch_size, cfg.seq_len);
+        // First in the arena after the model states, so these pinned blocks leave no hole.
+        let acts = arena_activations(&mut engine, &model, b, t, cfg.activation_placement())?;
         let loader_config = LoaderConfig {
             micro_batch: b,
             seq_len: t,
@@ -167,7 +219,7 @@ impl<'a> Trainer<'a> {
         schedule.validate()?;
         let out = RankOutput::new(&engine, model.layout().num_params(), cfg.precision.into())?;
         Ok(Self {
-            acts: model.activations(b, t)?,
+            acts,
             x: vec![0; b * t],
             y: vec![0; b * t],
             shared,
@@ -261,14 +313,14 @@ impl<'a> Trainer<'a> {
             ..self.loader_config
         };
         let mut loader = DataLoader::new(self.shared.val.clone(), cfg)?;
-        let mut acts = self.model.activations(cfg.micro_batch, cfg.seq_len)?;
+        // The training activations serve evaluation too: same (B, T), no second set.
         let n = cfg.micro_batch * cfg.seq_len;
         let (mut x, mut y) = (vec![0u32; n], vec![0u32; n]);
         let mut sum = 0.0f32;
         let batches = self.shared.cfg.eval_batches.max(1);
         for _ in 0..batches {
             loader.next_micro_batch(&mut x, &mut y)?;
-            sum += eval_loss(&mut self.engine, &self.model, &mut acts, &x, &y)?;
+            sum += eval_loss(&mut self.engine, &self.model, &mut self.acts, &x, &y)?;
         }
         let mut mean = [sum / batches as f32];
         self.engine
@@ -363,6 +415,7 @@ impl<'a> Trainer<'a> {
         let t = self.traffic;
         let report = &mut self.out.report;
         report.peak_bytes = self.engine.arena().stats().peak_allocated as u64;
+        report.activation_bytes = self.acts.bytes();
         report.traffic_per_step = Traffic {
             all_reduce: t.all_reduce / steps_run,
             reduce_scatter: t.reduce_scatter / steps_run,

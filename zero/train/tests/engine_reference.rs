@@ -6,6 +6,11 @@
 //! - the local backend's average: the ranks' f32 gradients summed in rank order 0..N-1 in
 //!   f32, divided (not multiplied by 1/N) by N;
 //! - accumulation over micro-steps: `acc = acc + avg` in f32, from zero;
+//! - the tied embedding's gradient comes in two parts per micro-step, each averaged as
+//!   above on its own: the LM head's d(wte) (reduced when the head's backward ends) and the
+//!   encoder's d(wte), d(wpe) (reduced at the end of backward); they are added to the
+//!   accumulator one after the other, `acc = (acc + avg_head) + avg_encoder`, never summed
+//!   first (f32 addition is not associative, so the two orders differ in the last bits);
 //! - the mean over micro-steps and the clip folded into the gradient: `(g * (1/k)) * clip`;
 //! - the global norm: per rank, the squares (in f64) of that rank's shard of every unit, units
 //!   in order, summed in f64; each partial carried as an (f32 hi, f32 lo) pair, as the engine
@@ -65,8 +70,40 @@ fn data_shard(numel: usize, world: usize, r: usize) -> std::ops::Range<usize> {
     (r * shard_len).min(numel)..((r + 1) * shard_len).min(numel)
 }
 
-/// Every rank's whole-buffer gradients of micro-step `micro`, averaged as the local backend
-/// averages: summed in rank order in f32, then divided by N.
+/// One rank's gradients, unit by unit, with the embedding's two parts apart: entry 0 holds
+/// the LM head's part of d(embedding), the last entry (one past the units) the encoder's.
+fn rank_grads(model: &Gpt, params: &[Vec<f32>], x: &[u32], y: &[u32]) -> (f32, Vec<Vec<f32>>) {
+    let mut acts = model.activations(1, T).unwrap();
+    let mut grads: Vec<Vec<f32>> = params.iter().map(|p| vec![0.0; p.len()]).collect();
+    let mut encoder = vec![0.0; params[0].len()];
+    let loss = model
+        .forward(&mut acts, params, x, Some(y))
+        .unwrap()
+        .unwrap();
+    let last = model.layout().final_norm_unit();
+    let (embed, rest) = grads.split_at_mut(1);
+    model
+        .head_backward(
+            &mut acts,
+            &params[last],
+            &params[0],
+            &mut rest[last - 1],
+            &mut embed[0],
+        )
+        .unwrap();
+    for layer in (0..model.config().num_layers).rev() {
+        let unit = ParamLayout::block_unit(layer);
+        model
+            .block_backward(&mut acts, layer, &params[unit], &mut rest[unit - 1])
+            .unwrap();
+    }
+    model.embed_backward(&mut acts, &mut encoder).unwrap();
+    grads.push(encoder);
+    (loss, grads)
+}
+
+/// Every rank's gradients of micro-step `micro` ([`rank_grads`]'s entries), averaged as the
+/// local backend averages: summed in rank order in f32, then divided by N.
 fn averaged_grads(
     model: &Gpt,
     params: &[Vec<f32>],
@@ -75,19 +112,15 @@ fn averaged_grads(
     micro: usize,
     losses: &mut Vec<f32>,
 ) -> Vec<Vec<f32>> {
-    let mut acts = model.activations(1, T).unwrap();
     let per_rank: Vec<Vec<Vec<f32>>> = (0..world)
         .map(|rank| {
-            let mut grads: Vec<Vec<f32>> = params.iter().map(|p| vec![0.0; p.len()]).collect();
             let (x, y) = micro_batch(step, micro, rank);
-            let loss = model
-                .forward_backward(&mut acts, params, &mut grads, &x, &y)
-                .unwrap();
+            let (loss, grads) = rank_grads(model, params, &x, &y);
             losses.push(loss);
             grads
         })
         .collect();
-    let mut avg: Vec<Vec<f32>> = params.iter().map(|p| vec![0.0; p.len()]).collect();
+    let mut avg: Vec<Vec<f32>> = per_rank[0].iter().map(|p| vec![0.0; p.len()]).collect();
     for (u, unit) in avg.iter_mut().enumerate() {
         for (i, out) in unit.iter_mut().enumerate() {
             let mut sum = per_rank[0][u][i];
@@ -187,8 +220,13 @@ fn reference(world: usize) -> Trace {
         let mut step_losses = vec![];
         for micro in 0..ACCUM {
             let mut losses = vec![];
-            let avg = averaged_grads(&model, &params, world, step, micro, &mut losses);
+            let mut avg = averaged_grads(&model, &params, world, step, micro, &mut losses);
+            // The embedding's head part is in avg[0]; its encoder part, added second, last.
+            let encoder = avg.pop().unwrap();
             for (a, g) in acc.iter_mut().flatten().zip(avg.iter().flatten()) {
+                *a += *g;
+            }
+            for (a, g) in acc[0].iter_mut().zip(&encoder) {
                 *a += *g;
             }
             step_losses.push(losses);

@@ -83,7 +83,9 @@ pub fn matmul_forward(
 /// dinp += dout · weight; dweight += doutᵀ · inp; dbias += column sums of dout.
 ///
 /// `dinp` (N,C), `dweight` (OC,C), `dbias` (OC,) or `None`, `dout` (N,OC), `inp` (N,C),
-/// `weight` (OC,C).
+/// `weight` (OC,C). The two products are independent: [`matmul_backward_input`] then
+/// [`matmul_backward_weight`], so a caller may run them apart with the same bits (the tied
+/// LM head does, to never hold the weight and its gradient at once).
 ///
 /// # Panics
 /// On slice lengths that do not match the dimensions.
@@ -98,10 +100,24 @@ pub fn matmul_backward(
     c: usize,
     oc: usize,
 ) {
+    matmul_backward_input(dinp, dout, weight, n, c, oc);
+    matmul_backward_weight(dweight, dbias, dout, inp, n, c, oc);
+}
+
+/// dinp += dout · weight: `dinp` (N,C), `dout` (N,OC), `weight` (OC,C).
+///
+/// # Panics
+/// On slice lengths that do not match the dimensions.
+pub fn matmul_backward_input(
+    dinp: &mut [f32],
+    dout: &[f32],
+    weight: &[f32],
+    n: usize,
+    c: usize,
+    oc: usize,
+) {
     assert_eq!(dinp.len(), n * c);
-    assert_eq!(dweight.len(), oc * c);
     assert_eq!(dout.len(), n * oc);
-    assert_eq!(inp.len(), n * c);
     assert_eq!(weight.len(), oc * c);
     // SAFETY: by the asserts, dst(i,j) = dinp[i*c + j] for i < n, j < c; lhs(i,k) =
     // dout[i*oc + k] for k < oc; rhs(k,j) = weight[k*c + j]: all in bounds; dinp is a unique
@@ -129,6 +145,25 @@ pub fn matmul_backward(
             parallelism(),
         );
     }
+}
+
+/// dweight += doutᵀ · inp; dbias += column sums of dout: `dweight` (OC,C), `dbias` (OC,) or
+/// `None`, `dout` (N,OC), `inp` (N,C).
+///
+/// # Panics
+/// On slice lengths that do not match the dimensions.
+pub fn matmul_backward_weight(
+    dweight: &mut [f32],
+    dbias: Option<&mut [f32]>,
+    dout: &[f32],
+    inp: &[f32],
+    n: usize,
+    c: usize,
+    oc: usize,
+) {
+    assert_eq!(dweight.len(), oc * c);
+    assert_eq!(dout.len(), n * oc);
+    assert_eq!(inp.len(), n * c);
     // SAFETY: by the asserts, dst(i,j) = dweight[i*c + j] for i < oc, j < c; lhs(i,k) =
     // dout[k*oc + i] for k < n (doutᵀ: col stride oc, row stride 1); rhs(k,j) = inp[k*c + j]:
     // all in bounds; dweight is a unique borrow distinct from dout and inp.

@@ -1,0 +1,265 @@
+//! `zero-bench-memory`: the paper's memory claim end to end. For N_d local ranks and a
+//! per-rank cap, finds the largest GPT that trains at stages 0-3, each with and without
+//! activation checkpointing, growing the layers at a fixed width and the width at fixed
+//! layers.
+//!
+//! ```text
+//! cargo run --release -p zero-benches --bin zero-bench-memory -- --ranks 8 --memory-limit 512M
+//! ```
+//! Each search doubles the grown dimension while the start-up plan (the engine's plan plus the
+//! model's activations, the bound `zero-train --memory-limit` enforces) fits the cap, then
+//! bisects; the largest model found is confirmed by training two steps under the cap (a
+//! failure steps down until one trains). Step times are the second step's, stage s and stage
+//! 0 both on stage 0's largest model, so the ratio is the cost of the stage, not of the size.
+use std::process::ExitCode;
+use std::time::Instant;
+
+use clap::Parser;
+use zero::{Engine, EngineConfig, Precision, ZeroStage};
+use zero_benches::size::parse_size;
+use zero_gpt::{init_unit, Gpt, GptConfig, ParamLayout, Rng};
+use zero_train::bridge::{
+    activation_arena_bytes, arena_activations, gpt_units, micro_step, ActivationPlacement,
+};
+use zero_train::memory_fit::{default_shape, MemoryQuery};
+
+/// The largest GPT each ZeRO stage trains under a per-rank memory cap (fp32, local ranks;
+/// sizes in bytes with K/M/G = powers of 1024).
+#[derive(Debug, Parser)]
+#[command(name = "zero-bench-memory", version)]
+struct Args {
+    /// Data-parallel ranks (threads of this process).
+    #[arg(long, default_value_t = 8)]
+    ranks: usize,
+    /// Cap on each rank's arena.
+    #[arg(long, default_value = "512M", value_parser = parse_size)]
+    memory_limit: u64,
+    /// Tokens per sequence (T).
+    #[arg(long, default_value_t = 64)]
+    seq_len: usize,
+    /// Sequences per rank per micro-step (B).
+    #[arg(long, default_value_t = 1)]
+    micro_batch: usize,
+    /// Vocabulary size V.
+    #[arg(long, default_value_t = 8192)]
+    vocab: usize,
+    /// Width C of the layer search (heads: C/64).
+    #[arg(long, default_value_t = 256)]
+    width: usize,
+    /// Layers L of the width search.
+    #[arg(long, default_value_t = 4)]
+    layers: usize,
+    /// Plan only: skip the confirming runs and step times.
+    #[arg(long)]
+    plan_only: bool,
+}
+
+/// One search result.
+struct Row {
+    stage: ZeroStage,
+    every: Option<usize>,
+    model: GptConfig,
+    peak: Option<u64>,
+    step_ratio: Option<f64>,
+}
+
+fn gpt(args: &Args, layers: usize, width: usize) -> Option<GptConfig> {
+    GptConfig::new(args.seq_len, args.vocab, layers, (width / 64).max(1), width).ok()
+}
+
+fn params(model: &GptConfig) -> usize {
+    ParamLayout::new(model).num_params()
+}
+
+fn fits(args: &Args, model: &GptConfig, stage: ZeroStage, every: Option<usize>) -> bool {
+    let query = MemoryQuery {
+        model: *model,
+        micro_batch: args.micro_batch,
+        seq_len: args.seq_len,
+        placement: ActivationPlacement {
+            checkpoint_every: every,
+            offload: false,
+        },
+        shape: default_shape(args.ranks, stage, Precision::Fp32),
+    };
+    query
+        .plan()
+        .is_ok_and(|plan| plan.total() <= args.memory_limit)
+}
+
+/// The largest `x >= lo` with `ok(x)`, by doubling then bisection; `None` if not even `lo`.
+fn search(lo: usize, step: usize, ok: impl Fn(usize) -> bool) -> Option<usize> {
+    if !ok(lo * step) {
+        return None;
+    }
+    let (mut good, mut bad) = (lo, lo * 2);
+    while ok(bad * step) {
+        good = bad;
+        bad *= 2;
+    }
+    while bad - good > 1 {
+        let mid = good + (bad - good) / 2;
+        if ok(mid * step) {
+            good = mid;
+        } else {
+            bad = mid;
+        }
+    }
+    Some(good)
+}
+
+/// Trains two steps on every rank under the cap; rank 0's arena peak and second-step time.
+fn train(
+    args: &Args,
+    model: GptConfig,
+    stage: ZeroStage,
+    every: Option<usize>,
+    cap: Option<u64>,
+) -> Result<(u64, f64), String> {
+    let (b, t) = (args.micro_batch, args.seq_len);
+    let placement = ActivationPlacement {
+        checkpoint_every: every,
+        offload: false,
+    };
+    let engine_config = EngineConfig {
+        stage,
+        memory_limit: cap,
+        activation_bytes: activation_arena_bytes(&model, b, t, placement)
+            .map_err(|e| e.to_string())?,
+        ..EngineConfig::default()
+    };
+    let comms = zero_comm::local::create(args.ranks).map_err(|e| e.to_string())?;
+    let results: Vec<Result<(u64, f64), String>> = std::thread::scope(|s| {
+        let handles: Vec<_> = comms
+            .into_iter()
+            .map(|comm| {
+                s.spawn(move || -> Result<(u64, f64), String> {
+                    let err = |e: &dyn std::fmt::Display| e.to_string();
+                    let gpt = Gpt::new(model).map_err(|e| err(&e))?;
+                    let layout = gpt.layout().clone();
+                    let mut engine =
+                        Engine::new(comm, gpt_units(&layout), engine_config, |unit, w| {
+                            // Shapes come from GptConfig::new, which init accepts.
+                            let _ = init_unit(&model, &layout, unit, 1, w);
+                        })
+                        .map_err(|e| err(&e))?;
+                    let mut acts = arena_activations(&mut engine, &gpt, b, t, placement)
+                        .map_err(|e| err(&e))?;
+                    let mut rng = Rng::new(engine.rank() as u64);
+                    let mut seconds = 0.0;
+                    for _ in 0..2 {
+                        let seq: Vec<u32> = (0..=b * t)
+                            .map(|_| (rng.next_u64() % model.vocab_size as u64) as u32)
+                            .collect();
+                        let start = Instant::now();
+                        micro_step(&mut engine, &gpt, &mut acts, &seq[..b * t], &seq[1..])
+                            .map_err(|e| err(&e))?;
+                        engine.step(1e-4).map_err(|e| err(&e))?;
+                        seconds = start.elapsed().as_secs_f64();
+                    }
+                    Ok((engine.arena().stats().peak_allocated as u64, seconds))
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().unwrap_or_else(|_| Err("a rank panicked".into())))
+            .collect()
+    });
+    results.into_iter().next().unwrap_or(Err("no ranks".into()))
+}
+
+/// The largest model along `grow` (layers or width in units of 64) that trains.
+fn largest(
+    args: &Args,
+    stage: ZeroStage,
+    every: Option<usize>,
+    shape: impl Fn(usize) -> Option<GptConfig>,
+) -> Option<(GptConfig, Option<u64>)> {
+    let ok = |x: usize| shape(x).is_some_and(|m| fits(args, &m, stage, every));
+    let mut x = search(1, 1, ok)?;
+    while x >= 1 {
+        let model = shape(x)?;
+        if args.plan_only {
+            return Some((model, None));
+        }
+        match train(args, model, stage, every, Some(args.memory_limit)) {
+            Ok((peak, _)) => return Some((model, Some(peak))),
+            Err(e) => eprintln!("{stage} at {x}: {e}; stepping down"),
+        }
+        x -= 1;
+    }
+    None
+}
+
+fn table(args: &Args, title: &str, shape: impl Fn(usize) -> Option<GptConfig> + Copy) {
+    let mut rows = Vec::new();
+    for stage in ZeroStage::ALL {
+        for every in [None, Some(1)] {
+            if let Some((model, peak)) = largest(args, stage, every, shape) {
+                rows.push(Row {
+                    stage,
+                    every,
+                    model,
+                    peak,
+                    step_ratio: None,
+                });
+            }
+        }
+    }
+    let base = rows.first().map(|r| r.model);
+    if let (Some(base), false) = (base, args.plan_only) {
+        let time = |stage, every| train(args, base, stage, every, None).ok().map(|r| r.1);
+        let t0 = time(ZeroStage::Zero0, None);
+        for row in &mut rows {
+            row.step_ratio = t0.zip(time(row.stage, row.every)).map(|(a, b)| b / a);
+        }
+    }
+    print_rows(args, title, &rows);
+}
+
+fn print_rows(args: &Args, title: &str, rows: &[Row]) {
+    let mib = |b: u64| b as f64 / (1024.0 * 1024.0);
+    println!("# {title}");
+    println!("stage | checkpointing | L | C | parameters | vs stage 0 | peak/rank (MiB) | step time vs stage 0");
+    let p0 = rows.first().map_or(1, |r| params(&r.model)) as f64;
+    for r in rows {
+        let p = params(&r.model);
+        println!(
+            "{} | {} | {} | {} | {:.2}M | {:.1}x | {} | {}",
+            r.stage as u8,
+            if r.every.is_some() { "on" } else { "off" },
+            r.model.num_layers,
+            r.model.channels,
+            p as f64 / 1e6,
+            p as f64 / p0,
+            r.peak.map_or("-".into(), |b| format!("{:.1}", mib(b))),
+            r.step_ratio.map_or("-".into(), |x| format!("{x:.2}x")),
+        );
+    }
+    println!(
+        "# N_d={} cap {:.0} MiB/rank, fp32, T={} B={} V={}\n",
+        args.ranks,
+        mib(args.memory_limit),
+        args.seq_len,
+        args.micro_batch,
+        args.vocab
+    );
+}
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    if args.ranks == 0 || args.width % 64 != 0 || args.width == 0 || args.layers == 0 {
+        eprintln!("--ranks and --layers must be at least 1, --width a positive multiple of 64");
+        return ExitCode::FAILURE;
+    }
+    let width = args.width;
+    let layers = args.layers;
+    table(&args, &format!("layers at C={width}"), |l| {
+        gpt(&args, l, width)
+    });
+    table(&args, &format!("width at L={layers}"), |w| {
+        gpt(&args, layers, 64 * w)
+    });
+    ExitCode::SUCCESS
+}

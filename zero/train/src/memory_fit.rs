@@ -1,0 +1,95 @@
+//! What one rank's arena must hold for a GPT training configuration (the engine's plan plus
+//! the model's activations), and, for a cap too small, which stage and options would fit.
+
+use super::bridge::{activation_arena_bytes, gpt_units, ActivationPlacement};
+use super::error::TrainError;
+use zero::{plan_memory, MemoryPlan, PlanShape, Precision, ZeroStage};
+use zero_gpt::{GptConfig, ParamLayout};
+
+/// A training configuration as far as one rank's memory depends on it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct MemoryQuery {
+    /// The model's shape.
+    pub model: GptConfig,
+    /// Micro-batch size B.
+    pub micro_batch: usize,
+    /// Sequence length T.
+    pub seq_len: usize,
+    /// Checkpointing and offload of the activations.
+    pub placement: ActivationPlacement,
+    /// Everything else the engine's plan depends on (its `activation_bytes` is filled in
+    /// from the model's formula).
+    pub shape: PlanShape,
+}
+
+impl MemoryQuery {
+    /// The engine's plan with this configuration's activations.
+    ///
+    /// # Errors
+    /// A batch shape the model refuses, or a plan error (zero ranks, overflow).
+    pub fn plan(&self) -> Result<MemoryPlan, TrainError> {
+        let activation_bytes =
+            activation_arena_bytes(&self.model, self.micro_batch, self.seq_len, self.placement)?;
+        let specs = gpt_units(&ParamLayout::new(&self.model));
+        let shape = PlanShape {
+            activation_bytes,
+            ..self.shape
+        };
+        Ok(plan_memory(&specs, shape)?)
+    }
+
+    /// The same query at `stage` with checkpointing `every` (offload as asked).
+    pub fn with(&self, stage: ZeroStage, every: Option<usize>) -> Self {
+        Self {
+            placement: ActivationPlacement {
+                checkpoint_every: every,
+                ..self.placement
+            },
+            shape: PlanShape {
+                stage,
+                ..self.shape
+            },
+            ..*self
+        }
+    }
+
+    /// For a cap `limit` this query exceeds: the lowest stage that fits as asked, and the
+    /// lowest that fits with activation checkpointing every block when it is off, or the
+    /// bytes the leanest of them needs.
+    pub fn what_fits(&self, limit: u64) -> String {
+        let mut options = vec![(self.placement.checkpoint_every, "")];
+        if self.placement.checkpoint_every.is_none() {
+            options.push((Some(1), " with --activation-checkpointing"));
+        }
+        let mut least = u64::MAX;
+        for (every, flags) in options {
+            for stage in ZeroStage::ALL {
+                let Ok(plan) = self.with(stage, every).plan() else {
+                    continue;
+                };
+                least = least.min(plan.total());
+                if plan.total() <= limit {
+                    return format!("{stage}{flags} fits ({} bytes)", plan.total());
+                }
+            }
+        }
+        format!(
+            "nothing fits at this world size and micro-batch (the leanest option needs {least} \
+             bytes): add ranks, or lower --micro-batch-size or --seq-len"
+        )
+    }
+}
+
+/// The default plan knobs of a fp32 run on `world` ranks at `stage` (4 MiB buckets, one unit
+/// prefetched, no persistence threshold).
+pub fn default_shape(world: usize, stage: ZeroStage, precision: Precision) -> PlanShape {
+    PlanShape {
+        world,
+        stage,
+        precision,
+        persistence_threshold: 0,
+        prefetch_units: 1,
+        reduce_bucket_bytes: 4 << 20,
+        activation_bytes: 0,
+    }
+}
