@@ -130,7 +130,7 @@ impl Gpt {
     ) -> Result<()> {
         let unit = self.block_unit(layer)?;
         self.check_unit(unit, params.len(), "block parameters")?;
-        self.expect(acts, Progress::Forward { next: unit }, "block_forward")?;
+        self.check_call_order(acts, Progress::Forward { next: unit }, "block_forward")?;
         let segment = acts.segment(layer);
         if acts.every.is_some() && segment.start == layer {
             acts.begin_segment(layer);
@@ -157,7 +157,7 @@ impl Gpt {
         self.block_unit(layer)?;
         let segment = acts.segment(layer);
         let due = ParamLayout::block_unit(segment.end - 1);
-        self.expect(acts, Progress::Backward { next: due }, "block_recompute")?;
+        self.check_call_order(acts, Progress::Backward { next: due }, "block_recompute")?;
         let in_order = if layer == segment.start {
             acts.needs_recompute(layer)
         } else {
@@ -234,7 +234,7 @@ impl Gpt {
         let unit = self.block_unit(layer)?;
         self.check_unit(unit, params.len(), "block parameters")?;
         self.check_unit(unit, grads.len(), "block gradients")?;
-        self.expect(acts, Progress::Backward { next: unit }, "block_backward")?;
+        self.check_call_order(acts, Progress::Backward { next: unit }, "block_backward")?;
         if acts.needs_recompute(layer) {
             return Err(GptError::OutOfOrder {
                 call: "block_backward",
@@ -316,7 +316,7 @@ impl Gpt {
     /// Wrong buffer size, or a call out of order.
     pub fn embed_backward(&self, acts: &mut Activations, embed_grad: &mut [f32]) -> Result<()> {
         self.check_unit(0, embed_grad.len(), "embedding gradients")?;
-        self.expect(acts, Progress::Backward { next: 0 }, "embed_backward")?;
+        self.check_call_order(acts, Progress::Backward { next: 0 }, "embed_backward")?;
         let (b, t, c) = (acts.b, acts.t, self.config.channels);
         let [dwte, dwpe] = carve_mut(embed_grad, self.layout.units()[0].lens());
         let [dres, ..] = carve(acts.grad.floats(), acts.grad_lens); // (N,C)
@@ -398,7 +398,12 @@ impl Gpt {
     }
 
     /// Refuses activations sized for another model, then checks the call order.
-    fn expect(&self, acts: &Activations, want: Progress, call: &'static str) -> Result<()> {
+    fn check_call_order(
+        &self,
+        acts: &Activations,
+        want: Progress,
+        call: &'static str,
+    ) -> Result<()> {
         self.check_acts(acts)?;
         if acts.progress == want {
             return Ok(());

@@ -31,7 +31,7 @@ impl Gpt {
         let last = self.layout.final_norm_unit();
         self.check_unit(last, final_norm.len(), "final norm parameters")?;
         self.check_unit(0, embed.len(), "embedding parameters")?;
-        self.expect(acts, Progress::Forward { next: last }, "head_forward")?;
+        self.check_call_order(acts, Progress::Forward { next: last }, "head_forward")?;
         if let Some(targets) = targets {
             check_ids("targets", targets, acts, self.config.vocab_size)?;
             ids_mut(&mut acts.targets).copy_from_slice(targets);
@@ -63,7 +63,7 @@ impl Gpt {
     /// # Errors
     /// [`GptError::OutOfOrder`] unless the last call was `head_forward(.., None)`.
     pub fn logits<'a>(&self, acts: &'a Activations) -> Result<&'a [f32]> {
-        self.expect(acts, Progress::Logits, "logits")?;
+        self.check_call_order(acts, Progress::Logits, "logits")?;
         let [_, _, _, logits, _] = carve(&acts.fwd.floats()[acts.head_offset()..], acts.head_lens);
         Ok(logits)
     }
@@ -103,7 +103,7 @@ impl Gpt {
         self.check_unit(last, final_norm.len(), "final norm parameters")?;
         self.check_unit(last, final_norm_grad.len(), "final norm gradients")?;
         self.check_unit(0, embed.len(), "embedding parameters")?;
-        self.expect(acts, Progress::Loss, "head_backward")?;
+        self.check_call_order(acts, Progress::Loss, "head_backward")?;
         let be = &self.backend;
         let (n, c) = (acts.b * acts.t, self.config.channels);
         let (v, vp) = (self.config.vocab_size, self.config.padded_vocab_size);
@@ -135,7 +135,7 @@ impl Gpt {
         embed_grad: &mut [f32],
     ) -> Result<()> {
         self.check_unit(0, embed_grad.len(), "embedding gradients")?;
-        self.expect(acts, Progress::HeadWeight, "head_backward_weight")?;
+        self.check_call_order(acts, Progress::HeadWeight, "head_backward_weight")?;
         let (n, c, vp) = (
             acts.b * acts.t,
             self.config.channels,
