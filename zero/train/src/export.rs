@@ -67,6 +67,13 @@ pub fn export(args: &ExportArgs) -> Result<GptConfig, TrainError> {
             "--format llmc writes float32 only: drop --dtype".into(),
         ));
     }
+    if !args.from.exists() {
+        return Err(TrainError::Export(format!(
+            "--from {}: no such file or folder (a training state, an llm.c model.bin or a \
+             safetensors file)",
+            args.from.display()
+        )));
+    }
     if let Some(parent) = args.to.parent().filter(|p| !p.as_os_str().is_empty()) {
         std::fs::create_dir_all(parent).map_err(|source| crate::checkpoint::Error::Io {
             op: "create the folder",

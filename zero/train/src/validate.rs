@@ -53,8 +53,23 @@ fn finite_in(key: &'static str, value: f32, lo: f32, hi: f32) -> Result<(), Conf
         Err(out_of_range(
             key,
             &value,
-            format!("expected a finite number from {lo} to {hi}"),
+            match (lo == f32::MIN_POSITIVE, hi == f32::MAX) {
+                (true, true) => "expected a finite number greater than 0".to_string(),
+                (true, false) => format!("expected a number greater than 0, at most {}", short(hi)),
+                (false, true) => format!("expected a finite number of at least {}", short(lo)),
+                (false, false) => format!("expected a number from {} to {}", short(lo), short(hi)),
+            },
         ))
+    }
+}
+
+/// `x` as a person reads it: plain for ordinary magnitudes, scientific (`1.2e-38`) for
+/// extreme ones such as `f32::MIN_POSITIVE`.
+fn short(x: f32) -> String {
+    if x == 0.0 || (1e-4..1e6).contains(&x.abs()) {
+        x.to_string()
+    } else {
+        format!("{x:e}")
     }
 }
 
