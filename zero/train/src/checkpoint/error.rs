@@ -148,7 +148,10 @@ pub enum SafetensorsError {
         got: Vec<usize>,
     },
     /// The head count is in no tensor shape: it comes from `config.json` or the caller.
-    #[error("the number of heads is not in the tensors: put a config.json with n_head beside the file, or give it")]
+    #[error(
+        "the number of heads is not in the tensors: put a config.json with n_head beside the \
+         file, or pass it (zero-train: --heads N)"
+    )]
     MissingHeads,
     /// A `config.json` that does not parse or disagrees with the tensors.
     #[error("config.json: {reason}")]
