@@ -2,41 +2,18 @@
 //! activations in the summary, the activations counted in the arena peak, and a
 //! `--memory-limit` below the plan refused at start-up naming what fits.
 
-use std::path::{Path, PathBuf};
+mod common;
+use common::{write_corpus, TempDir};
+use std::path::Path;
 use zero::ZeroStage;
 use zero_gpt::{activation_bytes, GptConfig, Rng};
-use zero_train::data::TokenFile;
 use zero_train::{train, ByteSize, TrainConfig};
-
-/// A throwaway directory removed on drop.
-struct TempDir(PathBuf);
-
-impl TempDir {
-    fn new(tag: &str) -> Self {
-        let p = std::env::temp_dir().join(format!("zeror-{tag}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&p);
-        std::fs::create_dir_all(&p).unwrap();
-        Self(p)
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
 
 /// train.bin and val.bin of random tokens below 100.
 fn corpus(dir: &Path) {
     let mut rng = Rng::new(9);
     let tokens: Vec<u16> = (0..6_000).map(|_| (rng.next_u64() % 100) as u16).collect();
-    let (val, train) = tokens.split_at(2_000);
-    for (name, part) in [("train.bin", train), ("val.bin", val)] {
-        TokenFile::from_tokens_with_vocab(part.to_vec(), 100)
-            .unwrap()
-            .write(dir.join(name))
-            .unwrap();
-    }
+    write_corpus(dir, &tokens, 2_000, 100);
 }
 
 /// The tiny preset, 3 layers, on 2 ranks at stage 3 for 3 steps.
