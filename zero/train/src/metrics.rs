@@ -27,6 +27,12 @@ pub struct StepMetrics {
     pub loss_scale: f32,
     /// fp16 gradients overflowed and the step was skipped.
     pub skipped: bool,
+    /// Rank 0's arena: the peak bytes allocated so far.
+    pub peak_bytes: u64,
+    /// Rank 0's arena: compactions during this step (memory defragmentation, ZeRO-R's MD).
+    pub defrags: u64,
+    /// Rank 0's arena: bytes those compactions moved.
+    pub defrag_bytes_moved: u64,
 }
 
 /// Memory and traffic of one rank at the end of a run.
@@ -134,6 +140,9 @@ pub fn step_json(m: &StepMetrics) -> Value {
         "step_ms": m.step_ms,
         "loss_scale": m.loss_scale,
         "skipped": m.skipped,
+        "peak_bytes": m.peak_bytes,
+        "defrags": m.defrags,
+        "defrag_bytes_moved": m.defrag_bytes_moved,
     })
 }
 

@@ -253,6 +253,7 @@ impl<'a> Trainer<'a> {
         let (traffic_before, sent_before) = (self.engine.traffic(), self.bytes_sent());
         let lr = self.schedule.lr(step);
         let accum = self.loader_config.grad_accum_steps;
+        let arena_before = self.engine.arena().stats();
         let mut local = 0.0f32;
         for _ in 0..accum {
             self.loader.next_micro_batch(&mut self.x, &mut self.y)?;
@@ -273,7 +274,11 @@ impl<'a> Trainer<'a> {
         let secs = began.elapsed().as_secs_f64();
         self.out.losses.push(loss[0]);
         let global_tokens = (self.shared.cfg.batch_size * self.shared.cfg.seq_len) as f64;
+        let arena = self.engine.arena().stats();
         let m = StepMetrics {
+            peak_bytes: arena.peak_allocated as u64,
+            defrags: arena.defrags - arena_before.defrags,
+            defrag_bytes_moved: arena.bytes_moved - arena_before.bytes_moved,
             step: step + 1,
             loss: loss[0],
             lr,

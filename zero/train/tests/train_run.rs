@@ -129,10 +129,30 @@ fn metrics_hold_steps_evaluations_and_a_summary() {
     let evals = lines.iter().filter(|l| l.get("val_loss").is_some()).count();
     assert_eq!((steps, evals), (6, 3));
     // Line 0 is the evaluation at step 0, line 1 the first step.
-    for key in ["step", "loss", "lr", "grad_norm", "tokens_per_s", "step_ms"] {
+    for key in [
+        "step",
+        "loss",
+        "lr",
+        "grad_norm",
+        "tokens_per_s",
+        "step_ms",
+        "defrags",
+    ] {
         assert!(lines[1].get(key).is_some(), "missing {key}");
     }
     let summary = lines.last().unwrap();
+    // The per-step arena peak never falls and ends at rank 0's peak in the summary.
+    let peaks: Vec<u64> = lines
+        .iter()
+        .filter_map(|l| l.get("peak_bytes").filter(|_| l.get("loss").is_some()))
+        .map(|p| p.as_u64().unwrap())
+        .collect();
+    assert_eq!(peaks.len(), 6);
+    assert!(peaks.windows(2).all(|w| w[0] <= w[1]), "{peaks:?}");
+    assert_eq!(
+        *peaks.last().unwrap(),
+        summary["ranks"][0]["peak_bytes"].as_u64().unwrap()
+    );
     assert_eq!(summary["world_size"], 2);
     let ranks = summary["ranks"].as_array().unwrap();
     assert_eq!(ranks.len(), 2);
