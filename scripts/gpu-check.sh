@@ -5,7 +5,8 @@
 #   bash scripts/gpu-check.sh build   # here, with cargo: release test binaries -> gpu-bin/
 #   bash scripts/gpu-check.sh run     # on the GPU machine (no Rust toolchain): runs them
 #
-# `build` compiles the CUDA test binaries (cargo test --release --features cuda --no-run),
+# `build` compiles the CUDA test binaries (cargo test --release --no-run --features cuda, for
+# -p zero-gpt and -p zero-comm),
 # strips them into the git-ignored gpu-bin/ with a copy of this script. `run` makes the
 # CUDA 13 libraries loadable by cudarc (built with cuda-12080, it looks for libX.so and
 # libX.so.12: a folder of libX.so -> libX.so.13 symlinks goes first on LD_LIBRARY_PATH),

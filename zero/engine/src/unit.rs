@@ -14,7 +14,7 @@ pub struct UnitSpec {
     /// Ranges of the unit that take decoupled weight decay (matrices); the rest do not.
     pub decay: Vec<Range<usize>>,
     /// The model keeps this unit in use (gathered, and its gradient open) across a whole
-    /// micro-step, beside the others: e.g. a tied embedding read at both ends of the pass.
+    /// micro-step, beside the others: e.g. GPT's final LayerNorm, read beside the tied embedding.
     /// Other units are used one at a time; the memory plan counts on it and the engine
     /// enforces it.
     pub spans_micro_step: bool,

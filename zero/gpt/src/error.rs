@@ -1,7 +1,7 @@
 //! Errors of the GPT model.
 //!
-//! Local to `gpt` for now: the crate-wide `zero::Error` does not exist yet, and when it does this
-//! enum becomes one of its variants (`#[from]`), so callers keep the structured fields.
+//! zero-gpt's own error enum: the crate depends on none of the project's crates, so its callers
+//! (zero-train) wrap it in their own errors and keep the structured fields.
 
 /// Everything the model can reject: a bad configuration, buffers of the wrong size, token ids
 /// out of range, and unit calls made out of order.

@@ -1,7 +1,7 @@
 //! Model-state bytes per rank measured from the arena beside the paper's formula, for every
 //! stage at N_d = 1, 2, 4, 8: the table in docs/zero.md.
 //!
-//! `cargo run --release -p zero --example memory_table -- [PRESET] [fp32|bf16|fp16]`
+//! `cargo run --release -p zero-train --example memory_table -- [PRESET] [fp32|bf16|fp16]`
 //! (defaults: `small`, `bf16`, the paper's K = 12 case).
 
 use zero::{Engine, EngineConfig, Precision, ZeroStage};

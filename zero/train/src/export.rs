@@ -2,8 +2,8 @@
 //!
 //! Sources: a saved training state (a `step-NNNNNN` folder or the `--save` directory), an
 //! llm.c `model.bin` or a Hugging Face GPT-2 safetensors file. Targets: safetensors with
-//! Hugging Face's names and a `config.json` beside it (loads with
-//! `GPT2LMHeadModel.from_pretrained(folder)`), or llm.c's float32 `model.bin`. A training
+//! Hugging Face's names and a `config.json` beside it (read back by HF's `safetensors` package
+//! in the tests; loading with `transformers` is untested), or llm.c's float32 `model.bin`. A training
 //! state is streamed into safetensors one unit at a time.
 
 use std::path::{Path, PathBuf};

@@ -71,7 +71,7 @@ fn bad_inputs_are_refused() {
 }
 
 /// The real corpus, when `scripts/fetch-shakespeare.sh` has installed it. Ignored by default
-/// (it needs the download and takes seconds): `cargo test -p zero --test data_prepare -- --ignored`.
+/// (it needs the download and takes seconds): `cargo test -p zero-train --test data_prepare -- --ignored`.
 #[test]
 #[ignore = "needs data/shakespeare from scripts/fetch-shakespeare.sh"]
 fn prepares_the_shakespeare_corpus() {

@@ -129,7 +129,7 @@ fn check_model_states(precision: Precision, world: usize, stage: ZeroStage) {
             let paper = expected_model_state_bytes(psi, world, stage, precision);
             for m in measured {
                 assert_eq!(m, padded, "{stage}, N={world}");
-                // Padding: under one shard quantum (world x 64 elements) per unit, per kind.
+                // Padding: under one shard quantum (world x 128 elements) per unit, per kind.
                 let slack = 16.0 * (world * SHARD_ALIGN_ELEMS * SIZES.len()) as f64;
                 assert!(m.total() >= paper.total() && m.total() - paper.total() < slack);
             }

@@ -125,7 +125,7 @@ fn assert_same_bits(a: &Run, b: &Run, what: &str) {
 
 #[test]
 fn every_stage_gives_the_same_bits_at_every_world_size() {
-    // 12 rows: divisible by 1, 2, 3 and 4 ranks; tiny's units are not multiples of 3 x 64.
+    // 12 rows: divisible by 1, 2, 3 and 4 ranks; tiny's units are not multiples of 3 x 128.
     for world in [1, 2, 3, 4] {
         let reference = train(world, ZeroStage::Zero0, 12, 1);
         // The comparison means something only if training moved the parameters.

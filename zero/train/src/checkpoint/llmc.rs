@@ -1,6 +1,6 @@
 //! llm.c's float32 model checkpoint: 256 little-endian int32 (magic 20240326, version 3,
 //! maxT, V, L, NH, C, Vp, the rest zero), then every parameter as little-endian f32 in the
-//! order of [`super::LLMC_TENSOR_NAMES`].
+//! order of [`super::ModelShape::llmc_tensors`].
 //!
 //! Sizes from the header are validated, and compared with the bytes actually present,
 //! before any parameter memory is allocated, so a corrupt header cannot make the reader

@@ -22,7 +22,9 @@
 //! rank 0 merges the indexes into `manifest.json`, fsyncs it and the folder, renames the
 //! folder to `step-N/`, fsyncs the parent, replaces `latest` (temp file, fsync, rename,
 //! fsync), and only then prunes states beyond `--keep-last`. A crash at any point leaves
-//! the previous state and a `latest` naming a complete state.
+//! `latest` naming a complete state (or absent, the complete states still there), except
+//! between the two renames of a re-saved step (`step-N.old`), where `latest` may name a
+//! missing folder, which resume refuses by name.
 
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
