@@ -255,30 +255,3 @@ fn an_llmc_export_starts_another_run_at_the_same_parameters() {
     assert!((trained - loaded).abs() < 1e-5, "{trained} vs {loaded}");
     assert!(trained < first.val_losses[0].1, "training changed nothing");
 }
-
-#[test]
-fn a_shape_flag_that_contradicts_the_init_file_is_refused() {
-    let dir = TempDir::new("llmc-shape");
-    learnable_corpus(&dir.0);
-    let model_bin = dir.0.join("model.bin");
-    train(&TrainConfig {
-        export_llmc: Some(model_bin.clone()),
-        steps: 1,
-        eval_every: 0,
-        sample_tokens: 0,
-        ..tiny(&dir.0)
-    })
-    .unwrap();
-    let err = train(&TrainConfig {
-        init_from: Some(model_bin),
-        dim: Some(64),
-        ..tiny(&dir.0)
-    })
-    .unwrap_err();
-    // The file brings its own shape (the tiny preset's 32 channels): --dim 64 contradicts it.
-    let msg = err.to_string();
-    assert!(
-        msg.contains("--dim 64") && msg.contains("channels = 32"),
-        "{msg}"
-    );
-}
