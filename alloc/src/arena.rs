@@ -164,13 +164,10 @@ impl Arena {
         self.config.device
     }
 
-    /// Bytes a request of `bytes` occupies: rounded up to the alignment, at least one unit so
-    /// every live block has a distinct offset.
+    /// Bytes a request of `bytes` occupies ([`ArenaConfig::block_size`]).
     fn rounded(&self, bytes: usize) -> Result<usize> {
-        let align = self.config.alignment;
-        bytes
-            .max(1)
-            .checked_next_multiple_of(align)
+        self.config
+            .block_size(bytes)
             .ok_or(AllocError::SizeOverflow {
                 count: bytes,
                 elem_size: 1,

@@ -72,6 +72,14 @@ impl ArenaConfig {
         self
     }
 
+    /// Bytes a request of `bytes` occupies in such an arena: rounded up to the alignment, at
+    /// least one unit so every live block has a distinct offset (`None` on overflow). What
+    /// the arena's statistics count for the block.
+    #[must_use]
+    pub fn block_size(&self, bytes: usize) -> Option<usize> {
+        bytes.max(1).checked_next_multiple_of(self.alignment)
+    }
+
     /// Turns automatic defragmentation on allocation failure on or off.
     #[must_use]
     pub fn defragment_on_fragmentation(mut self, on: bool) -> Self {

@@ -8,9 +8,9 @@
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use std::time::{Duration, Instant};
-use zero::{Engine, EngineConfig, Precision, ZeroStage};
+use zero::{EngineConfig, Precision, ZeroStage};
 use zero_gpt::{init_unit, Gpt, GptConfig};
-use zero_train::bridge::{gpt_units, micro_step};
+use zero_train::bridge::{gpt_engine, micro_step};
 
 const WORLD: usize = 2;
 const B: usize = 4; // sequences per rank
@@ -40,11 +40,10 @@ fn time_steps(stage: ZeroStage, precision: Precision, iters: u64) -> Duration {
                         precision,
                         ..EngineConfig::default()
                     };
-                    let mut engine =
-                        Engine::new(comm, gpt_units(&layout), engine_config, |unit, w| {
-                            init_unit(&config, &layout, unit, 1, w).expect("init");
-                        })
-                        .expect("engine");
+                    let mut engine = gpt_engine(comm, &layout, None, engine_config, |unit, w| {
+                        init_unit(&config, &layout, unit, 1, w).expect("init");
+                    })
+                    .expect("engine");
                     let mut acts = gpt.activations(B, T).expect("activations");
                     let rank = engine.rank() as u32;
                     let x: Vec<u32> = (0..(B * T) as u32).map(|i| (i * 7 + rank) % 4096).collect();

@@ -15,11 +15,11 @@ use std::process::ExitCode;
 use std::time::Instant;
 
 use clap::Parser;
-use zero::{Engine, EngineConfig, Precision, ZeroStage};
+use zero::{EngineConfig, Precision, ZeroStage};
 use zero_benches::size::parse_size;
 use zero_gpt::{init_unit, Gpt, GptConfig, ParamLayout, Rng};
 use zero_train::bridge::{
-    activation_arena_bytes, arena_activations, gpt_units, micro_step, ActivationPlacement,
+    activation_arena_bytes, arena_activations, gpt_engine, micro_step, ActivationPlacement,
 };
 use zero_train::memory_fit::{default_shape, MemoryQuery};
 
@@ -137,12 +137,11 @@ fn train(
                     let err = |e: &dyn std::fmt::Display| e.to_string();
                     let gpt = Gpt::new(model).map_err(|e| err(&e))?;
                     let layout = gpt.layout().clone();
-                    let mut engine =
-                        Engine::new(comm, gpt_units(&layout), engine_config, |unit, w| {
-                            // Shapes come from GptConfig::new, which init accepts.
-                            let _ = init_unit(&model, &layout, unit, 1, w);
-                        })
-                        .map_err(|e| err(&e))?;
+                    let mut engine = gpt_engine(comm, &layout, every, engine_config, |unit, w| {
+                        // Shapes come from GptConfig::new, which init accepts.
+                        let _ = init_unit(&model, &layout, unit, 1, w);
+                    })
+                    .map_err(|e| err(&e))?;
                     let mut acts = arena_activations(&mut engine, &gpt, b, t, placement)
                         .map_err(|e| err(&e))?;
                     let mut rng = Rng::new(engine.rank() as u64);

@@ -5,10 +5,9 @@
 use super::engine::{Engine, UnitViews};
 use super::error::{Error, Result};
 use super::inflight::{InFlight, MAX_IN_FLIGHT};
-use super::order::Visit;
 use super::policy::GradReduce;
 use super::precision::{accumulate, any_non_finite, narrow, with_store, Store};
-use super::unit_buffers::zeroed;
+use super::schedule::UnitCall;
 use zero_alloc::Handle;
 use zero_comm::{Bucket, ReduceOp, ShardBuckets};
 
@@ -24,8 +23,10 @@ impl Engine {
                 "begin_backward of unit {unit} twice without end_backward"
             )));
         }
-        self.check_one_at_a_time(unit)?;
-        let h = zeroed::<f32>(&mut self.arena, self.policies[unit].part.padded_numel())?;
+        self.order
+            .visit(&self.comm, UnitCall::BeginBackward(unit))?;
+        let h = self.alloc_transient::<f32>(self.policies[unit].part.padded_numel())?;
+        self.arena.slice_mut::<f32>(h)?.fill(0.0);
         self.bufs[unit].unreduced = Some(h);
         Ok(())
     }
@@ -73,7 +74,7 @@ impl Engine {
     /// reduction or of an earlier one completed here).
     pub fn end_backward(&mut self, unit: usize) -> Result<()> {
         self.check_unit(unit)?;
-        self.order.visit(&self.comm, unit, Visit::Reduce)?;
+        self.order.visit(&self.comm, UnitCall::EndBackward(unit))?;
         let tmp = self.bufs[unit].unreduced.take().ok_or_else(|| {
             Error::Order(format!(
                 "end_backward of unit {unit} without begin_backward"
@@ -103,7 +104,7 @@ impl Engine {
         let scale = self.scaler.scale;
         for bucket in layout.buckets() {
             let elems = layout.bucket_elems(bucket);
-            let staged = self.arena.alloc_elems::<S>(elems)?;
+            let staged = self.alloc_transient::<S>(elems)?;
             let packed = (|| -> Result<()> {
                 let mut views = self.arena.views();
                 let wide = views.get::<f32>(tmp)?;
@@ -133,13 +134,11 @@ impl Engine {
         Ok(())
     }
 
-    /// Completes pending reductions, oldest first: all that are done, and more until at most
-    /// `keep` remain.
+    /// Completes pending reductions, oldest first, until at most `keep` remain. By count, not
+    /// by which happen to be done: the memory held never depends on timing, so the measured
+    /// peak is the plan's on every run.
     pub(crate) fn complete_reductions(&mut self, keep: usize) -> Result<()> {
-        while let Some(front) = self.in_flight.front() {
-            if self.in_flight.len() <= keep && !front.is_done() {
-                break;
-            }
+        while self.in_flight.len() > keep {
             if let Some(pending) = self.in_flight.pop_front() {
                 pending.finish(self)?;
             }
@@ -175,8 +174,17 @@ impl Engine {
         result
     }
 
-    /// Marks the end of one micro-step's backward (for gradient accumulation).
-    pub fn end_micro_step(&mut self) {
+    /// Marks the end of one micro-step (for gradient accumulation): completes every
+    /// reduction still in flight, so each micro-step starts from the same memory and the
+    /// plan's replay of one micro-step holds for all.
+    ///
+    /// # Errors
+    /// A micro-step that did not make every declared call; collective or arena failures of
+    /// the reductions completed here.
+    pub fn end_micro_step(&mut self) -> Result<()> {
+        self.order.end_micro_step()?;
+        self.complete_reductions(0)?;
         self.micro_steps += 1;
+        Ok(())
     }
 }

@@ -21,15 +21,17 @@ use super::error::{Error, Result};
 use super::formulas::{expected_model_state_bytes, ModelStateBytes};
 use super::inflight::{InFlight, Prefetch};
 use super::loss_scale::LossScaler;
+use super::order::confirm_same_schedule;
 use super::order::OrderCheck;
-use super::plan::{check_fits, plan_memory, MemoryPlan, PlanShape};
+use super::plan::{arena_config, check_fits, plan_memory, MemoryPlan, PlanShape};
 use super::policy::{UnitPolicy, ZeroStage};
 use super::precision::Precision;
+use super::schedule::Schedule;
 use super::unit::UnitSpec;
 use super::unit_buffers::{initial_values, write_whole, UnitBuffers};
 use crate::optim::AdamW;
 use std::collections::VecDeque;
-use zero_alloc::{Arena, ArenaConfig, Handle, Lent};
+use zero_alloc::{Arena, Handle, Lent};
 use zero_comm::Communicator;
 
 /// The engine's knobs, under DeepSpeed's names where it has them.
@@ -57,6 +59,9 @@ pub struct EngineConfig {
     /// Bytes the model takes from the arena besides model states (its activations, through
     /// [`Engine::lend_f32`]), arena rounding included: planned and capped with the rest.
     pub activation_bytes: u64,
+    /// Memory defragmentation (the paper's MD): compact the arena when an allocation finds
+    /// no hole although the free bytes would do. Off, such an allocation fails.
+    pub defragment: bool,
 }
 
 impl Default for EngineConfig {
@@ -71,6 +76,7 @@ impl Default for EngineConfig {
             adam: AdamW::default(),
             memory_limit: None,
             activation_bytes: 0,
+            defragment: true,
         }
     }
 }
@@ -125,16 +131,35 @@ pub struct Engine {
 }
 
 impl Engine {
-    /// Registers `specs` on this rank: plans and allocates every buffer from a fresh arena
-    /// and fills the parameters with `init(unit, whole_unit)`, which must give the same
-    /// values on every rank (seeded).
+    /// Registers `specs` of a plain sequential model ([`Schedule::sequential`]); see
+    /// [`Engine::with_schedule`].
     ///
     /// # Errors
-    /// [`Error::DoesNotFit`] when the cap is too small (naming a stage that fits),
-    /// [`Error::BadUnit`] for inconsistent specs, arena errors.
+    /// As [`Engine::with_schedule`].
     pub fn new(
         comm: Communicator,
         specs: Vec<UnitSpec>,
+        config: EngineConfig,
+        init: impl FnMut(usize, &mut [f32]),
+    ) -> Result<Self> {
+        let schedule = Schedule::sequential(specs.len());
+        Self::with_schedule(comm, specs, &schedule, config, init)
+    }
+
+    /// Registers `specs` on this rank for micro-steps that make `schedule`'s calls: plans
+    /// the step's peak by replaying the schedule, allocates every buffer from a fresh arena
+    /// of that size (or the cap) and fills the parameters with `init(unit, whole_unit)`, which
+    /// must give the same values on every rank (seeded). Every rank must declare the same
+    /// schedule.
+    ///
+    /// # Errors
+    /// [`Error::DoesNotFit`] when the cap is too small (naming a stage that fits),
+    /// [`Error::BadUnit`] for inconsistent specs, [`Error::BadSchedule`] for a malformed
+    /// schedule or one that differs between ranks, arena and collective errors.
+    pub fn with_schedule(
+        comm: Communicator,
+        specs: Vec<UnitSpec>,
+        schedule: &Schedule,
         config: EngineConfig,
         mut init: impl FnMut(usize, &mut [f32]),
     ) -> Result<Self> {
@@ -142,6 +167,7 @@ impl Engine {
             spec.check()
                 .map_err(|message| Error::BadUnit { unit, message })?;
         }
+        confirm_same_schedule(&comm, schedule)?;
         let shape = PlanShape {
             world: comm.size(),
             stage: config.stage,
@@ -152,12 +178,12 @@ impl Engine {
             activation_bytes: config.activation_bytes,
         };
         let memory_plan = match config.memory_limit {
-            Some(limit) => check_fits(&specs, shape, limit)?,
-            None => plan_memory(&specs, shape)?,
+            Some(limit) => check_fits(&specs, schedule, shape, limit)?,
+            None => plan_memory(&specs, schedule, shape)?,
         };
         let capacity = config.memory_limit.unwrap_or(memory_plan.total());
         let capacity = usize::try_from(capacity).unwrap_or(usize::MAX);
-        let mut arena = Arena::new(ArenaConfig::new(capacity))?;
+        let mut arena = Arena::new(arena_config(capacity, config.defragment))?;
         let policies = specs
             .iter()
             .map(|s| {
@@ -170,25 +196,10 @@ impl Engine {
                 )
             })
             .collect::<Result<Vec<_>>>()?;
-        let precision = config.precision;
-        let mut bufs = Vec::with_capacity(specs.len());
-        for (unit, policy) in policies.iter().enumerate() {
-            let b = UnitBuffers::new(&mut arena, policy, precision)?;
-            let values = initial_values(&mut arena, policy, |w| init(unit, w))?;
-            let loaded = write_whole(&mut arena, policy, &b, precision, comm.rank(), values);
-            arena.free(values)?;
-            loaded?;
-            bufs.push(b);
-        }
-        arena.reset_peak();
+        let bufs = allocate_units(&mut arena, &policies, &config, comm.rank(), &mut init)?;
         let n_units = bufs.len();
-        let order = OrderCheck::new(comm.rank());
-        let scaler = if precision == Precision::Fp16 {
-            LossScaler::default()
-        } else {
-            LossScaler::new(1.0, u32::MAX, 1, 1.0)
-        };
         Ok(Self {
+            order: OrderCheck::new(comm.rank(), schedule),
             comm,
             arena,
             config,
@@ -199,10 +210,9 @@ impl Engine {
             micro_steps: 0,
             steps: 0,
             traffic: Traffic::default(),
-            order,
             prefetched: (0..n_units).map(|_| None).collect(),
             in_flight: VecDeque::new(),
-            scaler,
+            scaler: LossScaler::for_precision(config.precision),
             overflow: false,
         })
     }
@@ -309,4 +319,31 @@ impl Engine {
     pub fn loss_scale(&self) -> f32 {
         self.scaler.scale
     }
+}
+
+/// Every unit's buffers, filled with `init`'s values as the stage keeps them. With
+/// defragmentation on, the arena is then compacted, so the blocks the model borrows for good
+/// next ([`Engine::lend_f32`]) sit right after the model states and split no free space.
+fn allocate_units(
+    arena: &mut Arena,
+    policies: &[UnitPolicy],
+    config: &EngineConfig,
+    rank: usize,
+    init: &mut impl FnMut(usize, &mut [f32]),
+) -> Result<Vec<UnitBuffers>> {
+    let precision = config.precision;
+    let mut bufs = Vec::with_capacity(policies.len());
+    for (unit, policy) in policies.iter().enumerate() {
+        let b = UnitBuffers::new(arena, policy, precision)?;
+        let values = initial_values(arena, policy, |w| init(unit, w))?;
+        let loaded = write_whole(arena, policy, &b, precision, rank, values);
+        arena.free(values)?;
+        loaded?;
+        bufs.push(b);
+    }
+    if config.defragment {
+        arena.defragment()?;
+    }
+    arena.reset_peak();
+    Ok(bufs)
 }

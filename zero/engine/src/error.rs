@@ -48,18 +48,6 @@ pub enum Error {
         /// The unit.
         unit: usize,
     },
-    /// Two units used at once where neither spans the micro-step: the memory plan reserves
-    /// room for one such unit at a time.
-    #[error(
-        "unit {unit} is used while unit {other} still is: only units declared with \
-         UnitSpec::spanning_micro_step may be in use beside another"
-    )]
-    OverlappingUnits {
-        /// The unit asked for.
-        unit: usize,
-        /// The unit still in use.
-        other: usize,
-    },
     /// A unit index past the registered units.
     #[error("unit {unit} does not exist: the engine has {units} units")]
     NoSuchUnit {
@@ -79,22 +67,22 @@ pub enum Error {
         /// What is wrong.
         message: String,
     },
-    /// The ranks do not run the same units in the same order.
+    /// The ranks do not make the same calls in the same order.
     #[error(
-        "rank {rank} ran unit {got} at position {position} of the step, but rank {other_rank} ran \
-         unit {expected}: every rank must visit units in the same order"
+        "rank {rank} made call {got} at position {position} of the micro-step, but rank \
+         {other_rank} made {expected}: every rank must visit units in the same order"
     )]
     DivergentOrder {
         /// This rank.
         rank: usize,
-        /// Position in the step's sequence of gathers.
+        /// Position in the micro-step's sequence of calls.
         position: usize,
-        /// The unit this rank visited.
-        got: usize,
+        /// The call this rank made.
+        got: String,
         /// A rank that disagrees.
         other_rank: usize,
-        /// What that rank visited.
-        expected: usize,
+        /// What that rank made.
+        expected: String,
     },
     /// The gradients hold an inf or NaN (fp32 training has no loss scale to skip with).
     #[error("gradient norm is {norm} at step {step}: the gradients hold an inf or NaN")]
@@ -139,21 +127,25 @@ pub enum Error {
         /// The allowed range.
         expected: &'static str,
     },
-    /// A rank visits units in another order than on the first step.
+    /// A call the declared schedule does not make at this point.
     #[error(
-        "rank {rank} ran unit {got} at position {position} of this step, but the first step ran \
-         unit {recorded} there: the unit order must not change between steps"
+        "rank {rank} made {got} at position {position} of the micro-step, where the declared \
+         schedule makes {declared}: declare the model's calls with Engine::with_schedule (the \
+         memory plan replays that schedule)"
     )]
-    OrderChanged {
+    OffSchedule {
         /// This rank.
         rank: usize,
-        /// Position in the step's sequence of unit visits.
+        /// Position in the micro-step's sequence of calls.
         position: usize,
-        /// The unit visited now.
-        got: usize,
-        /// The unit the first step visited (`usize::MAX`: none, the step is longer).
-        recorded: usize,
+        /// The call made.
+        got: String,
+        /// The declared call at that position.
+        declared: String,
     },
+    /// A declared schedule is malformed, or differs between ranks.
+    #[error("the declared schedule {0}")]
+    BadSchedule(String),
 }
 
 /// Result alias of crate `zero`.

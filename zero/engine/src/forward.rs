@@ -5,8 +5,8 @@
 use super::engine::Engine;
 use super::error::{Error, Result};
 use super::inflight::Prefetch;
-use super::order::Visit;
 use super::precision::{widen, with_store, Store};
+use super::schedule::UnitCall;
 use zero_alloc::Handle;
 
 impl Engine {
@@ -18,7 +18,7 @@ impl Engine {
     /// Unknown unit, a rank visiting units in another order, arena or collective failures.
     pub fn gather(&mut self, unit: usize) -> Result<()> {
         self.check_unit(unit)?;
-        self.order.visit(&self.comm, unit, Visit::Gather)?;
+        self.order.visit(&self.comm, UnitCall::Gather(unit))?;
         if self.policies[unit].reads_stored {
             return Ok(());
         }
@@ -27,31 +27,12 @@ impl Engine {
         if b.gathered.is_some() {
             return Ok(());
         }
-        self.check_one_at_a_time(unit)?;
         let copy = match self.prefetched[unit].take() {
             Some(prefetch) => prefetch.finish(self)?,
             None => with_store!(self.config.precision, S => self.compute_copy::<S>(unit))?,
         };
         self.bufs[unit].gathered = Some(copy);
         with_store!(self.config.precision, S => self.launch_prefetches::<S>())
-    }
-
-    /// Refuses a transient buffer for `unit` while another unit that does not span the
-    /// micro-step holds one, which the memory plan does not reserve room for.
-    pub(crate) fn check_one_at_a_time(&self, unit: usize) -> Result<()> {
-        if self.specs[unit].spans_micro_step {
-            return Ok(());
-        }
-        let in_use = |i: usize| {
-            let b = &self.bufs[i];
-            i != unit
-                && !self.specs[i].spans_micro_step
-                && (b.gathered.is_some() || b.unreduced.is_some())
-        };
-        match (0..self.specs.len()).find(|&i| in_use(i)) {
-            Some(other) => Err(Error::OverlappingUnits { unit, other }),
-            None => Ok(()),
-        }
     }
 
     /// A new f32 block holding `unit`'s whole (padded) parameters. f32 storage is
@@ -61,12 +42,12 @@ impl Engine {
         let policy = self.policies[unit];
         let padded = policy.part.padded_numel();
         let params = self.bufs[unit].params;
-        let out = self.arena.alloc_elems::<f32>(padded)?;
+        let out = self.alloc_transient::<f32>(padded)?;
         let direct = policy.gathered() && std::mem::size_of::<S>() == 4;
         let staged = if !policy.gathered() || direct {
             None
         } else {
-            Some(self.arena.alloc_elems::<S>(padded)?)
+            Some(self.alloc_transient::<S>(padded)?)
         };
         let result = (|| -> Result<()> {
             let mut views = self.arena.views();
@@ -102,9 +83,10 @@ impl Engine {
         }
     }
 
-    /// Stage 3: launches the all-gathers of the next `prefetch_units` units of the recorded
-    /// order, so they arrive while the current unit computes. Every rank follows the same
-    /// recorded order, so every rank launches the same collectives in the same sequence.
+    /// Stage 3: launches the all-gathers of the next `prefetch_units` units of the declared
+    /// schedule, so they arrive while the current unit computes. Every rank declared the same
+    /// schedule and has made the same calls so far, so every rank launches the same
+    /// collectives in the same sequence.
     fn launch_prefetches<S: Store>(&mut self) -> Result<()> {
         let rank = self.comm.rank();
         for unit in self.order.upcoming_gathers(self.config.prefetch_units) {
@@ -113,9 +95,9 @@ impl Engine {
             if !policy.gathered() || b.gathered.is_some() || self.prefetched[unit].is_some() {
                 continue;
             }
-            let padded = policy.part.padded_numel();
-            let staged = self.arena.alloc_elems::<S>(padded)?;
             let params = b.params;
+            let padded = policy.part.padded_numel();
+            let staged = self.alloc_transient::<S>(padded)?;
             {
                 // In-place all-gather: this rank's input is its own chunk.
                 let mut views = self.arena.views();
@@ -147,15 +129,17 @@ impl Engine {
     /// Unknown unit, or a release without a gather.
     pub fn release(&mut self, unit: usize) -> Result<()> {
         self.check_unit(unit)?;
-        if self.policies[unit].reads_stored {
-            return Ok(());
-        }
-        let b = &mut self.bufs[unit];
-        if b.gather_refs == 0 {
+        let reads_stored = self.policies[unit].reads_stored;
+        if !reads_stored && self.bufs[unit].gather_refs == 0 {
             return Err(Error::Order(format!(
                 "release of unit {unit} without a matching gather"
             )));
         }
+        self.order.visit(&self.comm, UnitCall::Release(unit))?;
+        if reads_stored {
+            return Ok(());
+        }
+        let b = &mut self.bufs[unit];
         b.gather_refs -= 1;
         if b.gather_refs == 0 {
             if let Some(copy) = b.gathered.take() {

@@ -45,10 +45,6 @@ impl InFlight {
         }))
     }
 
-    pub fn is_done(&self) -> bool {
-        self.0.is_done()
-    }
-
     /// Waits for the reduction and accumulates its result.
     pub fn finish(self, engine: &mut Engine) -> Result<()> {
         self.0.finish(engine)
@@ -57,7 +53,6 @@ impl InFlight {
 
 trait Pending: Send {
     fn unit(&self) -> usize;
-    fn is_done(&self) -> bool;
     fn finish(self: Box<Self>, engine: &mut Engine) -> Result<()>;
 }
 
@@ -71,10 +66,6 @@ struct Reduction<S> {
 impl<S: Store> Pending for Reduction<S> {
     fn unit(&self) -> usize {
         self.unit
-    }
-
-    fn is_done(&self) -> bool {
-        self.work.is_done()
     }
 
     fn finish(self: Box<Self>, engine: &mut Engine) -> Result<()> {
@@ -95,33 +86,59 @@ impl std::fmt::Debug for Prefetch {
 
 impl Prefetch {
     pub fn new<S: Store>(work: Work<Lent<S>>) -> Self {
-        Self(Box::new(Gather { work }))
+        Self(Box::new(Gather::Flying(work)))
+    }
+
+    /// Waits for the all-gather and takes its staged block back (unpinned, so compaction may
+    /// move it), keeping it until the unit's `gather`.
+    pub fn land(&mut self, engine: &mut Engine) -> Result<()> {
+        self.0.land(engine)
     }
 
     /// Waits for the all-gather and returns the unit's f32 compute copy.
-    pub fn finish(self, engine: &mut Engine) -> Result<Handle> {
+    pub fn finish(mut self, engine: &mut Engine) -> Result<Handle> {
+        self.0.land(engine)?;
         self.0.finish(engine)
     }
 }
 
 trait PendingGather: Send {
+    fn land(&mut self, engine: &mut Engine) -> Result<()>;
+    /// The compute copy of a landed gather.
     fn finish(self: Box<Self>, engine: &mut Engine) -> Result<Handle>;
 }
 
-struct Gather<S> {
-    work: Work<Lent<S>>,
+enum Gather<S> {
+    Flying(Work<Lent<S>>),
+    Landed(Handle),
+    /// Between the two, while the wait runs (never observed outside `land`).
+    Waiting,
 }
 
 impl<S: Store> PendingGather for Gather<S> {
+    fn land(&mut self, engine: &mut Engine) -> Result<()> {
+        match std::mem::replace(self, Self::Waiting) {
+            Self::Flying(work) => {
+                let lent = work.wait()?;
+                *self = Self::Landed(engine.arena.take_back(lent)?);
+            }
+            landed => *self = landed,
+        }
+        Ok(())
+    }
+
     fn finish(self: Box<Self>, engine: &mut Engine) -> Result<Handle> {
-        let lent = self.work.wait()?;
-        let staged = engine.arena.take_back(lent)?;
+        let Self::Landed(staged) = *self else {
+            return Err(crate::Error::Order(
+                "a prefetch finished before it landed".into(),
+            ));
+        };
         // f32 storage gathered straight into what the model reads.
         if std::mem::size_of::<S>() == 4 {
             return Ok(staged);
         }
         let len = engine.arena.block(staged)?.len / std::mem::size_of::<S>();
-        let copy = engine.arena.alloc_elems::<f32>(len)?;
+        let copy = engine.alloc_transient::<f32>(len)?;
         let widened = (|| -> Result<()> {
             let mut views = engine.arena.views();
             widen(views.get::<S>(staged)?, views.get_mut::<f32>(copy)?, 1.0);

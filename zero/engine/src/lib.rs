@@ -2,7 +2,8 @@
 //! around any model that hands it its units.
 //!
 //! A model registers its units ([`UnitSpec`]: a flat buffer, and where weight decay
-//! applies); per micro-step it brackets each unit's forward with [`Engine::gather`] /
+//! applies) and declares the calls of one micro-step ([`Schedule`]; [`Engine::new`] takes a
+//! plain sequential model's, as below); per micro-step it brackets each unit's forward with [`Engine::gather`] /
 //! [`Engine::release`] and each unit's backward with [`Engine::begin_backward`] /
 //! [`Engine::end_backward`], and per optimizer step calls [`Engine::step`]. The engine
 //! decides what each stage keeps and when it communicates.
@@ -19,12 +20,14 @@
 //!             let mut engine = Engine::new(comm, units, config, |_, w| w.fill(1.0))?;
 //!             engine.gather(0)?; // stage 3: all-gather the unit
 //!             let y: f32 = engine.params(0)?.iter().sum(); // a "forward"
+//!             engine.release(0)?;
+//!             engine.gather(0)?; // backward needs the parameters again
 //!             engine.begin_backward(0)?;
 //!             let (_, mut grads) = engine.views(&[], &[0])?;
 //!             grads[0].fill(y / 10.0); // a "backward"
 //!             engine.end_backward(0)?; // reduce-scatter into this rank's shard
 //!             engine.release(0)?;
-//!             engine.end_micro_step();
+//!             engine.end_micro_step()?;
 //!             let report = engine.step(0.1)?;
 //!             assert!(report.grad_norm > 0.0);
 //!             Ok(())
@@ -50,7 +53,10 @@ pub mod partition;
 mod plan;
 mod policy;
 mod precision;
+mod replay;
+mod schedule;
 mod step;
+mod transient;
 mod unit;
 mod unit_buffers;
 
@@ -66,5 +72,6 @@ pub use partition::{Partition, Shard};
 pub use plan::{check_fits, plan_memory, MemoryPlan, PlanShape};
 pub use policy::{ZeroStage, SHARD_ALIGN_ELEMS};
 pub use precision::Precision;
+pub use schedule::{Schedule, UnitCall};
 pub use step::StepReport;
 pub use unit::UnitSpec;

@@ -40,6 +40,15 @@ impl LossScaler {
         }
     }
 
+    /// DeepSpeed's defaults for fp16; a fixed scale of 1 (inert) for other precisions.
+    pub fn for_precision(precision: crate::Precision) -> Self {
+        if precision == crate::Precision::Fp16 {
+            Self::default()
+        } else {
+            Self::new(1.0, u32::MAX, 1, 1.0)
+        }
+    }
+
     /// Records a step's outcome and adjusts the scale.
     pub fn update(&mut self, overflow: bool) {
         if overflow {

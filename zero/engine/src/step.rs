@@ -50,7 +50,7 @@ impl Engine {
         }
         self.complete_reductions(0)?;
         self.drop_prefetches()?;
-        self.order.end_step()?;
+        self.order.end_step();
         let loss_scale = self.scaler.scale;
         if self.config.precision == Precision::Fp16 && self.any_rank_overflowed()? {
             self.clear_grads()?;

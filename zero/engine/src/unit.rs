@@ -13,11 +13,6 @@ pub struct UnitSpec {
     pub numel: usize,
     /// Ranges of the unit that take decoupled weight decay (matrices); the rest do not.
     pub decay: Vec<Range<usize>>,
-    /// The model keeps this unit in use (gathered, and its gradient open) across a whole
-    /// micro-step, beside the others: e.g. GPT's final LayerNorm, read beside the tied embedding.
-    /// Other units are used one at a time; the memory plan counts on it and the engine
-    /// enforces it.
-    pub spans_micro_step: bool,
 }
 
 impl UnitSpec {
@@ -27,15 +22,7 @@ impl UnitSpec {
             name: name.into(),
             numel,
             decay: Vec::new(),
-            spans_micro_step: false,
         }
-    }
-
-    /// Declares that the unit stays in use across the whole micro-step
-    /// ([`UnitSpec::spans_micro_step`]).
-    pub fn spanning_micro_step(mut self) -> Self {
-        self.spans_micro_step = true;
-        self
     }
 
     /// Adds a range that takes weight decay.

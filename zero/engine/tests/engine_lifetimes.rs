@@ -1,53 +1,97 @@
-//! The memory plan counts on units being used one at a time, except those declared to span
-//! the micro-step; the engine refuses a model that breaks the declaration instead of running
-//! out of its arena.
+//! The engine runs the calls its model declared, overlapping units included, and refuses a
+//! call the declaration does not make: the memory plan is a replay of that declaration.
 
-use zero::{Engine, EngineConfig, Error, UnitSpec, ZeroStage};
+use zero::{Engine, EngineConfig, Error, Schedule, UnitCall, UnitSpec, ZeroStage};
+use UnitCall::{BeginBackward as Begin, EndBackward as End, Gather, Release};
 
-fn engine(units: Vec<UnitSpec>) -> Engine {
+fn engine(calls: Vec<UnitCall>) -> Engine {
     let comm = zero_comm::local::create(1).unwrap().remove(0);
     let config = EngineConfig {
         stage: ZeroStage::Zero3,
         ..EngineConfig::default()
     };
-    Engine::new(comm, units, config, |_, w| w.fill(1.0)).unwrap()
-}
-
-#[test]
-fn two_ordinary_units_in_use_at_once_are_refused() {
-    let mut e = engine(vec![UnitSpec::new("a", 300), UnitSpec::new("b", 300)]);
-    e.gather(0).unwrap();
-    assert!(matches!(
-        e.gather(1),
-        Err(Error::OverlappingUnits { unit: 1, other: 0 })
-    ));
-    e.begin_backward(0).unwrap();
-    assert!(matches!(
-        e.begin_backward(1),
-        Err(Error::OverlappingUnits { unit: 1, other: 0 })
-    ));
-}
-
-#[test]
-fn a_spanning_unit_may_be_in_use_beside_another() {
-    let mut e = engine(vec![
-        UnitSpec::new("tied", 300).spanning_micro_step(),
+    let units = vec![
+        UnitSpec::new("tied", 300),
         UnitSpec::new("b", 300),
         UnitSpec::new("c", 300),
-    ]);
+    ];
+    let schedule = Schedule::new(calls);
+    Engine::with_schedule(comm, units, &schedule, config, |_, w| w.fill(1.0)).unwrap()
+}
+
+/// Unit 0 stays gathered with its gradient open across units 1 and 2.
+fn overlapping() -> Vec<UnitCall> {
+    vec![
+        Gather(0),
+        Begin(0),
+        Gather(1),
+        Begin(1),
+        End(1),
+        Release(1),
+        Gather(2),
+        Begin(2),
+        End(2),
+        Release(2),
+        End(0),
+        Release(0),
+    ]
+}
+
+fn run(e: &mut Engine, calls: &[UnitCall]) -> Result<(), Error> {
+    make(e, calls)?;
+    e.end_micro_step()
+}
+
+fn make(e: &mut Engine, calls: &[UnitCall]) -> Result<(), Error> {
+    for &call in calls {
+        match call {
+            Gather(u) => e.gather(u)?,
+            Release(u) => e.release(u)?,
+            Begin(u) => e.begin_backward(u)?,
+            End(u) => e.end_backward(u)?,
+        }
+    }
+    Ok(())
+}
+
+#[test]
+fn overlapping_units_run_as_declared_and_peak_at_the_plan() {
+    let mut e = engine(overlapping());
+    for _ in 0..2 {
+        run(&mut e, &overlapping()).unwrap();
+        e.step(1e-3).unwrap();
+    }
+    let peak = e.arena().stats().peak_allocated as u64;
+    assert_eq!(peak, e.memory_plan().total());
+    // Three whole f32 units live at once at least (unit 0's copy and gradient, unit 1's copy).
+    assert!(e.memory_plan().transient >= 3 * 384 * 4);
+}
+
+#[test]
+fn a_call_off_the_schedule_is_refused_with_both_calls_named() {
+    let mut e = engine(overlapping());
     e.gather(0).unwrap();
-    e.begin_backward(0).unwrap();
-    e.gather(1).unwrap();
-    e.begin_backward(1).unwrap();
-    e.end_backward(1).unwrap();
-    e.release(1).unwrap();
-    // Unit 1 is done: unit 2 may follow while the spanning unit stays.
-    e.gather(2).unwrap();
-    e.begin_backward(2).unwrap();
-    e.end_backward(2).unwrap();
-    e.release(2).unwrap();
-    e.end_backward(0).unwrap();
-    e.release(0).unwrap();
-    e.end_micro_step();
-    e.step(1e-3).unwrap();
+    let err = e.gather(1).unwrap_err();
+    match &err {
+        Error::OffSchedule {
+            position: 1,
+            got,
+            declared,
+            ..
+        } => {
+            assert_eq!(got, "gather(1)");
+            assert_eq!(declared, "begin_backward(0)");
+        }
+        other => panic!("expected OffSchedule, got {other:?}"),
+    }
+}
+
+#[test]
+fn a_micro_step_that_stops_short_is_refused() {
+    let mut e = engine(overlapping());
+    make(&mut e, &overlapping()[..4]).unwrap();
+    assert!(matches!(
+        e.end_micro_step(),
+        Err(Error::OffSchedule { position: 4, .. })
+    ));
 }

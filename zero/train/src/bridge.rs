@@ -11,10 +11,13 @@
 //! reduces it, the engine adding both reduced parts to the shard this rank keeps. So no
 //! whole copy of unit 0, parameters or gradient, lives across the blocks at stage 3. Every
 //! stage runs this same sequence, so every stage sums the same two parts in the same order.
-//! The final norm is read beside the embedding in the head, so it is the unit declared
-//! [`UnitSpec::spanning_micro_step`] (2C elements).
+//! The whole sequence is declared to the engine ([`gpt_schedule`]), which plans the step's
+//! memory by replaying it and refuses a step that departs from it.
 
-use zero::{Engine, UnitSpec};
+mod schedule;
+
+pub use schedule::gpt_schedule;
+use zero::{Engine, EngineConfig, UnitSpec};
 use zero_alloc::{PinnedBuffer, DEFAULT_ALIGNMENT};
 use zero_gpt::{
     activation_buffers, Activations, Buffer, Gpt, GptConfig, GptError, ParamLayout, UnitKind,
@@ -43,17 +46,31 @@ pub fn gpt_units(layout: &ParamLayout) -> Vec<UnitSpec> {
                 UnitKind::Block { layer } => format!("block {layer}"),
                 UnitKind::FinalNorm => "final norm".to_string(),
             };
-            // The final norm is in use beside the embedding (see the module docs).
-            let spec = match unit.kind {
-                UnitKind::FinalNorm => UnitSpec::new(name, unit.len).spanning_micro_step(),
-                _ => UnitSpec::new(name, unit.len),
-            };
             unit.tensors
                 .iter()
                 .filter(|t| t.weight_decay)
-                .fold(spec, |spec, t| spec.with_decay(t.offset..t.offset + t.len))
+                .fold(UnitSpec::new(name, unit.len), |spec, t| {
+                    spec.with_decay(t.offset..t.offset + t.len)
+                })
         })
         .collect()
+}
+
+/// An engine for the GPT laid out as `layout`: its units registered and its micro-step
+/// declared ([`gpt_schedule`], checkpointing every `checkpoint_every` blocks or none), with
+/// `init(unit, whole_unit)` filling the parameters.
+///
+/// # Errors
+/// As [`Engine::with_schedule`].
+pub fn gpt_engine(
+    comm: zero_comm::Communicator,
+    layout: &ParamLayout,
+    checkpoint_every: Option<usize>,
+    config: EngineConfig,
+    init: impl FnMut(usize, &mut [f32]),
+) -> Result<Engine, zero::Error> {
+    let schedule = gpt_schedule(layout, checkpoint_every);
+    Engine::with_schedule(comm, gpt_units(layout), &schedule, config, init)
 }
 
 /// Where a micro-batch's activations live, and how many are kept.
@@ -248,7 +265,7 @@ pub fn micro_step(
 ) -> Result<f32, StepError> {
     let loss = forward(engine, model, acts, tokens, Some(targets))?.unwrap_or(f32::NAN);
     backward(engine, model, acts)?;
-    engine.end_micro_step();
+    engine.end_micro_step()?;
     Ok(loss)
 }
 

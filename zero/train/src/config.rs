@@ -190,6 +190,10 @@ pub struct TrainConfig {
     /// Cap on each rank's arena, emulating a device of that size (e.g. 16G).
     #[arg(long)]
     pub memory_limit: Option<ByteSize>,
+    /// Turns memory defragmentation (the paper's MD) off: an allocation that finds no hole
+    /// large enough then fails instead of compacting the arena (to see what MD buys).
+    #[arg(long)]
+    pub no_defragment: bool,
     /// ZeRO-R activation checkpointing: keep only every K-th block's input in forward and
     /// recompute the blocks in backward (K = `--checkpoint-every`).
     #[arg(long)]

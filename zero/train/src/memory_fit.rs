@@ -1,7 +1,7 @@
 //! What one rank's arena must hold for a GPT training configuration (the engine's plan plus
 //! the model's activations), and, for a cap too small, which stage and options would fit.
 
-use super::bridge::{activation_arena_bytes, gpt_units, ActivationPlacement};
+use super::bridge::{activation_arena_bytes, gpt_schedule, gpt_units, ActivationPlacement};
 use super::error::TrainError;
 use zero::{plan_memory, MemoryPlan, PlanShape, Precision, ZeroStage};
 use zero_gpt::{GptConfig, ParamLayout};
@@ -30,12 +30,13 @@ impl MemoryQuery {
     pub fn plan(&self) -> Result<MemoryPlan, TrainError> {
         let activation_bytes =
             activation_arena_bytes(&self.model, self.micro_batch, self.seq_len, self.placement)?;
-        let specs = gpt_units(&ParamLayout::new(&self.model));
+        let layout = ParamLayout::new(&self.model);
+        let schedule = gpt_schedule(&layout, self.placement.checkpoint_every);
         let shape = PlanShape {
             activation_bytes,
             ..self.shape
         };
-        Ok(plan_memory(&specs, shape)?)
+        Ok(plan_memory(&gpt_units(&layout), &schedule, shape)?)
     }
 
     /// The same query at `stage` with checkpointing `every` (offload as asked).

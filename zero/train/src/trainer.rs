@@ -6,7 +6,7 @@
 //! [`save`]: Trainer::save
 //! [`report`]: Trainer::report
 
-use super::bridge::{activation_arena_bytes, arena_activations, eval_loss, gpt_units, micro_step};
+use super::bridge::{activation_arena_bytes, arena_activations, eval_loss, gpt_engine, micro_step};
 use super::error::TrainError;
 use super::init::load_init;
 use super::memory_fit::MemoryQuery;
@@ -103,6 +103,7 @@ fn build_engine(
             ..AdamW::default()
         },
         memory_limit: cfg.memory_limit.map(|m| m.0),
+        defragment: !cfg.no_defragment,
         activation_bytes: activation_arena_bytes(
             &shared.model,
             cfg.micro_batch_size,
@@ -116,11 +117,17 @@ fn build_engine(
     }
     let (gcfg, layout) = (shared.model, model.layout());
     let mut init_err = None;
-    let engine = Engine::new(comm, gpt_units(layout), engine_config, |unit, w| {
-        if let Err(e) = init_unit(&gcfg, layout, unit, cfg.seed, w) {
-            init_err.get_or_insert(e);
-        }
-    })?;
+    let engine = gpt_engine(
+        comm,
+        layout,
+        cfg.activation_placement().checkpoint_every,
+        engine_config,
+        |unit, w| {
+            if let Err(e) = init_unit(&gcfg, layout, unit, cfg.seed, w) {
+                init_err.get_or_insert(e);
+            }
+        },
+    )?;
     match init_err {
         Some(e) => Err(e.into()),
         None => Ok(engine),

@@ -55,7 +55,7 @@ fn fake_backward(e: &mut Engine, poison: Option<usize>) -> Result<(), Error> {
         e.end_backward(u)?;
         e.release(u)?;
     }
-    e.end_micro_step();
+    e.end_micro_step()?;
     Ok(())
 }
 
@@ -257,6 +257,7 @@ fn an_fp16_overflow_on_one_rank_skips_the_step_everywhere() {
         for _ in 0..2 {
             // An inf in rank 1's gradient of unit 0.
             let poison = (e.rank() == 1).then_some(0);
+            fake_forward(&mut e, 0).unwrap();
             fake_backward(&mut e, poison).unwrap();
             reports.push(e.step(1e-3).unwrap());
         }
@@ -279,8 +280,8 @@ fn end_backward_launches_the_reduction_without_waiting_for_peers() {
     let baton = Baton::new();
     let overlapped = on_ranks(2, |c| {
         let mut e = engine(c, ZeroStage::Zero2);
-        // The first step confirms the unit order with blocking collectives; the second
-        // follows the recorded order and runs free.
+        // The first step confirms each call with blocking collectives; the second runs
+        // free.
         fake_step(&mut e).unwrap();
         fake_forward(&mut e, 0).unwrap();
         let u = SIZES.len() - 1;

@@ -25,7 +25,7 @@
 
 use zero::{Engine, EngineConfig, ZeroStage, SHARD_ALIGN_ELEMS};
 use zero_gpt::{init_params, init_unit, Gpt, GptConfig, ParamLayout, Rng};
-use zero_train::bridge::{full_params, gpt_units, micro_step};
+use zero_train::bridge::{full_params, gpt_engine, micro_step};
 
 /// T: tokens per sequence.
 const T: usize = 8;
@@ -292,11 +292,10 @@ fn engine_run(world: usize, stage: ZeroStage) -> Trace {
                 s.spawn(move || {
                     let model = Gpt::new(config).unwrap();
                     let layout = model.layout().clone();
-                    let mut engine =
-                        Engine::new(comm, gpt_units(&layout), engine_config, |unit, w| {
-                            init_unit(&config, &layout, unit, SEED, w).unwrap()
-                        })
-                        .unwrap();
+                    let mut engine = gpt_engine(comm, &layout, None, engine_config, |unit, w| {
+                        init_unit(&config, &layout, unit, SEED, w).unwrap()
+                    })
+                    .unwrap();
                     engine_rank(&mut engine, &model)
                 })
             })

@@ -1,9 +1,9 @@
 //! ZeRO stages 0-3 train the tiny GPT to the same parameters and losses, to the bit, at
 //! every world size; world sizes agree to floating-point tolerance.
 
-use zero::{Engine, EngineConfig, Precision, ZeroStage};
+use zero::{EngineConfig, Precision, ZeroStage};
 use zero_gpt::{init_unit, Gpt, GptConfig, Rng};
-use zero_train::bridge::{full_params, gpt_units, micro_step};
+use zero_train::bridge::{full_params, gpt_engine, micro_step};
 
 const T: usize = 16;
 const STEPS: usize = 3;
@@ -56,11 +56,10 @@ fn train_with(engine_config: EngineConfig, world: usize, global_rows: usize, acc
                 s.spawn(move || {
                     let model = Gpt::new(config).unwrap();
                     let layout = model.layout().clone();
-                    let mut engine =
-                        Engine::new(comm, gpt_units(&layout), engine_config, |unit, w| {
-                            init_unit(&config, &layout, unit, 7, w).unwrap()
-                        })
-                        .unwrap();
+                    let mut engine = gpt_engine(comm, &layout, None, engine_config, |unit, w| {
+                        init_unit(&config, &layout, unit, 7, w).unwrap()
+                    })
+                    .unwrap();
                     let rank = engine.rank();
                     let mut acts = model.activations(rows, T).unwrap();
                     let mut run = Run {

@@ -2,9 +2,9 @@
 //! training without it, to the bit, at every stage; and its activation memory is the
 //! closed-form count written out below.
 
-use zero::{Engine, EngineConfig, ZeroStage};
+use zero::{EngineConfig, ZeroStage};
 use zero_gpt::{activation_bytes, init_unit, Gpt, GptConfig, Rng};
-use zero_train::bridge::{full_params, gpt_units, micro_step};
+use zero_train::bridge::{full_params, gpt_engine, micro_step};
 
 const T: usize = 8;
 const STEPS: usize = 2;
@@ -36,11 +36,10 @@ fn train(world: usize, stage: ZeroStage, every: Option<usize>) -> (Vec<u32>, Vec
                 s.spawn(move || {
                     let model = Gpt::new(cfg).unwrap();
                     let layout = model.layout().clone();
-                    let mut engine =
-                        Engine::new(comm, gpt_units(&layout), engine_config, |unit, w| {
-                            init_unit(&cfg, &layout, unit, 3, w).unwrap()
-                        })
-                        .unwrap();
+                    let mut engine = gpt_engine(comm, &layout, every, engine_config, |unit, w| {
+                        init_unit(&cfg, &layout, unit, 3, w).unwrap()
+                    })
+                    .unwrap();
                     let mut acts = model.activations_checkpointed(1, T, every).unwrap();
                     let mut losses = Vec::new();
                     for step in 0..STEPS {

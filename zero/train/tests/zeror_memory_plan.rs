@@ -1,11 +1,14 @@
 //! Every byte a rank uses comes from its arena: the activations too. The start-up plan (the
-//! engine's plan plus the model's activation formula) bounds the measured peak, a cap at the
-//! plan trains, and a cap below it is refused at start-up naming what would fit.
+//! engine's replay of the declared schedule plus the model's activation formula) is the
+//! measured peak to the byte, a cap at the plan trains, a cap below it is refused at start-up
+//! naming what would fit, and memory defragmentation is what lets a cap at the plan train.
 
-use zero::{Engine, EngineConfig, Precision, ZeroStage};
+use zero::{EngineConfig, Precision, ZeroStage};
+use zero_alloc::AllocError;
 use zero_gpt::{activation_bytes, init_unit, Gpt, GptConfig, Rng};
 use zero_train::bridge::{
-    activation_arena_bytes, arena_activations, gpt_units, micro_step, ActivationPlacement,
+    activation_arena_bytes, arena_activations, gpt_engine, micro_step, ActivationPlacement,
+    StepError,
 };
 use zero_train::memory_fit::{default_shape, MemoryQuery};
 
@@ -17,16 +20,85 @@ fn config() -> GptConfig {
     GptConfig::new(T, 500, 3, 2, 64).unwrap()
 }
 
+/// What rank 0 planned and measured.
 struct Measured {
     plan: u64,
     peak: u64,
     activations: u64,
+    defrags: u64,
 }
 
-/// Two training steps at `stage` over `world` ranks, activations in the arena; rank 0's
-/// plan and peak.
-fn run(world: usize, stage: ZeroStage, every: Option<usize>, limit: Option<u64>) -> Measured {
-    run_placed(world, stage, placed(every, false), limit)
+/// One configuration of a run.
+#[derive(Clone, Copy)]
+struct Run {
+    world: usize,
+    stage: ZeroStage,
+    precision: Precision,
+    placement: ActivationPlacement,
+    limit: Option<u64>,
+    defragment: bool,
+}
+
+impl Run {
+    fn new(world: usize, stage: ZeroStage, every: Option<usize>) -> Self {
+        Self {
+            world,
+            stage,
+            precision: Precision::Fp32,
+            placement: placed(every, false),
+            limit: None,
+            defragment: true,
+        }
+    }
+
+    fn engine_config(&self) -> EngineConfig {
+        EngineConfig {
+            stage: self.stage,
+            precision: self.precision,
+            memory_limit: self.limit,
+            defragment: self.defragment,
+            activation_bytes: activation_arena_bytes(&config(), B, T, self.placement).unwrap(),
+            ..EngineConfig::default()
+        }
+    }
+
+    /// Two training steps on every rank, activations in the arena; rank 0's figures, or the
+    /// first error.
+    fn go(self) -> Result<Measured, StepError> {
+        let comms = zero_comm::local::create(self.world).unwrap();
+        let mut all: Vec<Result<Measured, StepError>> = std::thread::scope(|s| {
+            let handles: Vec<_> = comms
+                .into_iter()
+                .map(|comm| s.spawn(move || self.on_rank(comm)))
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        all.swap_remove(0)
+    }
+
+    fn on_rank(self, comm: zero_comm::Communicator) -> Result<Measured, StepError> {
+        let cfg = config();
+        let model = Gpt::new(cfg)?;
+        let layout = model.layout().clone();
+        let every = self.placement.checkpoint_every;
+        let mut engine = gpt_engine(comm, &layout, every, self.engine_config(), |unit, w| {
+            init_unit(&cfg, &layout, unit, 1, w).unwrap()
+        })?;
+        let mut acts = arena_activations(&mut engine, &model, B, T, self.placement)?;
+        let mut rng = Rng::new(engine.rank() as u64);
+        for _ in 0..2 {
+            let seq: Vec<u32> = (0..=B * T).map(|_| (rng.next_u64() % 500) as u32).collect();
+            micro_step(&mut engine, &model, &mut acts, &seq[..B * T], &seq[1..])?;
+            engine.step(1e-3)?;
+        }
+        let stats = engine.arena().stats();
+        Ok(Measured {
+            plan: engine.memory_plan().total(),
+            peak: stats.peak_allocated as u64,
+            activations: acts.bytes(),
+            defrags: stats.defrags,
+        })
+    }
 }
 
 fn placed(checkpoint_every: Option<usize>, offload: bool) -> ActivationPlacement {
@@ -36,75 +108,31 @@ fn placed(checkpoint_every: Option<usize>, offload: bool) -> ActivationPlacement
     }
 }
 
-fn run_placed(
-    world: usize,
-    stage: ZeroStage,
-    placement: ActivationPlacement,
-    limit: Option<u64>,
-) -> Measured {
-    let cfg = config();
-    let engine_config = EngineConfig {
-        stage,
-        memory_limit: limit,
-        activation_bytes: activation_arena_bytes(&cfg, B, T, placement).unwrap(),
-        ..EngineConfig::default()
-    };
-    let comms = zero_comm::local::create(world).unwrap();
-    let mut all: Vec<Measured> = std::thread::scope(|s| {
-        let handles: Vec<_> = comms
-            .into_iter()
-            .map(|comm| {
-                s.spawn(move || {
-                    let model = Gpt::new(cfg).unwrap();
-                    let layout = model.layout().clone();
-                    let mut engine =
-                        Engine::new(comm, gpt_units(&layout), engine_config, |unit, w| {
-                            init_unit(&cfg, &layout, unit, 1, w).unwrap()
-                        })
-                        .unwrap();
-                    let mut acts = arena_activations(&mut engine, &model, B, T, placement).unwrap();
-                    let mut rng = Rng::new(engine.rank() as u64);
-                    for _ in 0..2 {
-                        let seq: Vec<u32> =
-                            (0..=B * T).map(|_| (rng.next_u64() % 500) as u32).collect();
-                        micro_step(&mut engine, &model, &mut acts, &seq[..B * T], &seq[1..])
-                            .unwrap();
-                        engine.step(1e-3).unwrap();
-                    }
-                    Measured {
-                        plan: engine.memory_plan().total(),
-                        peak: engine.arena().stats().peak_allocated as u64,
-                        activations: acts.bytes(),
-                    }
-                })
-            })
-            .collect();
-        handles.into_iter().map(|h| h.join().unwrap()).collect()
-    });
-    all.swap_remove(0)
-}
-
 #[test]
-fn the_plan_bounds_the_peak_which_holds_the_activations() {
+fn the_plan_is_the_peak_for_every_stage_and_option() {
     let cfg = config();
+    let placements = [
+        placed(None, false),
+        placed(Some(1), false),
+        placed(Some(2), false),
+        placed(Some(1), true),
+    ];
     for world in [1, 2, 4] {
         for stage in ZeroStage::ALL {
-            for every in [None, Some(1)] {
-                let m = run(world, stage, every, None);
-                let what = format!("{stage}, N={world}, checkpointing {every:?}");
-                assert_eq!(m.activations, activation_bytes(&cfg, B, T, every).unwrap());
-                assert!(
-                    m.peak <= m.plan,
-                    "{what}: peak {} > plan {}",
-                    m.peak,
-                    m.plan
-                );
-                eprintln!(
-                    "{what}: plan {} peak {} ({:.2}%)",
-                    m.plan,
-                    m.peak,
-                    100.0 * (m.plan - m.peak) as f64 / m.peak as f64
-                );
+            for precision in [Precision::Fp32, Precision::Bf16] {
+                for placement in placements {
+                    let run = Run {
+                        precision,
+                        placement,
+                        limit: Some(1 << 30),
+                        ..Run::new(world, stage, None)
+                    };
+                    let m = run.go().unwrap();
+                    let what = format!("{stage}, N={world}, {precision:?}, {placement:?}");
+                    let every = placement.checkpoint_every;
+                    assert_eq!(m.activations, activation_bytes(&cfg, B, T, every).unwrap());
+                    assert_eq!(m.peak, m.plan, "{what}");
+                }
             }
         }
     }
@@ -113,9 +141,14 @@ fn the_plan_bounds_the_peak_which_holds_the_activations() {
 #[test]
 fn a_cap_at_the_plan_trains_and_a_cap_below_names_what_fits() {
     let cfg = config();
-    let planned = run(2, ZeroStage::Zero3, None, None).plan;
-    let capped = run(2, ZeroStage::Zero3, None, Some(planned));
-    assert!(capped.peak <= planned);
+    let planned = Run::new(2, ZeroStage::Zero3, None).go().unwrap().plan;
+    let capped = Run {
+        limit: Some(planned),
+        ..Run::new(2, ZeroStage::Zero3, None)
+    };
+    // Blocks in flight can split the free space at a cap this tight: the engine lands them
+    // and compacts, so the peak can only fall below the plan.
+    assert!(capped.go().unwrap().peak <= planned);
     let query = MemoryQuery {
         model: cfg,
         micro_batch: B,
@@ -145,31 +178,69 @@ fn a_cap_at_the_plan_trains_and_a_cap_below_names_what_fits() {
     );
     assert!(query.what_fits(with_ckpt - 1).contains("nothing fits"));
     // The engine refuses a cap below its plan before allocating anything.
-    let engine_config = EngineConfig {
-        stage: ZeroStage::Zero3,
-        memory_limit: Some(with_ckpt - 1),
-        activation_bytes: activation_arena_bytes(&cfg, B, T, placed(Some(1), false)).unwrap(),
-        ..EngineConfig::default()
+    let refused = Run {
+        limit: Some(with_ckpt - 1),
+        ..Run::new(2, ZeroStage::Zero3, Some(1))
     };
-    let comm = zero_comm::local::create(1).unwrap().pop().unwrap();
-    let layout = Gpt::new(cfg).unwrap().layout().clone();
-    let err = Engine::new(comm, gpt_units(&layout), engine_config, |_, _| {}).unwrap_err();
-    assert!(matches!(err, zero::Error::DoesNotFit { .. }), "{err}");
+    match refused.go() {
+        Err(StepError::Engine(zero::Error::DoesNotFit { .. })) => {}
+        other => panic!("expected DoesNotFit, got {:?}", other.err()),
+    }
 }
 
 #[test]
 fn offloaded_inputs_leave_the_arena_and_the_plan_by_their_bytes() {
     let cfg = config();
     for stage in [ZeroStage::Zero0, ZeroStage::Zero3] {
-        let kept = run_placed(2, stage, placed(Some(1), false), None);
-        let offloaded = run_placed(2, stage, placed(Some(1), true), None);
+        let with = |offload| {
+            Run {
+                placement: placed(Some(1), offload),
+                limit: Some(1 << 30),
+                ..Run::new(2, stage, None)
+            }
+            .go()
+            .unwrap()
+        };
+        let (kept, offloaded) = (with(false), with(true));
         // L=3 kept inputs of (B*T, C) floats, 256-byte aligned already.
         let inputs = 3 * (B * T * cfg.channels) as u64 * 4;
         assert_eq!(kept.plan - offloaded.plan, inputs, "{stage}");
-        assert!(offloaded.peak <= offloaded.plan, "{stage}");
+        assert_eq!(offloaded.peak, offloaded.plan, "{stage}");
         assert_eq!(
             offloaded.activations, kept.activations,
             "the model holds the same"
         );
+    }
+}
+
+#[test]
+fn defragmentation_turns_a_cap_at_the_plan_from_a_failure_into_a_run() {
+    for stage in ZeroStage::ALL {
+        let free = Run::new(2, stage, Some(1));
+        let planned = free.go().unwrap().plan;
+        let capped = |defragment| {
+            Run {
+                limit: Some(planned),
+                defragment,
+                ..free
+            }
+            .go()
+        };
+        // With MD: trains, compacting (beyond the one compaction after start-up).
+        let with = capped(true).unwrap();
+        assert!(with.peak <= planned, "{stage}");
+        assert!(with.defrags > 1, "{stage}: {} compactions", with.defrags);
+        // Without: the free bytes would hold the request, but no hole does.
+        match capped(false) {
+            Err(StepError::Engine(zero::Error::Alloc(AllocError::OutOfMemory {
+                rounded,
+                stats,
+                ..
+            }))) => {
+                assert!(stats.total_free >= rounded, "{stage}: {stats:?}");
+                assert!(stats.largest_free < rounded, "{stage}: {stats:?}");
+            }
+            other => panic!("{stage}: expected fragmentation, got {:?}", other.err()),
+        }
     }
 }

@@ -1,10 +1,10 @@
 //! Stage 3 holds the tied embedding whole only while it is used: its arena peak (activations
 //! included) falls below stage 2's, which keeps every parameter whole, at N_d = 2 and 4.
 
-use zero::{Engine, EngineConfig, ZeroStage};
+use zero::{EngineConfig, ZeroStage};
 use zero_gpt::{init_unit, Gpt, GptConfig, Rng};
 use zero_train::bridge::{
-    activation_arena_bytes, arena_activations, gpt_units, micro_step, ActivationPlacement,
+    activation_arena_bytes, arena_activations, gpt_engine, micro_step, ActivationPlacement,
 };
 
 const T: usize = 16;
@@ -37,11 +37,10 @@ fn peak_of(cfg: GptConfig, world: usize, stage: ZeroStage) -> usize {
                 s.spawn(move || {
                     let model = Gpt::new(cfg).unwrap();
                     let layout = model.layout().clone();
-                    let mut engine =
-                        Engine::new(comm, gpt_units(&layout), engine_config, |unit, w| {
-                            init_unit(&cfg, &layout, unit, 1, w).unwrap()
-                        })
-                        .unwrap();
+                    let mut engine = gpt_engine(comm, &layout, None, engine_config, |unit, w| {
+                        init_unit(&cfg, &layout, unit, 1, w).unwrap()
+                    })
+                    .unwrap();
                     let mut acts = arena_activations(
                         &mut engine,
                         &model,

@@ -1,0 +1,45 @@
+//! Transient blocks (compute copies, gradients, staged buckets and gathers) and what the
+//! engine does when the arena has the bytes for one but no hole that fits.
+//!
+//! Blocks lent to collectives in flight are pinned: compaction cannot move them, so each can
+//! leave a hole on either side. When an allocation fails although the free bytes would do,
+//! the engine lands every collective in flight (reductions completed, prefetched gathers taken
+//! back unpinned), which leaves only the model's borrowed blocks pinned, and they sit right
+//! after the model states (see `allocate_units`); the arena's compaction then gathers all free
+//! space into one hole. So a cap at the plan never fails on fragmentation, and what the
+//! overlap loses is counted in the arena's defragmentation statistics.
+
+use super::engine::Engine;
+use super::error::Result;
+use zero_alloc::{AllocError, Handle};
+
+impl Engine {
+    /// A transient block of `len` elements of `T` (stale contents).
+    pub(crate) fn alloc_transient<T: bytemuck::Pod>(&mut self, len: usize) -> Result<Handle> {
+        match self.arena.alloc_elems::<T>(len) {
+            Err(AllocError::OutOfMemory { .. }) if self.config.defragment && self.lends_out() => {
+                self.land_in_flight()?;
+                Ok(self.arena.alloc_elems::<T>(len)?)
+            }
+            other => Ok(other?),
+        }
+    }
+
+    /// Some collective holds a pinned block of the arena.
+    fn lends_out(&self) -> bool {
+        !self.in_flight.is_empty() || self.prefetched.iter().any(Option::is_some)
+    }
+
+    /// Completes every reduction in flight and lands every prefetched gather.
+    fn land_in_flight(&mut self) -> Result<()> {
+        self.complete_reductions(0)?;
+        for unit in 0..self.prefetched.len() {
+            if let Some(mut prefetch) = self.prefetched[unit].take() {
+                let landed = prefetch.land(self);
+                self.prefetched[unit] = Some(prefetch);
+                landed?;
+            }
+        }
+        Ok(())
+    }
+}
