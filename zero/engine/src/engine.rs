@@ -126,6 +126,9 @@ pub struct Engine {
     pub(crate) in_flight: VecDeque<InFlight>,
     /// fp16's dynamic loss scale (1 and inert otherwise).
     pub(crate) scaler: LossScaler,
+    /// Bytes lent to the model for good ([`Engine::lend_f32`]), within the declared
+    /// [`EngineConfig::activation_bytes`].
+    pub(crate) lent_bytes: u64,
     /// An inf or NaN reached this rank's reduced gradients since the last step.
     pub(crate) overflow: bool,
 }
@@ -213,6 +216,7 @@ impl Engine {
             prefetched: (0..n_units).map(|_| None).collect(),
             in_flight: VecDeque::new(),
             scaler: LossScaler::for_precision(config.precision),
+            lent_bytes: 0,
             overflow: false,
         })
     }
@@ -299,13 +303,25 @@ impl Engine {
 
     /// A block of `len` f32 elements from this rank's arena, lent out for good (pinned, so
     /// compaction never moves it): memory the model owns, such as its activations, that the
-    /// arena counts and caps with the model states. Declare its bytes in
-    /// [`EngineConfig::activation_bytes`] so the plan reserves them.
+    /// arena counts and caps with the model states. Its bytes must be declared in
+    /// [`EngineConfig::activation_bytes`], which the plan reserves.
     ///
     /// # Errors
-    /// Arena errors (out of memory names the arena's statistics).
+    /// [`Error::Undeclared`] past the declared bytes; arena errors.
     pub fn lend_f32(&mut self, len: usize) -> Result<Lent<f32>> {
+        let bytes = len
+            .checked_mul(4)
+            .and_then(|b| arena_config(0, true).block_size(b))
+            .map_or(u64::MAX, |b| b as u64);
+        let lent = self.lent_bytes.saturating_add(bytes);
+        if lent > self.config.activation_bytes {
+            return Err(Error::Undeclared {
+                lent,
+                declared: self.config.activation_bytes,
+            });
+        }
         let h = self.arena.alloc_elems::<f32>(len)?;
+        self.lent_bytes = lent;
         match self.arena.lend::<f32>(h) {
             Ok(lent) => Ok(lent),
             Err(e) => {

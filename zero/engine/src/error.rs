@@ -143,6 +143,17 @@ pub enum Error {
         /// The declared call at that position.
         declared: String,
     },
+    /// The model borrows more arena bytes than it declared for its activations.
+    #[error(
+        "the model borrows {lent} bytes for good but declared {declared} \
+         (EngineConfig::activation_bytes): the memory plan reserves only what is declared"
+    )]
+    Undeclared {
+        /// Bytes lent, this block included.
+        lent: u64,
+        /// Bytes declared.
+        declared: u64,
+    },
     /// A declared schedule is malformed, or differs between ranks.
     #[error("the declared schedule {0}")]
     BadSchedule(String),

@@ -92,6 +92,40 @@ impl Engine {
         Ok(out)
     }
 
+    /// Runs `f` on `unit`'s whole f32 parameters (the master weights for half precision):
+    /// read in place where this rank keeps them whole, else all-gathered into one transient
+    /// arena block freed after `f`. So an export streamed unit by unit holds at most one
+    /// unit beyond the rank's own states, inside the arena. Collective where parameters are
+    /// sharded: every rank calls it for the same units in the same order.
+    ///
+    /// # Errors
+    /// [`Error::NoSuchUnit`], collective or arena failures.
+    pub fn with_whole_params<R>(&mut self, unit: usize, f: impl FnOnce(&[f32]) -> R) -> Result<R> {
+        self.check_unit(unit)?;
+        self.complete_reductions(0)?;
+        self.drop_prefetches()?;
+        let policy = self.policies[unit];
+        let b = &self.bufs[unit];
+        let (held, whole) = match b.master {
+            Some(master) => (master, policy.whole_optim),
+            None => (b.params, policy.whole_params),
+        };
+        let numel = policy.part.numel();
+        if whole {
+            return Ok(f(&self.arena.slice::<f32>(held)?[..numel]));
+        }
+        let full = self.alloc_transient::<f32>(policy.part.padded_numel())?;
+        let gathered = (|| -> Result<()> {
+            let mut views = self.arena.views();
+            let local = views.get::<f32>(held)?;
+            self.comm.all_gather(local, views.get_mut::<f32>(full)?)?;
+            Ok(())
+        })();
+        let result = gathered.and_then(|()| Ok(f(&self.arena.slice::<f32>(full)?[..numel])));
+        self.arena.free(full)?;
+        result
+    }
+
     /// The `numel` real elements of an f32 buffer kept whole or sharded (all-gathered).
     fn whole_f32(&self, unit: usize, h: Handle, whole: bool) -> Result<Vec<f32>> {
         let part = self.policies[unit].part;

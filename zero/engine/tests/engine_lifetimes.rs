@@ -95,3 +95,23 @@ fn a_micro_step_that_stops_short_is_refused() {
         Err(Error::OffSchedule { position: 4, .. })
     ));
 }
+
+#[test]
+fn the_model_may_borrow_only_what_it_declared() {
+    let comm = zero_comm::local::create(1).unwrap().remove(0);
+    let config = EngineConfig {
+        activation_bytes: 1024,
+        ..EngineConfig::default()
+    };
+    let units = vec![UnitSpec::new("a", 100)];
+    let mut e = Engine::new(comm, units, config, |_, w| w.fill(1.0)).unwrap();
+    // 200 floats round up to 1024 bytes: exactly what was declared.
+    let _kept = e.lend_f32(200).unwrap();
+    assert!(matches!(
+        e.lend_f32(1),
+        Err(Error::Undeclared {
+            lent: 1280,
+            declared: 1024
+        })
+    ));
+}

@@ -11,12 +11,12 @@
 
 use super::config::TrainConfig;
 use super::error::TrainError;
-use crate::checkpoint::{resolve_state_dir, LlmcCheckpoint, ModelShape, ShardedReader};
+use crate::checkpoint::{resolve_state_dir, ShardedReader};
 use crate::data::{DataLoader, LoaderState};
 use crate::sharded_save::precision_name;
 use serde_json::json;
 use std::path::{Path, PathBuf};
-use zero::{Engine, StateKind, UnitState};
+use zero::{Engine, StateKind};
 use zero_gpt::GptConfig;
 
 pub use crate::checkpoint::step_dir;
@@ -151,14 +151,4 @@ pub fn verify_state(dir: &Path) -> Result<(PathBuf, u64), TrainError> {
     let reader = ShardedReader::open(&state_dir)?;
     reader.verify()?;
     Ok((state_dir, reader.manifest().step))
-}
-
-/// Writes whole parameters as an llm.c float32 checkpoint.
-///
-/// # Errors
-/// Checkpoint I/O errors naming the file.
-pub fn save_llmc(path: &Path, model: &GptConfig, states: &[UnitState]) -> Result<(), TrainError> {
-    let units: Vec<&[f32]> = states.iter().map(|s| s.params.as_slice()).collect();
-    LlmcCheckpoint::from_units(ModelShape::from_config(model), &units)?.save(path)?;
-    Ok(())
 }

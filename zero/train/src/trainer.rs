@@ -7,11 +7,12 @@
 //! [`report`]: Trainer::report
 
 use super::bridge::{activation_arena_bytes, arena_activations, eval_loss, gpt_engine, micro_step};
+use super::checkpoint::{LlmcStreamWriter, ModelShape};
 use super::error::TrainError;
 use super::init::load_init;
 use super::memory_fit::MemoryQuery;
 use super::metrics::{RankReport, StepMetrics};
-use super::resume::{finish_save, load_state, save_llmc, start_state_save, PendingSave};
+use super::resume::{finish_save, load_state, start_state_save, PendingSave};
 use super::run::{RankOutput, Shared};
 use super::sample::{decode, sample};
 use crate::data::{DataLoader, LoaderConfig};
@@ -387,7 +388,10 @@ impl<'a> Trainer<'a> {
         Ok(())
     }
 
-    /// Writes `--export-llmc` (rank 0) and waits for it; nothing without the flag.
+    /// Writes `--export-llmc` (rank 0) unit by unit and waits for it; nothing without the
+    /// flag. Each unit is gathered into the arena, written and freed, so the export holds one
+    /// unit beyond the rank's states. A write failure on rank 0 is reported after every rank
+    /// has finished the gathers, so no peer is left waiting in one.
     ///
     /// # Errors
     /// Engine, collective or checkpoint I/O errors.
@@ -395,12 +399,30 @@ impl<'a> Trainer<'a> {
         let Some(path) = &self.shared.cfg.export_llmc else {
             return Ok(());
         };
-        let states = self.engine.export_states()?;
-        if self.rank == 0 {
-            save_llmc(path, &self.shared.model, &states)?;
+        let shape = ModelShape::from_config(&self.shared.model);
+        let mut failure: Option<TrainError> = None;
+        let mut writer = match (self.rank == 0).then(|| LlmcStreamWriter::create(path, shape)) {
+            Some(Ok(w)) => Some(w),
+            Some(Err(e)) => {
+                failure = Some(e.into());
+                None
+            }
+            None => None,
+        };
+        for unit in 0..self.engine.units().len() {
+            let wrote = self.engine.with_whole_params(unit, |values| {
+                writer.as_mut().map(|w| w.write_unit(unit, values))
+            })?;
+            if let Some(Err(e)) = wrote {
+                failure.get_or_insert(e.into());
+                writer = None;
+            }
+        }
+        if let Some(Err(e)) = writer.map(LlmcStreamWriter::finish) {
+            failure.get_or_insert(e.into());
         }
         self.engine.comm().barrier()?;
-        Ok(())
+        failure.map_or(Ok(()), Err)
     }
 
     /// Generates the closing `--sample-tokens` sample; rank 0 prints it.

@@ -153,6 +153,23 @@ impl ModelShape {
         whole(first).chain(per_layer).chain(whole(last)).collect()
     }
 
+    /// Where unit `unit`'s tensors lie in the flat llm.c order: `(flat offset, range of the
+    /// unit)` per tensor, so a writer can place one unit at a time.
+    pub fn unit_pieces(&self, unit: usize) -> Vec<(usize, std::ops::Range<usize>)> {
+        let mut pieces = Vec::new();
+        let mut at = 0;
+        for t in self.llmc_tensors() {
+            let copies = if t.per_layer { self.layers } else { 1 };
+            for layer in 0..copies {
+                if t.unit + layer == unit {
+                    pieces.push((at, t.offset..t.offset + t.len));
+                }
+                at += t.len;
+            }
+        }
+        pieces
+    }
+
     /// Validates, mapping a bad shape to an error without a file name.
     fn checked(&self) -> Result<()> {
         self.validate().map_err(|source| Error::Format {

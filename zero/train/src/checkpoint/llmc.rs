@@ -263,21 +263,7 @@ impl LlmcCheckpoint {
     }
 
     fn header_bytes(&self) -> [u8; LLMC_HEADER_BYTES] {
-        let s = &self.shape;
-        // Validated shapes fit i32 only if the writer produced them; clamp rather than wrap
-        // so a huge shape fails on reading instead of aliasing to a small one.
-        let w = |v: usize| i32::try_from(v).unwrap_or(i32::MAX);
-        let words = [
-            LLMC_MAGIC,
-            LLMC_VERSION,
-            w(s.max_t),
-            w(s.vocab),
-            w(s.layers),
-            w(s.heads),
-            w(s.channels),
-            w(s.padded_vocab),
-        ];
-        crate::llmc_header::encode(&words)
+        header_bytes(&self.shape)
     }
 
     /// The file's bytes.
@@ -355,4 +341,22 @@ fn read_params(
         }));
     }
     Ok(params)
+}
+
+/// The 256-word llm.c header of a model of `shape`.
+pub(crate) fn header_bytes(s: &ModelShape) -> [u8; LLMC_HEADER_BYTES] {
+    // Validated shapes fit i32 only if the writer produced them; clamp rather than wrap
+    // so a huge shape fails on reading instead of aliasing to a small one.
+    let w = |v: usize| i32::try_from(v).unwrap_or(i32::MAX);
+    let words = [
+        LLMC_MAGIC,
+        LLMC_VERSION,
+        w(s.max_t),
+        w(s.vocab),
+        w(s.layers),
+        w(s.heads),
+        w(s.channels),
+        w(s.padded_vocab),
+    ];
+    crate::llmc_header::encode(&words)
 }

@@ -32,6 +32,7 @@ mod hf_export;
 mod hf_import;
 mod layout;
 mod llmc;
+mod llmc_stream;
 mod model_file;
 mod safetensors;
 mod sharded;
@@ -44,6 +45,7 @@ pub use hf_export::{export_safetensors, write_hf_config, SafetensorsDtype};
 pub use hf_import::{read_safetensors, read_safetensors_bytes, safetensors_config};
 pub use layout::{LlmcTensor, ModelShape};
 pub use llmc::{LlmcCheckpoint, LLMC_HEADER_BYTES, LLMC_MAGIC, LLMC_VERSION};
+pub use llmc_stream::LlmcStreamWriter;
 pub use model_file::{model_file_config, read_model_file, ModelFileFormat};
 pub use sharded::{
     complete_states, partial_dir, piece_file_name, resolve_state_dir, step_dir, Partitioning,
