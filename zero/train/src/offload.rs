@@ -145,7 +145,10 @@ impl OffloadedInputs {
         if let Some(slot) = slots.iter().find(|s| s.floats().len() != input_len) {
             return Err(bad("offload staging slot", slot.floats().len()));
         }
-        if let Some(host) = hosts.iter().find(|h| h.len() != input_len * 4) {
+        if let Some(host) = hosts
+            .iter()
+            .find(|h| h.len() % 4 != 0 || h.len() / 4 != input_len)
+        {
             return Err(bad("offload host buffer (floats)", host.len() / 4));
         }
         if slots.is_empty() && !hosts.is_empty() {
