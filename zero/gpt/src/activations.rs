@@ -13,8 +13,12 @@ use super::error::{GptError, Result};
 use std::fmt;
 use std::ops::Range;
 
+mod kept;
+#[cfg(test)]
+mod kept_order;
 mod sizes;
 
+pub use kept::{check_call as check_kept_call, InMemory, KeptInputs};
 pub(crate) use sizes::Sizes;
 pub use sizes::{activation_buffers, activation_bytes, BUFFER_NAMES, KEPT_INPUTS};
 
@@ -85,7 +89,7 @@ pub(crate) fn ids_mut(buf: &mut Buffer) -> &mut [u32] {
 /// Activations of one (B, T) batch shape.
 ///
 /// With activation checkpointing every K blocks, the forward buffer holds K layer regions
-/// (one segment) instead of L: the input of every K-th block is copied into `saved` as the
+/// (one segment) instead of L: the input of every K-th block is kept ([`KeptInputs`]) as the
 /// forward passes it, and before a segment's backward its blocks are run forward again from
 /// that copy ([`crate::Gpt::block_recompute`]). The last segment's activations are still in
 /// place when backward starts, so it is never recomputed.
@@ -99,8 +103,8 @@ pub struct Activations {
     /// Forward buffer: `[input (N,C) | slots x layer region | head region]`; block `l` uses
     /// region `l % slots`.
     pub(crate) fwd: Buffer,
-    /// Kept block inputs with checkpointing: segment s's first input at `s*N*C`, (N,C) each.
-    pub(crate) saved: Buffer,
+    /// Kept block inputs with checkpointing: S x (N,C), one per segment (none without).
+    pub(crate) kept: Box<dyn KeptInputs>,
     /// Backward scratch: `[dres (N,C) | dln (N,C) | datty (N,C) | dqkv (N,3C) | dfch (N,4C) |
     /// dfch_gelu (N,4C)]`.
     pub(crate) grad: Buffer,
@@ -158,13 +162,40 @@ impl Activations {
         b: usize,
         t: usize,
         every: Option<usize>,
+        alloc: impl FnMut(usize, usize) -> std::result::Result<Buffer, E>,
+    ) -> std::result::Result<Self, E> {
+        Self::build(config, b, t, every, alloc, None)
+    }
+
+    /// As [`Activations::with_memory`], with the kept block inputs in `kept` instead of a
+    /// buffer from `alloc` (which is then not asked for [`KEPT_INPUTS`]); `kept` must hold
+    /// ceil(L/K) inputs of (N,C) with checkpointing every K, none without.
+    ///
+    /// # Errors
+    /// As [`Activations::with_memory`]; [`GptError::SizeMismatch`] for a `kept` of another
+    /// shape.
+    pub fn with_kept_inputs<E: From<GptError>>(
+        config: &GptConfig,
+        b: usize,
+        t: usize,
+        every: Option<usize>,
+        alloc: impl FnMut(usize, usize) -> std::result::Result<Buffer, E>,
+        kept: Box<dyn KeptInputs>,
+    ) -> std::result::Result<Self, E> {
+        Self::build(config, b, t, every, alloc, Some(kept))
+    }
+
+    fn build<E: From<GptError>>(
+        config: &GptConfig,
+        b: usize,
+        t: usize,
+        every: Option<usize>,
         mut alloc: impl FnMut(usize, usize) -> std::result::Result<Buffer, E>,
+        kept: Option<Box<dyn KeptInputs>>,
     ) -> std::result::Result<Self, E> {
         let sizes = Sizes::new(config, b, t, every)?;
-        let mut index = 0;
-        let mut take = |len: usize| -> std::result::Result<Buffer, E> {
+        let mut take = |index: usize, len: usize| -> std::result::Result<Buffer, E> {
             let mut buf = alloc(index, len)?;
-            index += 1;
             if buf.floats().len() != len {
                 return Err(GptError::SizeMismatch {
                     what: "activation buffer",
@@ -177,8 +208,24 @@ impl Activations {
             Ok(buf)
         };
         let [fwd, saved, grad, n, _, _] = sizes.buffers();
-        let (fwd, saved, grad) = (take(fwd)?, take(saved)?, take(grad)?);
-        let mut dlosses = take(n)?;
+        let nc = n * config.channels;
+        let fwd = take(0, fwd)?;
+        let kept: Box<dyn KeptInputs> = match kept {
+            Some(kept) => {
+                if kept.shape() != (saved / nc, nc) {
+                    return Err(GptError::SizeMismatch {
+                        what: "kept inputs (segments x N*C)",
+                        expected: saved,
+                        got: kept.shape().0 * kept.shape().1,
+                    }
+                    .into());
+                }
+                kept
+            }
+            None => Box::new(InMemory::new(take(KEPT_INPUTS, saved)?, nc)?),
+        };
+        let grad = take(2, grad)?;
+        let mut dlosses = take(3, n)?;
         dlosses.floats_mut().fill(1.0 / n as f32);
         Ok(Self {
             b,
@@ -186,7 +233,7 @@ impl Activations {
             c: config.channels,
             config: *config,
             fwd,
-            saved,
+            kept,
             grad,
             layer_lens: sizes.layer_lens,
             head_lens: sizes.head_lens,
@@ -196,8 +243,8 @@ impl Activations {
             valid_segment: None,
             recompute_next: None,
             dlosses,
-            tokens: take(n)?,
-            targets: take(n)?,
+            tokens: take(4, n)?,
+            targets: take(5, n)?,
             progress: Progress::Empty,
         })
     }
@@ -214,19 +261,25 @@ impl Activations {
         self.t
     }
 
-    /// Bytes held by every buffer (forward, kept inputs, backward scratch, tokens, targets,
-    /// loss gradients), counted from the buffers themselves.
+    /// Bytes held by every buffer (forward, backward scratch, tokens, targets, loss
+    /// gradients) and by the kept inputs in the same memory, counted from the buffers
+    /// themselves; offloaded kept inputs are in [`offloaded_bytes`](Self::offloaded_bytes).
     #[must_use]
     pub fn bytes(&self) -> u64 {
         let bufs = [
             &self.fwd,
-            &self.saved,
             &self.grad,
             &self.dlosses,
             &self.tokens,
             &self.targets,
         ];
-        4 * bufs.iter().map(|b| b.floats().len()).sum::<usize>() as u64
+        4 * bufs.iter().map(|b| b.floats().len()).sum::<usize>() as u64 + self.kept.resident_bytes()
+    }
+
+    /// Bytes of kept inputs held outside the activations' memory (pinned host memory).
+    #[must_use]
+    pub fn offloaded_bytes(&self) -> u64 {
+        self.kept.offloaded_bytes()
     }
 
     /// Blocks per checkpointed segment, or `None` without checkpointing.
@@ -294,23 +347,34 @@ impl Activations {
     }
 
     /// Checkpointing, before the first block `layer` of a segment runs forward: moves the
-    /// previous block's output (in the last region) into the input slot and keeps a copy.
-    pub(crate) fn begin_segment(&mut self, layer: usize) {
+    /// previous block's output (in the last region) into the input slot and keeps it. At the
+    /// last segment, hints that the one before it is the first backward restores.
+    pub(crate) fn begin_segment(&mut self, layer: usize) -> Result<()> {
         let nc = self.b * self.t * self.c;
         if layer > 0 {
             let from = self.layer_offset(layer - 1) + self.layer_len() - nc;
             self.fwd.floats_mut().copy_within(from..from + nc, 0);
         }
-        let at = self.segment_index(layer) * nc;
-        self.saved.floats_mut()[at..at + nc].copy_from_slice(&self.fwd.floats()[..nc]);
+        let segment = self.segment_index(layer);
+        self.kept.keep(segment, &self.fwd.floats()[..nc])?;
+        let last = self.kept.shape().0.saturating_sub(1);
+        if segment == last && segment > 0 {
+            self.kept.due_next(segment - 1)?;
+        }
+        Ok(())
     }
 
     /// Checkpointing, before recomputing the segment that starts at `layer`: puts its kept
-    /// input back in the input slot.
-    pub(crate) fn restore_segment(&mut self, layer: usize) {
+    /// input back in the input slot, then hints that the segment before it is due next.
+    pub(crate) fn restore_segment(&mut self, layer: usize) -> Result<()> {
         let nc = self.b * self.t * self.c;
-        let at = self.segment_index(layer) * nc;
-        self.fwd.floats_mut()[..nc].copy_from_slice(&self.saved.floats()[at..at + nc]);
+        let segment = self.segment_index(layer);
+        self.kept
+            .restore(segment, &mut self.fwd.floats_mut()[..nc])?;
+        if segment > 0 {
+            self.kept.due_next(segment - 1)?;
+        }
+        Ok(())
     }
 
     fn segment_index(&self, layer: usize) -> usize {

@@ -74,6 +74,15 @@ pub enum GptError {
         /// What had to happen first.
         reason: String,
     },
+    /// The kept block inputs (activation checkpointing) failed to keep or restore a segment:
+    /// a segment out of range, or the memory behind them (an offload copy thread) failed.
+    #[error("kept input of segment {segment}: {reason}")]
+    KeptInputs {
+        /// The segment asked for.
+        segment: usize,
+        /// What failed.
+        reason: String,
+    },
     /// A kernel launch whose shape does not fit CUDA's launch limits or the kernels' 32-bit
     /// dimension arguments.
     #[error("CUDA kernel {kernel}: {what} = {value} exceeds the limit {limit}")]

@@ -38,8 +38,8 @@ mod sample;
 mod views;
 
 pub use activations::{
-    activation_buffers, activation_bytes, ActivationMemory, Activations, Buffer, BUFFER_NAMES,
-    GRAD_VIEWS, HEAD_VIEWS, KEPT_INPUTS, LAYER_VIEWS,
+    activation_buffers, activation_bytes, check_kept_call, ActivationMemory, Activations, Buffer,
+    InMemory, KeptInputs, BUFFER_NAMES, GRAD_VIEWS, HEAD_VIEWS, KEPT_INPUTS, LAYER_VIEWS,
 };
 pub use backend::{Backend, CpuBackend};
 pub use config::{pad_vocab, GptConfig, GPT2_VOCAB_SIZE, PRESET_NAMES, VOCAB_PAD_MULTIPLE};

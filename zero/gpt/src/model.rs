@@ -133,7 +133,7 @@ impl Gpt {
         self.check_call_order(acts, Progress::Forward { next: unit }, "block_forward")?;
         let segment = acts.segment(layer);
         if acts.every.is_some() && segment.start == layer {
-            acts.begin_segment(layer);
+            acts.begin_segment(layer)?;
         }
         self.block_compute(acts, layer, params);
         acts.valid_segment = Some(segment.start);
@@ -175,7 +175,7 @@ impl Gpt {
             "block parameters",
         )?;
         if layer == segment.start {
-            acts.restore_segment(layer);
+            acts.restore_segment(layer)?;
             acts.valid_segment = None;
         }
         self.block_compute(acts, layer, params);

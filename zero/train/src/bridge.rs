@@ -16,9 +16,10 @@
 
 mod schedule;
 
+use crate::offload::{offloaded_inputs, staging_slots};
 pub use schedule::gpt_schedule;
 use zero::{Engine, EngineConfig, UnitSpec};
-use zero_alloc::{PinnedBuffer, DEFAULT_ALIGNMENT};
+use zero_alloc::DEFAULT_ALIGNMENT;
 use zero_gpt::{
     activation_buffers, Activations, Buffer, Gpt, GptConfig, GptError, ParamLayout, UnitKind,
     KEPT_INPUTS,
@@ -78,7 +79,8 @@ pub fn gpt_engine(
 pub struct ActivationPlacement {
     /// Activation checkpointing every K blocks, or `None`.
     pub checkpoint_every: Option<usize>,
-    /// The kept block inputs live in pinned host memory, outside the rank's arena.
+    /// The kept block inputs live in pinned host memory, staged through
+    /// [`crate::offload::STAGING_SLOTS`] inputs in the rank's arena.
     pub offload: bool,
 }
 
@@ -90,8 +92,9 @@ impl ActivationPlacement {
 }
 
 /// Bytes the activations of one (B, T) micro-batch take in a rank's arena: the model's
-/// buffers ([`zero_gpt::activation_buffers`]) but offloaded ones, each rounded up to the
-/// arena's alignment. What [`EngineConfig::activation_bytes`](zero::EngineConfig) declares.
+/// buffers ([`zero_gpt::activation_buffers`]), with offload the staging slots in place of the
+/// kept inputs, each rounded up to the arena's alignment: exactly what [`arena_activations`]
+/// lends. What [`EngineConfig::activation_bytes`](zero::EngineConfig) declares.
 ///
 /// # Errors
 /// A batch shape the model refuses.
@@ -102,38 +105,34 @@ pub fn activation_arena_bytes(
     placement: ActivationPlacement,
 ) -> Result<u64, GptError> {
     let align = DEFAULT_ALIGNMENT as u64;
-    Ok(
-        activation_buffers(config, b, t, placement.checkpoint_every)?
-            .iter()
-            .enumerate()
-            .filter(|&(i, _)| !(placement.offloads() && i == KEPT_INPUTS))
-            .map(|(_, &len)| (len as u64 * 4).div_ceil(align) * align)
-            .sum(),
-    )
+    let aligned = |len: usize| (len as u64 * 4).div_ceil(align) * align;
+    let buffers = activation_buffers(config, b, t, placement.checkpoint_every)?;
+    let (segments, input_len) = kept_shape(config, b, t, buffers[KEPT_INPUTS]);
+    Ok(buffers
+        .iter()
+        .enumerate()
+        .map(|(i, &len)| match i {
+            KEPT_INPUTS if placement.offloads() => {
+                staging_slots(segments) as u64 * aligned(input_len)
+            }
+            _ => aligned(len),
+        })
+        .sum())
 }
 
-/// Pinned host memory as f32 (page-aligned, a whole number of floats: `as_slice` cannot
-/// fail, and `Activations::with_memory` checks the length it sees).
-#[derive(Debug)]
-struct PinnedFloats(PinnedBuffer);
-
-impl AsRef<[f32]> for PinnedFloats {
-    fn as_ref(&self) -> &[f32] {
-        self.0.as_slice::<f32>().unwrap_or_default()
-    }
-}
-
-impl AsMut<[f32]> for PinnedFloats {
-    fn as_mut(&mut self) -> &mut [f32] {
-        self.0.as_slice_mut::<f32>().unwrap_or_default()
-    }
+/// (segments, N*C) of kept inputs of `kept_len` floats.
+fn kept_shape(config: &GptConfig, b: usize, t: usize, kept_len: usize) -> (usize, usize) {
+    // B*T*C was checked not to overflow by `activation_buffers`.
+    let input_len = b * t * config.channels;
+    (kept_len / input_len, input_len)
 }
 
 /// Activations whose every buffer is a block of `engine`'s arena, lent for good: the arena
 /// holds, caps and counts them with the model states; with `placement.offload`, the kept
-/// block inputs go to pinned host memory instead. (The model takes its memory from a
-/// caller-supplied allocator and knows no arena; the engine lends blocks and knows no model:
-/// this glue is the one place that knows both.)
+/// block inputs go to pinned host memory through staging slots of the arena
+/// ([`crate::offload`]). (The model takes its memory from a caller-supplied allocator and
+/// knows no arena; the engine lends blocks and knows no model: this glue is the one place
+/// that knows both.)
 ///
 /// # Errors
 /// A batch shape the model refuses; arena errors (a cap too small).
@@ -144,23 +143,23 @@ pub fn arena_activations(
     t: usize,
     placement: ActivationPlacement,
 ) -> Result<Activations, StepError> {
-    let every = placement.checkpoint_every;
-    Activations::with_memory(
-        model.config(),
-        b,
-        t,
-        every,
-        |which, len| -> Result<Buffer, StepError> {
-            if len == 0 {
-                return Ok(Box::new(Vec::<f32>::new()));
-            }
-            if placement.offloads() && which == KEPT_INPUTS {
-                let pinned = PinnedBuffer::new(len * 4).map_err(zero::Error::from)?;
-                return Ok(Box::new(PinnedFloats(pinned)));
-            }
-            Ok(Box::new(engine.lend_f32(len)?))
-        },
-    )
+    let (config, every) = (model.config(), placement.checkpoint_every);
+    if placement.offloads() {
+        let kept_len = activation_buffers(config, b, t, every)?[KEPT_INPUTS];
+        let (segments, input_len) = kept_shape(config, b, t, kept_len);
+        let kept = offloaded_inputs(engine, segments, input_len)?;
+        let lend = |_, len| lend_block(engine, len);
+        return Activations::with_kept_inputs(config, b, t, every, lend, Box::new(kept));
+    }
+    Activations::with_memory(config, b, t, every, |_, len| lend_block(engine, len))
+}
+
+/// A block of `len` floats lent from `engine`'s arena for good (an empty `Vec` for none).
+fn lend_block(engine: &mut Engine, len: usize) -> Result<Buffer, StepError> {
+    if len == 0 {
+        return Ok(Box::new(Vec::<f32>::new()));
+    }
+    Ok(Box::new(engine.lend_f32(len)?))
 }
 
 /// Forward through every unit; with targets, returns this rank's mean loss.

@@ -202,7 +202,8 @@ pub struct TrainConfig {
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(usize))]
     pub checkpoint_every: usize,
     /// With `--activation-checkpointing`: keep the block inputs in pinned host memory,
-    /// outside the rank's arena.
+    /// copied out and fetched back ahead of their recompute on a copy thread; the rank's
+    /// arena keeps two staging slots of one input each.
     #[arg(long)]
     pub offload_activations: bool,
 }

@@ -15,6 +15,7 @@ pub mod init;
 mod llmc_header;
 pub mod memory_fit;
 pub mod metrics;
+pub mod offload;
 mod progress;
 mod report;
 pub mod resume;

@@ -48,9 +48,11 @@ pub struct RankReport {
     pub stage0: ModelStateBytes,
     /// Highest bytes allocated from the rank's arena.
     pub peak_bytes: u64,
-    /// Bytes of the rank's activations (with activation checkpointing, the kept block
-    /// inputs and one segment).
+    /// Bytes of the rank's activations in its arena (with activation checkpointing, one
+    /// segment and the kept block inputs, or with offload the staging slots in their place).
     pub activation_bytes: u64,
+    /// Bytes of kept block inputs offloaded to pinned host memory (0 without offload).
+    pub activation_offloaded_bytes: u64,
     /// Elements handed to collectives per training step, by kind.
     pub traffic_per_step: Traffic,
     /// Bytes zero-comm counted as sent per training step (all collectives).
@@ -74,6 +76,7 @@ impl RankReport {
             "rank": self.rank,
             "peak_bytes": self.peak_bytes,
             "activation_bytes": self.activation_bytes,
+            "activation_offloaded_bytes": self.activation_offloaded_bytes,
             "model_state_bytes": bytes_json(&self.measured),
             "expected_model_state_bytes": bytes_json(&self.expected),
             "stage0_model_state_bytes": bytes_json(&self.stage0),
