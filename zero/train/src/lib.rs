@@ -18,6 +18,7 @@ pub mod metrics;
 pub mod offload;
 mod progress;
 mod report;
+pub mod resident;
 pub mod resume;
 pub mod run;
 mod sample;

@@ -2,6 +2,7 @@
 //! for people, and the closing per-rank memory and traffic table.
 
 use super::error::TrainError;
+use super::resident::Resident;
 use serde_json::{json, Value};
 use std::fs::File;
 use std::io::{BufWriter, Write};
@@ -29,6 +30,11 @@ pub struct StepMetrics {
     pub skipped: bool,
     /// Rank 0's arena: the peak bytes allocated so far.
     pub peak_bytes: u64,
+    /// Rank 0's start-up plan: what its arena holds at the step's peak.
+    pub plan_bytes: u64,
+    /// The process's resident memory (every local rank, and what lives outside the
+    /// arenas), where the OS reports it.
+    pub resident: Option<Resident>,
     /// Rank 0's arena: compactions during this step (memory defragmentation, ZeRO-R's MD).
     pub defrags: u64,
     /// Rank 0's arena: bytes those compactions moved.
@@ -144,6 +150,9 @@ pub fn step_json(m: &StepMetrics) -> Value {
         "loss_scale": m.loss_scale,
         "skipped": m.skipped,
         "peak_bytes": m.peak_bytes,
+        "plan_bytes": m.plan_bytes,
+        "process_rss_bytes": m.resident.map(|r| r.now),
+        "process_rss_peak_bytes": m.resident.map(|r| r.peak),
         "defrags": m.defrags,
         "defrag_bytes_moved": m.defrag_bytes_moved,
     })

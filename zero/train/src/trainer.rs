@@ -286,6 +286,8 @@ impl<'a> Trainer<'a> {
         let arena = self.engine.arena().stats();
         let m = StepMetrics {
             peak_bytes: arena.peak_allocated as u64,
+            plan_bytes: self.engine.memory_plan().total(),
+            resident: crate::resident::resident(),
             defrags: arena.defrags - arena_before.defrags,
             defrag_bytes_moved: arena.bytes_moved - arena_before.bytes_moved,
             step: step + 1,
