@@ -182,11 +182,30 @@ impl Arena {
     /// [`AllocError::OutOfMemory`] (carrying the statistics) when no hole fits, after a
     /// defragmentation if the configuration allows one and the total free space suffices.
     pub fn alloc(&mut self, bytes: usize) -> Result<Handle> {
+        self.alloc_placed(bytes, FreeList::take_best_fit)
+    }
+
+    /// Allocates `bytes` bytes at the end of the highest hole that fits: for short-lived
+    /// blocks that will be pinned (lent to an operation in flight), which then stack at the
+    /// top of the arena and leave the space below them in one piece.
+    ///
+    /// # Errors
+    ///
+    /// As [`alloc`](Self::alloc).
+    pub fn alloc_high(&mut self, bytes: usize) -> Result<Handle> {
+        self.alloc_placed(bytes, FreeList::take_highest_fit)
+    }
+
+    fn alloc_placed(
+        &mut self,
+        bytes: usize,
+        take: fn(&mut FreeList, usize) -> Option<usize>,
+    ) -> Result<Handle> {
         let size = self.rounded(bytes)?;
-        let mut found = self.free.take_best_fit(size);
+        let mut found = take(&mut self.free, size);
         if found.is_none() && self.config.defragment_on_fragmentation && self.free.total() >= size {
             self.defragment()?;
-            found = self.free.take_best_fit(size);
+            found = take(&mut self.free, size);
         }
         let Some(offset) = found else {
             self.counters.ooms += 1;
@@ -207,11 +226,16 @@ impl Arena {
     /// [`AllocError::SizeOverflow`] when `count * size_of::<T>()` overflows; otherwise as
     /// [`alloc`](Self::alloc).
     pub fn alloc_elems<T: bytemuck::Pod>(&mut self, count: usize) -> Result<Handle> {
-        let elem_size = std::mem::size_of::<T>();
-        let bytes = count
-            .checked_mul(elem_size)
-            .ok_or(AllocError::SizeOverflow { count, elem_size })?;
-        self.alloc(bytes)
+        self.alloc(elems_bytes::<T>(count)?)
+    }
+
+    /// Allocates room for `count` elements of `T` at the top ([`alloc_high`](Self::alloc_high)).
+    ///
+    /// # Errors
+    ///
+    /// As [`alloc_elems`](Self::alloc_elems).
+    pub fn alloc_elems_high<T: bytemuck::Pod>(&mut self, count: usize) -> Result<Handle> {
+        self.alloc_high(elems_bytes::<T>(count)?)
     }
 
     fn place(&mut self, offset: usize, len: usize, size: usize) -> Result<Handle> {
@@ -533,4 +557,12 @@ impl Arena {
     pub fn free_ranges(&self) -> Vec<(usize, usize)> {
         self.free.ranges().collect()
     }
+}
+
+/// Bytes of `count` elements of `T`.
+fn elems_bytes<T>(count: usize) -> Result<usize> {
+    let elem_size = std::mem::size_of::<T>();
+    count
+        .checked_mul(elem_size)
+        .ok_or(AllocError::SizeOverflow { count, elem_size })
 }

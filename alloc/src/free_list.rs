@@ -45,6 +45,19 @@ impl FreeList {
         Some(offset)
     }
 
+    /// Takes `size` bytes from the end of the highest hole that fits; returns their offset.
+    /// Blocks that live briefly beside the long-lived ones at the bottom (buffers lent to an
+    /// operation in flight) stack up from the top this way, so their holes are refilled by
+    /// their successors instead of splitting the free space below.
+    pub(crate) fn take_highest_fit(&mut self, size: usize) -> Option<usize> {
+        let (&hole, &len) = self.by_offset.iter().rev().find(|&(_, &len)| len >= size)?;
+        self.remove_raw(hole, len);
+        if len > size {
+            self.insert_raw(hole, len - size);
+        }
+        Some(hole + len - size)
+    }
+
     /// Returns `[offset, offset + size)`, merging it with adjacent free ranges.
     pub(crate) fn release(&mut self, mut offset: usize, mut size: usize) {
         if let Some((&prev, &prev_size)) = self.by_offset.range(..offset).next_back() {
@@ -101,6 +114,23 @@ mod tests {
         assert_eq!(list.take_best_fit(40), Some(300));
         assert_eq!(list.take_best_fit(30), Some(200));
         assert_eq!(list.take_best_fit(200), None);
+    }
+
+    #[test]
+    fn highest_fit_takes_the_end_of_the_highest_hole_that_fits() {
+        let mut list = FreeList::default();
+        list.release(0, 100);
+        list.release(200, 30);
+        list.release(300, 50);
+        assert_eq!(list.take_highest_fit(40), Some(310));
+        assert_eq!(
+            list.take_highest_fit(40),
+            Some(60),
+            "300..310 and 200..230 are too small"
+        );
+        assert_eq!(list.take_highest_fit(10), Some(300));
+        assert_eq!(list.take_highest_fit(100), None);
+        assert_eq!(list.total(), 100 + 30 + 50 - 90);
     }
 
     #[test]

@@ -104,7 +104,7 @@ impl Engine {
         let scale = self.scaler.scale;
         for bucket in layout.buckets() {
             let elems = layout.bucket_elems(bucket);
-            let staged = self.alloc_transient::<S>(elems)?;
+            let staged = self.alloc_lent::<S>(elems)?;
             let packed = (|| -> Result<()> {
                 let mut views = self.arena.views();
                 let wide = views.get::<f32>(tmp)?;

@@ -97,7 +97,7 @@ impl Engine {
             }
             let params = b.params;
             let padded = policy.part.padded_numel();
-            let staged = self.alloc_transient::<S>(padded)?;
+            let staged = self.alloc_lent::<S>(padded)?;
             {
                 // In-place all-gather: this rank's input is its own chunk.
                 let mut views = self.arena.views();

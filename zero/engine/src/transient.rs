@@ -11,15 +11,30 @@
 
 use super::engine::Engine;
 use super::error::Result;
-use zero_alloc::{AllocError, Handle};
+use zero_alloc::{AllocError, Arena, Handle};
 
 impl Engine {
-    /// A transient block of `len` elements of `T` (stale contents).
+    /// A transient block of `len` elements of `T` (stale contents), best fit from below.
     pub(crate) fn alloc_transient<T: bytemuck::Pod>(&mut self, len: usize) -> Result<Handle> {
-        match self.arena.alloc_elems::<T>(len) {
+        self.alloc_with(len, Arena::alloc_elems::<T>)
+    }
+
+    /// A transient block about to be lent to a collective: from the top of the arena, where
+    /// such blocks stack and refill each other's holes (they are mostly whole buckets of one
+    /// size) instead of splitting the free space the other transients use.
+    pub(crate) fn alloc_lent<T: bytemuck::Pod>(&mut self, len: usize) -> Result<Handle> {
+        self.alloc_with(len, Arena::alloc_elems_high::<T>)
+    }
+
+    fn alloc_with(
+        &mut self,
+        len: usize,
+        alloc: fn(&mut Arena, usize) -> zero_alloc::Result<Handle>,
+    ) -> Result<Handle> {
+        match alloc(&mut self.arena, len) {
             Err(AllocError::OutOfMemory { .. }) if self.config.defragment && self.lends_out() => {
                 self.land_in_flight()?;
-                Ok(self.arena.alloc_elems::<T>(len)?)
+                Ok(alloc(&mut self.arena, len)?)
             }
             other => Ok(other?),
         }

@@ -21,7 +21,12 @@ pub fn resident() -> Option<Resident> {
 fn parse_status(status: &str) -> Option<Resident> {
     let field = |name: &str| -> Option<u64> {
         let line = status.lines().find(|l| l.starts_with(name))?;
-        let kb: u64 = line[name.len()..].trim().strip_suffix("kB")?.trim().parse().ok()?;
+        let kb: u64 = line[name.len()..]
+            .trim()
+            .strip_suffix("kB")?
+            .trim()
+            .parse()
+            .ok()?;
         kb.checked_mul(1024)
     };
     Some(Resident {
@@ -55,7 +60,10 @@ mod tests {
         };
         let block = vec![1u8; 64 << 20];
         let after = resident().unwrap();
-        assert!(after.peak >= before.now + (32 << 20), "{before:?} -> {after:?}");
+        assert!(
+            after.peak >= before.now + (32 << 20),
+            "{before:?} -> {after:?}"
+        );
         assert!(after.peak >= after.now);
         drop(block);
     }
