@@ -80,14 +80,14 @@ pub struct TrainConfig {
     #[arg(long)]
     pub vocab: Option<usize>,
     /// Sequence length of a training sample.
-    #[arg(long, default_value_t = 64)]
+    #[arg(long, allow_negative_numbers = true, default_value_t = 64)]
     pub seq_len: usize,
 
     /// Directory holding train.bin and val.bin (llm.c token files).
     #[arg(long, default_value = "data/shakespeare")]
     pub data: PathBuf,
     /// Number of data-parallel ranks (local backend; MPI takes it from mpirun).
-    #[arg(long, default_value_t = 2)]
+    #[arg(long, allow_negative_numbers = true, default_value_t = 2)]
     pub world_size: usize,
     /// Collective backend.
     #[arg(long, value_enum, default_value_t = Backend::Local)]
@@ -97,61 +97,61 @@ pub struct TrainConfig {
     pub device: Device,
 
     /// Optimizer steps to run.
-    #[arg(long, default_value_t = 200)]
+    #[arg(long, allow_negative_numbers = true, default_value_t = 200)]
     pub steps: u64,
     /// Global batch in sequences per optimizer step (DeepSpeed's train_batch_size).
-    #[arg(long, default_value_t = 8)]
+    #[arg(long, allow_negative_numbers = true, default_value_t = 8)]
     #[serde(alias = "train_batch_size")]
     pub batch_size: usize,
     /// Sequences per rank per forward pass; gradient accumulation makes up the global batch.
-    #[arg(long, default_value_t = 4)]
+    #[arg(long, allow_negative_numbers = true, default_value_t = 4)]
     #[serde(alias = "train_micro_batch_size_per_gpu")]
     pub micro_batch_size: usize,
     /// Peak learning rate.
-    #[arg(long, default_value_t = 1e-3)]
+    #[arg(long, allow_negative_numbers = true, default_value_t = 1e-3)]
     pub lr: f32,
     /// Linear warm-up steps before cosine decay.
-    #[arg(long, default_value_t = 20)]
+    #[arg(long, allow_negative_numbers = true, default_value_t = 20)]
     pub warmup_steps: u64,
     /// Final learning rate as a fraction of the peak.
-    #[arg(long, default_value_t = 0.1)]
+    #[arg(long, allow_negative_numbers = true, default_value_t = 0.1)]
     pub min_lr_ratio: f32,
     /// Decoupled weight decay (matrices only).
-    #[arg(long, default_value_t = 0.1)]
+    #[arg(long, allow_negative_numbers = true, default_value_t = 0.1)]
     pub weight_decay: f32,
     /// Global gradient-norm clipping threshold (0 turns clipping off).
-    #[arg(long, default_value_t = 1.0)]
+    #[arg(long, allow_negative_numbers = true, default_value_t = 1.0)]
     #[serde(alias = "gradient_clipping")]
     pub grad_clip: f32,
     /// Storage precision of parameters and gradients.
     #[arg(long, value_enum, default_value_t = PrecisionArg::Fp32)]
     pub precision: PrecisionArg,
     /// Seed of initialisation, data order and sampling.
-    #[arg(long, default_value_t = 1337)]
+    #[arg(long, allow_negative_numbers = true, default_value_t = 1337)]
     pub seed: u64,
 
     /// Steps between validation-loss evaluations (0 turns evaluation off).
-    #[arg(long, default_value_t = 50)]
+    #[arg(long, allow_negative_numbers = true, default_value_t = 50)]
     pub eval_every: u64,
     /// Validation batches per evaluation.
-    #[arg(long, default_value_t = 8)]
+    #[arg(long, allow_negative_numbers = true, default_value_t = 8)]
     pub eval_batches: usize,
     /// Tokens to sample from the model at the end (0 turns sampling off).
-    #[arg(long, default_value_t = 64)]
+    #[arg(long, allow_negative_numbers = true, default_value_t = 64)]
     pub sample_tokens: usize,
     /// Top-k of the final sample.
-    #[arg(long, default_value_t = 40)]
+    #[arg(long, allow_negative_numbers = true, default_value_t = 40)]
     pub top_k: usize,
 
     /// Directory to save states into, as `step-NNNNNN` folders (resumable with --resume).
     #[arg(long)]
     pub save: Option<PathBuf>,
     /// Steps between saves besides the final one (0: only at the end).
-    #[arg(long, default_value_t = 0)]
+    #[arg(long, allow_negative_numbers = true, default_value_t = 0)]
     pub save_every: u64,
     /// Complete states kept in the --save directory, newest first; older ones are removed
     /// once a new one is published (0 keeps all).
-    #[arg(long, default_value_t = 0)]
+    #[arg(long, allow_negative_numbers = true, default_value_t = 0)]
     pub keep_last: usize,
     /// Write each save's pieces on a background thread from a copy of the rank's shards
     /// while training goes on; the next save (and the final one, always in the foreground)
@@ -181,11 +181,11 @@ pub struct TrainConfig {
     #[arg(long, default_value = "4M")]
     pub reduce_bucket_size: ByteSize,
     /// Units gathered ahead of the one computing (stage 3); at most the model's units.
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, allow_negative_numbers = true, default_value_t = 1)]
     #[serde(alias = "prefetch")]
     pub prefetch_units: usize,
     /// Units with fewer elements stay whole on every rank (stage 3).
-    #[arg(long, default_value_t = 0)]
+    #[arg(long, allow_negative_numbers = true, default_value_t = 0)]
     pub param_persistence_threshold: usize,
     /// Cap on each rank's arena, emulating a device of that size (e.g. 16G).
     #[arg(long)]
@@ -199,7 +199,7 @@ pub struct TrainConfig {
     #[arg(long)]
     pub activation_checkpointing: bool,
     /// Blocks per checkpointed segment (K) with `--activation-checkpointing`.
-    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(usize))]
+    #[arg(long, allow_negative_numbers = true, default_value_t = 1, value_parser = clap::value_parser!(usize))]
     pub checkpoint_every: usize,
     /// With `--activation-checkpointing`: keep the block inputs in pinned host memory,
     /// copied out and fetched back ahead of their recompute on a copy thread; the rank's

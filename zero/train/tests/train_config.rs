@@ -179,6 +179,9 @@ fn each_out_of_range_value_names_its_flag() {
         (&["--lr=-1"], "--lr"),
         (&["--min-lr-ratio", "1.5"], "--min-lr-ratio"),
         (&["--grad-clip", "inf"], "--grad-clip"),
+        // A negative value written apart from its flag is the flag's value, not a flag.
+        (&["--grad-clip", "-1"], "--grad-clip"),
+        (&["--lr", "-0.5"], "--lr"),
         (&["--weight-decay=-0.1"], "--weight-decay"),
         (&["--prefetch-units", &max], "--prefetch-units"),
         (&["--reduce-bucket-size", "0"], "--reduce-bucket-size"),
