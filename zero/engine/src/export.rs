@@ -274,12 +274,19 @@ impl Engine {
         self.steps = steps;
     }
 
-    /// Sets fp16's loss scale in a restored run (the count of clean steps towards the next
-    /// doubling and the hysteresis start afresh). Other precisions keep their scale of 1.
-    pub fn set_loss_scale(&mut self, scale: f32) {
+    /// Restores fp16's loss scaler in a resumed run: its scale and its
+    /// [`progress`](crate::LossScaler::progress) (clean steps, overflows still tolerated).
+    /// Other precisions keep their inert scale of 1.
+    pub fn set_loss_scaler(&mut self, scale: f32, clean_steps: u32, hysteresis_left: u32) {
         if self.config.precision == super::precision::Precision::Fp16 {
             self.scaler.scale = scale;
+            self.scaler.set_progress(clean_steps, hysteresis_left);
         }
+    }
+
+    /// fp16's loss scaler as it stands (what a checkpoint keeps).
+    pub fn loss_scaler(&self) -> crate::LossScaler {
+        self.scaler
     }
 
     /// Loads whole states (as [`Engine::export_states`] gives) and the optimizer step count;

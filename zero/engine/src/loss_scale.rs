@@ -49,6 +49,19 @@ impl LossScaler {
         }
     }
 
+    /// Where the scaler stands between changes: clean steps since the last overflow or
+    /// doubling, and overflows still tolerated before the scale halves. With the scale, what
+    /// a checkpoint must keep for a resumed run to scale as the uninterrupted one.
+    pub fn progress(&self) -> (u32, u32) {
+        (self.clean_steps, self.hysteresis_left)
+    }
+
+    /// Restores [`LossScaler::progress`] (the overflows tolerated are kept within 1..=hysteresis).
+    pub fn set_progress(&mut self, clean_steps: u32, hysteresis_left: u32) {
+        self.clean_steps = clean_steps;
+        self.hysteresis_left = hysteresis_left.clamp(1, self.hysteresis);
+    }
+
     /// Records a step's outcome and adjusts the scale.
     pub fn update(&mut self, overflow: bool) {
         if overflow {

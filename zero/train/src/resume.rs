@@ -88,6 +88,8 @@ pub fn start_state_save(
         "units": engine.units().len(),
         "engine_steps": engine.steps(),
         "loss_scale": engine.loss_scale(),
+        "loss_scale_clean_steps": engine.loss_scaler().progress().0,
+        "loss_scale_hysteresis_left": engine.loss_scaler().progress().1,
         "loader": loader,
         "config": cfg,
     });
@@ -137,7 +139,18 @@ pub fn load_state(
         .filter(|s| s.is_finite() && *s > 0.0)
         .ok_or_else(|| bad("no positive loss scale in the state".into()))?;
     engine.set_steps(engine_steps);
-    engine.set_loss_scale(loss_scale as f32);
+    // States saved before the scaler's progress was kept start it afresh.
+    let counter = |key: &str, fresh: u32| {
+        meta[key]
+            .as_u64()
+            .map_or(fresh, |n| u32::try_from(n).unwrap_or(u32::MAX))
+    };
+    let (clean, left) = engine.loss_scaler().progress();
+    engine.set_loss_scaler(
+        loss_scale as f32,
+        counter("loss_scale_clean_steps", clean),
+        counter("loss_scale_hysteresis_left", left),
+    );
     loader.restore(&loader_state)?;
     Ok(step)
 }

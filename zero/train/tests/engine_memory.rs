@@ -328,3 +328,40 @@ fn stage_three_prefetches_the_next_unit_while_the_current_one_computes() {
     });
     assert!(prefetched[1], "unit 1 was not prefetched");
 }
+
+#[test]
+fn a_resumed_fp16_scaler_halves_where_the_uninterrupted_one_does() {
+    // One overflowing step (rank 1 puts an inf in unit 0's gradient) on an fp16 engine.
+    let overflow = |e: &mut Engine| {
+        let poison = (e.rank() == 1).then_some(0);
+        fake_forward(e, 0).unwrap();
+        fake_backward(e, poison).unwrap();
+        assert!(e.step(1e-3).unwrap().skipped);
+    };
+    // Uninterrupted: two overflows, the second halves the scale (hysteresis 2).
+    let saved = on_ranks(2, |c| {
+        let mut e = engine_in(c, ZeroStage::Zero2, Precision::Fp16);
+        overflow(&mut e);
+        let after_one = (e.loss_scale(), e.loss_scaler().progress());
+        overflow(&mut e);
+        (after_one, e.loss_scale())
+    });
+    let ((scale, (clean, left)), uninterrupted) = saved[0];
+    assert_eq!(uninterrupted, 32768.0);
+    // Resumed after the first overflow, with and without the scaler's progress.
+    let resumed = |progress: Option<(u32, u32)>| {
+        on_ranks(2, |c| {
+            let mut e = engine_in(c, ZeroStage::Zero2, Precision::Fp16);
+            let (clean, left) = progress.unwrap_or(e.loss_scaler().progress());
+            e.set_loss_scaler(scale, clean, left);
+            overflow(&mut e);
+            e.loss_scale()
+        })[0]
+    };
+    assert_eq!(resumed(Some((clean, left))), uninterrupted);
+    assert_eq!(
+        resumed(None),
+        65536.0,
+        "a fresh hysteresis tolerates the overflow"
+    );
+}
