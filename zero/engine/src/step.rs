@@ -23,7 +23,8 @@ pub struct StepReport {
 }
 
 impl Engine {
-    /// Runs forward-only work (evaluation, sampling) outside the recorded unit order.
+    /// Runs forward-only work (evaluation, sampling) outside the declared schedule: its calls
+    /// are not checked and launch no prefetches.
     pub fn without_order_check<R>(&mut self, f: impl FnOnce(&mut Self) -> R) -> R {
         let was = std::mem::replace(&mut self.order.enabled, false);
         let out = f(self);
