@@ -120,9 +120,15 @@ impl Communicator {
     pub fn provide_staging(&self, block: Lent<u64>, largest_collective_bytes: u64) -> Result<()> {
         self.drain();
         let mut inner = lock(&self.inner);
-        let Some(layout) = inner.backend.staging_rule().layout(largest_collective_bytes) else {
+        let Some(layout) = inner
+            .backend
+            .staging_rule()
+            .layout(largest_collective_bytes)
+        else {
             return Err(CommError::InvalidArgument {
-                what: format!("staging for collectives of {largest_collective_bytes} bytes overflows"),
+                what: format!(
+                    "staging for collectives of {largest_collective_bytes} bytes overflows"
+                ),
             });
         };
         if layout.total() == 0 {
@@ -185,7 +191,11 @@ mod tests {
                 if largest % (4 * ranks as u64) == 0 {
                     // Arrays that split evenly: the bound is reached.
                     let naive = (words(input), words(output), words(mine));
-                    assert_eq!((l.input, l.output, l.mine), naive, "{ranks} ranks, {largest} B");
+                    assert_eq!(
+                        (l.input, l.output, l.mine),
+                        naive,
+                        "{ranks} ranks, {largest} B"
+                    );
                 }
             }
         }

@@ -131,7 +131,11 @@ impl Stage {
         let need = sizes.iter().try_fold(0usize, |a, &w| a.checked_add(w));
         let have = block.as_ref().len();
         if need.is_none_or(|n| n > have) {
-            let what = format!("a staging block of {} bytes for a layout of {} bytes", have * 8, layout.total());
+            let what = format!(
+                "a staging block of {} bytes for a layout of {} bytes",
+                have * 8,
+                layout.total()
+            );
             return Err((block, what));
         }
         let base = block.as_mut().as_mut_ptr();
@@ -249,7 +253,10 @@ mod tests {
         assert_eq!(offsets, vec![0, 32, 96, 112]);
         stage.output.bytes_mut(64).fill(7);
         stage.input.bytes_mut(32).fill(3);
-        assert!(stage.output.bytes(64).iter().all(|&b| b == 7), "regions overlap");
+        assert!(
+            stage.output.bytes(64).iter().all(|&b| b == 7),
+            "regions overlap"
+        );
         assert_eq!(stage.outside_bytes(), 0);
     }
 
