@@ -9,7 +9,8 @@
 #      numpy (from PyPI, into a cache folder) and compared with its llm.c export
 #   4. the MPI backend (feature `mpi`): OpenMPI, its headers and libclang (rsmpi's bindgen)
 #      are installed from apt when missing, then the shared conformance suite runs as one
-#      process and under `mpirun -np 2` and `-np 4`, each bounded by `timeout`.
+#      process and under `mpirun -np 2` and `-np 4`, each bounded by `timeout`; then the
+#      engine's staging check (mpi_staging) and zero-train over MPI against the local backend.
 #
 # ZERO_SKIP_MPI=1 skips step 4 (for machines where MPI cannot be installed). Steps 2 and 3 say
 # why they skipped where pip cannot fetch their packages.
@@ -91,6 +92,21 @@ if ! grep -q "^rank 0: after .*all_reduce #1" <<<"$out"; then
   exit 1
 fi
 grep "^rank [0-9]: after" <<<"$out"
+
+# --- the engine over MPI: the backend's staging lies in the rank's arena --------------------
+# Every stage, f32 and bf16: no staging byte outside the block the engine lends the backend,
+# and the arena's peak equals the plan (which counts the block).
+staging_bin=$(cargo test -p zero-train --features mpi --test mpi_staging --no-run \
+  --message-format=json 2>/dev/null |
+  grep -o '"executable":"[^"]*mpi_staging[^"]*"' | tail -n1 | cut -d'"' -f4)
+if [[ -z "$staging_bin" || ! -x "$staging_bin" ]]; then
+  echo "test.sh: cannot find the mpi_staging test binary" >&2
+  exit 1
+fi
+for np in 2 4; do
+  echo "== mpirun -np $np mpi_staging"
+  timeout --kill-after=10 600 mpirun "${mpirun_flags[@]}" -np "$np" "$staging_bin"
+done
 
 # --- zero-train over MPI: the same losses, to the bit, as the local backend ------------------
 # A tiny model on a generated corpus (no download), 2 ranks, every ZeRO stage, f32 and bf16.

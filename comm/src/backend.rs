@@ -10,8 +10,11 @@
 use std::fmt::Debug;
 use std::sync::Arc;
 
+use zero_alloc::Lent;
+
+use crate::communicator_staging::{StagingLayout, StagingRule};
 use crate::dtype::{BufMut, BufRef};
-use crate::error::Result;
+use crate::error::{CommError, Result};
 use crate::op::OpDesc;
 use crate::reduce_op::ReduceOp;
 
@@ -94,6 +97,26 @@ pub trait Backend: Send + Debug {
     fn split(&mut self, desc: &OpDesc, color: u32, key: u32) -> Result<Box<dyn Backend>>;
     /// A handle that marks this rank as gone, usable while an operation holds the backend.
     fn leave_handle(&self) -> Arc<dyn Leave>;
+    /// How the backend stages collectives; the default stages nothing.
+    fn staging_rule(&self) -> StagingRule {
+        StagingRule::None
+    }
+    /// Takes `block` to stage collectives in, carved as `layout` (a non-empty layout of
+    /// [`Backend::staging_rule`]); see
+    /// [`Communicator::provide_staging`](crate::Communicator::provide_staging).
+    ///
+    /// # Errors
+    /// A backend that stages nothing refuses any block.
+    fn provide_staging(&mut self, block: Lent<u64>, layout: StagingLayout) -> Result<()> {
+        let _ = (block, layout);
+        Err(CommError::InvalidArgument {
+            what: format!("the {} backend stages nothing", self.name()),
+        })
+    }
+    /// Staging bytes held outside the provided block; the default stages nothing.
+    fn staging_outside_bytes(&self) -> u64 {
+        0
+    }
 }
 
 /// Marks a rank as gone so its peers' pending and future collectives fail instead of hanging.

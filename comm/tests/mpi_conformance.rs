@@ -5,7 +5,8 @@
 //! Every rank runs every case; after each, the ranks agree on the outcome (an all-reduce of
 //! failure flags), rank 0 prints one line per case and `N passed, M failed`, and every rank
 //! exits non-zero when a case failed. Then MPI-only cases: timeouts, mismatch detection, the
-//! bootstrap helpers and the native algorithm. Optional arguments filter cases by substring.
+//! bootstrap helpers, the native algorithm and staging in a lent arena block. Optional
+//! arguments filter cases by substring.
 
 #[macro_use]
 mod conformance;
@@ -143,6 +144,81 @@ fn mpi_native_all_reduce(mpi: &Mpi) -> Result {
     Ok(())
 }
 
+fn alloc_failure(e: zero_alloc::AllocError) -> conformance::Failure {
+    conformance::Failure(format!("arena: {e}"))
+}
+
+/// Staging in a block lent from an arena: every collective of at most the provided size
+/// (every kind, f32 and bf16, uneven chunks, descriptor checks on) stays inside it and gives
+/// the reduced values; one byte-word more grows a heap buffer that is counted.
+fn mpi_staging_stays_in_the_lent_block(mpi: &Mpi) -> Result {
+    let config = Config {
+        debug_checks: true,
+        ..Config::with_timeout(CASE_TIMEOUT)
+    };
+    let c = mpi.world(config)?;
+    let (n, r) = (c.size(), c.rank());
+    let largest = 400u64; // 100 f32 or 200 bf16
+    let bytes = c.staging_bytes(largest).unwrap_or(0);
+    ensure!(
+        bytes >= 2 * largest,
+        "staging of {bytes} bytes for {largest}"
+    );
+    let mut arena = zero_alloc::Arena::host(1 << 16).map_err(alloc_failure)?;
+    let h = arena
+        .alloc_elems::<u64>(bytes.div_ceil(8) as usize)
+        .map_err(alloc_failure)?;
+    let block = arena.lend::<u64>(h).map_err(alloc_failure)?;
+    c.provide_staging(block, largest)?;
+    ensure!(c.staging_outside_bytes() == 0, "outside after provide");
+
+    let ranks_sum = (n * (n - 1) / 2) as f32;
+    let mut x: Vec<f32> = (0..100).map(|i| (i + r) as f32).collect();
+    c.all_reduce_in_place(&mut x, ReduceOp::Sum)?;
+    let want: Vec<f32> = (0..100).map(|i| (i * n) as f32 + ranks_sum).collect();
+    ensure!(x == want, "all_reduce f32: {:?}", &x[..4]);
+    let mut h16 = vec![half::bf16::from_f32(r as f32); 200];
+    c.all_reduce_in_place(&mut h16, ReduceOp::Sum)?;
+    ensure!(
+        h16.iter().all(|v| v.to_f32() == ranks_sum),
+        "all_reduce bf16"
+    );
+    let count = 100 / n * n;
+    let mut shard = vec![0f32; count / n];
+    c.reduce_scatter(&vec![1f32; count], &mut shard, ReduceOp::Sum)?;
+    ensure!(shard.iter().all(|&v| v == n as f32), "reduce_scatter");
+    let mut all = vec![0f32; count];
+    c.all_gather(&vec![r as f32; count / n], &mut all)?;
+    let gathered = all.chunks_exact(count / n).enumerate();
+    ensure!(
+        gathered
+            .clone()
+            .all(|(j, s)| s.iter().all(|&v| v == j as f32)),
+        "all_gather"
+    );
+    let mut b = vec![r as f32; 100];
+    c.broadcast_in_place(&mut b, n - 1)?;
+    ensure!(b.iter().all(|&v| v == (n - 1) as f32), "broadcast");
+    let mut red = vec![1f32; 100];
+    c.reduce_in_place(&mut red, ReduceOp::Sum, 0)?;
+    ensure!(r != 0 || red.iter().all(|&v| v == n as f32), "reduce");
+    let outside = c.staging_outside_bytes();
+    ensure!(outside == 0, "{outside} bytes staged outside the block");
+
+    let mut over = vec![1f32; 102];
+    c.all_reduce_in_place(&mut over, ReduceOp::Sum)?;
+    ensure!(
+        over.iter().all(|&v| v == n as f32),
+        "all_reduce past the block"
+    );
+    let outside = c.staging_outside_bytes();
+    ensure!(
+        outside >= 408,
+        "408 input bytes past the block, {outside} counted"
+    );
+    Ok(())
+}
+
 type MpiCase = fn(&Mpi) -> Result;
 
 const MPI_CASES: &[(&str, MpiCase)] = &[
@@ -156,6 +232,10 @@ const MPI_CASES: &[(&str, MpiCase)] = &[
     ),
     ("mpi_bootstrap_helpers", mpi_bootstrap_helpers),
     ("mpi_native_all_reduce", mpi_native_all_reduce),
+    (
+        "mpi_staging_stays_in_the_lent_block",
+        mpi_staging_stays_in_the_lent_block,
+    ),
 ];
 
 fn outcome(r: std::thread::Result<Result>) -> Option<String> {

@@ -16,6 +16,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use mpi::ffi;
+use zero_alloc::Lent;
 
 use super::check;
 use super::env::Env;
@@ -24,6 +25,7 @@ use super::stage::{bytes_of, bytes_of_mut, reduce_chunks, Stage};
 use super::Algorithm;
 use crate::backend::{Backend, Leave};
 use crate::chunk::chunk;
+use crate::communicator_staging::{StagingLayout, StagingRule};
 use crate::config::Config;
 use crate::dtype::{BufMut, BufRef, DType};
 use crate::error::{BreakCause, CommError, Result};
@@ -253,22 +255,16 @@ impl MpiComm {
         let (n, p, r, es) = (desc.count, self.size, self.rank, dt.size());
         let (lo, hi) = chunk(n, p, r);
         let m = (hi - lo) * es;
-        let mut counts = Vec::with_capacity(4 * p);
-        for part in 0..4 {
-            for j in 0..p {
-                let (jlo, jhi) = chunk(n, p, j);
-                let v = match part {
-                    0 => (jhi - jlo) * es,
-                    1 => jlo * es,
-                    2 => m,
-                    _ => j * m,
-                };
-                counts.push(int(v).ok_or_else(|| too_big(desc))?);
+        let c = self.fill_counts(desc, 4, |part, j| {
+            let (jlo, jhi) = chunk(n, p, j);
+            match part {
+                0 => (jhi - jlo) * es,
+                1 => jlo * es,
+                2 => m,
+                _ => j * m,
             }
-        }
+        })?;
         int(p * m).ok_or_else(|| too_big(desc))?;
-        self.stage.counts = counts;
-        let c = self.stage.counts.as_ptr();
         let input = self.stage.input.ensure(n * es);
         let output = self.stage.output.ensure(p * m);
         self.start(desc, "MPI_Ialltoallv", |comm, req| {
@@ -296,19 +292,35 @@ impl MpiComm {
         Ok((lo, hi))
     }
 
-    /// Receive counts and displacements (bytes) of every rank's chunk, for the gathers.
-    fn chunk_layout(&mut self, desc: &OpDesc, es: usize) -> Result<()> {
-        let (n, p) = (desc.count, self.size);
-        let mut counts = Vec::with_capacity(2 * p);
-        for part in 0..2 {
-            for j in 0..p {
-                let (lo, hi) = chunk(n, p, j);
-                let v = if part == 0 { (hi - lo) * es } else { lo * es };
-                counts.push(int(v).ok_or_else(|| too_big(desc))?);
-            }
+    /// Writes `parts` arrays of one C int per rank, `value(part, rank)`, into the staged
+    /// counts and returns their start.
+    fn fill_counts(
+        &mut self,
+        desc: &OpDesc,
+        parts: usize,
+        value: impl Fn(usize, usize) -> usize,
+    ) -> Result<*const c_int> {
+        let p = self.size;
+        let bytes = parts * p * std::mem::size_of::<c_int>();
+        let start = self.stage.counts.ensure(bytes).cast_const().cast::<c_int>();
+        let counts: &mut [c_int] = bytemuck::cast_slice_mut(self.stage.counts.bytes_mut(bytes));
+        for (i, slot) in counts.iter_mut().enumerate() {
+            *slot = int(value(i / p, i % p)).ok_or_else(|| too_big(desc))?;
         }
-        self.stage.counts = counts;
-        Ok(())
+        Ok(start)
+    }
+
+    /// Receive counts and displacements (bytes) of every rank's chunk, for the gathers.
+    fn chunk_layout(&mut self, desc: &OpDesc, es: usize) -> Result<*const c_int> {
+        let (n, p) = (desc.count, self.size);
+        self.fill_counts(desc, 2, |part, j| {
+            let (lo, hi) = chunk(n, p, j);
+            if part == 0 {
+                (hi - lo) * es
+            } else {
+                lo * es
+            }
+        })
     }
 
     fn native_all_reduce(&mut self, desc: &OpDesc, op: ReduceOp) -> Result<()> {
@@ -385,9 +397,8 @@ impl Backend for MpiComm {
             return Ok(());
         }
         let (lo, hi) = self.reduce_own_chunk(desc, dt, op)?;
-        self.chunk_layout(desc, dt.size())?;
+        let c = self.chunk_layout(desc, dt.size())?;
         let m = int((hi - lo) * dt.size()).ok_or_else(|| too_big(desc))?;
-        let c = self.stage.counts.as_ptr();
         let p = self.size;
         let mine = self.stage.mine.ensure((hi - lo) * dt.size());
         // Phase 1 is complete, so the staged input is free to receive the result.
@@ -521,10 +532,9 @@ impl Backend for MpiComm {
         let bytes = n * dt.size();
         self.stage_input(&send, &mut recv, 0, bytes);
         let (lo, hi) = self.reduce_own_chunk(desc, dt, op)?;
-        self.chunk_layout(desc, dt.size())?;
+        let c = self.chunk_layout(desc, dt.size())?;
         let m = int((hi - lo) * dt.size()).ok_or_else(|| too_big(desc))?;
         let root_i = int(root).ok_or_else(|| too_big(desc))?;
-        let c = self.stage.counts.as_ptr();
         let p = self.size;
         let mine = self.stage.mine.ensure((hi - lo) * dt.size());
         let out = self.stage.input.ensure(bytes);
@@ -584,5 +594,39 @@ impl Backend for MpiComm {
 
     fn leave_handle(&self) -> Arc<dyn Leave> {
         Arc::new(NoLeave)
+    }
+
+    fn staging_rule(&self) -> StagingRule {
+        let floor_bytes = if self.config.debug_checks {
+            (check::WORDS * 8) as u64
+        } else {
+            0
+        };
+        StagingRule::Copies {
+            ranks: self.size,
+            floor_bytes,
+        }
+    }
+
+    fn provide_staging(&mut self, block: Lent<u64>, layout: StagingLayout) -> Result<()> {
+        if self.poison.is_some() {
+            // The stage may have been abandoned to a pending request; this one stays unused.
+            return Err(CommError::InvalidArgument {
+                what: "mpi: staging provided to a broken communicator".into(),
+            });
+        }
+        // No request is pending (collectives complete before returning), so the heap
+        // buffers this frees are ours.
+        self.stage.provide(block, layout).map_err(|(block, what)| {
+            // Dropped without being taken back: the block stays pinned, unused.
+            drop(block);
+            CommError::InvalidArgument {
+                what: format!("mpi: {what}"),
+            }
+        })
+    }
+
+    fn staging_outside_bytes(&self) -> u64 {
+        self.stage.outside_bytes()
     }
 }

@@ -179,6 +179,7 @@ impl Engine {
             prefetch_units: config.prefetch_units,
             reduce_bucket_bytes: config.reduce_bucket_bytes,
             activation_bytes: config.activation_bytes,
+            staging: comm.staging_rule(),
         };
         let memory_plan = match config.memory_limit {
             Some(limit) => check_fits(&specs, schedule, shape, limit)?,
@@ -200,6 +201,7 @@ impl Engine {
             })
             .collect::<Result<Vec<_>>>()?;
         let bufs = allocate_units(&mut arena, &policies, &config, comm.rank(), &mut init)?;
+        provide_staging(&mut arena, &comm, &memory_plan)?;
         let n_units = bufs.len();
         Ok(Self {
             order: OrderCheck::new(comm.rank(), schedule),
@@ -296,7 +298,8 @@ impl Engine {
         expected_model_state_bytes(psi, self.world(), self.config.stage, self.config.precision)
     }
 
-    /// What the plan reserved: model states, transient unit buffers and activations.
+    /// What the plan reserved: model states, transient unit buffers, activations and the
+    /// backend's staging block.
     pub fn memory_plan(&self) -> MemoryPlan {
         self.memory_plan
     }
@@ -362,4 +365,32 @@ fn allocate_units(
     }
     arena.reset_peak();
     Ok(bufs)
+}
+
+/// Lends the communicator's backend its staging block for good, right after the model
+/// states (a pinned block that compaction never moves), sized by the plan for the largest
+/// collective the engine issues; nothing for a backend that stages nothing. Rejected: a
+/// heap buffer inside the backend, which the arena's cap and peak would not see.
+fn provide_staging(arena: &mut Arena, comm: &Communicator, plan: &MemoryPlan) -> Result<()> {
+    let largest = plan.largest_collective;
+    let words = match comm.staging_bytes(largest) {
+        Some(0) => return Ok(()),
+        Some(bytes) => usize::try_from(bytes.div_ceil(8)).ok(),
+        None => None,
+    };
+    let words = words.ok_or_else(|| {
+        Error::Order(format!(
+            "staging for collectives of {largest} bytes overflows"
+        ))
+    })?;
+    let h = arena.alloc_elems::<u64>(words)?;
+    let block = match arena.lend::<u64>(h) {
+        Ok(block) => block,
+        Err(e) => {
+            arena.free(h)?;
+            return Err(e.into());
+        }
+    };
+    comm.provide_staging(block, largest)?;
+    Ok(())
 }

@@ -1,9 +1,9 @@
 //! Where every buffer of a rank goes, and how many bytes that takes, before anything is
 //! allocated: so a configuration that cannot fit fails at start-up, naming a stage that would.
 //!
-//! The plan is the step's peak, not a bound: model states and the model's activations are
-//! fixed, and the transient buffers are counted by replaying the declared schedule
-//! ([`Replay`]).
+//! The plan is the step's peak, not a bound: model states, the model's activations and the
+//! backend's staging block are fixed, and the transient buffers are counted by replaying the
+//! declared schedule ([`Replay`]).
 
 use super::formulas::ModelStateBytes;
 use super::policy::{UnitPolicy, ZeroStage};
@@ -13,6 +13,7 @@ use super::schedule::Schedule;
 use super::unit::UnitSpec;
 use super::{Error, Result};
 use zero_alloc::ArenaConfig;
+use zero_comm::{ShardBuckets, StagingRule};
 
 /// The bytes one rank needs for a configuration.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -24,12 +25,17 @@ pub struct MemoryPlan {
     pub transient: u64,
     /// The model's own bytes in the arena (activations), as declared.
     pub activations: u64,
+    /// The block lent to the communicator's backend to stage collectives in (0 for a backend
+    /// that stages nothing), sized for [`MemoryPlan::largest_collective`].
+    pub backend_staging: u64,
+    /// Bytes of the largest collective the engine issues (whole arrays).
+    pub largest_collective: u64,
 }
 
 impl MemoryPlan {
     /// Everything the rank's arena holds at the step's peak.
     pub fn total(&self) -> u64 {
-        self.model_states.total() as u64 + self.transient + self.activations
+        self.model_states.total() as u64 + self.transient + self.activations + self.backend_staging
     }
 }
 
@@ -50,6 +56,9 @@ pub struct PlanShape {
     pub reduce_bucket_bytes: usize,
     /// The model's activation bytes in the arena (0 when it keeps them elsewhere).
     pub activation_bytes: u64,
+    /// How the communicator's backend stages collectives
+    /// ([`Communicator::staging_rule`](zero_comm::Communicator::staging_rule)).
+    pub staging: StagingRule,
 }
 
 /// The configuration of a rank's arena of `capacity` bytes: the one place its alignment
@@ -97,11 +106,53 @@ pub fn plan_memory(
         })
         .collect::<Result<Vec<_>>>()?;
     let transient = Replay::new(&policies, shape).peak_of_step(schedule.calls())?;
+    let largest_collective = largest_collective_bytes(&policies, shape)?;
+    let staging = shape.staging.bytes(largest_collective).ok_or_else(|| {
+        Error::Order(format!(
+            "staging for collectives of {largest_collective} bytes overflows"
+        ))
+    })?;
     Ok(MemoryPlan {
         model_states: model_state_bytes(&policies, shape.precision),
         transient,
         activations: shape.activation_bytes,
+        backend_staging: if staging == 0 {
+            0
+        } else {
+            block_bytes(staging)?
+        },
+        largest_collective,
     })
+}
+
+/// Bytes of the largest collective the engine issues for units kept as `policies` say:
+/// a gradient bucket; a stage-3 all-gather of a unit's parameters, or the all-gather after
+/// the step at stages 1-2 (storage type); the f32 all-gathers of a sharded unit's states in
+/// a checkpoint export; and the exchange of partial gradient norms (two f32 per rank).
+/// Everything else the engine or a trainer reduces (the overflow flag, the loss) is one f32.
+pub(crate) fn largest_collective_bytes(policies: &[UnitPolicy], shape: PlanShape) -> Result<u64> {
+    let elem = shape.precision.param_bytes();
+    let overflow = || Error::Order("a collective's bytes overflow".into());
+    let mut largest = (2 * shape.world as u64)
+        .checked_mul(4)
+        .ok_or_else(overflow)?;
+    for p in policies {
+        let padded = p.part.padded_numel() as u64;
+        let buckets = ShardBuckets::new(
+            p.part.world(),
+            p.part.shard_len(),
+            shape.reduce_bucket_bytes / elem as usize,
+        )?;
+        let bucket = buckets.max_bucket_elems() as u64;
+        largest = largest.max(bucket.checked_mul(elem).ok_or_else(overflow)?);
+        if p.gathered() || p.syncs_params_after_step() {
+            largest = largest.max(padded.checked_mul(elem).ok_or_else(overflow)?);
+        }
+        if !p.whole_params || !p.whole_optim {
+            largest = largest.max(padded.checked_mul(4).ok_or_else(overflow)?);
+        }
+    }
+    Ok(largest)
 }
 
 /// Model-state bytes a rank stores for units kept as `policies` say: whole buffers hold the
@@ -175,6 +226,7 @@ mod tests {
             prefetch_units: 1,
             reduce_bucket_bytes: 1 << 20,
             activation_bytes: 0,
+            staging: StagingRule::None,
         }
     }
 
@@ -215,6 +267,45 @@ mod tests {
         assert!(msg.contains("stage 1 fits (25600 bytes)"), "{msg}");
         assert!(msg.contains("34816"), "stage 0 needs 24576 + 10240: {msg}");
         assert!(check_fits(&units(), &schedule, shape(ZeroStage::Zero1), stage1).is_ok());
+    }
+
+    #[test]
+    fn the_largest_collective_is_the_largest_unit_or_bucket_the_stage_moves() {
+        let largest = |stage, bucket_bytes| {
+            let shape = PlanShape {
+                reduce_bucket_bytes: bucket_bytes,
+                ..shape(stage)
+            };
+            plan_memory(&units(), &Schedule::sequential(2), shape)
+                .unwrap()
+                .largest_collective
+        };
+        // Stage 0 only all-reduces buckets: unit a's whole 1024 f32 in one 1 MiB bucket.
+        assert_eq!(largest(ZeroStage::Zero0, 1 << 20), 4096);
+        // 1 KiB buckets: 256 elements, 64 per rank.
+        assert_eq!(largest(ZeroStage::Zero0, 1024), 1024);
+        // Stages 1-3 all-gather unit a (after the step, or before use, or to export it).
+        for stage in [ZeroStage::Zero1, ZeroStage::Zero2, ZeroStage::Zero3] {
+            assert_eq!(largest(stage, 1024), 4096, "{stage}");
+        }
+    }
+
+    #[test]
+    fn a_staging_backend_adds_one_block_to_the_plan() {
+        let copies = PlanShape {
+            staging: StagingRule::Copies {
+                ranks: 4,
+                floor_bytes: 0,
+            },
+            ..shape(ZeroStage::Zero3)
+        };
+        let with = plan_memory(&units(), &Schedule::sequential(2), copies).unwrap();
+        let without = plan(ZeroStage::Zero3);
+        // Collectives up to 4096 bytes over 4 ranks: input 4096, output 4096, mine 1024 and
+        // counts 64 bytes = 9280, a block of 9472 in 256-byte arena blocks.
+        assert_eq!(with.backend_staging, 9472);
+        assert_eq!(with.total(), without.total() + 9472);
+        assert_eq!(without.backend_staging, 0);
     }
 
     #[test]

@@ -82,7 +82,7 @@ impl MemoryQuery {
 }
 
 /// The default plan knobs of a fp32 run on `world` ranks at `stage` (4 MiB buckets, one unit
-/// prefetched, no persistence threshold).
+/// prefetched, no persistence threshold, and a backend that stages nothing: the local one).
 pub fn default_shape(world: usize, stage: ZeroStage, precision: Precision) -> PlanShape {
     PlanShape {
         world,
@@ -92,5 +92,6 @@ pub fn default_shape(world: usize, stage: ZeroStage, precision: Precision) -> Pl
         prefetch_units: 1,
         reduce_bucket_bytes: 4 << 20,
         activation_bytes: 0,
+        staging: zero_comm::StagingRule::None,
     }
 }

@@ -115,7 +115,12 @@ fn build_engine(
     };
     engine_config.adam.validate()?;
     if let Some(limit) = engine_config.memory_limit {
-        refuse_what_cannot_fit(shared, &engine_config, comm.size(), limit)?;
+        refuse_what_cannot_fit(
+            shared,
+            &engine_config,
+            (comm.size(), comm.staging_rule()),
+            limit,
+        )?;
     }
     let (gcfg, layout) = (shared.model, model.layout());
     let mut init_err = None;
@@ -141,7 +146,7 @@ fn build_engine(
 fn refuse_what_cannot_fit(
     shared: &Shared<'_>,
     engine_config: &EngineConfig,
-    world: usize,
+    (world, staging): (usize, zero_comm::StagingRule),
     limit: u64,
 ) -> Result<(), TrainError> {
     let cfg = shared.cfg;
@@ -158,6 +163,7 @@ fn refuse_what_cannot_fit(
             prefetch_units: engine_config.prefetch_units,
             reduce_bucket_bytes: engine_config.reduce_bucket_bytes,
             activation_bytes: engine_config.activation_bytes,
+            staging,
         },
     };
     let needed = query.plan()?.total();
