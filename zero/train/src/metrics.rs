@@ -32,6 +32,9 @@ pub struct StepMetrics {
     pub peak_bytes: u64,
     /// Rank 0's start-up plan: what its arena holds at the step's peak.
     pub plan_bytes: u64,
+    /// Rank 0's collective staging that did not fit the block its arena lent the backend
+    /// (0 for the local backend, which stages nothing).
+    pub staging_outside_bytes: u64,
     /// The process's resident memory (every local rank, and what lives outside the
     /// arenas), where the OS reports it.
     pub resident: Option<Resident>,
@@ -151,6 +154,7 @@ pub fn step_json(m: &StepMetrics) -> Value {
         "skipped": m.skipped,
         "peak_bytes": m.peak_bytes,
         "plan_bytes": m.plan_bytes,
+        "staging_outside_bytes": m.staging_outside_bytes,
         "process_rss_bytes": m.resident.map(|r| r.now),
         "process_rss_peak_bytes": m.resident.map(|r| r.peak),
         "defrags": m.defrags,

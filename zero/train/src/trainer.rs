@@ -293,6 +293,7 @@ impl<'a> Trainer<'a> {
         let m = StepMetrics {
             peak_bytes: arena.peak_allocated as u64,
             plan_bytes: self.engine.memory_plan().total(),
+            staging_outside_bytes: self.engine.comm().staging_outside_bytes(),
             resident: crate::resident::resident(),
             defrags: arena.defrags - arena_before.defrags,
             defrag_bytes_moved: arena.bytes_moved - arena_before.bytes_moved,
