@@ -23,7 +23,7 @@ use super::inflight::{InFlight, Prefetch};
 use super::loss_scale::LossScaler;
 use super::order::confirm_same_schedule;
 use super::order::OrderCheck;
-use super::plan::{arena_config, check_fits, plan_memory, MemoryPlan, PlanShape};
+use super::plan::{arena_config, check_fits, plan_memory, unit_policies, MemoryPlan, PlanShape};
 use super::policy::{UnitPolicy, ZeroStage};
 use super::precision::Precision;
 use super::schedule::Schedule;
@@ -188,18 +188,7 @@ impl Engine {
         let capacity = config.memory_limit.unwrap_or(memory_plan.total());
         let capacity = usize::try_from(capacity).unwrap_or(usize::MAX);
         let mut arena = Arena::new(arena_config(capacity, config.defragment))?;
-        let policies = specs
-            .iter()
-            .map(|s| {
-                UnitPolicy::new(
-                    s,
-                    shape.world,
-                    shape.stage,
-                    shape.precision,
-                    shape.persistence_threshold,
-                )
-            })
-            .collect::<Result<Vec<_>>>()?;
+        let policies = unit_policies(&specs, shape)?;
         let bufs = allocate_units(&mut arena, &policies, &config, comm.rank(), &mut init)?;
         provide_staging(&mut arena, &comm, &memory_plan)?;
         let n_units = bufs.len();

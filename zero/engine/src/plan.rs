@@ -80,6 +80,25 @@ pub(crate) fn block_bytes(bytes: u64) -> Result<u64> {
         })
 }
 
+/// What the stage means for each of `specs` on one rank shaped as `shape`.
+///
+/// # Errors
+/// A partition error (zero ranks, overflow).
+pub(crate) fn unit_policies(specs: &[UnitSpec], shape: PlanShape) -> Result<Vec<UnitPolicy>> {
+    specs
+        .iter()
+        .map(|s| {
+            UnitPolicy::new(
+                s,
+                shape.world,
+                shape.stage,
+                shape.precision,
+                shape.persistence_threshold,
+            )
+        })
+        .collect()
+}
+
 /// Plans the buffers of `specs` on one rank for micro-steps that make `schedule`'s calls.
 ///
 /// Model states come from [`model_state_bytes`], the same sum the padded formula uses; the
@@ -93,18 +112,7 @@ pub fn plan_memory(
     shape: PlanShape,
 ) -> Result<MemoryPlan> {
     schedule.check(specs.len()).map_err(Error::BadSchedule)?;
-    let policies = specs
-        .iter()
-        .map(|s| {
-            UnitPolicy::new(
-                s,
-                shape.world,
-                shape.stage,
-                shape.precision,
-                shape.persistence_threshold,
-            )
-        })
-        .collect::<Result<Vec<_>>>()?;
+    let policies = unit_policies(specs, shape)?;
     let transient = Replay::new(&policies, shape).peak_of_step(schedule.calls())?;
     let largest_collective = largest_collective_bytes(&policies, shape)?;
     let staging = shape.staging.bytes(largest_collective).ok_or_else(|| {
