@@ -39,9 +39,9 @@ mod views;
 
 pub use activations::{
     activation_buffers, activation_bytes, check_kept_call, ActivationMemory, Activations, Buffer,
-    InMemory, KeptInputs, BUFFER_NAMES, GRAD_VIEWS, HEAD_VIEWS, KEPT_INPUTS, LAYER_VIEWS,
+    KeptInputs, BUFFER_NAMES, GRAD_VIEWS, HEAD_VIEWS, KEPT_INPUTS, LAYER_VIEWS,
 };
-pub use backend::{Backend, CpuBackend};
+pub use backend::{Backend, CpuBackend, View};
 pub use config::{pad_vocab, GptConfig, GPT2_VOCAB_SIZE, PRESET_NAMES, VOCAB_PAD_MULTIPLE};
 pub use error::{GptError, Result};
 pub use init::{init_params, init_unit, Rng, INIT_STD};
