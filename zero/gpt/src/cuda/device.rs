@@ -118,6 +118,20 @@ macro_rules! device_view {
             }
         }
 
+        // Reflexive, so `&view` and `&mut view` meet `Gpt::forward`'s `AsRef` / `AsMut`
+        // bounds as `&[f32]` does on the CPU.
+        impl AsRef<$name> for $name {
+            fn as_ref(&self) -> &Self {
+                self
+            }
+        }
+
+        impl AsMut<$name> for $name {
+            fn as_mut(&mut self) -> &mut Self {
+                self
+            }
+        }
+
         impl crate::backend::View for $name {
             fn len(&self) -> usize {
                 self.0.len()
