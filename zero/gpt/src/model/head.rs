@@ -59,7 +59,7 @@ impl<B: Backend> Gpt<B> {
     /// Logits (B,T,Vp) of the last `head_forward` without targets (columns V..Vp are padding).
     ///
     /// # Errors
-    /// [`GptError::OutOfOrder`] unless the last call was `head_forward(.., None)`.
+    /// [`GptError::OutOfOrder`](crate::GptError::OutOfOrder) unless the last call was `head_forward(.., None)`.
     pub fn logits<'a>(&self, acts: &'a Activations<B>) -> Result<&'a B::Slice> {
         self.check_call_order(acts, Progress::Logits, "logits")?;
         let fwd = acts.fwd.floats();
