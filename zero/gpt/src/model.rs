@@ -17,7 +17,9 @@
 //! Gradients accumulate (`+=`) into the caller's buffers: zero them before the first
 //! micro-batch of a step; further micro-batches add to them.
 
+mod checks;
 mod head;
+mod step;
 
 use super::activations::{Activations, Progress};
 use super::backend::{Backend, CpuBackend, View};
@@ -25,6 +27,7 @@ use super::config::GptConfig;
 use super::error::{GptError, Result};
 use super::layout::ParamLayout;
 use super::views::{carve, carve_mut, sub, sub_mut};
+use checks::check_ids;
 
 /// A GPT-2 model: its shape, its size table and the backend that runs its kernels (the CPU
 /// by default). Parameters, gradients and activations are views of the backend's memory.
@@ -349,157 +352,5 @@ impl<B: Backend> Gpt<B> {
             .encoder_backward(dwte, dwpe, dres, tokens, b, t, c);
         acts.progress = Progress::Done;
         Ok(())
-    }
-
-    /// Forward through every unit; with targets returns the mean loss (and leaves the
-    /// activations ready for backward), without targets leaves logits for [`Gpt::logits`].
-    ///
-    /// `params` holds one buffer per unit, in layout order.
-    ///
-    /// # Errors
-    /// As the unit calls; also a wrong number of units.
-    pub fn forward<P: AsRef<B::Slice>>(
-        &self,
-        acts: &mut Activations<B>,
-        params: &[P],
-        tokens: &[u32],
-        targets: Option<&[u32]>,
-    ) -> Result<Option<f32>> {
-        self.check_num_units(params.len(), "parameter units")?;
-        let last = self.layout.final_norm_unit();
-        self.embed_forward(acts, params[0].as_ref(), tokens)?;
-        for layer in 0..self.config.num_layers {
-            self.block_forward(acts, layer, params[ParamLayout::block_unit(layer)].as_ref())?;
-        }
-        self.head_forward(acts, params[last].as_ref(), params[0].as_ref(), targets)
-    }
-
-    /// One training micro-step: forward with targets, then backward, adding the gradients
-    /// into `grads` (one buffer per unit, layout order). Returns the mean loss.
-    ///
-    /// # Errors
-    /// As the unit calls; also a wrong number of units.
-    pub fn forward_backward<P: AsRef<B::Slice>, G: AsMut<B::Slice>>(
-        &self,
-        acts: &mut Activations<B>,
-        params: &[P],
-        grads: &mut [G],
-        tokens: &[u32],
-        targets: &[u32],
-    ) -> Result<f32> {
-        self.check_num_units(grads.len(), "gradient units")?;
-        // With targets the head always returns Some(loss); NaN would only flag a broken
-        // invariant, never reach a caller silently as a plausible number.
-        let loss = self
-            .forward(acts, params, tokens, Some(targets))?
-            .unwrap_or(f32::NAN);
-        let last = self.layout.final_norm_unit();
-        let (embed_grad, rest) = grads.split_at_mut(1);
-        let (block_grads, final_grad) = rest.split_at_mut(self.config.num_layers);
-        let embed_grad = embed_grad[0].as_mut();
-        self.head_backward(
-            acts,
-            params[last].as_ref(),
-            params[0].as_ref(),
-            final_grad[0].as_mut(),
-            embed_grad,
-        )?;
-        for layer in (0..self.config.num_layers).rev() {
-            let unit = ParamLayout::block_unit(layer);
-            if acts.needs_recompute(layer) {
-                for r in acts.segment(layer) {
-                    self.block_recompute(acts, r, params[ParamLayout::block_unit(r)].as_ref())?;
-                }
-            }
-            self.block_backward(
-                acts,
-                layer,
-                params[unit].as_ref(),
-                block_grads[layer].as_mut(),
-            )?;
-        }
-        self.embed_backward(acts, embed_grad)?;
-        Ok(loss)
-    }
-
-    /// Refuses activations sized for another model, then checks the call order.
-    fn check_call_order(
-        &self,
-        acts: &Activations<B>,
-        want: Progress,
-        call: &'static str,
-    ) -> Result<()> {
-        self.check_acts(acts)?;
-        if acts.progress == want {
-            return Ok(());
-        }
-        Err(GptError::OutOfOrder {
-            call,
-            reason: format!("expected state {want:?}, found {:?}", acts.progress),
-        })
-    }
-
-    fn check_acts(&self, acts: &Activations<B>) -> Result<()> {
-        if acts.config != self.config {
-            return Err(GptError::BadBatch {
-                batch: acts.b,
-                seq_len: acts.t,
-                reason: "activations were sized for a different model config",
-            });
-        }
-        Ok(())
-    }
-
-    fn block_unit(&self, layer: usize) -> Result<usize> {
-        if layer >= self.config.num_layers {
-            return Err(GptError::NoSuchLayer {
-                layer,
-                num_layers: self.config.num_layers,
-            });
-        }
-        Ok(ParamLayout::block_unit(layer))
-    }
-
-    fn check_unit(&self, unit: usize, got: usize, what: &'static str) -> Result<()> {
-        let expected = self.layout.units()[unit].len;
-        if got != expected {
-            return Err(GptError::SizeMismatch {
-                what,
-                expected,
-                got,
-            });
-        }
-        Ok(())
-    }
-
-    fn check_num_units(&self, got: usize, what: &'static str) -> Result<()> {
-        let expected = self.layout.num_units();
-        if got != expected {
-            return Err(GptError::SizeMismatch {
-                what,
-                expected,
-                got,
-            });
-        }
-        Ok(())
-    }
-}
-
-fn check_ids(what: &'static str, ids: &[u32], n: usize, vocab_size: usize) -> Result<()> {
-    if ids.len() != n {
-        return Err(GptError::SizeMismatch {
-            what,
-            expected: n,
-            got: ids.len(),
-        });
-    }
-    match ids.iter().position(|&id| id as usize >= vocab_size) {
-        Some(index) => Err(GptError::TokenOutOfRange {
-            what,
-            index,
-            id: ids[index],
-            vocab_size,
-        }),
-        None => Ok(()),
     }
 }
