@@ -4,7 +4,9 @@
 //! Vp padded vocabulary, maxT = `max_seq_len`.
 //!
 //! The model owns no parameters and no gradients: every call takes the unit buffers it needs
-//! as slices (see `layout`), so the ZeRO engine decides where they live and when they exist.
+//! as views of its backend's memory (`B::Slice`: `[f32]` on the CPU; see `layout`), so the
+//! ZeRO engine decides where they live and when they exist. Every kernel runs through the
+//! [`Backend`] trait (see `backend` for the views and the memory operations).
 //! Forward order: `embed_forward`, `block_forward(0..L)`, `head_forward`. Backward is the
 //! exact reverse: `head_backward`, `block_backward(L-1..0)`, `embed_backward`.
 //!

@@ -50,7 +50,7 @@ impl<B: Backend> Gpt<B> {
             return Ok(None);
         }
         be.crossentropy_forward(losses, logits, B::ids(acts.targets.floats()), n, v, vp);
-        // f64 sum in a fixed order: the same loss to the bit on every run.
+        // The backend's mean: an f64 sum in index order, the same loss to the bit every run.
         let mean = be.mean(losses)?;
         acts.progress = Progress::Loss;
         Ok(Some(mean))
@@ -59,7 +59,8 @@ impl<B: Backend> Gpt<B> {
     /// Logits (B,T,Vp) of the last `head_forward` without targets (columns V..Vp are padding).
     ///
     /// # Errors
-    /// [`GptError::OutOfOrder`](crate::GptError::OutOfOrder) unless the last call was `head_forward(.., None)`.
+    /// [`GptError::OutOfOrder`](crate::GptError::OutOfOrder) unless the last call was
+    /// `head_forward(.., None)`.
     pub fn logits<'a>(&self, acts: &'a Activations<B>) -> Result<&'a B::Slice> {
         self.check_call_order(acts, Progress::Logits, "logits")?;
         let fwd = acts.fwd.floats();
