@@ -8,17 +8,21 @@
 //! block's input is always the last N*C elements before its region. With activation
 //! checkpointing every K blocks, only K regions exist, reused segment after segment.
 
+use super::backend::{Backend, CpuBackend, View};
 use super::config::GptConfig;
 use super::error::{GptError, Result};
+use super::views::{sub, sub_mut};
 use std::fmt;
 use std::ops::Range;
 
+mod build;
 mod kept;
 #[cfg(test)]
 mod kept_order;
 mod sizes;
 
-pub use kept::{check_call as check_kept_call, InMemory, KeptInputs};
+pub(crate) use kept::Kept;
+pub use kept::{check_call as check_kept_call, KeptInputs};
 pub(crate) use sizes::Sizes;
 pub use sizes::{activation_buffers, activation_bytes, BUFFER_NAMES, KEPT_INPUTS};
 
@@ -54,15 +58,16 @@ pub(crate) enum Progress {
     Done,
 }
 
-/// Memory an activation buffer lives in: a `Vec<f32>` by default, or any other owner of f32
-/// memory the caller hands over, such as a block lent out of a rank's arena (zero-train
-/// does that, so the engine's arena holds, caps and counts the activations while this
-/// crate knows no allocator).
-pub trait ActivationMemory: Send + fmt::Debug {
+/// Memory an activation buffer lives in, viewed as `S` (a backend's `Slice`): on CPU a
+/// `Vec<f32>` by default, or any other owner of f32 memory the caller hands over, such as a
+/// block lent out of a rank's arena (zero-train does that, so the engine's arena holds, caps
+/// and counts the activations while this crate knows no allocator); on a device, device
+/// memory ([`Backend::alloc`]).
+pub trait ActivationMemory<S: ?Sized = [f32]>: Send + fmt::Debug {
     /// The memory, read.
-    fn floats(&self) -> &[f32];
+    fn floats(&self) -> &S;
     /// The memory, written.
-    fn floats_mut(&mut self) -> &mut [f32];
+    fn floats_mut(&mut self) -> &mut S;
 }
 
 impl<M: AsRef<[f32]> + AsMut<[f32]> + Send + fmt::Debug> ActivationMemory for M {
@@ -74,27 +79,17 @@ impl<M: AsRef<[f32]> + AsMut<[f32]> + Send + fmt::Debug> ActivationMemory for M 
     }
 }
 
-/// An activation buffer.
-pub type Buffer = Box<dyn ActivationMemory>;
+/// An activation buffer of a backend whose views are `S` (host memory by default).
+pub type Buffer<S = [f32]> = Box<dyn ActivationMemory<S>>;
 
-/// Token ids kept in a 4-byte-word buffer.
-pub(crate) fn ids(buf: &Buffer) -> &[u32] {
-    bytemuck::cast_slice(buf.floats())
-}
-
-pub(crate) fn ids_mut(buf: &mut Buffer) -> &mut [u32] {
-    bytemuck::cast_slice_mut(buf.floats_mut())
-}
-
-/// Activations of one (B, T) batch shape.
+/// Activations of one (B, T) batch shape, in backend `B`'s memory.
 ///
 /// With activation checkpointing every K blocks, the forward buffer holds K layer regions
 /// (one segment) instead of L: the input of every K-th block is kept ([`KeptInputs`]) as the
 /// forward passes it, and before a segment's backward its blocks are run forward again from
 /// that copy ([`crate::Gpt::block_recompute`]). The last segment's activations are still in
 /// place when backward starts, so it is never recomputed.
-#[derive(Debug)]
-pub struct Activations {
+pub struct Activations<B: Backend = CpuBackend> {
     pub(crate) b: usize,
     pub(crate) t: usize,
     pub(crate) c: usize,
@@ -102,12 +97,12 @@ pub struct Activations {
     pub(crate) config: GptConfig,
     /// Forward buffer: `[input (N,C) | slots x layer region | head region]`; block `l` uses
     /// region `l % slots`.
-    pub(crate) fwd: Buffer,
+    pub(crate) fwd: Buffer<B::Slice>,
     /// Kept block inputs with checkpointing: S x (N,C), one per segment (none without).
-    pub(crate) kept: Box<dyn KeptInputs>,
+    pub(crate) kept: Kept<B>,
     /// Backward scratch: `[dres (N,C) | dln (N,C) | datty (N,C) | dqkv (N,3C) | dfch (N,4C) |
     /// dfch_gelu (N,4C)]`.
-    pub(crate) grad: Buffer,
+    pub(crate) grad: Buffer<B::Slice>,
     pub(crate) layer_lens: [usize; 15],
     pub(crate) head_lens: [usize; 5],
     pub(crate) grad_lens: [usize; 6],
@@ -118,137 +113,24 @@ pub struct Activations {
     pub(crate) valid_segment: Option<usize>,
     /// The next block a segment's recompute runs.
     pub(crate) recompute_next: Option<usize>,
-    pub(crate) dlosses: Buffer, // (B,T), 1/N each: d(mean loss)/d(loss[b,t])
-    pub(crate) tokens: Buffer,  // (B,T) u32 ids
-    pub(crate) targets: Buffer, // (B,T) u32 ids
+    pub(crate) dlosses: Buffer<B::Slice>, // (B,T), 1/N each: d(mean loss)/d(loss[b,t])
+    pub(crate) tokens: Buffer<B::Slice>,  // (B,T) u32 ids, viewed by `B::ids`
+    pub(crate) targets: Buffer<B::Slice>, // (B,T) u32 ids, viewed by `B::ids`
     pub(crate) progress: Progress,
 }
 
-impl Activations {
-    /// Buffers for batches of `b` sequences of `t` tokens, keeping every activation.
-    ///
-    /// # Errors
-    /// [`GptError::BadBatch`] if B or T is 0, T exceeds `max_seq_len`, or the buffers would not
-    /// be addressable.
-    pub fn new(config: &GptConfig, b: usize, t: usize) -> Result<Self> {
-        Self::with_checkpointing(config, b, t, None)
+impl<B: Backend> fmt::Debug for Activations<B> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Activations")
+            .field("b", &self.b)
+            .field("t", &self.t)
+            .field("every", &self.every)
+            .field("progress", &self.progress)
+            .finish_non_exhaustive()
     }
+}
 
-    /// Buffers for batches (B, T) that keep only every `every`-th block input (`None`: every
-    /// activation, as [`Activations::new`]).
-    ///
-    /// # Errors
-    /// As [`Activations::new`]; also `every == Some(0)`.
-    pub fn with_checkpointing(
-        config: &GptConfig,
-        b: usize,
-        t: usize,
-        every: Option<usize>,
-    ) -> Result<Self> {
-        Self::with_memory(config, b, t, every, |_, len| -> Result<Buffer> {
-            Ok(Box::new(vec![0f32; len]))
-        })
-    }
-
-    /// As [`Activations::with_checkpointing`], with every buffer taken from `alloc`, called
-    /// once per buffer with its index in [`BUFFER_NAMES`] and its length in f32 elements
-    /// ([`activation_buffers`] gives them all beforehand). Buffers are zeroed here whatever
-    /// they held.
-    ///
-    /// # Errors
-    /// As [`Activations::with_checkpointing`], and the errors of `alloc`.
-    pub fn with_memory<E: From<GptError>>(
-        config: &GptConfig,
-        b: usize,
-        t: usize,
-        every: Option<usize>,
-        alloc: impl FnMut(usize, usize) -> std::result::Result<Buffer, E>,
-    ) -> std::result::Result<Self, E> {
-        Self::build(config, b, t, every, alloc, None)
-    }
-
-    /// As [`Activations::with_memory`], with the kept block inputs in `kept` instead of a
-    /// buffer from `alloc` (which is then not asked for [`KEPT_INPUTS`]); `kept` must hold
-    /// ceil(L/K) inputs of (N,C) with checkpointing every K, none without.
-    ///
-    /// # Errors
-    /// As [`Activations::with_memory`]; [`GptError::SizeMismatch`] for a `kept` of another
-    /// shape.
-    pub fn with_kept_inputs<E: From<GptError>>(
-        config: &GptConfig,
-        b: usize,
-        t: usize,
-        every: Option<usize>,
-        alloc: impl FnMut(usize, usize) -> std::result::Result<Buffer, E>,
-        kept: Box<dyn KeptInputs>,
-    ) -> std::result::Result<Self, E> {
-        Self::build(config, b, t, every, alloc, Some(kept))
-    }
-
-    fn build<E: From<GptError>>(
-        config: &GptConfig,
-        b: usize,
-        t: usize,
-        every: Option<usize>,
-        mut alloc: impl FnMut(usize, usize) -> std::result::Result<Buffer, E>,
-        kept: Option<Box<dyn KeptInputs>>,
-    ) -> std::result::Result<Self, E> {
-        let sizes = Sizes::new(config, b, t, every)?;
-        let mut take = |index: usize, len: usize| -> std::result::Result<Buffer, E> {
-            let mut buf = alloc(index, len)?;
-            if buf.floats().len() != len {
-                return Err(GptError::SizeMismatch {
-                    what: "activation buffer",
-                    expected: len,
-                    got: buf.floats().len(),
-                }
-                .into());
-            }
-            buf.floats_mut().fill(0.0);
-            Ok(buf)
-        };
-        let [fwd, saved, grad, n, _, _] = sizes.buffers();
-        let nc = n * config.channels;
-        let fwd = take(0, fwd)?;
-        let kept: Box<dyn KeptInputs> = match kept {
-            Some(kept) => {
-                if kept.shape() != (saved / nc, nc) {
-                    return Err(GptError::SizeMismatch {
-                        what: "kept inputs (segments x N*C)",
-                        expected: saved,
-                        got: kept.shape().0 * kept.shape().1,
-                    }
-                    .into());
-                }
-                kept
-            }
-            None => Box::new(InMemory::new(take(KEPT_INPUTS, saved)?, nc)?),
-        };
-        let grad = take(2, grad)?;
-        let mut dlosses = take(3, n)?;
-        dlosses.floats_mut().fill(1.0 / n as f32);
-        Ok(Self {
-            b,
-            t,
-            c: config.channels,
-            config: *config,
-            fwd,
-            kept,
-            grad,
-            layer_lens: sizes.layer_lens,
-            head_lens: sizes.head_lens,
-            grad_lens: sizes.grad_lens,
-            every,
-            slots: sizes.slots,
-            valid_segment: None,
-            recompute_next: None,
-            dlosses,
-            tokens: take(4, n)?,
-            targets: take(5, n)?,
-            progress: Progress::Empty,
-        })
-    }
-
+impl<B: Backend> Activations<B> {
     /// B.
     #[must_use]
     pub fn batch(&self) -> usize {
@@ -311,7 +193,7 @@ impl Activations {
     ///
     /// # Errors
     /// [`GptError::OutOfOrder`] before a loss was computed.
-    pub fn losses(&self) -> Result<&[f32]> {
+    pub fn losses(&self) -> Result<&B::Slice> {
         if !matches!(
             self.progress,
             Progress::Loss | Progress::HeadWeight | Progress::Backward { .. } | Progress::Done
@@ -323,7 +205,7 @@ impl Activations {
         }
         let n = self.b * self.t;
         let fwd = self.fwd.floats();
-        Ok(&fwd[fwd.len() - n..])
+        Ok(sub(fwd, fwd.len() - n..fwd.len()))
     }
 
     pub(crate) fn layer_len(&self) -> usize {
@@ -349,14 +231,17 @@ impl Activations {
     /// Checkpointing, before the first block `layer` of a segment runs forward: moves the
     /// previous block's output (in the last region) into the input slot and keeps it. At the
     /// last segment, hints that the one before it is the first backward restores.
-    pub(crate) fn begin_segment(&mut self, layer: usize) -> Result<()> {
+    pub(crate) fn begin_segment(&mut self, backend: &B, layer: usize) -> Result<()> {
         let nc = self.b * self.t * self.c;
         if layer > 0 {
+            // The previous output lies past the input slot (every region is at least N*C).
             let from = self.layer_offset(layer - 1) + self.layer_len() - nc;
-            self.fwd.floats_mut().copy_within(from..from + nc, 0);
+            let (input, rest) = self.fwd.floats_mut().split_at_mut(nc);
+            backend.copy(input, sub(rest, from - nc..from));
         }
         let segment = self.segment_index(layer);
-        self.kept.keep(segment, &self.fwd.floats()[..nc])?;
+        self.kept
+            .keep(backend, segment, sub(self.fwd.floats(), 0..nc))?;
         let last = self.kept.shape().0.saturating_sub(1);
         if segment == last && segment > 0 {
             self.kept.due_next(segment - 1)?;
@@ -366,11 +251,11 @@ impl Activations {
 
     /// Checkpointing, before recomputing the segment that starts at `layer`: puts its kept
     /// input back in the input slot, then hints that the segment before it is due next.
-    pub(crate) fn restore_segment(&mut self, layer: usize) -> Result<()> {
+    pub(crate) fn restore_segment(&mut self, backend: &B, layer: usize) -> Result<()> {
         let nc = self.b * self.t * self.c;
         let segment = self.segment_index(layer);
         self.kept
-            .restore(segment, &mut self.fwd.floats_mut()[..nc])?;
+            .restore(backend, segment, sub_mut(self.fwd.floats_mut(), 0..nc))?;
         if segment > 0 {
             self.kept.due_next(segment - 1)?;
         }

@@ -7,28 +7,67 @@
 //! element view: `[f32]` on CPU; on CUDA `cuda::DeviceSlice`, a `#[repr(transparent)]`
 //! wrapper over a slice of zero-sized 4-byte slots whose fat pointer carries a device address
 //! and length (it spans no host bytes, so it is never read on the host; a `[f32]` holding a
-//! device address was rejected because Rust may assume it can read it). `cuda::CudaBackend`
-//! (feature `cuda`) holds its stream, cuBLAS handle and NVRTC kernels. Token ids get their own
-//! view type (`[u32]` here). Rejected: generic-associated view types with lifetimes
-//! (`View<'a>`), which would thread lifetimes through every model signature for no gain on
-//! CPU. The model itself is still CPU-only (`Gpt` owns a `CpuBackend` and host activation
-//! buffers): running it on a device needs device activation buffers and a device upload of
-//! tokens.
+//! device address was rejected because Rust may assume it can read it). Token ids get their
+//! own view type (`[u32]` here, `cuda::DeviceIds` there). Rejected: generic-associated view
+//! types with lifetimes (`View<'a>`), which would thread lifetimes through every model
+//! signature for no gain on CPU.
 //!
-//! Every method has the semantics of the CPU kernel it names in `kernels::*`: backward methods
-//! accumulate into their gradient outputs.
+//! Views and slicing: both view types implement [`View`] (length, and a split into two
+//! disjoint views that reads no element: slice splitting on CPU, address arithmetic on the
+//! device), so the model carves parameters, gradients and activations by one size table on
+//! every backend. [`crate::Gpt`] is generic over its backend (`Gpt<B = CpuBackend>`): it
+//! calls kernels only through this trait, and its activations are [`Buffer`]s of the
+//! backend's memory ([`Backend::alloc`] or a caller's allocator). What the model did on the
+//! host is a trait method with the CPU semantics: zeroing and filling scratch
+//! ([`Backend::fill`]), moving a checkpointed block input ([`Backend::copy`]), uploading
+//! tokens and targets once per micro-batch ([`Backend::upload_ids`], into a 4-byte buffer
+//! viewed as ids by [`Backend::ids`]), the mean loss ([`Backend::mean`]) and the tied head's
+//! two halves of the matrix-product backward. `cuda::CudaBackend` (feature `cuda`) holds its
+//! stream, cuBLAS handle and NVRTC kernels.
+//!
+//! Every kernel has the semantics of the CPU kernel it names in `kernels::*`: backward
+//! methods accumulate into their gradient outputs.
 
 // The llm.c signature (outputs, inputs, then every dimension) is the point of this trait.
 #![allow(clippy::too_many_arguments)]
 
-use super::kernels::{attention, cross_entropy, encoder, gelu, layernorm, matmul, residual};
+mod cpu;
+
+pub use crate::views::View;
+pub use cpu::CpuBackend;
+
+use crate::activations::Buffer;
+use crate::error::Result;
 
 /// The kernels a GPT-2 forward and backward pass needs.
 pub trait Backend {
     /// A view of f32 elements in this backend's memory.
-    type Slice: ?Sized;
+    type Slice: ?Sized + View;
     /// A view of token ids in this backend's memory.
-    type Ids: ?Sized;
+    type Ids: ?Sized + View;
+
+    /// A buffer of `len` f32 elements of this backend's memory (contents unspecified).
+    ///
+    /// # Errors
+    /// The backend's allocation error.
+    fn alloc(&self, len: usize) -> Result<Buffer<Self::Slice>>;
+    /// The same 4-byte elements viewed as token ids.
+    fn ids(view: &Self::Slice) -> &Self::Ids;
+    /// The mutable twin of [`Backend::ids`].
+    fn ids_mut(view: &mut Self::Slice) -> &mut Self::Ids;
+    /// `dst = src`, host ids into this backend's memory (lengths equal).
+    fn upload_ids(&self, dst: &mut Self::Ids, src: &[u32]);
+    /// `out[i] = value` for every element.
+    fn fill(&self, out: &mut Self::Slice, value: f32);
+    /// `dst = src` (lengths equal, views disjoint).
+    fn copy(&self, dst: &mut Self::Slice, src: &Self::Slice);
+    /// The mean of `x` on the host: an f64 sum in index order divided by the length, rounded
+    /// to f32 (the same value to the bit on every run).
+    ///
+    /// # Errors
+    /// A backend that must copy `x` to the host reports a failed copy or an earlier failed
+    /// launch; the CPU never fails.
+    fn mean(&self, x: &Self::Slice) -> Result<f32>;
 
     /// `out (B,T,C) = wte[tokens] + wpe[t]`.
     fn encoder_forward(
@@ -102,6 +141,28 @@ pub trait Backend {
         c: usize,
         oc: usize,
     );
+    /// dinp (N,C) += dout (N,OC) · weight (OC,C): the first half of `matmul_backward`.
+    fn matmul_backward_input(
+        &self,
+        dinp: &mut Self::Slice,
+        dout: &Self::Slice,
+        weight: &Self::Slice,
+        n: usize,
+        c: usize,
+        oc: usize,
+    );
+    /// dweight (OC,C) += dout (N,OC)ᵀ · inp (N,C), dbias (OC,) += column sums of dout: the
+    /// second half of `matmul_backward`.
+    fn matmul_backward_weight(
+        &self,
+        dweight: &mut Self::Slice,
+        dbias: Option<&mut Self::Slice>,
+        dout: &Self::Slice,
+        inp: &Self::Slice,
+        n: usize,
+        c: usize,
+        oc: usize,
+    );
     /// out (B,T,C), att (B,T,NH,T) = causal attention over qkv (B,T,3C).
     fn attention_forward(
         &self,
@@ -158,160 +219,4 @@ pub trait Backend {
         v: usize,
         vp: usize,
     );
-}
-
-/// The CPU backend: the reference kernels of `kernels::*`, threaded with rayon's global pool
-/// (size it with `RAYON_NUM_THREADS` or a `rayon::ThreadPool::install` around the calls).
-#[derive(Debug, Clone, Copy, Default)]
-pub struct CpuBackend;
-
-impl CpuBackend {
-    /// Threads the kernels run on (rayon's current pool).
-    #[must_use]
-    pub fn num_threads() -> usize {
-        rayon::current_num_threads()
-    }
-}
-
-impl Backend for CpuBackend {
-    type Slice = [f32];
-    type Ids = [u32];
-
-    fn encoder_forward(
-        &self,
-        out: &mut [f32],
-        tokens: &[u32],
-        wte: &[f32],
-        wpe: &[f32],
-        b: usize,
-        t: usize,
-        c: usize,
-    ) {
-        encoder::encoder_forward(out, tokens, wte, wpe, b, t, c);
-    }
-    fn encoder_backward(
-        &self,
-        dwte: &mut [f32],
-        dwpe: &mut [f32],
-        dout: &[f32],
-        tokens: &[u32],
-        b: usize,
-        t: usize,
-        c: usize,
-    ) {
-        encoder::encoder_backward(dwte, dwpe, dout, tokens, b, t, c);
-    }
-    fn layernorm_forward(
-        &self,
-        out: &mut [f32],
-        mean: &mut [f32],
-        rstd: &mut [f32],
-        inp: &[f32],
-        weight: &[f32],
-        bias: &[f32],
-        n: usize,
-        c: usize,
-    ) {
-        layernorm::layernorm_forward(out, mean, rstd, inp, weight, bias, n, c);
-    }
-    fn layernorm_backward(
-        &self,
-        dinp: &mut [f32],
-        dweight: &mut [f32],
-        dbias: &mut [f32],
-        dout: &[f32],
-        inp: &[f32],
-        weight: &[f32],
-        mean: &[f32],
-        rstd: &[f32],
-        n: usize,
-        c: usize,
-    ) {
-        layernorm::layernorm_backward(dinp, dweight, dbias, dout, inp, weight, mean, rstd, n, c);
-    }
-    fn matmul_forward(
-        &self,
-        out: &mut [f32],
-        inp: &[f32],
-        weight: &[f32],
-        bias: Option<&[f32]>,
-        n: usize,
-        c: usize,
-        oc: usize,
-    ) {
-        matmul::matmul_forward(out, inp, weight, bias, n, c, oc);
-    }
-    fn matmul_backward(
-        &self,
-        dinp: &mut [f32],
-        dweight: &mut [f32],
-        dbias: Option<&mut [f32]>,
-        dout: &[f32],
-        inp: &[f32],
-        weight: &[f32],
-        n: usize,
-        c: usize,
-        oc: usize,
-    ) {
-        matmul::matmul_backward(dinp, dweight, dbias, dout, inp, weight, n, c, oc);
-    }
-    fn attention_forward(
-        &self,
-        out: &mut [f32],
-        att: &mut [f32],
-        qkv: &[f32],
-        b: usize,
-        t: usize,
-        c: usize,
-        nh: usize,
-    ) {
-        attention::attention_forward(out, att, qkv, b, t, c, nh);
-    }
-    fn attention_backward(
-        &self,
-        dqkv: &mut [f32],
-        dout: &[f32],
-        qkv: &[f32],
-        att: &[f32],
-        b: usize,
-        t: usize,
-        c: usize,
-        nh: usize,
-    ) {
-        attention::attention_backward(dqkv, dout, qkv, att, b, t, c, nh);
-    }
-    fn gelu_forward(&self, out: &mut [f32], inp: &[f32]) {
-        gelu::gelu_forward(out, inp);
-    }
-    fn gelu_backward(&self, dinp: &mut [f32], inp: &[f32], dout: &[f32]) {
-        gelu::gelu_backward(dinp, inp, dout);
-    }
-    fn residual_forward(&self, out: &mut [f32], inp1: &[f32], inp2: &[f32]) {
-        residual::residual_forward(out, inp1, inp2);
-    }
-    fn residual_backward(&self, dinp1: &mut [f32], dinp2: &mut [f32], dout: &[f32]) {
-        residual::residual_backward(dinp1, dinp2, dout);
-    }
-    fn crossentropy_forward(
-        &self,
-        losses: &mut [f32],
-        logits: &mut [f32],
-        targets: &[u32],
-        n: usize,
-        v: usize,
-        vp: usize,
-    ) {
-        cross_entropy::crossentropy_forward(losses, logits, targets, n, v, vp);
-    }
-    fn crossentropy_backward(
-        &self,
-        probs: &mut [f32],
-        dlosses: &[f32],
-        targets: &[u32],
-        n: usize,
-        v: usize,
-        vp: usize,
-    ) {
-        cross_entropy::crossentropy_backward(probs, dlosses, targets, n, v, vp);
-    }
 }

@@ -6,7 +6,9 @@
 //! Written in the spirit of llm.c: explicit forward and backward passes over flat buffers,
 //! no autograd. Parameters live in UNITS (embeddings, one per block, final LayerNorm), each a
 //! flat buffer that the caller owns; [`Gpt`] runs unit by unit so an engine can gather,
-//! reduce and free each unit around its own call.
+//! reduce and free each unit around its own call. The kernels sit behind the [`Backend`]
+//! trait: `Gpt::new` runs them on the CPU ([`CpuBackend`]), `Gpt::with_backend` on another
+//! backend (`cuda::CudaBackend` with the `cuda` feature, not yet run on a GPU).
 //!
 //! ```
 //! use zero_gpt::{init_params, Gpt, GptConfig};
@@ -39,9 +41,9 @@ mod views;
 
 pub use activations::{
     activation_buffers, activation_bytes, check_kept_call, ActivationMemory, Activations, Buffer,
-    InMemory, KeptInputs, BUFFER_NAMES, GRAD_VIEWS, HEAD_VIEWS, KEPT_INPUTS, LAYER_VIEWS,
+    KeptInputs, BUFFER_NAMES, GRAD_VIEWS, HEAD_VIEWS, KEPT_INPUTS, LAYER_VIEWS,
 };
-pub use backend::{Backend, CpuBackend};
+pub use backend::{Backend, CpuBackend, View};
 pub use config::{pad_vocab, GptConfig, GPT2_VOCAB_SIZE, PRESET_NAMES, VOCAB_PAD_MULTIPLE};
 pub use error::{GptError, Result};
 pub use init::{init_params, init_unit, Rng, INIT_STD};

@@ -4,7 +4,9 @@
 //! Vp padded vocabulary, maxT = `max_seq_len`.
 //!
 //! The model owns no parameters and no gradients: every call takes the unit buffers it needs
-//! as slices (see `layout`), so the ZeRO engine decides where they live and when they exist.
+//! as views of its backend's memory (`B::Slice`: `[f32]` on the CPU; see `layout`), so the
+//! ZeRO engine decides where they live and when they exist. Every kernel runs through the
+//! [`Backend`] trait (see `backend` for the views and the memory operations).
 //! Forward order: `embed_forward`, `block_forward(0..L)`, `head_forward`. Backward is the
 //! exact reverse: `head_backward`, `block_backward(L-1..0)`, `embed_backward`.
 //!
@@ -17,35 +19,55 @@
 //! Gradients accumulate (`+=`) into the caller's buffers: zero them before the first
 //! micro-batch of a step; further micro-batches add to them.
 
+mod checks;
 mod head;
+mod step;
 
-use super::activations::{ids, ids_mut, Activations, Progress};
-use super::backend::{Backend, CpuBackend};
+use super::activations::{Activations, Progress};
+use super::backend::{Backend, CpuBackend, View};
 use super::config::GptConfig;
 use super::error::{GptError, Result};
 use super::layout::ParamLayout;
-use super::views::{carve, carve_mut};
+use super::views::{carve, carve_mut, sub, sub_mut};
+use checks::check_ids;
 
-/// A GPT-2 model: its shape, its size table and the backend that runs its kernels.
+/// A GPT-2 model: its shape, its size table and the backend that runs its kernels (the CPU
+/// by default). Parameters, gradients and activations are views of the backend's memory.
 #[derive(Debug, Clone)]
-pub struct Gpt {
+pub struct Gpt<B: Backend = CpuBackend> {
     config: GptConfig,
     layout: ParamLayout,
-    backend: CpuBackend,
+    backend: B,
 }
 
 impl Gpt {
-    /// A model of shape `config`.
+    /// A model of shape `config` on the CPU.
     ///
     /// # Errors
     /// [`GptError::InvalidConfig`] if `config` does not validate.
     pub fn new(config: GptConfig) -> Result<Self> {
+        Self::with_backend(config, CpuBackend)
+    }
+}
+
+impl<B: Backend> Gpt<B> {
+    /// A model of shape `config` whose kernels run on `backend`.
+    ///
+    /// # Errors
+    /// [`GptError::InvalidConfig`] if `config` does not validate.
+    pub fn with_backend(config: GptConfig, backend: B) -> Result<Self> {
         config.validate()?;
         Ok(Self {
             layout: ParamLayout::new(&config),
             config,
-            backend: CpuBackend,
+            backend,
         })
+    }
+
+    /// The backend that runs the kernels.
+    #[must_use]
+    pub fn backend(&self) -> &B {
+        &self.backend
     }
 
     /// The model's shape.
@@ -75,8 +97,8 @@ impl Gpt {
     ///
     /// # Errors
     /// [`GptError::BadBatch`] if the shape is empty or T > maxT.
-    pub fn activations(&self, b: usize, t: usize) -> Result<Activations> {
-        Activations::new(&self.config, b, t)
+    pub fn activations(&self, b: usize, t: usize) -> Result<Activations<B>> {
+        self.activations_checkpointed(b, t, None)
     }
 
     /// Activation buffers for batches (B, T) that keep only every `every`-th block's input
@@ -89,8 +111,8 @@ impl Gpt {
         b: usize,
         t: usize,
         every: Option<usize>,
-    ) -> Result<Activations> {
-        Activations::with_checkpointing(&self.config, b, t, every)
+    ) -> Result<Activations<B>> {
+        Activations::in_backend(&self.backend, &self.config, b, t, every)
     }
 
     /// Embeds `tokens` (B,T): `encoded = wte[tokens] + wpe`. Starts a new forward pass.
@@ -99,19 +121,19 @@ impl Gpt {
     /// Wrong buffer sizes, or a token >= V.
     pub fn embed_forward(
         &self,
-        acts: &mut Activations,
-        embed: &[f32],
+        acts: &mut Activations<B>,
+        embed: &B::Slice,
         tokens: &[u32],
     ) -> Result<()> {
         self.check_acts(acts)?;
         self.check_unit(0, embed.len(), "embedding parameters")?;
-        check_ids("tokens", tokens, acts, self.config.vocab_size)?;
+        check_ids("tokens", tokens, acts.b * acts.t, self.config.vocab_size)?;
         let (b, t, c) = (acts.b, acts.t, self.config.channels);
         let [wte, wpe] = carve(embed, self.layout.units()[0].lens()); // (Vp,C), (maxT,C)
-        ids_mut(&mut acts.tokens).copy_from_slice(tokens);
-        let encoded = &mut acts.fwd.floats_mut()[..b * t * c]; // (B,T,C)
-        self.backend
-            .encoder_forward(encoded, ids(&acts.tokens), wte, wpe, b, t, c);
+        let be = &self.backend;
+        be.upload_ids(B::ids_mut(acts.tokens.floats_mut()), tokens);
+        let encoded = sub_mut(acts.fwd.floats_mut(), 0..b * t * c); // (B,T,C)
+        be.encoder_forward(encoded, B::ids(acts.tokens.floats()), wte, wpe, b, t, c);
         acts.valid_segment = None;
         acts.recompute_next = None;
         acts.progress = Progress::Forward { next: 1 };
@@ -124,16 +146,16 @@ impl Gpt {
     /// Wrong buffer size, a layer past L, or a call out of order.
     pub fn block_forward(
         &self,
-        acts: &mut Activations,
+        acts: &mut Activations<B>,
         layer: usize,
-        params: &[f32],
+        params: &B::Slice,
     ) -> Result<()> {
         let unit = self.block_unit(layer)?;
         self.check_unit(unit, params.len(), "block parameters")?;
         self.check_call_order(acts, Progress::Forward { next: unit }, "block_forward")?;
         let segment = acts.segment(layer);
         if acts.every.is_some() && segment.start == layer {
-            acts.begin_segment(layer)?;
+            acts.begin_segment(&self.backend, layer)?;
         }
         self.block_compute(acts, layer, params);
         acts.valid_segment = Some(segment.start);
@@ -150,9 +172,9 @@ impl Gpt {
     /// Wrong buffer size, a layer past L, no checkpointing, or a call out of order.
     pub fn block_recompute(
         &self,
-        acts: &mut Activations,
+        acts: &mut Activations<B>,
         layer: usize,
-        params: &[f32],
+        params: &B::Slice,
     ) -> Result<()> {
         self.block_unit(layer)?;
         let segment = acts.segment(layer);
@@ -175,7 +197,7 @@ impl Gpt {
             "block parameters",
         )?;
         if layer == segment.start {
-            acts.restore_segment(layer)?;
+            acts.restore_segment(&self.backend, layer)?;
             acts.valid_segment = None;
         }
         self.block_compute(acts, layer, params);
@@ -189,7 +211,7 @@ impl Gpt {
     }
 
     /// Block `layer`'s forward arithmetic, from its input to its output, into its region.
-    fn block_compute(&self, acts: &mut Activations, layer: usize, params: &[f32]) {
+    fn block_compute(&self, acts: &mut Activations<B>, layer: usize, params: &B::Slice) {
         let unit = ParamLayout::block_unit(layer);
         let be = &self.backend;
         let (b, t, c, nh) = (acts.b, acts.t, self.config.channels, self.config.num_heads);
@@ -200,13 +222,13 @@ impl Gpt {
             carve(params, self.layout.units()[unit].lens());
         let (offset, len) = (acts.layer_offset(layer), acts.layer_len());
         let (before, rest) = acts.fwd.floats_mut().split_at_mut(offset);
-        let x = &before[offset - n * c..]; // (N,C) the block's input
+        let x = sub(before, offset - n * c..offset); // (N,C) the block's input
 
         // Activations: ln1 (N,C), ln1_mean (N), ln1_rstd (N), qkv (N,3C), atty (N,C),
         // att (B,T,NH,T), attproj (N,C), res2 (N,C), ln2 (N,C), ln2_mean (N), ln2_rstd (N),
         // fch (N,4C), fch_gelu (N,4C), fcproj (N,C), res3 (N,C).
         let [ln1, ln1_mean, ln1_rstd, qkv, atty, att, attproj, res2, ln2, ln2_mean, ln2_rstd, fch, fch_gelu, fcproj, res3] =
-            carve_mut(&mut rest[..len], acts.layer_lens);
+            carve_mut(sub_mut(rest, 0..len), acts.layer_lens);
         be.layernorm_forward(ln1, ln1_mean, ln1_rstd, x, ln1w, ln1b, n, c);
         be.matmul_forward(qkv, ln1, qkvw, Some(qkvb), n, c, 3 * c);
         be.attention_forward(atty, att, qkv, b, t, c, nh);
@@ -226,10 +248,10 @@ impl Gpt {
     /// Wrong buffer sizes, a layer past L, or a call out of order.
     pub fn block_backward(
         &self,
-        acts: &mut Activations,
+        acts: &mut Activations<B>,
         layer: usize,
-        params: &[f32],
-        grads: &mut [f32],
+        params: &B::Slice,
+        grads: &mut B::Slice,
     ) -> Result<()> {
         let unit = self.block_unit(layer)?;
         self.check_unit(unit, params.len(), "block parameters")?;
@@ -252,13 +274,16 @@ impl Gpt {
         let [dln1w, dln1b, dqkvw, dqkvb, dattprojw, dattprojb, dln2w, dln2b, dfcw, dfcb, dfcprojw, dfcprojb] =
             carve_mut(grads, lens);
         let (offset, len) = (acts.layer_offset(layer), acts.layer_len());
-        let x = &acts.fwd.floats()[offset - n * c..offset]; // (N,C) the block's input
+        let x = sub(acts.fwd.floats(), offset - n * c..offset); // (N,C) the block's input
 
         // Activations: ln1 (N,C), ln1_mean (N), ln1_rstd (N), qkv (N,3C), atty (N,C),
         // att (B,T,NH,T), attproj (N,C), res2 (N,C), ln2 (N,C), ln2_mean (N), ln2_rstd (N),
         // fch (N,4C), fch_gelu (N,4C), fcproj (N,C), res3 (N,C).
         let [ln1, ln1_mean, ln1_rstd, qkv, atty, att, _, res2, ln2, ln2_mean, ln2_rstd, fch, fch_gelu, _, _] =
-            carve(&acts.fwd.floats()[offset..offset + len], acts.layer_lens);
+            carve(
+                sub(acts.fwd.floats(), offset..offset + len),
+                acts.layer_lens,
+            );
         // dres (N,C) holds d(block output) and leaves holding d(block input).
         let [dres, dln, datty, dqkv, dfch, dfch_gelu] =
             carve_mut(acts.grad.floats_mut(), acts.grad_lens);
@@ -269,7 +294,7 @@ impl Gpt {
             &mut *dfch,
             &mut *dfch_gelu,
         ] {
-            scratch.fill(0.0);
+            be.fill(scratch, 0.0);
         }
         // MLP branch; the residual passes dres through unchanged, and ln2's input gradient is
         // added onto it, giving d(res2).
@@ -302,7 +327,7 @@ impl Gpt {
             c,
         );
         be.attention_backward(dqkv, datty, qkv, att, b, t, c, nh);
-        dln.fill(0.0);
+        be.fill(dln, 0.0);
         be.matmul_backward(dln, dqkvw, Some(dqkvb), dqkv, ln1, qkvw, n, c, 3 * c);
         be.layernorm_backward(dres, dln1w, dln1b, dln, x, ln1w, ln1_mean, ln1_rstd, n, c);
         acts.progress = Progress::Backward { next: unit - 1 };
@@ -314,168 +339,20 @@ impl Gpt {
     ///
     /// # Errors
     /// Wrong buffer size, or a call out of order.
-    pub fn embed_backward(&self, acts: &mut Activations, embed_grad: &mut [f32]) -> Result<()> {
+    pub fn embed_backward(
+        &self,
+        acts: &mut Activations<B>,
+        embed_grad: &mut B::Slice,
+    ) -> Result<()> {
         self.check_unit(0, embed_grad.len(), "embedding gradients")?;
         self.check_call_order(acts, Progress::Backward { next: 0 }, "embed_backward")?;
         let (b, t, c) = (acts.b, acts.t, self.config.channels);
         let [dwte, dwpe] = carve_mut(embed_grad, self.layout.units()[0].lens());
         let [dres, ..] = carve(acts.grad.floats(), acts.grad_lens); // (N,C)
+        let tokens = B::ids(acts.tokens.floats());
         self.backend
-            .encoder_backward(dwte, dwpe, dres, ids(&acts.tokens), b, t, c);
+            .encoder_backward(dwte, dwpe, dres, tokens, b, t, c);
         acts.progress = Progress::Done;
         Ok(())
-    }
-
-    /// Forward through every unit; with targets returns the mean loss (and leaves the
-    /// activations ready for backward), without targets leaves logits for [`Gpt::logits`].
-    ///
-    /// `params` holds one buffer per unit, in layout order.
-    ///
-    /// # Errors
-    /// As the unit calls; also a wrong number of units.
-    pub fn forward<P: AsRef<[f32]>>(
-        &self,
-        acts: &mut Activations,
-        params: &[P],
-        tokens: &[u32],
-        targets: Option<&[u32]>,
-    ) -> Result<Option<f32>> {
-        self.check_num_units(params.len(), "parameter units")?;
-        let last = self.layout.final_norm_unit();
-        self.embed_forward(acts, params[0].as_ref(), tokens)?;
-        for layer in 0..self.config.num_layers {
-            self.block_forward(acts, layer, params[ParamLayout::block_unit(layer)].as_ref())?;
-        }
-        self.head_forward(acts, params[last].as_ref(), params[0].as_ref(), targets)
-    }
-
-    /// One training micro-step: forward with targets, then backward, adding the gradients
-    /// into `grads` (one buffer per unit, layout order). Returns the mean loss.
-    ///
-    /// # Errors
-    /// As the unit calls; also a wrong number of units.
-    pub fn forward_backward<P: AsRef<[f32]>, G: AsMut<[f32]>>(
-        &self,
-        acts: &mut Activations,
-        params: &[P],
-        grads: &mut [G],
-        tokens: &[u32],
-        targets: &[u32],
-    ) -> Result<f32> {
-        self.check_num_units(grads.len(), "gradient units")?;
-        // With targets the head always returns Some(loss); NaN would only flag a broken
-        // invariant, never reach a caller silently as a plausible number.
-        let loss = self
-            .forward(acts, params, tokens, Some(targets))?
-            .unwrap_or(f32::NAN);
-        let last = self.layout.final_norm_unit();
-        let (embed_grad, rest) = grads.split_at_mut(1);
-        let (block_grads, final_grad) = rest.split_at_mut(self.config.num_layers);
-        let embed_grad = embed_grad[0].as_mut();
-        self.head_backward(
-            acts,
-            params[last].as_ref(),
-            params[0].as_ref(),
-            final_grad[0].as_mut(),
-            embed_grad,
-        )?;
-        for layer in (0..self.config.num_layers).rev() {
-            let unit = ParamLayout::block_unit(layer);
-            if acts.needs_recompute(layer) {
-                for r in acts.segment(layer) {
-                    self.block_recompute(acts, r, params[ParamLayout::block_unit(r)].as_ref())?;
-                }
-            }
-            self.block_backward(
-                acts,
-                layer,
-                params[unit].as_ref(),
-                block_grads[layer].as_mut(),
-            )?;
-        }
-        self.embed_backward(acts, embed_grad)?;
-        Ok(loss)
-    }
-
-    /// Refuses activations sized for another model, then checks the call order.
-    fn check_call_order(
-        &self,
-        acts: &Activations,
-        want: Progress,
-        call: &'static str,
-    ) -> Result<()> {
-        self.check_acts(acts)?;
-        if acts.progress == want {
-            return Ok(());
-        }
-        Err(GptError::OutOfOrder {
-            call,
-            reason: format!("expected state {want:?}, found {:?}", acts.progress),
-        })
-    }
-
-    fn check_acts(&self, acts: &Activations) -> Result<()> {
-        if acts.config != self.config {
-            return Err(GptError::BadBatch {
-                batch: acts.b,
-                seq_len: acts.t,
-                reason: "activations were sized for a different model config",
-            });
-        }
-        Ok(())
-    }
-
-    fn block_unit(&self, layer: usize) -> Result<usize> {
-        if layer >= self.config.num_layers {
-            return Err(GptError::NoSuchLayer {
-                layer,
-                num_layers: self.config.num_layers,
-            });
-        }
-        Ok(ParamLayout::block_unit(layer))
-    }
-
-    fn check_unit(&self, unit: usize, got: usize, what: &'static str) -> Result<()> {
-        let expected = self.layout.units()[unit].len;
-        if got != expected {
-            return Err(GptError::SizeMismatch {
-                what,
-                expected,
-                got,
-            });
-        }
-        Ok(())
-    }
-
-    fn check_num_units(&self, got: usize, what: &'static str) -> Result<()> {
-        let expected = self.layout.num_units();
-        if got != expected {
-            return Err(GptError::SizeMismatch {
-                what,
-                expected,
-                got,
-            });
-        }
-        Ok(())
-    }
-}
-
-fn check_ids(what: &'static str, ids: &[u32], acts: &Activations, vocab_size: usize) -> Result<()> {
-    let n = acts.b * acts.t;
-    if ids.len() != n {
-        return Err(GptError::SizeMismatch {
-            what,
-            expected: n,
-            got: ids.len(),
-        });
-    }
-    match ids.iter().position(|&id| id as usize >= vocab_size) {
-        Some(index) => Err(GptError::TokenOutOfRange {
-            what,
-            index,
-            id: ids[index],
-            vocab_size,
-        }),
-        None => Ok(()),
     }
 }

@@ -8,7 +8,7 @@ use crate::error::{GptError, Result};
 
 /// The sizes of every activation buffer for one (B, T) shape and checkpointing option: the
 /// one place the activation memory is computed ([`activation_bytes`] reports it, and
-/// [`Activations::new`] allocates exactly it).
+/// [`Activations::new`](crate::Activations::new) allocates exactly it).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Sizes {
     pub layer_lens: [usize; 15],
@@ -117,7 +117,7 @@ impl Sizes {
     }
 }
 
-/// The activation buffers, in the order [`Activations::with_memory`] asks for them (tokens
+/// The activation buffers, in the order [`Activations::with_memory`](crate::Activations::with_memory) asks for them (tokens
 /// and targets are u32 ids, stored in 4-byte words).
 pub const BUFFER_NAMES: [&str; 6] = [
     "forward",
@@ -134,10 +134,10 @@ pub const BUFFER_NAMES: [&str; 6] = [
 pub const KEPT_INPUTS: usize = 1;
 
 /// Elements (4 bytes each) of every activation buffer for one (B, T) micro-batch of
-/// `config`, in [`BUFFER_NAMES`] order: what [`Activations::with_memory`] asks for.
+/// `config`, in [`BUFFER_NAMES`] order: what [`Activations::with_memory`](crate::Activations::with_memory) asks for.
 ///
 /// # Errors
-/// As [`Activations::new`].
+/// As [`Activations::new`](crate::Activations::new).
 pub fn activation_buffers(
     config: &GptConfig,
     b: usize,
@@ -148,11 +148,11 @@ pub fn activation_buffers(
 }
 
 /// Bytes of the activations of one (B, T) micro-batch of `config` on one rank, with
-/// checkpointing every `every` blocks or without (`None`): what [`Activations::new`]
+/// checkpointing every `every` blocks or without (`None`): what [`Activations::new`](crate::Activations::new)
 /// allocates.
 ///
 /// # Errors
-/// As [`Activations::new`].
+/// As [`Activations::new`](crate::Activations::new).
 pub fn activation_bytes(
     config: &GptConfig,
     b: usize,

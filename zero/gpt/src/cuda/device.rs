@@ -117,6 +117,39 @@ macro_rules! device_view {
                 unsafe { Self::from_raw(addr, range.len()) }
             }
         }
+
+        // Reflexive, so `&view` and `&mut view` meet `Gpt::forward`'s `AsRef` / `AsMut`
+        // bounds as `&[f32]` does on the CPU.
+        impl AsRef<$name> for $name {
+            fn as_ref(&self) -> &Self {
+                self
+            }
+        }
+
+        impl AsMut<$name> for $name {
+            fn as_mut(&mut self) -> &mut Self {
+                self
+            }
+        }
+
+        impl crate::backend::View for $name {
+            fn len(&self) -> usize {
+                self.0.len()
+            }
+
+            fn split_at(&self, mid: usize) -> (&Self, &Self) {
+                (self.range(0..mid), self.range(mid..self.len()))
+            }
+
+            fn split_at_mut(&mut self, mid: usize) -> (&mut Self, &mut Self) {
+                let (addr, len) = (self.addr(), self.len());
+                assert!(mid <= len, "split at {mid} out of 0..={len}");
+                let tail = addr + (mid * std::mem::size_of::<$elem>()) as u64;
+                // SAFETY: `..mid` and `mid..` are disjoint parts of this view's elements
+                // (asserted), both 4-aligned, and both borrow self mutably, so each is unique.
+                unsafe { (Self::from_raw(addr, mid), Self::from_raw(tail, len - mid)) }
+            }
+        }
     };
 }
 
@@ -144,6 +177,18 @@ mod tests {
         let sub = view.range(3..7);
         assert_eq!((sub.addr(), sub.len()), (0x1000 + 12, 4));
         assert!(view.range(10..10).is_empty());
+    }
+
+    #[test]
+    fn splits_give_disjoint_views_at_offset_addresses() {
+        use crate::backend::View;
+        // SAFETY: as above.
+        let view = unsafe { DeviceSlice::from_raw(0x1000, 10) };
+        let (head, tail) = View::split_at_mut(view, 4);
+        assert_eq!((head.addr(), head.len()), (0x1000, 4));
+        assert_eq!((tail.addr(), tail.len()), (0x1000 + 16, 6));
+        let (a, b) = View::split_at(&*tail, 6);
+        assert_eq!((a.len(), b.len(), b.addr()), (6, 0, 0x1000 + 40));
     }
 
     #[test]

@@ -11,11 +11,38 @@ use super::backend::{addr, ids, with_dims, Arg, CudaBackend};
 use super::device::{DeviceIds, DeviceSlice};
 use super::gemm;
 use super::geometry as geo;
+use super::memory::DeviceBuffer;
 use crate::Backend;
+use crate::{Buffer, Result};
 
 impl Backend for CudaBackend {
     type Slice = DeviceSlice;
     type Ids = DeviceIds;
+
+    fn alloc(&self, len: usize) -> Result<Buffer<DeviceSlice>> {
+        Ok(Box::new(DeviceBuffer::zeros(self.stream(), len)?))
+    }
+    fn ids(view: &DeviceSlice) -> &DeviceIds {
+        // SAFETY: the same live device elements, 4 bytes each as ids are, borrowed for as
+        // long as `view`.
+        unsafe { DeviceIds::from_raw(view.addr(), view.len()) }
+    }
+    fn ids_mut(view: &mut DeviceSlice) -> &mut DeviceIds {
+        // SAFETY: as in `ids`, and the result borrows `view` mutably, so it is unique.
+        unsafe { DeviceIds::from_raw(view.addr(), view.len()) }
+    }
+    fn upload_ids(&self, dst: &mut DeviceIds, src: &[u32]) {
+        self.upload(dst, src);
+    }
+    fn fill(&self, out: &mut DeviceSlice, value: f32) {
+        self.memset(out, value);
+    }
+    fn copy(&self, dst: &mut DeviceSlice, src: &DeviceSlice) {
+        self.copy_on_device(dst, src);
+    }
+    fn mean(&self, x: &DeviceSlice) -> Result<f32> {
+        self.mean_on_host(x)
+    }
 
     fn encoder_forward(
         &self,
@@ -183,15 +210,44 @@ impl Backend for CudaBackend {
         c: usize,
         oc: usize,
     ) {
+        self.matmul_backward_input(dinp, dout, weight, n, c, oc);
+        self.matmul_backward_weight(dweight, dbias, dout, inp, n, c, oc);
+    }
+
+    fn matmul_backward_input(
+        &self,
+        dinp: &mut DeviceSlice,
+        dout: &DeviceSlice,
+        weight: &DeviceSlice,
+        n: usize,
+        c: usize,
+        oc: usize,
+    ) {
         assert_eq!(dinp.len(), n * c);
+        assert_eq!(dout.len(), n * oc);
+        assert_eq!(weight.len(), oc * c);
+        if n != 0 && c != 0 && oc != 0 {
+            let call = gemm::backward_input(n, c, oc);
+            self.sgemm(call, 0, weight.addr(), dout.addr(), dinp.addr());
+        }
+    }
+
+    fn matmul_backward_weight(
+        &self,
+        dweight: &mut DeviceSlice,
+        dbias: Option<&mut DeviceSlice>,
+        dout: &DeviceSlice,
+        inp: &DeviceSlice,
+        n: usize,
+        c: usize,
+        oc: usize,
+    ) {
         assert_eq!(dweight.len(), oc * c);
         assert_eq!(dout.len(), n * oc);
         assert_eq!(inp.len(), n * c);
-        assert_eq!(weight.len(), oc * c);
         if n != 0 && c != 0 && oc != 0 {
-            let (i, w, d) = (inp.addr(), weight.addr(), dout.addr());
-            self.sgemm(gemm::backward_input(n, c, oc), i, w, d, dinp.addr());
-            self.sgemm(gemm::backward_weight(n, c, oc), i, w, d, dweight.addr());
+            let call = gemm::backward_weight(n, c, oc);
+            self.sgemm(call, inp.addr(), 0, dout.addr(), dweight.addr());
         }
         if let Some(dbias) = dbias {
             assert_eq!(dbias.len(), oc);

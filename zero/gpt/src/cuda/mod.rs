@@ -19,6 +19,8 @@ pub mod device;
 #[cfg(feature = "cuda")]
 mod kernels_impl;
 #[cfg(feature = "cuda")]
+mod memory;
+#[cfg(feature = "cuda")]
 mod optim;
 #[cfg(feature = "cuda")]
 pub mod probe;
@@ -29,6 +31,8 @@ pub mod registry;
 pub use backend::CudaBackend;
 #[cfg(feature = "cuda")]
 pub use device::{DeviceIds, DeviceSlice};
+#[cfg(feature = "cuda")]
+pub use memory::DeviceBuffer;
 #[cfg(feature = "cuda")]
 pub use optim::{AdamWStep, HalfCopy};
 

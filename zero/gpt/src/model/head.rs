@@ -4,16 +4,13 @@
 //!
 //! Legend: N = B*T, C channels, V vocabulary, Vp padded vocabulary.
 
-use crate::activations::{ids, ids_mut, Activations, Progress};
-use crate::error::Result;
-// The tied head runs the two halves of its matrix product apart (see `head_backward_input`);
-// the backend trait offers them only together, and this model runs on the CPU kernels.
 use super::{check_ids, Gpt};
-use crate::backend::Backend;
-use crate::kernels::matmul;
-use crate::views::{carve, carve_mut};
+use crate::activations::{Activations, Progress};
+use crate::backend::{Backend, View};
+use crate::error::Result;
+use crate::views::{carve, carve_mut, sub};
 
-impl Gpt {
+impl<B: Backend> Gpt<B> {
     /// Final LayerNorm, tied LM head and, with `targets` (B,T), the mean cross-entropy.
     ///
     /// With `Some(targets)` returns the mean loss and readies backward; with `None` it stops at
@@ -23,9 +20,9 @@ impl Gpt {
     /// Wrong buffer sizes, a target >= V, or a call out of order.
     pub fn head_forward(
         &self,
-        acts: &mut Activations,
-        final_norm: &[f32],
-        embed: &[f32],
+        acts: &mut Activations<B>,
+        final_norm: &B::Slice,
+        embed: &B::Slice,
         targets: Option<&[u32]>,
     ) -> Result<Option<f32>> {
         let last = self.layout.final_norm_unit();
@@ -33,8 +30,9 @@ impl Gpt {
         self.check_unit(0, embed.len(), "embedding parameters")?;
         self.check_call_order(acts, Progress::Forward { next: last }, "head_forward")?;
         if let Some(targets) = targets {
-            check_ids("targets", targets, acts, self.config.vocab_size)?;
-            ids_mut(&mut acts.targets).copy_from_slice(targets);
+            check_ids("targets", targets, acts.b * acts.t, self.config.vocab_size)?;
+            self.backend
+                .upload_ids(B::ids_mut(acts.targets.floats_mut()), targets);
         }
         let be = &self.backend;
         let (n, c) = (acts.b * acts.t, self.config.channels);
@@ -43,7 +41,7 @@ impl Gpt {
         let [wte, _] = carve(embed, self.layout.units()[0].lens()); // (Vp,C)
         let (input, offset) = (acts.head_input_offset(), acts.head_offset());
         let (before, head) = acts.fwd.floats_mut().split_at_mut(offset);
-        let x = &before[input..input + n * c]; // (N,C) last block's output
+        let x = sub(before, input..input + n * c); // (N,C) last block's output
         let [lnf, lnf_mean, lnf_rstd, logits, losses] = carve_mut(head, acts.head_lens);
         be.layernorm_forward(lnf, lnf_mean, lnf_rstd, x, lnfw, lnfb, n, c);
         be.matmul_forward(logits, lnf, wte, None, n, c, vp);
@@ -51,20 +49,22 @@ impl Gpt {
             acts.progress = Progress::Logits;
             return Ok(None);
         }
-        be.crossentropy_forward(losses, logits, ids(&acts.targets), n, v, vp);
-        // f64 sum in a fixed order: the same loss to the bit on every run.
-        let mean = losses.iter().map(|&l| f64::from(l)).sum::<f64>() / n as f64;
+        be.crossentropy_forward(losses, logits, B::ids(acts.targets.floats()), n, v, vp);
+        // The backend's mean: an f64 sum in index order, the same loss to the bit every run.
+        let mean = be.mean(losses)?;
         acts.progress = Progress::Loss;
-        Ok(Some(mean as f32))
+        Ok(Some(mean))
     }
 
     /// Logits (B,T,Vp) of the last `head_forward` without targets (columns V..Vp are padding).
     ///
     /// # Errors
-    /// [`GptError::OutOfOrder`] unless the last call was `head_forward(.., None)`.
-    pub fn logits<'a>(&self, acts: &'a Activations) -> Result<&'a [f32]> {
+    /// [`GptError::OutOfOrder`](crate::GptError::OutOfOrder) unless the last call was
+    /// `head_forward(.., None)`.
+    pub fn logits<'a>(&self, acts: &'a Activations<B>) -> Result<&'a B::Slice> {
         self.check_call_order(acts, Progress::Logits, "logits")?;
-        let [_, _, _, logits, _] = carve(&acts.fwd.floats()[acts.head_offset()..], acts.head_lens);
+        let fwd = acts.fwd.floats();
+        let [_, _, _, logits, _] = carve(sub(fwd, acts.head_offset()..fwd.len()), acts.head_lens);
         Ok(logits)
     }
 
@@ -76,11 +76,11 @@ impl Gpt {
     /// Wrong buffer sizes, or no `head_forward` with targets just before.
     pub fn head_backward(
         &self,
-        acts: &mut Activations,
-        final_norm: &[f32],
-        embed: &[f32],
-        final_norm_grad: &mut [f32],
-        embed_grad: &mut [f32],
+        acts: &mut Activations<B>,
+        final_norm: &B::Slice,
+        embed: &B::Slice,
+        final_norm_grad: &mut B::Slice,
+        embed_grad: &mut B::Slice,
     ) -> Result<()> {
         self.head_backward_input(acts, final_norm, embed, final_norm_grad)?;
         self.head_backward_weight(acts, embed_grad)
@@ -94,10 +94,10 @@ impl Gpt {
     /// Wrong buffer sizes, or no `head_forward` with targets just before.
     pub fn head_backward_input(
         &self,
-        acts: &mut Activations,
-        final_norm: &[f32],
-        embed: &[f32],
-        final_norm_grad: &mut [f32],
+        acts: &mut Activations<B>,
+        final_norm: &B::Slice,
+        embed: &B::Slice,
+        final_norm_grad: &mut B::Slice,
     ) -> Result<()> {
         let last = self.layout.final_norm_unit();
         self.check_unit(last, final_norm.len(), "final norm parameters")?;
@@ -112,13 +112,14 @@ impl Gpt {
         let [wte, _] = carve(embed, self.layout.units()[0].lens()); // (Vp,C)
         let (input, offset) = (acts.head_input_offset(), acts.head_offset());
         let (before, head) = acts.fwd.floats_mut().split_at_mut(offset);
-        let x = &before[input..input + n * c]; // (N,C) last block's output
+        let x = sub(before, input..input + n * c); // (N,C) last block's output
         let [_, lnf_mean, lnf_rstd, logits, _] = carve_mut(head, acts.head_lens);
         let [dres, dln, ..] = carve_mut(acts.grad.floats_mut(), acts.grad_lens); // (N,C) each
-        be.crossentropy_backward(logits, acts.dlosses.floats(), ids(&acts.targets), n, v, vp);
-        dln.fill(0.0);
-        matmul::matmul_backward_input(dln, logits, wte, n, c, vp);
-        dres.fill(0.0);
+        let targets = B::ids(acts.targets.floats());
+        be.crossentropy_backward(logits, acts.dlosses.floats(), targets, n, v, vp);
+        be.fill(dln, 0.0);
+        be.matmul_backward_input(dln, logits, wte, n, c, vp);
+        be.fill(dres, 0.0);
         be.layernorm_backward(dres, dlnfw, dlnfb, dln, x, lnfw, lnf_mean, lnf_rstd, n, c);
         acts.progress = Progress::HeadWeight;
         Ok(())
@@ -131,8 +132,8 @@ impl Gpt {
     /// A wrong buffer size, or no [`Gpt::head_backward_input`] just before.
     pub fn head_backward_weight(
         &self,
-        acts: &mut Activations,
-        embed_grad: &mut [f32],
+        acts: &mut Activations<B>,
+        embed_grad: &mut B::Slice,
     ) -> Result<()> {
         self.check_unit(0, embed_grad.len(), "embedding gradients")?;
         self.check_call_order(acts, Progress::HeadWeight, "head_backward_weight")?;
@@ -142,9 +143,11 @@ impl Gpt {
             self.config.padded_vocab_size,
         );
         let [dwte, _] = carve_mut(embed_grad, self.layout.units()[0].lens()); // (Vp,C)
+        let fwd = acts.fwd.floats();
         let [lnf, _, _, dlogits, _] =
-            carve(&acts.fwd.floats()[acts.head_offset()..], acts.head_lens);
-        matmul::matmul_backward_weight(dwte, None, dlogits, lnf, n, c, vp);
+            carve(sub(fwd, acts.head_offset()..fwd.len()), acts.head_lens);
+        self.backend
+            .matmul_backward_weight(dwte, None, dlogits, lnf, n, c, vp);
         acts.progress = Progress::Backward {
             next: self.layout.final_norm_unit() - 1,
         };

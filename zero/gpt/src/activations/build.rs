@@ -1,0 +1,166 @@
+//! Constructing [`Activations`]: on the CPU from `Vec`s or a caller's allocator, and in any
+//! backend's memory; every buffer is zeroed (and the loss gradients filled) by the backend.
+//!
+//! Legend: B batch, T sequence, C channels, N = B*T.
+
+use super::{
+    Activations, Buffer, GptConfig, GptError, Kept, KeptInputs, Progress, Result, Sizes,
+    KEPT_INPUTS,
+};
+use crate::backend::{Backend, CpuBackend, View};
+
+impl Activations {
+    /// Buffers for batches of `b` sequences of `t` tokens, keeping every activation.
+    ///
+    /// # Errors
+    /// [`GptError::BadBatch`] if B or T is 0, T exceeds `max_seq_len`, or the buffers would not
+    /// be addressable.
+    pub fn new(config: &GptConfig, b: usize, t: usize) -> Result<Self> {
+        Self::with_checkpointing(config, b, t, None)
+    }
+
+    /// Buffers for batches (B, T) that keep only every `every`-th block input (`None`: every
+    /// activation, as [`Activations::new`]).
+    ///
+    /// # Errors
+    /// As [`Activations::new`]; also `every == Some(0)`.
+    pub fn with_checkpointing(
+        config: &GptConfig,
+        b: usize,
+        t: usize,
+        every: Option<usize>,
+    ) -> Result<Self> {
+        Self::in_backend(&CpuBackend, config, b, t, every)
+    }
+
+    /// As [`Activations::with_checkpointing`], with every buffer taken from `alloc`, called
+    /// once per buffer with its index in [`BUFFER_NAMES`](crate::BUFFER_NAMES) and its length in f32 elements
+    /// ([`activation_buffers`](crate::activation_buffers) gives them all beforehand). Buffers are zeroed here whatever
+    /// they held.
+    ///
+    /// # Errors
+    /// As [`Activations::with_checkpointing`], and the errors of `alloc`.
+    pub fn with_memory<E: From<GptError>>(
+        config: &GptConfig,
+        b: usize,
+        t: usize,
+        every: Option<usize>,
+        alloc: impl FnMut(usize, usize) -> std::result::Result<Buffer, E>,
+    ) -> std::result::Result<Self, E> {
+        Self::with_backend_memory(&CpuBackend, config, b, t, every, alloc, None)
+    }
+
+    /// As [`Activations::with_memory`], with the kept block inputs in `kept` instead of a
+    /// buffer from `alloc` (which is then not asked for [`KEPT_INPUTS`]); `kept` must hold
+    /// ceil(L/K) inputs of (N,C) with checkpointing every K, none without.
+    ///
+    /// # Errors
+    /// As [`Activations::with_memory`]; [`GptError::SizeMismatch`] for a `kept` of another
+    /// shape.
+    pub fn with_kept_inputs<E: From<GptError>>(
+        config: &GptConfig,
+        b: usize,
+        t: usize,
+        every: Option<usize>,
+        alloc: impl FnMut(usize, usize) -> std::result::Result<Buffer, E>,
+        kept: Box<dyn KeptInputs>,
+    ) -> std::result::Result<Self, E> {
+        Self::with_backend_memory(&CpuBackend, config, b, t, every, alloc, Some(kept))
+    }
+}
+
+impl<B: Backend> Activations<B> {
+    /// Buffers for batches (B, T) in `backend`'s memory ([`Backend::alloc`]), keeping only
+    /// every `every`-th block input (`None`: every activation).
+    ///
+    /// # Errors
+    /// As [`Activations::with_checkpointing`], and allocation errors of the backend.
+    pub fn in_backend(
+        backend: &B,
+        config: &GptConfig,
+        b: usize,
+        t: usize,
+        every: Option<usize>,
+    ) -> Result<Self> {
+        Self::with_backend_memory(
+            backend,
+            config,
+            b,
+            t,
+            every,
+            |_, len| backend.alloc(len),
+            None,
+        )
+    }
+
+    /// The general constructor: every buffer from `alloc` (as [`Activations::with_memory`]),
+    /// zeroed and filled by `backend`'s kernels; the kept block inputs in `kept`, or in a
+    /// buffer from `alloc` when `None` (as [`Activations::with_kept_inputs`]).
+    ///
+    /// # Errors
+    /// As [`Activations::with_kept_inputs`].
+    pub fn with_backend_memory<E: From<GptError>>(
+        backend: &B,
+        config: &GptConfig,
+        b: usize,
+        t: usize,
+        every: Option<usize>,
+        mut alloc: impl FnMut(usize, usize) -> std::result::Result<Buffer<B::Slice>, E>,
+        kept: Option<Box<dyn KeptInputs<B::Slice>>>,
+    ) -> std::result::Result<Self, E> {
+        let sizes = Sizes::new(config, b, t, every)?;
+        let mut take = |index: usize, len: usize| -> std::result::Result<Buffer<B::Slice>, E> {
+            let mut buf = alloc(index, len)?;
+            if buf.floats().len() != len {
+                return Err(GptError::SizeMismatch {
+                    what: "activation buffer",
+                    expected: len,
+                    got: buf.floats().len(),
+                }
+                .into());
+            }
+            backend.fill(buf.floats_mut(), 0.0);
+            Ok(buf)
+        };
+        let [fwd, saved, grad, n, _, _] = sizes.buffers();
+        let nc = n * config.channels;
+        let fwd = take(0, fwd)?;
+        let kept = match kept {
+            Some(kept) => {
+                if kept.shape() != (saved / nc, nc) {
+                    return Err(GptError::SizeMismatch {
+                        what: "kept inputs (segments x N*C)",
+                        expected: saved,
+                        got: kept.shape().0 * kept.shape().1,
+                    }
+                    .into());
+                }
+                Kept::Custom(kept)
+            }
+            None => Kept::local(take(KEPT_INPUTS, saved)?, nc)?,
+        };
+        let grad = take(2, grad)?;
+        let mut dlosses = take(3, n)?;
+        backend.fill(dlosses.floats_mut(), 1.0 / n as f32);
+        Ok(Self {
+            b,
+            t,
+            c: config.channels,
+            config: *config,
+            fwd,
+            kept,
+            grad,
+            layer_lens: sizes.layer_lens,
+            head_lens: sizes.head_lens,
+            grad_lens: sizes.grad_lens,
+            every,
+            slots: sizes.slots,
+            valid_segment: None,
+            recompute_next: None,
+            dlosses,
+            tokens: take(4, n)?,
+            targets: take(5, n)?,
+            progress: Progress::Empty,
+        })
+    }
+}

@@ -1,0 +1,96 @@
+//! The checks every unit call makes first: buffer sizes, layer numbers, token ids, and the
+//! call order recorded in the activations.
+
+use super::Gpt;
+use crate::activations::{Activations, Progress};
+use crate::backend::Backend;
+use crate::error::{GptError, Result};
+use crate::layout::ParamLayout;
+
+impl<B: Backend> Gpt<B> {
+    /// Refuses activations sized for another model, then checks the call order.
+    pub(super) fn check_call_order(
+        &self,
+        acts: &Activations<B>,
+        want: Progress,
+        call: &'static str,
+    ) -> Result<()> {
+        self.check_acts(acts)?;
+        if acts.progress == want {
+            return Ok(());
+        }
+        Err(GptError::OutOfOrder {
+            call,
+            reason: format!("expected state {want:?}, found {:?}", acts.progress),
+        })
+    }
+
+    pub(super) fn check_acts(&self, acts: &Activations<B>) -> Result<()> {
+        if acts.config != self.config {
+            return Err(GptError::BadBatch {
+                batch: acts.b,
+                seq_len: acts.t,
+                reason: "activations were sized for a different model config",
+            });
+        }
+        Ok(())
+    }
+
+    pub(super) fn block_unit(&self, layer: usize) -> Result<usize> {
+        if layer >= self.config.num_layers {
+            return Err(GptError::NoSuchLayer {
+                layer,
+                num_layers: self.config.num_layers,
+            });
+        }
+        Ok(ParamLayout::block_unit(layer))
+    }
+
+    pub(super) fn check_unit(&self, unit: usize, got: usize, what: &'static str) -> Result<()> {
+        let expected = self.layout.units()[unit].len;
+        if got != expected {
+            return Err(GptError::SizeMismatch {
+                what,
+                expected,
+                got,
+            });
+        }
+        Ok(())
+    }
+
+    pub(super) fn check_num_units(&self, got: usize, what: &'static str) -> Result<()> {
+        let expected = self.layout.num_units();
+        if got != expected {
+            return Err(GptError::SizeMismatch {
+                what,
+                expected,
+                got,
+            });
+        }
+        Ok(())
+    }
+}
+
+pub(super) fn check_ids(
+    what: &'static str,
+    ids: &[u32],
+    n: usize,
+    vocab_size: usize,
+) -> Result<()> {
+    if ids.len() != n {
+        return Err(GptError::SizeMismatch {
+            what,
+            expected: n,
+            got: ids.len(),
+        });
+    }
+    match ids.iter().position(|&id| id as usize >= vocab_size) {
+        Some(index) => Err(GptError::TokenOutOfRange {
+            what,
+            index,
+            id: ids[index],
+            vocab_size,
+        }),
+        None => Ok(()),
+    }
+}
