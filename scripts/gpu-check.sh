@@ -16,7 +16,7 @@
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 mode="${1:-}"
-TESTS=(cuda_kernels cuda_optim nvrtc_compile)   # zero-gpt
+TESTS=(cuda_kernels cuda_optim cuda_model gpt_generic nvrtc_compile)   # zero-gpt
 COMM_TESTS=(nccl_device)                         # zero-comm: NCCL at world size 1
 
 build() {
