@@ -7,6 +7,7 @@ use super::error::TrainError;
 use super::metrics::RankReport;
 use super::report::Reporter;
 use super::trainer::Trainer;
+use crate::checkpoint::LlmcStreamWriter;
 use crate::data::{TokenFile, TRAIN_FILE, VAL_FILE};
 use std::sync::Arc;
 use zero_comm::Communicator;
@@ -76,6 +77,9 @@ pub fn train(cfg: &TrainConfig) -> Result<RunSummary, TrainError> {
 fn rank_main(shared: &Shared<'_>, comm: Communicator) -> Result<RankOutput, TrainError> {
     let cfg = shared.cfg;
     let due = |every: u64, step: u64| every > 0 && step % every == 0;
+    if let Some(path) = cfg.export_llmc.as_deref().filter(|_| comm.rank() == 0) {
+        LlmcStreamWriter::check_destination(path)?;
+    }
     let mut trainer = Trainer::new(shared, comm)?;
     if cfg.eval_every > 0 {
         // The starting point of the validation curve (llm.c evaluates at step 0 too).

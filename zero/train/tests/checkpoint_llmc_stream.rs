@@ -33,7 +33,7 @@ fn units(shape: &ModelShape) -> Vec<Vec<f32>> {
 #[test]
 fn units_written_in_any_order_read_back_whole() {
     let dir = TempDir::new("llmc-stream-order");
-    let path = dir.0.join("model.bin");
+    let path = dir.0.join("new folder").join("model.bin");
     let shape = ModelShape::from_config(&config());
     let want = units(&shape);
     let mut writer = LlmcStreamWriter::create(&path, shape).unwrap();
@@ -127,4 +127,20 @@ fn a_stage_three_export_adds_nothing_to_the_training_peak() {
     }
     let file = LlmcCheckpoint::load(&path).unwrap().to_units().unwrap();
     assert_eq!(file, results[0].2, "the file holds the gathered parameters");
+}
+
+#[test]
+fn a_destination_that_cannot_be_written_is_refused_before_training() {
+    let dir = TempDir::new("llmc-stream-destination");
+    let file = dir.0.join("a file");
+    std::fs::write(&file, b"not a folder").unwrap();
+    let err = LlmcStreamWriter::check_destination(&file.join("model.bin")).unwrap_err();
+    assert!(err.to_string().contains("a file"), "{err}");
+    let fine = dir.0.join("new").join("model.bin");
+    LlmcStreamWriter::check_destination(&fine).unwrap();
+    assert!(fine.parent().unwrap().is_dir());
+    assert_eq!(
+        std::fs::read_dir(fine.parent().unwrap()).unwrap().count(),
+        0
+    );
 }

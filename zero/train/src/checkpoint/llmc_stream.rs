@@ -31,7 +31,8 @@ pub struct LlmcStreamWriter {
 }
 
 impl LlmcStreamWriter {
-    /// Starts `path` for a model of `shape`: the header, and room for every parameter.
+    /// Starts `path` for a model of `shape` (creating its folder): the header, and room for
+    /// every parameter.
     ///
     /// # Errors
     /// [`Error::Format`] for an invalid shape, [`Error::Io`] naming the file.
@@ -40,6 +41,9 @@ impl LlmcStreamWriter {
             path: path.to_path_buf(),
             source,
         })?;
+        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            std::fs::create_dir_all(dir).map_err(failed("create directory", dir))?;
+        }
         let tmp = with_suffix(path, ".tmp");
         let mut file = File::create(&tmp).map_err(failed("create", &tmp))?;
         let bytes = 4 * shape.num_params() as u64 + LLMC_HEADER_BYTES as u64;
@@ -53,6 +57,22 @@ impl LlmcStreamWriter {
             written: vec![false; shape.unit_sizes().len()],
             shape,
         })
+    }
+
+    /// Checks, before a run that ends by exporting to `path`, that the file can be written
+    /// there: creates its folder and creates and removes `<path>.tmp`. So a bad destination
+    /// fails at start-up, not after the training it was meant to keep.
+    ///
+    /// # Errors
+    /// [`Error::Io`] naming the folder or file.
+    pub fn check_destination(path: &Path) -> Result<()> {
+        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            std::fs::create_dir_all(dir).map_err(failed("create directory", dir))?;
+        }
+        let tmp = with_suffix(path, ".tmp");
+        File::create(&tmp).map_err(failed("create", &tmp))?;
+        std::fs::remove_file(&tmp).map_err(failed("remove", &tmp))?;
+        Ok(())
     }
 
     /// Writes unit `unit`'s parameters (its whole, unpadded elements) where llm.c keeps them.
