@@ -90,9 +90,12 @@ fn batch(vocab: u32) -> (Vec<u32>, Vec<u32>) {
     (tokens, targets)
 }
 
-/// (loss, gradients) of two micro-steps (the second accumulating) on the CPU model.
-fn cpu_step(every: Option<usize>) -> (Vec<f32>, Vec<Vec<f32>>) {
-    let model = Gpt::new(GptConfig::tiny()).unwrap();
+/// (loss, gradients) of two micro-steps (the second accumulating) of `model`, whose backend
+/// works on host slices.
+fn two_steps<K: Backend<Slice = [f32]>>(
+    model: &Gpt<K>,
+    every: Option<usize>,
+) -> (Vec<f32>, Vec<Vec<f32>>) {
     let params = init_params(model.config(), model.layout(), 7);
     let mut grads: Vec<Vec<f32>> = model
         .layout()
@@ -112,24 +115,13 @@ fn cpu_step(every: Option<usize>) -> (Vec<f32>, Vec<Vec<f32>>) {
     (losses, grads)
 }
 
+/// The same on the CPU model.
+fn cpu_step(every: Option<usize>) -> (Vec<f32>, Vec<Vec<f32>>) {
+    two_steps(&Gpt::new(GptConfig::tiny()).unwrap(), every)
+}
+
 fn counting_step(model: &Gpt<Counting>, every: Option<usize>) -> (Vec<f32>, Vec<Vec<f32>>) {
-    let params = init_params(model.config(), model.layout(), 7);
-    let mut grads: Vec<Vec<f32>> = model
-        .layout()
-        .unit_lens()
-        .iter()
-        .map(|&n| vec![0.0; n])
-        .collect();
-    let mut acts = model.activations_checkpointed(B, T, every).unwrap();
-    let (tokens, targets) = batch(100);
-    let losses = (0..2)
-        .map(|_| {
-            model
-                .forward_backward(&mut acts, &params, &mut grads, &tokens, &targets)
-                .unwrap()
-        })
-        .collect();
-    (losses, grads)
+    two_steps(model, every)
 }
 
 fn bits(x: &[f32]) -> Vec<u32> {
