@@ -253,16 +253,7 @@ impl<B: Backend> Gpt<B> {
         params: &B::Slice,
         grads: &mut B::Slice,
     ) -> Result<()> {
-        let unit = self.block_unit(layer)?;
-        self.check_unit(unit, params.len(), "block parameters")?;
-        self.check_unit(unit, grads.len(), "block gradients")?;
-        self.check_call_order(acts, Progress::Backward { next: unit }, "block_backward")?;
-        if acts.needs_recompute(layer) {
-            return Err(GptError::OutOfOrder {
-                call: "block_backward",
-                reason: format!("block {layer}'s checkpointed segment was not recomputed"),
-            });
-        }
+        let unit = self.check_block_backward(acts, layer, params.len(), grads.len())?;
         let be = &self.backend;
         let (b, t, c, nh) = (acts.b, acts.t, self.config.channels, self.config.num_heads);
         let n = b * t;
@@ -332,6 +323,28 @@ impl<B: Backend> Gpt<B> {
         be.layernorm_backward(dres, dln1w, dln1b, dln, x, ln1w, ln1_mean, ln1_rstd, n, c);
         acts.progress = Progress::Backward { next: unit - 1 };
         Ok(())
+    }
+
+    /// Checks a `block_backward` call (buffer sizes, call order, recomputed segment);
+    /// returns the block's unit.
+    fn check_block_backward(
+        &self,
+        acts: &Activations<B>,
+        layer: usize,
+        params_len: usize,
+        grads_len: usize,
+    ) -> Result<usize> {
+        let unit = self.block_unit(layer)?;
+        self.check_unit(unit, params_len, "block parameters")?;
+        self.check_unit(unit, grads_len, "block gradients")?;
+        self.check_call_order(acts, Progress::Backward { next: unit }, "block_backward")?;
+        if acts.needs_recompute(layer) {
+            return Err(GptError::OutOfOrder {
+                call: "block_backward",
+                reason: format!("block {layer}'s checkpointed segment was not recomputed"),
+            });
+        }
+        Ok(unit)
     }
 
     /// Backward of the embedding: adds d(wte) rows and d(wpe) into `embed_grad`, finishing the
