@@ -325,28 +325,6 @@ impl<B: Backend> Gpt<B> {
         Ok(())
     }
 
-    /// Checks a `block_backward` call (buffer sizes, call order, recomputed segment);
-    /// returns the block's unit.
-    fn check_block_backward(
-        &self,
-        acts: &Activations<B>,
-        layer: usize,
-        params_len: usize,
-        grads_len: usize,
-    ) -> Result<usize> {
-        let unit = self.block_unit(layer)?;
-        self.check_unit(unit, params_len, "block parameters")?;
-        self.check_unit(unit, grads_len, "block gradients")?;
-        self.check_call_order(acts, Progress::Backward { next: unit }, "block_backward")?;
-        if acts.needs_recompute(layer) {
-            return Err(GptError::OutOfOrder {
-                call: "block_backward",
-                reason: format!("block {layer}'s checkpointed segment was not recomputed"),
-            });
-        }
-        Ok(unit)
-    }
-
     /// Backward of the embedding: adds d(wte) rows and d(wpe) into `embed_grad`, finishing the
     /// backward pass.
     ///
