@@ -78,41 +78,66 @@ pub(crate) fn plan(
         let op = call.kind();
         return Err(CommError::Root { op, root, size });
     }
-    let is_root = root == Some(rank);
-    let chunked = |len: usize| {
-        if len % size == 0 {
-            Ok(len / size)
-        } else {
-            let expected = len.div_ceil(size) * size;
-            length(
-                call,
-                "array (not a multiple of the group size)",
-                expected,
-                len,
-            )
-            .map(|()| 0)
-        }
-    };
-    let at = |count, whole, send, recv| Launch {
+    if in_place {
+        let n = required(call, "in-place", recv)?;
+        return plan_in_place(call, rank, size, n);
+    }
+    plan_out_of_place(call, root == Some(rank), size, send, recv)
+}
+
+fn at(count: usize, whole: usize, send: Side, recv: Side) -> Launch {
+    Launch {
         count,
         whole,
         send,
         recv,
-    };
-    if in_place {
-        let n = required(call, "in-place", recv)?;
-        return Ok(match call {
-            Collective::ReduceScatter(_) => {
-                let c = chunked(n)?;
-                at(c, n, Side::Recv(0), Side::Recv(rank * c))
-            }
-            Collective::AllGather => {
-                let c = chunked(n)?;
-                at(c, n, Side::Recv(rank * c), Side::Recv(0))
-            }
-            _ => at(n, n, Side::Recv(0), Side::Recv(0)),
-        });
     }
+}
+
+/// The per-rank chunk of an array of `len` elements split over `size` ranks.
+fn chunk(call: Collective, len: usize, size: usize) -> Result<usize> {
+    if len % size == 0 {
+        return Ok(len / size);
+    }
+    let expected = len.div_ceil(size) * size;
+    length(
+        call,
+        "array (not a multiple of the group size)",
+        expected,
+        len,
+    )
+    .map(|()| 0)
+}
+
+/// `call` on one buffer of `n` elements, in NCCL's in-place layouts.
+fn plan_in_place(call: Collective, rank: usize, size: usize, n: usize) -> Result<Launch> {
+    Ok(match call {
+        Collective::ReduceScatter(_) => {
+            let c = chunk(call, n, size)?;
+            at(c, n, Side::Recv(0), Side::Recv(rank * c))
+        }
+        Collective::AllGather => {
+            let c = chunk(call, n, size)?;
+            at(c, n, Side::Recv(rank * c), Side::Recv(0))
+        }
+        _ => at(n, n, Side::Recv(0), Side::Recv(0)),
+    })
+}
+
+/// `call` from a send buffer into a receive buffer (either absent where NCCL ignores it).
+fn plan_out_of_place(
+    call: Collective,
+    is_root: bool,
+    size: usize,
+    send: Option<usize>,
+    recv: Option<usize>,
+) -> Result<Launch> {
+    let times = |n: usize| {
+        n.checked_mul(size)
+            .ok_or_else(|| CommError::InvalidArgument {
+                what: format!("{}: {n} x {size} elements overflow", call.kind()),
+            })
+    };
     match call {
         Collective::AllReduce(_) => {
             let (s, r) = (required(call, "send", send)?, required(call, "recv", recv)?);
@@ -120,21 +145,11 @@ pub(crate) fn plan(
         }
         Collective::ReduceScatter(_) => {
             let (s, r) = (required(call, "send", send)?, required(call, "recv", recv)?);
-            let whole = r
-                .checked_mul(size)
-                .ok_or_else(|| CommError::InvalidArgument {
-                    what: format!("reduce_scatter: {r} x {size} elements overflow"),
-                })?;
-            length(call, "send", whole, s).map(|()| at(r, s, Side::Send(0), Side::Recv(0)))
+            length(call, "send", times(r)?, s).map(|()| at(r, s, Side::Send(0), Side::Recv(0)))
         }
         Collective::AllGather => {
             let (s, r) = (required(call, "send", send)?, required(call, "recv", recv)?);
-            let whole = s
-                .checked_mul(size)
-                .ok_or_else(|| CommError::InvalidArgument {
-                    what: format!("all_gather: {s} x {size} elements overflow"),
-                })?;
-            length(call, "recv", whole, r).map(|()| at(s, r, Side::Send(0), Side::Recv(0)))
+            length(call, "recv", times(s)?, r).map(|()| at(s, r, Side::Send(0), Side::Recv(0)))
         }
         Collective::Broadcast(_) => {
             let r = required(call, "recv", recv)?;
