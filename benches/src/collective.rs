@@ -279,29 +279,15 @@ fn rank_main<T: Round>(
         comm.all_reduce_in_place(&mut wrongs, ReduceOp::Sum)?;
         if comm.rank() == 0 {
             let size = (count * T::DTYPE.size()) as u64;
-            let meas = |p: usize| {
-                let secs = f64::from(times[p]).max(1e-12);
-                let algbw = size as f64 / secs / 1e9;
-                // The local algorithm's memory traffic; other backends move bytes elsewhere.
-                let traffic = if comm.backend() == "local" {
-                    local::memory_traffic(cfg.op, size, cfg.ranks, p == 1) as f64
+            // The local algorithm's memory traffic; other backends move bytes elsewhere.
+            let traffic = |in_place| {
+                if comm.backend() == "local" {
+                    local::memory_traffic(cfg.op, size, cfg.ranks, in_place) as f64
                 } else {
                     f64::NAN
-                };
-                Measurement {
-                    time_us: secs * 1e6,
-                    algbw,
-                    busbw: algbw * bus_factor(cfg.op, cfg.ranks),
-                    membw: traffic / secs / 1e9,
-                    wrong: cfg.check.then_some(wrongs[p] as u64),
                 }
             };
-            let row = Row {
-                size,
-                count,
-                out_of_place: meas(0),
-                in_place: meas(1),
-            };
+            let row = row(cfg, (count, T::DTYPE.size()), times, wrongs, traffic);
             let mut r = report
                 .lock()
                 .unwrap_or_else(std::sync::PoisonError::into_inner);
@@ -309,6 +295,37 @@ fn rank_main<T: Round>(
         }
     }
     Ok(())
+}
+
+/// One size's row from the slowest rank's mean times and the summed wrong counts, out of
+/// place then in place; `(count, elem)` are the elements and their bytes, and
+/// `traffic(in_place)` the bytes the algorithm moves through memory (NaN where not ours to
+/// count).
+pub(crate) fn row(
+    cfg: &BenchConfig,
+    (count, elem): (usize, usize),
+    times: [f32; 2],
+    wrongs: [f32; 2],
+    traffic: impl Fn(bool) -> f64,
+) -> Row {
+    let size = (count * elem) as u64;
+    let meas = |p: usize| {
+        let secs = f64::from(times[p]).max(1e-12);
+        let algbw = size as f64 / secs / 1e9;
+        Measurement {
+            time_us: secs * 1e6,
+            algbw,
+            busbw: algbw * bus_factor(cfg.op, cfg.ranks),
+            membw: traffic(p == 1) / secs / 1e9,
+            wrong: cfg.check.then_some(wrongs[p] as u64),
+        }
+    };
+    Row {
+        size,
+        count,
+        out_of_place: meas(0),
+        in_place: meas(1),
+    }
 }
 
 /// A zeroed buffer, or an error (not an abort) when `-e` asks for more memory than there is.

@@ -11,9 +11,7 @@ use half::{bf16, f16};
 use zero_comm::nccl::{NcclComm, NcclWork};
 use zero_comm::{Collective, CommError, DType, ReduceOp};
 
-use crate::collective::{
-    bus_factor, fill, lengths, sizes, wrong, BenchConfig, Measurement, Round, Row,
-};
+use crate::collective::{fill, lengths, row, sizes, wrong, BenchConfig, Round, Row};
 
 fn cuda(call: &'static str) -> impl Fn(cudarc::driver::DriverError) -> CommError {
     move |e| CommError::Vendor {
@@ -146,24 +144,9 @@ fn rank_main<T: Round + DeviceRepr + ValidAsZeroBits>(
         let times = across(comm, [m[0][0], m[1][0]], ReduceOp::Max)?;
         let wrongs = across(comm, [m[0][1], m[1][1]], ReduceOp::Sum)?;
         if rank == 0 {
-            let size = (count * T::DTYPE.size()) as u64;
-            let meas = |p: usize| {
-                let secs = f64::from(times[p]).max(1e-12);
-                let algbw = size as f64 / secs / 1e9;
-                Measurement {
-                    time_us: secs * 1e6,
-                    algbw,
-                    busbw: algbw * bus_factor(cfg.op, n),
-                    membw: f64::NAN, // NCCL's memory traffic is not ours to count
-                    wrong: cfg.check.then_some(wrongs[p] as u64),
-                }
-            };
-            report(&Row {
-                size,
-                count,
-                out_of_place: meas(0),
-                in_place: meas(1),
-            });
+            // NCCL's memory traffic is not ours to count.
+            let elems = (count, T::DTYPE.size());
+            report(&row(cfg, elems, times, wrongs, |_| f64::NAN));
         }
     }
     Ok(())
