@@ -19,7 +19,8 @@
 //!    one unit at a time.
 //!
 //! Completion never depends on timing (rule 4 completes by count), so the peak is the same
-//! on every run and every rank, and equals what the arena measures.
+//! on every run and equals what the arena measures on the rank with the widest updated range
+//! (a last rank whose shard holds fewer real elements can peak lower in rule 6).
 
 use super::inflight::MAX_IN_FLIGHT;
 use super::order::upcoming_gathers;
