@@ -14,8 +14,10 @@ use crate::{AllocError, Arena, ArenaConfig, Backing, Handle};
 /// block count; a step with nothing to pick is a no-op.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Op {
-    /// Allocate this many bytes.
+    /// Allocate this many bytes (best fit).
     Alloc(usize),
+    /// Allocate this many bytes at the end of the highest hole that fits.
+    AllocHigh(usize),
     /// Free a live block.
     Free(usize),
     /// Free an already freed handle (must be refused).
@@ -44,10 +46,10 @@ pub fn ops_from_bytes(data: &[u8], capacity: usize) -> Vec<Op> {
             _ => (0, &[][..]),
         };
         rest = tail;
+        let bytes = arg * (capacity / 4 + 1) / 0x1_0000 + usize::from(tag >> 7) * capacity;
         ops.push(match tag % 10 {
-            0..=2 => {
-                Op::Alloc(arg * (capacity / 4 + 1) / 0x1_0000 + usize::from(tag >> 7) * capacity)
-            }
+            0 | 1 => Op::Alloc(bytes),
+            2 => Op::AllocHigh(bytes),
             3 | 4 => Op::Free(arg),
             5 => Op::FreeStale(arg),
             6 => Op::Write(arg, tag),
@@ -183,7 +185,8 @@ impl Harness {
     /// A description of the violated rule.
     pub fn apply(&mut self, op: Op) -> Result<(), String> {
         match op {
-            Op::Alloc(bytes) => self.alloc(bytes),
+            Op::Alloc(bytes) => self.alloc(bytes, false),
+            Op::AllocHigh(bytes) => self.alloc(bytes, true),
             Op::Free(pick) => {
                 let Some(i) = pick.checked_rem(self.live.len()) else {
                     return Ok(());
@@ -287,7 +290,7 @@ impl Harness {
         }
     }
 
-    fn alloc(&mut self, bytes: usize) -> Result<(), String> {
+    fn alloc(&mut self, bytes: usize, high: bool) -> Result<(), String> {
         let Some(size) = self.rounded(bytes) else {
             let result = self.arena.alloc(bytes);
             return expect_err(
@@ -296,15 +299,26 @@ impl Harness {
                 "overflowing size",
             );
         };
-        let best = self
+        let fitting = self
             .model_holes()
             .into_iter()
-            .filter(|&(_, hole)| hole >= size)
-            .min_by_key(|&(offset, hole)| (hole, offset));
+            .filter(|&(_, hole)| hole >= size);
+        // Best fit: the smallest hole's start; high: the end of the highest hole.
+        let best = if high {
+            fitting
+                .max_by_key(|&(offset, _)| offset)
+                .map(|(offset, hole)| (offset + hole - size, hole))
+        } else {
+            fitting.min_by_key(|&(offset, hole)| (hole, offset))
+        };
         let total_free = self.capacity() - self.allocated();
         let defrags =
             best.is_none() && self.arena.config().defragment_on_fragmentation && total_free >= size;
-        let result = self.arena.alloc(bytes);
+        let result = if high {
+            self.arena.alloc_high(bytes)
+        } else {
+            self.arena.alloc(bytes)
+        };
         if defrags {
             self.expect.defrags += 1;
             self.refresh_after_defrag()?;
@@ -318,7 +332,7 @@ impl Harness {
                 match best {
                     Some((offset, _)) if block.offset != offset => {
                         return Err(format!(
-                            "placed at {} but best fit is {offset}",
+                            "placed at {} but the placement rule says {offset}",
                             block.offset
                         ))
                     }

@@ -11,6 +11,7 @@ fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
         4 => (0..CAPACITY / 3).prop_map(Op::Alloc),
         1 => (CAPACITY / 2..2 * CAPACITY).prop_map(Op::Alloc),
+        2 => (0..CAPACITY / 3).prop_map(Op::AllocHigh),
         3 => any::<usize>().prop_map(Op::Free),
         1 => any::<usize>().prop_map(Op::FreeStale),
         2 => (any::<usize>(), any::<u8>()).prop_map(|(i, s)| Op::Write(i, s)),
