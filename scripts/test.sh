@@ -66,13 +66,19 @@ echo "== zero-comm --features mpi: the mpi module's unit tests, the MPI suite as
 cargo test -p zero-comm --features mpi --lib -- mpi::
 cargo test -p zero-comm --features mpi --test mpi_conformance --test mpi_bench
 
-bin=$(cargo test -p zero-comm --features mpi --test mpi_conformance --no-run \
-  --message-format=json 2>/dev/null |
-  grep -o '"executable":"[^"]*mpi_conformance[^"]*"' | tail -n1 | cut -d'"' -f4)
-if [[ -z "$bin" || ! -x "$bin" ]]; then
-  echo "test.sh: cannot find the mpi_conformance test binary" >&2
-  exit 1
-fi
+# The path of test binary $2 of package $1, built with the mpi feature (exits when absent).
+mpi_test_bin() {
+  local exe
+  exe=$(cargo test -p "$1" --features mpi --test "$2" --no-run --message-format=json 2>/dev/null |
+    grep -o "\"executable\":\"[^\"]*$2[^\"]*\"" | tail -n1 | cut -d'"' -f4)
+  if [[ -z "$exe" || ! -x "$exe" ]]; then
+    echo "test.sh: cannot find the $2 test binary" >&2
+    exit 1
+  fi
+  echo "$exe"
+}
+
+bin=$(mpi_test_bin zero-comm mpi_conformance)
 
 for np in 2 4; do
   echo "== mpirun -np $np mpi_conformance"
@@ -96,13 +102,7 @@ grep "^rank [0-9]: after" <<<"$out"
 # --- the engine over MPI: the backend's staging lies in the rank's arena --------------------
 # Every stage, f32 and bf16: no staging byte outside the block the engine lends the backend,
 # and the arena's peak equals the plan (which counts the block).
-staging_bin=$(cargo test -p zero-train --features mpi --test mpi_staging --no-run \
-  --message-format=json 2>/dev/null |
-  grep -o '"executable":"[^"]*mpi_staging[^"]*"' | tail -n1 | cut -d'"' -f4)
-if [[ -z "$staging_bin" || ! -x "$staging_bin" ]]; then
-  echo "test.sh: cannot find the mpi_staging test binary" >&2
-  exit 1
-fi
+staging_bin=$(mpi_test_bin zero-train mpi_staging)
 for np in 2 4; do
   echo "== mpirun -np $np mpi_staging"
   timeout --kill-after=10 600 mpirun "${mpirun_flags[@]}" -np "$np" "$staging_bin"
