@@ -5,11 +5,12 @@
 use super::engine::{Engine, UnitViews};
 use super::error::{Error, Result};
 use super::inflight::{InFlight, MAX_IN_FLIGHT};
+use super::kernels::Span;
 use super::policy::GradReduce;
-use super::precision::{accumulate, any_non_finite, narrow, with_store, Store};
+use super::precision::{with_store, Store};
 use super::schedule::UnitCall;
 use zero_alloc::Handle;
-use zero_comm::{Bucket, ReduceOp, ShardBuckets};
+use zero_comm::{Bucket, DType, ReduceOp, ShardBuckets};
 
 impl Engine {
     /// Starts `unit`'s backward: gives it a zeroed f32 buffer for its unreduced gradient.
@@ -25,8 +26,15 @@ impl Engine {
         }
         self.order
             .visit(&self.comm, UnitCall::BeginBackward(unit))?;
-        let h = self.alloc_transient::<f32>(self.policies[unit].part.padded_numel())?;
-        self.arena.slice_mut::<f32>(h)?.fill(0.0);
+        let padded = self.policies[unit].part.padded_numel();
+        let h = self.alloc_transient::<f32>(padded)?;
+        let zeroed = self
+            .kernels
+            .fill_zero(&mut self.arena, DType::F32, Span::new(h, 0..padded));
+        if let Err(e) = zeroed {
+            self.arena.free(h)?;
+            return Err(e);
+        }
         self.bufs[unit].unreduced = Some(h);
         Ok(())
     }
@@ -105,13 +113,13 @@ impl Engine {
         for bucket in layout.buckets() {
             let elems = layout.bucket_elems(bucket);
             let staged = self.alloc_lent::<S>(elems)?;
-            let packed = (|| -> Result<()> {
-                let mut views = self.arena.views();
-                let wide = views.get::<f32>(tmp)?;
-                let out = views.get_mut::<S>(staged)?;
-                layout.pack(bucket, wide, out, |src, dst| narrow(src, dst, scale));
-                Ok(())
-            })();
+            // Bucket k holds the k-th piece of every rank's shard (`ShardBuckets::pack`).
+            let packed = (0..part.world()).try_for_each(|r| {
+                let src = Span::new(tmp, layout.source(bucket, r));
+                let dst = Span::new(staged, layout.segment(bucket, r));
+                self.kernels
+                    .narrow(&mut self.arena, S::DTYPE, src, dst, scale)
+            });
             if let Err(e) = packed {
                 self.arena.free(staged)?;
                 return Err(e);
@@ -158,18 +166,16 @@ impl Engine {
         let policy = self.policies[unit];
         let rank = self.comm.rank();
         let grads = self.bufs[unit].grads;
-        let result = (|| -> Result<()> {
-            let mut views = self.arena.views();
-            let reduced = views.get::<S>(staged)?;
-            let acc = views.get_mut::<S>(grads)?;
-            for j in policy.kept_segments(rank) {
-                let piece = &reduced[layout.segment(bucket, j)];
-                let at = policy.grad_index(rank, j, bucket.offset);
-                self.overflow |= any_non_finite(piece);
-                accumulate(&mut acc[at..at + bucket.len], piece);
-            }
+        let result = policy.kept_segments(rank).try_for_each(|j| {
+            let piece = Span::new(staged, layout.segment(bucket, j));
+            let at = policy.grad_index(rank, j, bucket.offset);
+            let acc = Span::new(grads, at..at + bucket.len);
+            let overflow = self
+                .kernels
+                .accumulate(&mut self.arena, S::DTYPE, acc, piece)?;
+            self.overflow |= overflow;
             Ok(())
-        })();
+        });
         self.arena.free(staged)?;
         result
     }

@@ -20,6 +20,7 @@
 use super::error::{Error, Result};
 use super::formulas::{expected_model_state_bytes, ModelStateBytes};
 use super::inflight::{InFlight, Prefetch};
+use super::kernels::{HostKernels, Kernels};
 use super::loss_scale::LossScaler;
 use super::order::confirm_same_schedule;
 use super::order::OrderCheck;
@@ -28,7 +29,7 @@ use super::policy::{UnitPolicy, ZeroStage};
 use super::precision::Precision;
 use super::schedule::Schedule;
 use super::unit::UnitSpec;
-use super::unit_buffers::{initial_values, write_whole, UnitBuffers};
+use super::unit_buffers::{upload_whole, write_whole, UnitBuffers};
 use crate::optim::AdamW;
 use std::collections::VecDeque;
 use zero_alloc::{Arena, Handle, Lent};
@@ -108,6 +109,8 @@ pub type UnitViews<'a> = (Vec<&'a [f32]>, Vec<&'a mut [f32]>);
 pub struct Engine {
     pub(crate) comm: Communicator,
     pub(crate) arena: Arena,
+    /// Every pass over model-state bytes runs through these.
+    pub(crate) kernels: Box<dyn Kernels>,
     pub(crate) config: EngineConfig,
     pub(crate) specs: Vec<UnitSpec>,
     /// What the stage means for each unit.
@@ -164,6 +167,22 @@ impl Engine {
         specs: Vec<UnitSpec>,
         schedule: &Schedule,
         config: EngineConfig,
+        init: impl FnMut(usize, &mut [f32]),
+    ) -> Result<Self> {
+        Self::with_kernels(comm, specs, schedule, config, Box::new(HostKernels), init)
+    }
+
+    /// As [`Engine::with_schedule`], with the [`Kernels`] that run every pass over model
+    /// states ([`HostKernels`] there).
+    ///
+    /// # Errors
+    /// As [`Engine::with_schedule`].
+    pub fn with_kernels(
+        comm: Communicator,
+        specs: Vec<UnitSpec>,
+        schedule: &Schedule,
+        config: EngineConfig,
+        kernels: Box<dyn Kernels>,
         mut init: impl FnMut(usize, &mut [f32]),
     ) -> Result<Self> {
         for (unit, spec) in specs.iter().enumerate() {
@@ -189,13 +208,21 @@ impl Engine {
         let capacity = usize::try_from(capacity).unwrap_or(usize::MAX);
         let mut arena = Arena::new(arena_config(capacity, config.defragment))?;
         let policies = unit_policies(&specs, shape)?;
-        let bufs = allocate_units(&mut arena, &policies, &config, comm.rank(), &mut init)?;
+        let bufs = allocate_units(
+            &mut arena,
+            kernels.as_ref(),
+            &policies,
+            &config,
+            comm.rank(),
+            &mut init,
+        )?;
         provide_staging(&mut arena, &comm, &memory_plan)?;
         let n_units = bufs.len();
         Ok(Self {
             order: OrderCheck::new(comm.rank(), schedule),
             comm,
             arena,
+            kernels,
             config,
             specs,
             policies,
@@ -334,6 +361,7 @@ impl Engine {
 /// next ([`Engine::lend_f32`]) sit right after the model states and split no free space.
 fn allocate_units(
     arena: &mut Arena,
+    kernels: &dyn Kernels,
     policies: &[UnitPolicy],
     config: &EngineConfig,
     rank: usize,
@@ -342,9 +370,11 @@ fn allocate_units(
     let precision = config.precision;
     let mut bufs = Vec::with_capacity(policies.len());
     for (unit, policy) in policies.iter().enumerate() {
-        let b = UnitBuffers::new(arena, policy, precision)?;
-        let values = initial_values(arena, policy, |w| init(unit, w))?;
-        let loaded = write_whole(arena, policy, &b, precision, rank, values);
+        let b = UnitBuffers::new(arena, kernels, policy, precision)?;
+        let mut host = vec![0f32; policy.part.numel()];
+        init(unit, &mut host);
+        let values = upload_whole(arena, kernels, policy, &host)?;
+        let loaded = write_whole(arena, kernels, policy, &b, precision, rank, values);
         arena.free(values)?;
         loaded?;
         bufs.push(b);

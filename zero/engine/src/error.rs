@@ -56,6 +56,14 @@ pub enum Error {
         /// Units registered.
         units: usize,
     },
+    /// A kernel was given a range outside its block, or ranges of different lengths.
+    #[error("kernel {kernel}: {message}")]
+    BadSpan {
+        /// The kernel.
+        kernel: &'static str,
+        /// What does not fit.
+        message: String,
+    },
     /// A call out of the order forward -> backward -> step.
     #[error("{0}")]
     Order(String),

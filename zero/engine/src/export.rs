@@ -11,7 +11,7 @@ use super::engine::Engine;
 use super::error::{Error, Result};
 use super::partition::{Partition, Shard};
 use super::precision::{narrow, with_store};
-use super::unit_buffers::{write_whole, zeroed};
+use super::unit_buffers::{upload_whole, write_whole};
 use std::ops::Range;
 use zero_alloc::Handle;
 
@@ -320,11 +320,12 @@ impl Engine {
                     });
                 }
             }
-            let staged = zeroed::<f32>(&mut self.arena, policy.part.padded_numel())?;
-            self.arena.slice_mut::<f32>(staged)?[..numel].copy_from_slice(&state.params);
+            let kernels = self.kernels.as_ref();
+            let staged = upload_whole(&mut self.arena, kernels, &policy, &state.params)?;
             let b = &self.bufs[unit];
             let written = write_whole(
                 &mut self.arena,
+                kernels,
                 &policy,
                 b,
                 self.config.precision,

@@ -5,7 +5,8 @@
 use super::engine::Engine;
 use super::error::{Error, Result};
 use super::inflight::Prefetch;
-use super::precision::{widen, with_store, Store};
+use super::kernels::Span;
+use super::precision::{with_store, Store};
 use super::schedule::UnitCall;
 use zero_alloc::Handle;
 
@@ -50,26 +51,27 @@ impl Engine {
             Some(self.alloc_transient::<S>(padded)?)
         };
         let result = (|| -> Result<()> {
-            let mut views = self.arena.views();
-            let stored = views.get::<S>(params)?;
+            {
+                let mut views = self.arena.views();
+                let stored = views.get::<S>(params)?;
+                let gather_into = if direct { Some(out) } else { staged };
+                if let Some(h) = gather_into {
+                    self.comm.all_gather(stored, views.get_mut::<S>(h)?)?;
+                    self.traffic.all_gather += padded as u64;
+                }
+            }
             if direct {
                 // f32 storage: the compute copy is the gathered buffer itself.
-                self.comm.all_gather(stored, views.get_mut::<S>(out)?)?;
-                self.traffic.all_gather += padded as u64;
                 return Ok(());
             }
-            let out = views.get_mut::<f32>(out)?;
-            let whole: &[S] = match staged {
-                None => stored,
-                Some(h) => {
-                    let staged = views.get_mut::<S>(h)?;
-                    self.comm.all_gather(stored, staged)?;
-                    self.traffic.all_gather += padded as u64;
-                    staged
-                }
-            };
-            widen(whole, out, 1.0);
-            Ok(())
+            let whole = Span::new(staged.unwrap_or(params), 0..padded);
+            self.kernels.widen(
+                &mut self.arena,
+                S::DTYPE,
+                whole,
+                Span::new(out, 0..padded),
+                1.0,
+            )
         })();
         if let Some(h) = staged {
             self.arena.free(h)?;
@@ -98,11 +100,15 @@ impl Engine {
             let params = b.params;
             let padded = policy.part.padded_numel();
             let staged = self.alloc_lent::<S>(padded)?;
-            {
-                // In-place all-gather: this rank's input is its own chunk.
-                let mut views = self.arena.views();
-                let shard = views.get::<S>(params)?;
-                views.get_mut::<S>(staged)?[policy.part.shard(rank).range()].copy_from_slice(shard);
+            // In-place all-gather: this rank's input is its own chunk.
+            let chunk = policy.part.shard(rank).range();
+            let shard = Span::new(params, 0..chunk.len());
+            let copied =
+                self.kernels
+                    .copy(&mut self.arena, S::DTYPE, shard, Span::new(staged, chunk));
+            if let Err(e) = copied {
+                self.arena.free(staged)?;
+                return Err(e);
             }
             let lent = self.arena.lend::<S>(staged)?;
             self.traffic.all_gather += padded as u64;

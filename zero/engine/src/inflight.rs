@@ -7,7 +7,8 @@
 
 use super::engine::Engine;
 use super::error::Result;
-use super::precision::{widen, Store};
+use super::kernels::Span;
+use super::precision::Store;
 use zero_alloc::Handle;
 use zero_alloc::Lent;
 use zero_comm::{Bucket, ShardBuckets, Work};
@@ -139,11 +140,13 @@ impl<S: Store> PendingGather for Gather<S> {
         }
         let len = engine.arena.block(staged)?.len / std::mem::size_of::<S>();
         let copy = engine.alloc_transient::<f32>(len)?;
-        let widened = (|| -> Result<()> {
-            let mut views = engine.arena.views();
-            widen(views.get::<S>(staged)?, views.get_mut::<f32>(copy)?, 1.0);
-            Ok(())
-        })();
+        let widened = engine.kernels.widen(
+            &mut engine.arena,
+            S::DTYPE,
+            Span::new(staged, 0..len),
+            Span::new(copy, 0..len),
+            1.0,
+        );
         engine.arena.free(staged)?;
         widened.map(|()| copy)
     }

@@ -46,6 +46,7 @@ mod export;
 mod formulas;
 mod forward;
 mod inflight;
+pub mod kernels;
 mod loss_scale;
 pub mod optim;
 mod order;
@@ -67,6 +68,7 @@ pub use formulas::{
     comm_elements_per_step, expected_model_state_bytes, padded_model_state_bytes, ModelStateBytes,
 };
 pub use inflight::MAX_IN_FLIGHT;
+pub use kernels::{HostKernels, Kernels};
 pub use loss_scale::LossScaler;
 pub use partition::{Partition, Shard};
 pub use plan::{check_fits, plan_memory, MemoryPlan, PlanShape};

@@ -100,6 +100,15 @@ impl Precision {
         }
     }
 
+    /// The storage element type.
+    pub fn dtype(self) -> zero_comm::DType {
+        match self {
+            Self::Fp32 => zero_comm::DType::F32,
+            Self::Bf16 => zero_comm::DType::Bf16,
+            Self::Fp16 => zero_comm::DType::F16,
+        }
+    }
+
     /// True when the optimizer keeps a separate f32 master copy.
     pub(crate) fn has_master(self) -> bool {
         self != Precision::Fp32

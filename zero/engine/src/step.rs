@@ -4,10 +4,11 @@
 
 use super::engine::Engine;
 use super::error::{Error, Result};
-use super::precision::{narrow, with_store, Precision, Store};
+use super::kernels::{AdamWBuffers, AdamWStep, Span};
+use super::precision::{with_store, Precision, Store};
 use super::unit_buffers::zeroed;
 use crate::optim::{clip_coefficient, global_norm};
-use zero_comm::ReduceOp;
+use zero_comm::{DType, ReduceOp};
 
 /// What one optimizer step did.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -106,11 +107,10 @@ impl Engine {
 
     /// Zeroes the accumulated gradients and the micro-step count.
     fn clear_grads(&mut self) -> Result<()> {
-        for b in &self.bufs {
-            with_store!(self.config.precision, S => {
-                let g = self.arena.slice_mut::<S>(b.grads)?;
-                g.fill(<S as bytemuck::Zeroable>::zeroed());
-            });
+        let dtype = self.config.precision.dtype();
+        for (policy, b) in self.policies.iter().zip(&self.bufs) {
+            let all = Span::new(b.grads, 0..policy.len(policy.whole_grads));
+            self.kernels.fill_zero(&mut self.arena, dtype, all)?;
         }
         self.micro_steps = 0;
         self.overflow = false;
@@ -121,67 +121,66 @@ impl Engine {
     /// rounded back into the stored parameters), then the all-gather where parameters are
     /// kept whole but updated by shard (stages 1-2, persistent units at stage 3).
     fn update_and_sync<S: Store>(&mut self, lr: f32, factor: f32, clip_coef: f32) -> Result<()> {
-        let (t, adam, rank) = (self.steps, self.config.adam, self.rank());
+        let rank = self.rank();
         for unit in 0..self.specs.len() {
             let policy = self.policies[unit];
             let owned = policy.owned(rank);
-            let p_at = policy.part.local(rank, owned, policy.whole_params);
-            let g_at = policy.part.local(rank, owned, policy.whole_grads);
-            let o_at = policy.part.local(rank, owned, policy.whole_optim);
-            let segments = self.specs[unit].decay_segments();
-            let grad32 = zeroed::<f32>(&mut self.arena, owned.len.max(1))?;
-            let b = &self.bufs[unit];
-            let (params, master, grads, m, v) = (b.params, b.master, b.grads, b.m, b.v);
-            {
-                let mut views = self.arena.views();
-                let g32 = &mut views.get_mut::<f32>(grad32)?[..owned.len];
-                let g = views.get_mut::<S>(grads)?;
-                for (w, &x) in g32.iter_mut().zip(&g[g_at]) {
-                    *w = x.to_f32() * factor * clip_coef;
-                }
-                g.fill(<S as bytemuck::Zeroable>::zeroed());
-                let m = views.get_mut::<f32>(m)?;
-                let v = views.get_mut::<f32>(v)?;
-                let stored = views.get_mut::<S>(params)?;
-                match master {
-                    Some(master) => {
-                        let master = views.get_mut::<f32>(master)?;
-                        adam.update(
-                            &mut master[o_at.clone()],
-                            g32,
-                            &mut m[o_at.clone()],
-                            &mut v[o_at.clone()],
-                            owned.offset,
-                            &segments,
-                            t,
-                            lr,
-                        )?;
-                        narrow(&master[o_at], &mut stored[p_at], 1.0);
-                    }
-                    None => {
-                        let p: &mut [f32] = bytemuck::cast_slice_mut(stored);
-                        adam.update(
-                            &mut p[p_at],
-                            g32,
-                            &mut m[o_at.clone()],
-                            &mut v[o_at],
-                            owned.offset,
-                            &segments,
-                            t,
-                            lr,
-                        )?;
-                    }
-                }
-                if policy.syncs_params_after_step() {
-                    self.comm.all_gather_in_place(stored)?;
-                    self.traffic.all_gather += stored.len() as u64;
-                }
-            }
+            let grad32 = zeroed(
+                &mut self.arena,
+                self.kernels.as_ref(),
+                DType::F32,
+                owned.len.max(1),
+            )?;
+            let updated = self.update_unit::<S>(unit, grad32, lr, factor, clip_coef);
             self.arena.free(grad32)?;
+            updated?;
+            let b = &self.bufs[unit];
+            let grads = Span::new(b.grads, 0..policy.len(policy.whole_grads));
+            self.kernels.fill_zero(&mut self.arena, S::DTYPE, grads)?;
+            if policy.syncs_params_after_step() {
+                let stored = self.arena.slice_mut::<S>(b.params)?;
+                self.comm.all_gather_in_place(stored)?;
+                self.traffic.all_gather += stored.len() as u64;
+            }
         }
         self.micro_steps = 0;
         self.overflow = false;
         Ok(())
+    }
+
+    /// AdamW on the range of `unit` this rank owns, with `grad32` as the f32 scratch.
+    fn update_unit<S: Store>(
+        &mut self,
+        unit: usize,
+        grad32: zero_alloc::Handle,
+        lr: f32,
+        factor: f32,
+        clip_coef: f32,
+    ) -> Result<()> {
+        let (policy, b, rank) = (self.policies[unit], &self.bufs[unit], self.rank());
+        let owned = policy.owned(rank);
+        let p_at = policy.part.local(rank, owned, policy.whole_params);
+        let g_at = policy.part.local(rank, owned, policy.whole_grads);
+        let o_at = policy.part.local(rank, owned, policy.whole_optim);
+        let bufs = AdamWBuffers {
+            grads: Span::new(b.grads, g_at),
+            scratch: Span::new(grad32, 0..owned.len),
+            master: b.master.map(|h| Span::new(h, o_at.clone())),
+            params: Span::new(b.params, p_at),
+            m: Span::new(b.m, o_at.clone()),
+            v: Span::new(b.v, o_at),
+        };
+        let segments = self.specs[unit].decay_segments();
+        let step = AdamWStep {
+            adam: self.config.adam,
+            t: self.steps,
+            lr,
+            grad_factor: factor,
+            clip_coef,
+            offset: owned.offset,
+            segments: &segments,
+        };
+        self.kernels.adamw(&mut self.arena, S::DTYPE, &bufs, &step)
     }
 
     /// The global gradient norm over every unit's real elements, of the gradients times
@@ -214,23 +213,22 @@ impl Engine {
 
     /// Sum of squares of rank `r`'s shards, rounded through the (hi, lo) f32 pair that the
     /// exchange sends, so a partial computed locally equals one received.
-    fn partial_norm(&self, r: usize, factor: f32) -> Result<f64> {
+    fn partial_norm(&mut self, r: usize, factor: f32) -> Result<f64> {
         let sum = with_store!(self.config.precision, S => self.sum_of_squares::<S>(r, factor))?;
         let (hi, lo) = split_f64(sum);
         Ok(f64::from(hi) + f64::from(lo))
     }
 
-    fn sum_of_squares<S: Store>(&self, r: usize, factor: f32) -> Result<f64> {
+    fn sum_of_squares<S: Store>(&mut self, r: usize, factor: f32) -> Result<f64> {
         let mut sum = 0f64;
         for (policy, b) in self.policies.iter().zip(&self.bufs) {
             let data = policy
                 .part
                 .local(r, policy.part.data_shard(r), policy.whole_grads);
-            let g = self.arena.slice::<S>(b.grads)?;
-            for &x in &g[data] {
-                let x = f64::from(x.to_f32() * factor);
-                sum += x * x;
-            }
+            let grads = Span::new(b.grads, data);
+            sum = self
+                .kernels
+                .add_squares(&mut self.arena, S::DTYPE, grads, factor, sum)?;
         }
         Ok(sum)
     }

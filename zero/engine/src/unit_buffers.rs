@@ -1,9 +1,11 @@
 //! One unit's arena blocks on a rank, and how whole values are stored into them.
 
 use super::error::Result;
+use super::kernels::{Kernels, Span};
 use super::policy::UnitPolicy;
-use super::precision::{narrow, with_store, Precision};
+use super::precision::Precision;
 use zero_alloc::{Arena, Handle};
+use zero_comm::DType;
 
 /// One unit's arena blocks on this rank.
 #[derive(Debug)]
@@ -27,40 +29,61 @@ pub(crate) struct UnitBuffers {
 
 impl UnitBuffers {
     /// Zeroed blocks for a unit, each whole or a shard as `policy` keeps it.
-    pub fn new(arena: &mut Arena, policy: &UnitPolicy, precision: Precision) -> Result<Self> {
+    pub fn new(
+        arena: &mut Arena,
+        kernels: &dyn Kernels,
+        policy: &UnitPolicy,
+        precision: Precision,
+    ) -> Result<Self> {
         let optim_len = policy.len(policy.whole_optim);
-        Ok(with_store!(precision, S => UnitBuffers {
-            params: zeroed::<S>(arena, policy.len(policy.whole_params))?,
+        let store = precision.dtype();
+        let mut zeroed = |dtype, len| zeroed(arena, kernels, dtype, len);
+        Ok(UnitBuffers {
+            params: zeroed(store, policy.len(policy.whole_params))?,
             master: if precision.has_master() {
-                Some(zeroed::<f32>(arena, optim_len)?)
+                Some(zeroed(DType::F32, optim_len)?)
             } else {
                 None
             },
-            grads: zeroed::<S>(arena, policy.len(policy.whole_grads))?,
-            m: zeroed::<f32>(arena, optim_len)?,
-            v: zeroed::<f32>(arena, optim_len)?,
+            grads: zeroed(store, policy.len(policy.whole_grads))?,
+            m: zeroed(DType::F32, optim_len)?,
+            v: zeroed(DType::F32, optim_len)?,
             gathered: None,
             gather_refs: 0,
             unreduced: None,
-        }))
+        })
     }
 }
 
-/// A zero-filled block of `len` elements (arena blocks hold stale bytes after reuse).
-pub(crate) fn zeroed<T: bytemuck::Pod>(arena: &mut Arena, len: usize) -> Result<Handle> {
-    let h = arena.alloc_elems::<T>(len)?;
-    arena.slice_mut::<T>(h)?.fill(T::zeroed());
+/// A zero-filled block of `len` elements of `dtype` (arena blocks hold stale bytes after
+/// reuse).
+pub(crate) fn zeroed(
+    arena: &mut Arena,
+    kernels: &dyn Kernels,
+    dtype: DType,
+    len: usize,
+) -> Result<Handle> {
+    let h = match dtype {
+        DType::F32 => arena.alloc_elems::<f32>(len)?,
+        DType::Bf16 | DType::F16 => arena.alloc_elems::<u16>(len)?,
+    };
+    kernels.fill_zero(arena, dtype, Span::new(h, 0..len))?;
     Ok(h)
 }
 
-/// A transient f32 block holding a unit's whole (padded) initial values.
-pub(crate) fn initial_values(
+/// A transient f32 block holding `values` then zeros up to the unit's padded length:
+/// written from the host, so it works on any arena with memory.
+pub(crate) fn upload_whole(
     arena: &mut Arena,
+    kernels: &dyn Kernels,
     policy: &UnitPolicy,
-    init: impl FnOnce(&mut [f32]),
+    values: &[f32],
 ) -> Result<Handle> {
-    let full = zeroed::<f32>(arena, policy.part.padded_numel())?;
-    init(&mut arena.slice_mut::<f32>(full)?[..policy.part.numel()]);
+    let full = zeroed(arena, kernels, DType::F32, policy.part.padded_numel())?;
+    if let Err(e) = arena.write_bytes(full, bytemuck::cast_slice(values)) {
+        arena.free(full)?;
+        return Err(e.into());
+    }
     Ok(full)
 }
 
@@ -68,6 +91,7 @@ pub(crate) fn initial_values(
 /// stored parameters (rounded for half precision) and the f32 master copy.
 pub(crate) fn write_whole(
     arena: &mut Arena,
+    kernels: &dyn Kernels,
     policy: &UnitPolicy,
     b: &UnitBuffers,
     precision: Precision,
@@ -75,23 +99,24 @@ pub(crate) fn write_whole(
     values: Handle,
 ) -> Result<()> {
     let shard = policy.part.shard(rank);
-    let mut views = arena.views();
-    let values = views.get::<f32>(values)?;
     let part = |whole: bool| {
         if whole {
-            values
+            Span::new(values, 0..policy.part.padded_numel())
         } else {
-            &values[shard.range()]
+            Span::new(values, shard.range())
         }
     };
-    with_store!(precision, S => {
-        let stored = views.get_mut::<S>(b.params)?;
-        narrow(part(policy.whole_params), stored, 1.0);
-    });
+    let stored = Span::new(b.params, 0..policy.len(policy.whole_params));
+    kernels.narrow(
+        arena,
+        precision.dtype(),
+        part(policy.whole_params),
+        stored,
+        1.0,
+    )?;
     if let Some(master) = b.master {
-        views
-            .get_mut::<f32>(master)?
-            .copy_from_slice(part(policy.whole_optim));
+        let master = Span::new(master, 0..policy.len(policy.whole_optim));
+        kernels.copy(arena, DType::F32, part(policy.whole_optim), master)?;
     }
     Ok(())
 }

@@ -1,0 +1,359 @@
+//! The engine's passes over model states run through its `Kernels`: an implementation
+//! written here from the trait's contract alone (naive loops, AdamW from its formula) trains
+//! to the same bits as the built-in host kernels at every stage and precision, and the calls
+//! it sees are the ones the engine's data flow implies.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use half::{bf16, f16};
+use zero::kernels::{AdamWBuffers, AdamWStep, Span};
+use zero::{Engine, EngineConfig, Error, Kernels, Precision, UnitSpec, ZeroStage};
+use zero_alloc::Arena;
+use zero_comm::DType;
+
+/// Calls per kernel: fill_zero, copy, widen, narrow, accumulate, add_squares, adamw.
+#[derive(Debug, Default)]
+struct Counts([AtomicUsize; 7]);
+
+impl Counts {
+    fn get(&self, k: usize) -> usize {
+        self.0[k].load(Ordering::Relaxed)
+    }
+}
+
+const ADAMW: usize = 6;
+const ADD_SQUARES: usize = 5;
+const ACCUMULATE: usize = 4;
+const WIDEN: usize = 2;
+
+#[derive(Debug)]
+struct Naive(Arc<Counts>);
+
+/// A storage element, converted by the `half` crate (not by the engine's code).
+trait El: bytemuck::Pod {
+    fn get(self) -> f32;
+    fn put(x: f32) -> Self;
+}
+
+impl El for f32 {
+    fn get(self) -> f32 {
+        self
+    }
+    fn put(x: f32) -> Self {
+        x
+    }
+}
+
+impl El for bf16 {
+    fn get(self) -> f32 {
+        self.to_f32()
+    }
+    fn put(x: f32) -> Self {
+        bf16::from_f32(x)
+    }
+}
+
+impl El for f16 {
+    fn get(self) -> f32 {
+        self.to_f32()
+    }
+    fn put(x: f32) -> Self {
+        f16::from_f32(x)
+    }
+}
+
+/// Reads `span` as f32 values.
+fn read<S: El>(arena: &Arena, span: Span) -> Vec<f32> {
+    arena.slice::<S>(span.block).unwrap()[span.range()]
+        .iter()
+        .map(|x| x.get())
+        .collect()
+}
+
+/// Writes f32 `values`, rounded to `S`, into `span`.
+fn write<S: El>(arena: &mut Arena, span: Span, values: &[f32]) {
+    assert_eq!(values.len(), span.len);
+    let out = &mut arena.slice_mut::<S>(span.block).unwrap()[span.range()];
+    for (o, &x) in out.iter_mut().zip(values) {
+        *o = S::put(x);
+    }
+}
+
+fn read_as(arena: &Arena, dtype: DType, span: Span) -> Vec<f32> {
+    match dtype {
+        DType::F32 => read::<f32>(arena, span),
+        DType::Bf16 => read::<bf16>(arena, span),
+        DType::F16 => read::<f16>(arena, span),
+    }
+}
+
+fn write_as(arena: &mut Arena, dtype: DType, span: Span, values: &[f32]) {
+    match dtype {
+        DType::F32 => write::<f32>(arena, span, values),
+        DType::Bf16 => write::<bf16>(arena, span, values),
+        DType::F16 => write::<f16>(arena, span, values),
+    }
+}
+
+impl Naive {
+    fn count(&self, k: usize) {
+        self.0 .0[k].fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+impl Kernels for Naive {
+    fn name(&self) -> &'static str {
+        "naive"
+    }
+
+    fn fill_zero(&self, arena: &mut Arena, dtype: DType, dst: Span) -> Result<(), Error> {
+        self.count(0);
+        write_as(arena, dtype, dst, &vec![0.0; dst.len]);
+        Ok(())
+    }
+
+    fn copy(&self, arena: &mut Arena, dtype: DType, src: Span, dst: Span) -> Result<(), Error> {
+        self.count(1);
+        let values = read_as(arena, dtype, src);
+        write_as(arena, dtype, dst, &values);
+        Ok(())
+    }
+
+    fn widen(
+        &self,
+        arena: &mut Arena,
+        dtype: DType,
+        src: Span,
+        dst: Span,
+        f: f32,
+    ) -> Result<(), Error> {
+        self.count(WIDEN);
+        let values: Vec<f32> = read_as(arena, dtype, src)
+            .iter()
+            .map(|x| if f == 1.0 { *x } else { x * f })
+            .collect();
+        write_as(arena, DType::F32, dst, &values);
+        Ok(())
+    }
+
+    fn narrow(
+        &self,
+        arena: &mut Arena,
+        dtype: DType,
+        src: Span,
+        dst: Span,
+        f: f32,
+    ) -> Result<(), Error> {
+        self.count(3);
+        let values: Vec<f32> = read_as(arena, DType::F32, src)
+            .iter()
+            .map(|x| if f == 1.0 { *x } else { x * f })
+            .collect();
+        write_as(arena, dtype, dst, &values);
+        Ok(())
+    }
+
+    fn accumulate(
+        &self,
+        arena: &mut Arena,
+        dtype: DType,
+        acc: Span,
+        x: Span,
+    ) -> Result<bool, Error> {
+        self.count(ACCUMULATE);
+        let add = read_as(arena, dtype, x);
+        let sum: Vec<f32> = read_as(arena, dtype, acc)
+            .iter()
+            .zip(&add)
+            .map(|(a, b)| a + b)
+            .collect();
+        write_as(arena, dtype, acc, &sum);
+        Ok(add.iter().any(|x| !x.is_finite()))
+    }
+
+    fn add_squares(
+        &self,
+        arena: &mut Arena,
+        dtype: DType,
+        src: Span,
+        f: f32,
+        sum: f64,
+    ) -> Result<f64, Error> {
+        self.count(ADD_SQUARES);
+        Ok(read_as(arena, dtype, src)
+            .iter()
+            .fold(sum, |s, &x| s + f64::from(x * f) * f64::from(x * f)))
+    }
+
+    fn adamw(
+        &self,
+        arena: &mut Arena,
+        dtype: DType,
+        b: &AdamWBuffers,
+        s: &AdamWStep<'_>,
+    ) -> Result<(), Error> {
+        self.count(ADAMW);
+        let g: Vec<f32> = read_as(arena, dtype, b.grads)
+            .iter()
+            .map(|x| x * s.grad_factor * s.clip_coef)
+            .collect();
+        let (mut m, mut v) = (read::<f32>(arena, b.m), read::<f32>(arena, b.v));
+        let weights = b.master.unwrap_or(b.params);
+        let mut p = read::<f32>(arena, weights);
+        naive_adamw(s, &mut p, &g, &mut m, &mut v);
+        write::<f32>(arena, b.m, &m);
+        write::<f32>(arena, b.v, &v);
+        write::<f32>(arena, weights, &p);
+        if b.master.is_some() {
+            write_as(arena, dtype, b.params, &p);
+        }
+        Ok(())
+    }
+}
+
+/// AdamW as PyTorch defines it, bias corrections in f64 rounded to f32; elements that no
+/// decay segment covers (padding) are left alone.
+fn naive_adamw(s: &AdamWStep<'_>, p: &mut [f32], g: &[f32], m: &mut [f32], v: &mut [f32]) {
+    let a = s.adam;
+    let t = s.t as i32;
+    let step_size = (f64::from(s.lr) / (1.0 - f64::from(a.beta1).powi(t))) as f32;
+    let inv_sqrt_bc2 = (1.0 / (1.0 - f64::from(a.beta2).powi(t)).sqrt()) as f32;
+    for i in 0..p.len() {
+        let unit_index = s.offset + i;
+        let Some(seg) = s
+            .segments
+            .iter()
+            .find(|seg| seg.range.contains(&unit_index))
+        else {
+            continue;
+        };
+        let decay = if seg.decay {
+            1.0 - s.lr * a.weight_decay
+        } else {
+            1.0
+        };
+        m[i] = a.beta1 * m[i] + (1.0 - a.beta1) * g[i];
+        v[i] = a.beta2 * v[i] + (1.0 - a.beta2) * g[i] * g[i];
+        p[i] = p[i] * decay - step_size * (m[i] / (v[i].sqrt() * inv_sqrt_bc2 + a.eps));
+    }
+}
+
+const STEPS: usize = 4;
+const UNITS: [usize; 3] = [300, 1000, 77];
+
+/// Trains a toy model (loss = Σ w², gradient 2w / rank-dependent scale) for `STEPS` steps;
+/// returns rank 0's final whole parameters of every unit and the grad norms.
+fn train(
+    world: usize,
+    config: EngineConfig,
+    naive: Option<Arc<Counts>>,
+) -> (Vec<Vec<f32>>, Vec<f32>) {
+    let comms = zero_comm::local::create(world).unwrap();
+    let results: Vec<_> = std::thread::scope(|s| {
+        let handles: Vec<_> = comms
+            .into_iter()
+            .map(|comm| {
+                let naive = naive.clone();
+                s.spawn(move || rank_main(comm, config, naive))
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    results.into_iter().next().unwrap()
+}
+
+fn rank_main(
+    comm: zero_comm::Communicator,
+    config: EngineConfig,
+    naive: Option<Arc<Counts>>,
+) -> (Vec<Vec<f32>>, Vec<f32>) {
+    let specs: Vec<UnitSpec> = UNITS
+        .iter()
+        .enumerate()
+        .map(|(u, &n)| UnitSpec::new(format!("u{u}"), n).with_decay(0..n / 2))
+        .collect();
+    let schedule = zero::Schedule::sequential(specs.len());
+    let init = |u: usize, w: &mut [f32]| {
+        for (i, x) in w.iter_mut().enumerate() {
+            *x = ((i * 7 + u * 3) % 17) as f32 / 17.0 - 0.4;
+        }
+    };
+    let kernels: Box<dyn Kernels> = match naive {
+        Some(counts) => Box::new(Naive(counts)),
+        None => Box::new(zero::HostKernels),
+    };
+    let mut e = Engine::with_kernels(comm, specs, &schedule, config, kernels, init).unwrap();
+    // Small enough for fp16 at its first loss scale, so no step is skipped.
+    let scale = (e.rank() + 1) as f32 * 1e-3;
+    let mut norms = vec![];
+    for _ in 0..STEPS {
+        for u in 0..UNITS.len() {
+            e.gather(u).unwrap();
+            e.release(u).unwrap();
+        }
+        for u in (0..UNITS.len()).rev() {
+            e.gather(u).unwrap();
+            e.begin_backward(u).unwrap();
+            let (p, mut g) = e.views(&[u], &[u]).unwrap();
+            for (gi, &w) in g[0].iter_mut().zip(p[0]) {
+                *gi = 2.0 * w * scale;
+            }
+            e.end_backward(u).unwrap();
+            e.release(u).unwrap();
+        }
+        e.end_micro_step().unwrap();
+        norms.push(e.step(1e-2).unwrap().grad_norm);
+    }
+    let params = (0..UNITS.len())
+        .map(|u| e.with_whole_params(u, <[f32]>::to_vec).unwrap())
+        .collect();
+    (params, norms)
+}
+
+fn config(stage: ZeroStage, precision: Precision) -> EngineConfig {
+    EngineConfig {
+        stage,
+        precision,
+        reduce_bucket_bytes: 512,
+        // Below the toy's norms, so the norm reaches every parameter through clipping.
+        grad_clip: 1e-4,
+        ..EngineConfig::default()
+    }
+}
+
+#[test]
+fn kernels_from_the_contract_train_to_the_same_bits() {
+    for precision in [Precision::Fp32, Precision::Bf16, Precision::Fp16] {
+        for stage in ZeroStage::ALL {
+            for world in [1, 2, 3] {
+                let config = config(stage, precision);
+                let counts = Arc::new(Counts::default());
+                let host = train(world, config, None);
+                let naive = train(world, config, Some(Arc::clone(&counts)));
+                let what = format!("{precision:?} {stage:?} world {world}");
+                assert_eq!(host.1, naive.1, "grad norms, {what}");
+                for (u, (h, n)) in host.0.iter().zip(&naive.0).enumerate() {
+                    let same = h.iter().zip(n).all(|(a, b)| a.to_bits() == b.to_bits());
+                    assert!(same, "unit {u} parameters differ, {what}");
+                }
+                // One AdamW call per unit per applied step on every rank (fp16 skips the
+                // steps that overflow at the first loss scales, with an infinite norm).
+                let applied = naive.1.iter().filter(|n| n.is_finite()).count();
+                assert!(applied > 0, "{what}");
+                assert_eq!(counts.get(ADAMW), world * UNITS.len() * applied, "{what}");
+                assert!(
+                    counts.get(ACCUMULATE) >= world * UNITS.len() * STEPS,
+                    "{what}"
+                );
+                assert!(
+                    counts.get(ADD_SQUARES) >= world * UNITS.len() * STEPS,
+                    "{what}"
+                );
+                // f32 storage is read in place or gathered straight into the compute copy.
+                let widens = precision != Precision::Fp32;
+                assert_eq!(counts.get(WIDEN) > 0, widens, "{what}");
+            }
+        }
+    }
+}
