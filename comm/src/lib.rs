@@ -47,6 +47,7 @@ mod chunk;
 mod communicator;
 mod communicator_staging;
 mod config;
+pub mod device_local;
 mod dtype;
 mod error;
 pub mod local;
