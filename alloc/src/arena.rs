@@ -459,6 +459,16 @@ impl Arena {
         Ok(())
     }
 
+    /// Waits for the work queued on the arena's stream (CUDA arenas: its copies, and kernels
+    /// launched on the same stream); returns at once on the host.
+    ///
+    /// # Errors
+    ///
+    /// A CUDA error from the wait.
+    pub fn synchronize(&self) -> Result<()> {
+        self.storage.finish()
+    }
+
     /// Copies `src` to the start of a block, on any device with memory.
     ///
     /// # Errors

@@ -2,6 +2,7 @@
 //! launched as soon as the unit's backward ends, and the accumulation of the part this rank
 //! keeps.
 
+use super::collectives::InPlace;
 use super::engine::{Engine, UnitViews};
 use super::error::{Error, Result};
 use super::inflight::{InFlight, MAX_IN_FLIGHT};
@@ -10,7 +11,7 @@ use super::policy::GradReduce;
 use super::precision::{with_store, Store};
 use super::schedule::UnitCall;
 use zero_alloc::Handle;
-use zero_comm::{Bucket, DType, ReduceOp, ShardBuckets};
+use zero_comm::{Bucket, DType, ShardBuckets};
 
 impl Engine {
     /// Starts `unit`'s backward: gives it a zeroed f32 buffer for its unreduced gradient.
@@ -124,19 +125,21 @@ impl Engine {
                 self.arena.free(staged)?;
                 return Err(e);
             }
-            let lent = self.arena.lend::<S>(staged)?;
-            let work = match self.policies[unit].reduce {
+            let op = match self.policies[unit].reduce {
                 GradReduce::AllReduce => {
                     self.traffic.all_reduce += elems as u64;
-                    self.comm.all_reduce_async(lent, ReduceOp::Avg)
+                    InPlace::AllReduceAvg
                 }
                 GradReduce::ReduceScatter => {
                     self.traffic.reduce_scatter += elems as u64;
-                    self.comm.reduce_scatter_async(lent, ReduceOp::Avg)
+                    InPlace::ReduceScatterAvg
                 }
             };
+            let flight =
+                self.collectives
+                    .launch(&self.comm, &mut self.arena, S::DTYPE, op, staged)?;
             self.in_flight
-                .push_back(InFlight::new(unit, layout, bucket, work));
+                .push_back(InFlight::new::<S>(unit, layout, bucket, flight));
             self.complete_reductions(MAX_IN_FLIGHT)?;
         }
         Ok(())

@@ -17,10 +17,12 @@
 //! Every element sees the same arithmetic in the same order at every stage, so stages 0-3
 //! give the same parameters to the bit.
 
+use super::collectives::Collectives;
+use super::engine_ops::EngineOps;
 use super::error::{Error, Result};
 use super::formulas::{expected_model_state_bytes, ModelStateBytes};
 use super::inflight::{InFlight, Prefetch};
-use super::kernels::{HostKernels, Kernels};
+use super::kernels::Kernels;
 use super::loss_scale::LossScaler;
 use super::order::confirm_same_schedule;
 use super::order::OrderCheck;
@@ -32,8 +34,8 @@ use super::unit::UnitSpec;
 use super::unit_buffers::{upload_whole, write_whole, UnitBuffers};
 use crate::optim::AdamW;
 use std::collections::VecDeque;
-use zero_alloc::{Arena, Handle, Lent};
-use zero_comm::Communicator;
+use zero_alloc::{Arena, ArenaConfig, Handle, Lent};
+use zero_comm::{Communicator, StagingRule};
 
 /// The engine's knobs, under DeepSpeed's names where it has them.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -111,6 +113,8 @@ pub struct Engine {
     pub(crate) arena: Arena,
     /// Every pass over model-state bytes runs through these.
     pub(crate) kernels: Box<dyn Kernels>,
+    /// Every collective over model states runs through these.
+    pub(crate) collectives: Box<dyn Collectives>,
     pub(crate) config: EngineConfig,
     pub(crate) specs: Vec<UnitSpec>,
     /// What the stage means for each unit.
@@ -169,22 +173,29 @@ impl Engine {
         config: EngineConfig,
         init: impl FnMut(usize, &mut [f32]),
     ) -> Result<Self> {
-        Self::with_kernels(comm, specs, schedule, config, Box::new(HostKernels), init)
+        Self::with_ops(comm, specs, schedule, config, EngineOps::host(), init)
     }
 
-    /// As [`Engine::with_schedule`], with the [`Kernels`] that run every pass over model
-    /// states ([`HostKernels`] there).
+    /// As [`Engine::with_schedule`], with model states on `ops.device`, computed on by
+    /// `ops.kernels` and moved by `ops.collectives` ([`EngineOps::host`] there). `comm` still
+    /// carries the engine's control traffic (schedule agreement, overflow flag, norm
+    /// partials).
     ///
     /// # Errors
     /// As [`Engine::with_schedule`].
-    pub fn with_kernels(
+    pub fn with_ops(
         comm: Communicator,
         specs: Vec<UnitSpec>,
         schedule: &Schedule,
         config: EngineConfig,
-        kernels: Box<dyn Kernels>,
+        ops: EngineOps,
         mut init: impl FnMut(usize, &mut [f32]),
     ) -> Result<Self> {
+        let EngineOps {
+            device,
+            kernels,
+            collectives,
+        } = ops;
         for (unit, spec) in specs.iter().enumerate() {
             spec.check()
                 .map_err(|message| Error::BadUnit { unit, message })?;
@@ -198,7 +209,7 @@ impl Engine {
             prefetch_units: config.prefetch_units,
             reduce_bucket_bytes: config.reduce_bucket_bytes,
             activation_bytes: config.activation_bytes,
-            staging: comm.staging_rule(),
+            staging: collectives.staging_rule(&comm),
         };
         let memory_plan = match config.memory_limit {
             Some(limit) => check_fits(&specs, schedule, shape, limit)?,
@@ -206,7 +217,10 @@ impl Engine {
         };
         let capacity = config.memory_limit.unwrap_or(memory_plan.total());
         let capacity = usize::try_from(capacity).unwrap_or(usize::MAX);
-        let mut arena = Arena::new(arena_config(capacity, config.defragment))?;
+        let mut arena = Arena::new(ArenaConfig {
+            device,
+            ..arena_config(capacity, config.defragment)
+        })?;
         let policies = unit_policies(&specs, shape)?;
         let bufs = allocate_units(
             &mut arena,
@@ -216,13 +230,16 @@ impl Engine {
             comm.rank(),
             &mut init,
         )?;
-        provide_staging(&mut arena, &comm, &memory_plan)?;
+        if shape.staging != StagingRule::None {
+            provide_staging(&mut arena, &comm, &memory_plan)?;
+        }
         let n_units = bufs.len();
         Ok(Self {
             order: OrderCheck::new(comm.rank(), schedule),
             comm,
             arena,
             kernels,
+            collectives,
             config,
             specs,
             policies,

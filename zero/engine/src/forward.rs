@@ -2,6 +2,7 @@
 //! (all-gathered at stage 3, widened from half precision), prefetched ahead in the recorded
 //! unit order, and freed on release.
 
+use super::collectives::InPlace;
 use super::engine::Engine;
 use super::error::{Error, Result};
 use super::inflight::Prefetch;
@@ -51,14 +52,13 @@ impl Engine {
             Some(self.alloc_transient::<S>(padded)?)
         };
         let result = (|| -> Result<()> {
-            {
-                let mut views = self.arena.views();
-                let stored = views.get::<S>(params)?;
-                let gather_into = if direct { Some(out) } else { staged };
-                if let Some(h) = gather_into {
-                    self.comm.all_gather(stored, views.get_mut::<S>(h)?)?;
-                    self.traffic.all_gather += padded as u64;
-                }
+            let gather_into = if direct { Some(out) } else { staged };
+            if let Some(h) = gather_into {
+                let shard = Span::new(params, 0..policy.len(policy.whole_params));
+                let whole = Span::new(h, 0..padded);
+                self.collectives
+                    .all_gather(&self.comm, &mut self.arena, S::DTYPE, shard, whole)?;
+                self.traffic.all_gather += padded as u64;
             }
             if direct {
                 // f32 storage: the compute copy is the gathered buffer itself.
@@ -110,10 +110,22 @@ impl Engine {
                 self.arena.free(staged)?;
                 return Err(e);
             }
-            let lent = self.arena.lend::<S>(staged)?;
+            let flight = self.collectives.launch(
+                &self.comm,
+                &mut self.arena,
+                S::DTYPE,
+                InPlace::AllGather,
+                staged,
+            );
+            let flight = match flight {
+                Ok(flight) => flight,
+                Err(e) => {
+                    self.arena.free(staged)?;
+                    return Err(e);
+                }
+            };
             self.traffic.all_gather += padded as u64;
-            let work = self.comm.all_gather_async(lent);
-            self.prefetched[unit] = Some(Prefetch::new(work));
+            self.prefetched[unit] = Some(Prefetch::new::<S>(flight));
         }
         Ok(())
     }

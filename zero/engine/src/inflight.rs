@@ -5,13 +5,14 @@
 //! arena keeps it pinned (not viewed, moved or freed) until the reduction hands it back, so
 //! the overlap costs no copy and every byte stays measured.
 
+use super::collectives::Flight;
 use super::engine::Engine;
 use super::error::Result;
 use super::kernels::Span;
 use super::precision::Store;
+use std::marker::PhantomData;
 use zero_alloc::Handle;
-use zero_alloc::Lent;
-use zero_comm::{Bucket, ShardBuckets, Work};
+use zero_comm::{Bucket, ShardBuckets};
 
 /// Gradient buckets allowed in flight before `end_backward` waits for the oldest. Two keep
 /// the communicator busy behind the backward without letting staged buckets pile up; the
@@ -36,13 +37,14 @@ impl InFlight {
         unit: usize,
         layout: ShardBuckets,
         bucket: Bucket,
-        work: Work<Lent<S>>,
+        flight: Flight,
     ) -> Self {
-        Self(Box::new(Reduction {
+        Self(Box::new(Reduction::<S> {
             unit,
             layout,
             bucket,
-            work,
+            flight,
+            _store: PhantomData,
         }))
     }
 
@@ -61,7 +63,8 @@ struct Reduction<S> {
     unit: usize,
     layout: ShardBuckets,
     bucket: Bucket,
-    work: Work<Lent<S>>,
+    flight: Flight,
+    _store: PhantomData<fn() -> S>,
 }
 
 impl<S: Store> Pending for Reduction<S> {
@@ -70,8 +73,7 @@ impl<S: Store> Pending for Reduction<S> {
     }
 
     fn finish(self: Box<Self>, engine: &mut Engine) -> Result<()> {
-        let lent = self.work.wait()?;
-        let staged = engine.arena.take_back(lent)?;
+        let staged = self.flight.land(&mut engine.arena)?;
         engine.accumulate_reduced::<S>(self.unit, self.layout, self.bucket, staged)
     }
 }
@@ -86,8 +88,8 @@ impl std::fmt::Debug for Prefetch {
 }
 
 impl Prefetch {
-    pub fn new<S: Store>(work: Work<Lent<S>>) -> Self {
-        Self(Box::new(Gather::Flying(work)))
+    pub fn new<S: Store>(flight: Flight) -> Self {
+        Self(Box::new(Gather::<S>::Flying(flight)))
     }
 
     /// Waits for the all-gather and takes its staged block back (unpinned, so compaction may
@@ -110,18 +112,17 @@ trait PendingGather: Send {
 }
 
 enum Gather<S> {
-    Flying(Work<Lent<S>>),
+    Flying(Flight),
     Landed(Handle),
     /// Between the two, while the wait runs (never observed outside `land`).
-    Waiting,
+    Waiting(PhantomData<fn() -> S>),
 }
 
 impl<S: Store> PendingGather for Gather<S> {
     fn land(&mut self, engine: &mut Engine) -> Result<()> {
-        match std::mem::replace(self, Self::Waiting) {
-            Self::Flying(work) => {
-                let lent = work.wait()?;
-                *self = Self::Landed(engine.arena.take_back(lent)?);
+        match std::mem::replace(self, Self::Waiting(PhantomData)) {
+            Self::Flying(flight) => {
+                *self = Self::Landed(flight.land(&mut engine.arena)?);
             }
             landed => *self = landed,
         }

@@ -14,10 +14,11 @@
 //! Every method states its contract as the host implementation computes it; the host
 //! implementation is the reference a device implementation is tested against.
 //!
-//! Not behind the trait: collectives (the engine hands the communicator host slices of its
-//! arena), checkpoint export and import, and the views the model reads
-//! ([`Engine::params`](crate::Engine::params), [`Engine::views`](crate::Engine::views)).
-//! So an engine runs on host arenas only, whatever its kernels.
+//! Collectives over model states go through the sibling trait
+//! [`Collectives`](crate::Collectives). Not behind either: checkpoint export and import, and
+//! the views a model reads ([`Engine::params`](crate::Engine::params),
+//! [`Engine::views`](crate::Engine::views)), which are host slices; so an engine trains on
+//! host arenas only, whatever its kernels and collectives.
 
 mod host;
 
@@ -27,7 +28,7 @@ use std::ops::Range;
 use zero_alloc::{Arena, Handle};
 use zero_comm::DType;
 
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::optim::{AdamW, DecaySegment};
 
 pub use host::HostKernels;
@@ -56,6 +57,37 @@ impl Span {
     /// The element range within the block.
     pub fn range(&self) -> Range<usize> {
         self.start..self.start.saturating_add(self.len)
+    }
+}
+
+/// `span`'s elements of a block's view, or [`Error::BadSpan`] naming `what` failed.
+pub(crate) fn part<'a, T>(what: &'static str, block: &'a [T], span: Span) -> Result<&'a [T]> {
+    let len = block.len();
+    block
+        .get(span.range())
+        .ok_or_else(|| outside(what, span, len))
+}
+
+/// As [`part`], mutable.
+pub(crate) fn part_mut<'a, T>(
+    what: &'static str,
+    block: &'a mut [T],
+    span: Span,
+) -> Result<&'a mut [T]> {
+    let len = block.len();
+    block
+        .get_mut(span.range())
+        .ok_or_else(|| outside(what, span, len))
+}
+
+fn outside(what: &'static str, span: Span, len: usize) -> Error {
+    Error::BadSpan {
+        kernel: what,
+        message: format!(
+            "elements {}..{} of a block of {len}",
+            span.start,
+            span.start.saturating_add(span.len)
+        ),
     }
 }
 

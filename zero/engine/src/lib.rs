@@ -40,7 +40,9 @@
 #![warn(missing_docs)]
 
 mod backward;
+pub mod collectives;
 mod engine;
+mod engine_ops;
 mod error;
 mod export;
 mod formulas;
@@ -61,7 +63,9 @@ mod transient;
 mod unit;
 mod unit_buffers;
 
+pub use collectives::{Collectives, HostCollectives};
 pub use engine::{Engine, EngineConfig, Traffic, UnitViews};
+pub use engine_ops::EngineOps;
 pub use error::{Error, Result};
 pub use export::{OwnedStates, StateKind, UnitState};
 pub use formulas::{

@@ -45,6 +45,27 @@ macro_rules! with_store {
 }
 pub(crate) use with_store;
 
+/// Runs `$body` with the type alias `$S` bound to the Rust type of a `zero_comm::DType`.
+macro_rules! with_dtype {
+    ($dtype:expr, $S:ident => $body:expr) => {
+        match $dtype {
+            zero_comm::DType::F32 => {
+                type $S = f32;
+                $body
+            }
+            zero_comm::DType::Bf16 => {
+                type $S = half::bf16;
+                $body
+            }
+            zero_comm::DType::F16 => {
+                type $S = half::f16;
+                $body
+            }
+        }
+    };
+}
+pub(crate) use with_dtype;
+
 /// `dst = f32(src) * factor`, element by element.
 pub(crate) fn widen<S: Store>(src: &[S], dst: &mut [f32], factor: f32) {
     S::load_block(src, dst);

@@ -2,6 +2,7 @@
 //! on the owned range of the f32 master weights, and the all-gather that brings
 //! whole-parameter ranks back in sync.
 
+use super::collectives::InPlace;
 use super::engine::Engine;
 use super::error::{Error, Result};
 use super::kernels::{AdamWBuffers, AdamWStep, Span};
@@ -138,9 +139,15 @@ impl Engine {
             let grads = Span::new(b.grads, 0..policy.len(policy.whole_grads));
             self.kernels.fill_zero(&mut self.arena, S::DTYPE, grads)?;
             if policy.syncs_params_after_step() {
-                let stored = self.arena.slice_mut::<S>(b.params)?;
-                self.comm.all_gather_in_place(stored)?;
-                self.traffic.all_gather += stored.len() as u64;
+                let flight = self.collectives.launch(
+                    &self.comm,
+                    &mut self.arena,
+                    S::DTYPE,
+                    InPlace::AllGather,
+                    b.params,
+                )?;
+                flight.land(&mut self.arena)?;
+                self.traffic.all_gather += policy.len(policy.whole_params) as u64;
             }
         }
         self.micro_steps = 0;

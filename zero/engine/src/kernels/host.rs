@@ -1,37 +1,18 @@
 //! [`Kernels`] on host arenas: loops over arena views, the reference for every other
 //! implementation.
 
-use half::{bf16, f16};
 use zero_alloc::Arena;
 use zero_comm::{DType, Element};
 
+use super::{part, part_mut};
+
 use super::{AdamWBuffers, AdamWStep, Kernels, Span};
 use crate::error::{Error, Result};
-use crate::precision::{accumulate, any_non_finite, narrow, widen, Store};
+use crate::precision::{accumulate, any_non_finite, narrow, widen, with_dtype, Store};
 
 /// The engine's passes as host loops over arena views.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct HostKernels;
-
-/// Runs `$body` with `$S` bound to the Rust type of `$dtype`.
-macro_rules! with_dtype {
-    ($dtype:expr, $S:ident => $body:expr) => {
-        match $dtype {
-            DType::F32 => {
-                type $S = f32;
-                $body
-            }
-            DType::Bf16 => {
-                type $S = bf16;
-                $body
-            }
-            DType::F16 => {
-                type $S = f16;
-                $body
-            }
-        }
-    };
-}
 
 impl Kernels for HostKernels {
     fn name(&self) -> &'static str {
@@ -131,33 +112,6 @@ impl Kernels for HostKernels {
             same_len("adamw", bufs.grads, other)?;
         }
         with_dtype!(dtype, S => adamw_host::<S>(arena, bufs, step))
-    }
-}
-
-/// `span`'s elements of a block view, or [`Error::BadSpan`] naming `kernel`.
-fn part<'a, T>(kernel: &'static str, block: &'a [T], span: Span) -> Result<&'a [T]> {
-    let len = block.len();
-    block
-        .get(span.range())
-        .ok_or_else(|| outside(kernel, span, len))
-}
-
-/// As [`part`], mutable.
-fn part_mut<'a, T>(kernel: &'static str, block: &'a mut [T], span: Span) -> Result<&'a mut [T]> {
-    let len = block.len();
-    block
-        .get_mut(span.range())
-        .ok_or_else(|| outside(kernel, span, len))
-}
-
-fn outside(kernel: &'static str, span: Span, len: usize) -> Error {
-    Error::BadSpan {
-        kernel,
-        message: format!(
-            "elements {}..{} of a block of {len}",
-            span.start,
-            span.start.saturating_add(span.len)
-        ),
     }
 }
 

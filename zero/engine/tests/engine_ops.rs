@@ -1,14 +1,20 @@
-//! The engine's passes over model states run through its `Kernels`: an implementation
-//! written here from the trait's contract alone (naive loops, AdamW from its formula) trains
-//! to the same bits as the built-in host kernels at every stage and precision, and the calls
-//! it sees are the ones the engine's data flow implies.
+//! The engine's passes over model states run through its `Kernels` and its `Collectives`:
+//! kernels written here from the trait's contract alone (naive loops, AdamW from its formula)
+//! train to the same bits as the built-in host kernels at every stage and precision, and see
+//! the calls the engine's data flow implies; the device-local collectives (zero-comm's
+//! protocol for ranks sharing one GPU, here on host memory) train to the same bits as the
+//! host communicator.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use half::{bf16, f16};
+use zero::collectives::DeviceLocalCollectives;
 use zero::kernels::{AdamWBuffers, AdamWStep, Span};
-use zero::{Engine, EngineConfig, Error, Kernels, Precision, UnitSpec, ZeroStage};
+use zero::{
+    Collectives, Engine, EngineConfig, EngineOps, Error, HostCollectives, Kernels, Precision,
+    UnitSpec, ZeroStage,
+};
 use zero_alloc::Arena;
 use zero_comm::DType;
 
@@ -242,20 +248,42 @@ fn naive_adamw(s: &AdamWStep<'_>, p: &mut [f32], g: &[f32], m: &mut [f32], v: &m
 const STEPS: usize = 4;
 const UNITS: [usize; 3] = [300, 1000, 77];
 
-/// Trains a toy model (loss = Σ w², gradient 2w / rank-dependent scale) for `STEPS` steps;
-/// returns rank 0's final whole parameters of every unit and the grad norms.
-fn train(
-    world: usize,
-    config: EngineConfig,
+/// Which implementations a run uses.
+#[derive(Clone)]
+struct Variant {
+    /// Count calls in the naive kernels (host kernels when `None`).
     naive: Option<Arc<Counts>>,
-) -> (Vec<Vec<f32>>, Vec<f32>) {
+    /// zero-comm's device-local protocol on host memory instead of the host communicator.
+    device_local: bool,
+}
+
+/// Trains a toy model (loss = Σ w², gradient 2w times a rank-dependent scale) for `STEPS`
+/// steps; returns rank 0's final whole parameters of every unit and the grad norms.
+fn train(world: usize, config: EngineConfig, variant: &Variant) -> (Vec<Vec<f32>>, Vec<f32>) {
     let comms = zero_comm::local::create(world).unwrap();
+    let mut device_local = zero_comm::device_local::create(world, zero_comm::Config::default())
+        .unwrap()
+        .into_iter();
     let results: Vec<_> = std::thread::scope(|s| {
         let handles: Vec<_> = comms
             .into_iter()
             .map(|comm| {
-                let naive = naive.clone();
-                s.spawn(move || rank_main(comm, config, naive))
+                let kernels: Box<dyn Kernels> = match &variant.naive {
+                    Some(counts) => Box::new(Naive(Arc::clone(counts))),
+                    None => Box::new(zero::HostKernels),
+                };
+                let peer = device_local.next().unwrap();
+                let collectives: Box<dyn Collectives> = if variant.device_local {
+                    Box::new(DeviceLocalCollectives::host(peer))
+                } else {
+                    Box::new(HostCollectives)
+                };
+                let ops = EngineOps {
+                    device: zero_alloc::Device::Cpu,
+                    kernels,
+                    collectives,
+                };
+                s.spawn(move || rank_main(comm, config, ops))
             })
             .collect();
         handles.into_iter().map(|h| h.join().unwrap()).collect()
@@ -266,7 +294,7 @@ fn train(
 fn rank_main(
     comm: zero_comm::Communicator,
     config: EngineConfig,
-    naive: Option<Arc<Counts>>,
+    ops: EngineOps,
 ) -> (Vec<Vec<f32>>, Vec<f32>) {
     let specs: Vec<UnitSpec> = UNITS
         .iter()
@@ -279,11 +307,7 @@ fn rank_main(
             *x = ((i * 7 + u * 3) % 17) as f32 / 17.0 - 0.4;
         }
     };
-    let kernels: Box<dyn Kernels> = match naive {
-        Some(counts) => Box::new(Naive(counts)),
-        None => Box::new(zero::HostKernels),
-    };
-    let mut e = Engine::with_kernels(comm, specs, &schedule, config, kernels, init).unwrap();
+    let mut e = Engine::with_ops(comm, specs, &schedule, config, ops, init).unwrap();
     // Small enough for fp16 at its first loss scale, so no step is skipped.
     let scale = (e.rank() + 1) as f32 * 1e-3;
     let mut norms = vec![];
@@ -311,6 +335,20 @@ fn rank_main(
     (params, norms)
 }
 
+/// Asserts two runs ended with the same bits.
+fn assert_same(a: &(Vec<Vec<f32>>, Vec<f32>), b: &(Vec<Vec<f32>>, Vec<f32>), what: &str) {
+    assert_eq!(a.1, b.1, "grad norms, {what}");
+    for (u, (x, y)) in a.0.iter().zip(&b.0).enumerate() {
+        let same = x.iter().zip(y).all(|(p, q)| p.to_bits() == q.to_bits());
+        assert!(same, "unit {u} parameters differ, {what}");
+    }
+}
+
+const HOST: Variant = Variant {
+    naive: None,
+    device_local: false,
+};
+
 fn config(stage: ZeroStage, precision: Precision) -> EngineConfig {
     EngineConfig {
         stage,
@@ -329,30 +367,48 @@ fn kernels_from_the_contract_train_to_the_same_bits() {
             for world in [1, 2, 3] {
                 let config = config(stage, precision);
                 let counts = Arc::new(Counts::default());
-                let host = train(world, config, None);
-                let naive = train(world, config, Some(Arc::clone(&counts)));
+                let naive = Variant {
+                    naive: Some(Arc::clone(&counts)),
+                    device_local: false,
+                };
+                let host = train(world, config, &HOST);
+                let ran = train(world, config, &naive);
                 let what = format!("{precision:?} {stage:?} world {world}");
-                assert_eq!(host.1, naive.1, "grad norms, {what}");
-                for (u, (h, n)) in host.0.iter().zip(&naive.0).enumerate() {
-                    let same = h.iter().zip(n).all(|(a, b)| a.to_bits() == b.to_bits());
-                    assert!(same, "unit {u} parameters differ, {what}");
-                }
+                assert_same(&host, &ran, &what);
                 // One AdamW call per unit per applied step on every rank (fp16 skips the
-                // steps that overflow at the first loss scales, with an infinite norm).
-                let applied = naive.1.iter().filter(|n| n.is_finite()).count();
+                // steps that overflow, with an infinite norm).
+                let applied = ran.1.iter().filter(|n| n.is_finite()).count();
                 assert!(applied > 0, "{what}");
                 assert_eq!(counts.get(ADAMW), world * UNITS.len() * applied, "{what}");
                 assert!(
-                    counts.get(ACCUMULATE) >= world * UNITS.len() * STEPS,
+                    counts.get(ACCUMULATE) >= world * UNITS.len() * applied,
                     "{what}"
                 );
                 assert!(
-                    counts.get(ADD_SQUARES) >= world * UNITS.len() * STEPS,
+                    counts.get(ADD_SQUARES) >= world * UNITS.len() * applied,
                     "{what}"
                 );
                 // f32 storage is read in place or gathered straight into the compute copy.
                 let widens = precision != Precision::Fp32;
                 assert_eq!(counts.get(WIDEN) > 0, widens, "{what}");
+            }
+        }
+    }
+}
+
+#[test]
+fn device_local_collectives_train_to_the_same_bits() {
+    let device_local = Variant {
+        naive: None,
+        device_local: true,
+    };
+    for precision in [Precision::Fp32, Precision::Bf16] {
+        for stage in ZeroStage::ALL {
+            for world in [1, 2, 4] {
+                let config = config(stage, precision);
+                let what = format!("{precision:?} {stage:?} world {world}");
+                let host = train(world, config, &HOST);
+                assert_same(&host, &train(world, config, &device_local), &what);
             }
         }
     }

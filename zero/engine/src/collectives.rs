@@ -1,0 +1,117 @@
+//! The collectives the engine runs on model states, over blocks of its arena, behind one
+//! trait, so that they run where the arena's memory is.
+//!
+//! The engine's passes name blocks and ranges; a [`Collectives`] implementation moves them
+//! between ranks: [`HostCollectives`] hands host views of the blocks to the engine's
+//! [`Communicator`] (local threads, MPI); [`DeviceLocalCollectives`] runs zero-comm's
+//! device-local protocol on the blocks' addresses (ranks as threads sharing one GPU under
+//! `CudaOps`, or host memory under `HostOps`, which is how the CPU tests prove it).
+//!
+//! Decision: the engine keeps one [`Communicator`] for its control traffic (schedule
+//! agreement, the overflow flag, norm partials, exports: a few scalars) and passes it to
+//! every call, so a host implementation needs no communicator of its own and a device one
+//! ignores it. Rejected: a second host communicator split off for model states, which would
+//! double the groups (and MPI's staging) of every host run.
+//!
+//! A launched collective owns its block until it lands ([`Flight::land`]): the block is
+//! pinned, so the arena refuses to view, move or free it meanwhile.
+
+mod device_local;
+mod host;
+
+use std::fmt::Debug;
+
+use zero_alloc::{Arena, Handle};
+use zero_comm::{Communicator, DType, StagingRule};
+
+use crate::error::Result;
+use crate::kernels::Span;
+
+pub use device_local::{BlockAddress, DeviceLocalCollectives};
+pub use host::HostCollectives;
+
+/// An in-place collective over a whole block, with NCCL's layouts: reduce-scatter leaves this
+/// rank's result in chunk `rank` of the block, all-gather reads this rank's input from there.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum InPlace {
+    /// Every element averaged over ranks (sum in rank order, then divided).
+    AllReduceAvg,
+    /// Chunk `rank` averaged over ranks (sum in rank order, then divided).
+    ReduceScatterAvg,
+    /// Every rank's chunk `rank` copied to every rank.
+    AllGather,
+}
+
+/// A launched collective; [`Flight::land`] waits for it and returns its block, unpinned.
+#[must_use = "a launched collective keeps its block pinned until it lands"]
+pub struct Flight(Box<dyn Land>);
+
+impl Debug for Flight {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Flight")
+    }
+}
+
+impl Flight {
+    /// Wraps an implementation's pending collective.
+    pub fn new(pending: impl Land + 'static) -> Self {
+        Self(Box::new(pending))
+    }
+
+    /// Waits for the collective and gives its block back to `arena`.
+    ///
+    /// # Errors
+    /// The collective's failure (timeout, a rank gone, a device error); arena errors.
+    pub fn land(self, arena: &mut Arena) -> Result<Handle> {
+        self.0.land(arena)
+    }
+}
+
+/// What an implementation keeps of a launched collective.
+pub trait Land: Send {
+    /// Waits for the collective and gives its block back to `arena`, unpinned.
+    ///
+    /// # Errors
+    /// As [`Flight::land`].
+    fn land(self: Box<Self>, arena: &mut Arena) -> Result<Handle>;
+}
+
+/// The engine's collectives over model states. `comm` is the engine's communicator, for
+/// implementations that run on it; `dtype` is the element type of the blocks.
+pub trait Collectives: Send + Debug {
+    /// Short name for logs (`host`, `device-local`).
+    fn name(&self) -> &'static str;
+
+    /// How the collectives stage data in the arena ([`StagingRule::None`]: they use the
+    /// engine's blocks in place); the plan reserves it and the engine hands the staging
+    /// block to `comm`.
+    fn staging_rule(&self, comm: &Communicator) -> StagingRule;
+
+    /// All-gather of `src` (this rank's input) into `dst` (every rank's input in rank
+    /// order, `world * src.len` elements), finished when it returns.
+    ///
+    /// # Errors
+    /// Collective failures; arena errors; spans that do not fit.
+    fn all_gather(
+        &mut self,
+        comm: &Communicator,
+        arena: &mut Arena,
+        dtype: DType,
+        src: Span,
+        dst: Span,
+    ) -> Result<()>;
+
+    /// Launches `op` in place over the whole of `block`, which stays pinned until the
+    /// returned [`Flight`] lands.
+    ///
+    /// # Errors
+    /// As [`Collectives::all_gather`]; a block already pinned.
+    fn launch(
+        &mut self,
+        comm: &Communicator,
+        arena: &mut Arena,
+        dtype: DType,
+        op: InPlace,
+        block: Handle,
+    ) -> Result<Flight>;
+}
