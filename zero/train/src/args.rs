@@ -6,7 +6,7 @@
 //! refused). [`TrainArgs::resolve`] starts from the file's and overwrites the typed flags.
 
 use super::config::TrainConfig;
-use super::error::ConfigError;
+use super::error::{ConfigError, IoError};
 use clap::parser::ValueSource;
 use clap::{Arg, ArgMatches, Args, Command, FromArgMatches};
 use serde_json::{Map, Value};
@@ -72,9 +72,12 @@ impl TrainArgs {
     /// # Errors
     /// [`ConfigError::Read`] or [`ConfigError::Parse`].
     pub fn from_toml_file(path: &Path) -> Result<TrainConfig, ConfigError> {
-        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
-            path: path.to_path_buf(),
-            source,
+        let text = std::fs::read_to_string(path).map_err(|source| {
+            ConfigError::Read(IoError {
+                op: "read config file",
+                path: path.to_path_buf(),
+                source,
+            })
         })?;
         toml::from_str(&text).map_err(|e| ConfigError::Parse {
             path: path.to_path_buf(),

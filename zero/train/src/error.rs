@@ -2,17 +2,27 @@
 
 use std::path::PathBuf;
 
+/// An I/O operation that failed on a file or folder: what was being done, to which path,
+/// and what the OS said. Every error enum of this crate carries this one type for its I/O
+/// failures, so a failed open, read or write reads the same everywhere and names the path.
+#[derive(Debug, thiserror::Error)]
+#[error("cannot {op} {path}: {source}")]
+pub struct IoError {
+    /// What was being done ("open", "read", "write", "create directory", ...).
+    pub op: &'static str,
+    /// The file or folder.
+    pub path: PathBuf,
+    /// What the OS said.
+    #[source]
+    pub source: std::io::Error,
+}
+
 /// Why a configuration was refused.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
     /// The config file could not be read.
-    #[error("cannot read config file {path}: {source}")]
-    Read {
-        /// The file.
-        path: PathBuf,
-        /// What the OS said.
-        source: std::io::Error,
-    },
+    #[error(transparent)]
+    Read(IoError),
     /// The config file is not valid TOML for these keys.
     #[error("config file {path}: {message}")]
     Parse {
@@ -101,14 +111,9 @@ pub enum TrainError {
         /// What does not match.
         reason: String,
     },
-    /// A file could not be written.
-    #[error("cannot write {path}: {source}")]
-    Io {
-        /// The file.
-        path: PathBuf,
-        /// What the OS said.
-        source: std::io::Error,
-    },
+    /// A file (the metrics log) could not be created or written.
+    #[error(transparent)]
+    Io(#[from] IoError),
     /// A backend this build or this runner does not offer.
     #[error("{0}")]
     Unsupported(String),

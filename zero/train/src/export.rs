@@ -15,7 +15,7 @@ use crate::checkpoint::{
     export_safetensors, read_model_file, resolve_state_dir, write_hf_config, LlmcCheckpoint,
     ModelShape, SafetensorsDtype, ShardedReader,
 };
-use crate::error::TrainError;
+use crate::error::{IoError, TrainError};
 
 /// The file formats `export` writes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -75,10 +75,12 @@ pub fn export(args: &ExportArgs) -> Result<GptConfig, TrainError> {
         )));
     }
     if let Some(parent) = args.to.parent().filter(|p| !p.as_os_str().is_empty()) {
-        std::fs::create_dir_all(parent).map_err(|source| crate::checkpoint::Error::Io {
-            op: "create the folder",
-            path: parent.to_path_buf(),
-            source,
+        std::fs::create_dir_all(parent).map_err(|source| {
+            crate::checkpoint::Error::Io(IoError {
+                op: "create the folder",
+                path: parent.to_path_buf(),
+                source,
+            })
         })?;
     }
     if args.from.is_dir() {

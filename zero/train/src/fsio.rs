@@ -10,19 +10,12 @@ use std::fs::File;
 use std::io::{BufWriter, Read};
 use std::path::{Path, PathBuf};
 
-/// An I/O failure with what was being done and to which path; each module's error enum
-/// converts it into its own `Io` variant.
-#[derive(Debug)]
-pub(crate) struct IoFailure {
-    pub(crate) op: &'static str,
-    pub(crate) path: PathBuf,
-    pub(crate) source: std::io::Error,
-}
+use crate::error::IoError;
 
 /// `map_err` adapter: `file.sync_all().map_err(failed("sync", &path))`.
-pub(crate) fn failed(op: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> IoFailure {
+pub(crate) fn failed(op: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> IoError {
     let path = path.to_path_buf();
-    move |source| IoFailure { op, path, source }
+    move |source| IoError { op, path, source }
 }
 
 /// Fills `buf` as far as the reader allows; returns the bytes read (short only at EOF).
@@ -53,7 +46,7 @@ pub(crate) fn with_suffix(path: &Path, suffix: &str) -> PathBuf {
 ///
 /// # Errors
 /// Opening or syncing the directory.
-pub(crate) fn sync_parent(path: &Path) -> Result<(), IoFailure> {
+pub(crate) fn sync_parent(path: &Path) -> Result<(), IoError> {
     let parent = match path.parent() {
         Some(p) if !p.as_os_str().is_empty() => p,
         _ => Path::new("."),
@@ -65,7 +58,7 @@ pub(crate) fn sync_parent(path: &Path) -> Result<(), IoFailure> {
 ///
 /// # Errors
 /// Opening or syncing the directory.
-pub(crate) fn sync_dir(dir: &Path) -> Result<(), IoFailure> {
+pub(crate) fn sync_dir(dir: &Path) -> Result<(), IoError> {
     let handle = File::open(dir).map_err(failed("open directory", dir))?;
     handle.sync_all().map_err(failed("sync directory", dir))
 }
@@ -77,7 +70,7 @@ pub(crate) fn sync_dir(dir: &Path) -> Result<(), IoFailure> {
 pub(crate) fn create_synced(
     path: &Path,
     fill: impl FnOnce(&mut BufWriter<File>) -> std::io::Result<()>,
-) -> Result<(), IoFailure> {
+) -> Result<(), IoError> {
     let file = File::create(path).map_err(failed("create", path))?;
     let mut writer = BufWriter::new(file);
     fill(&mut writer).map_err(failed("write", path))?;
@@ -95,7 +88,7 @@ pub(crate) fn create_synced(
 pub(crate) fn write_atomic(
     path: &Path,
     fill: impl FnOnce(&mut BufWriter<File>) -> std::io::Result<()>,
-) -> Result<(), IoFailure> {
+) -> Result<(), IoError> {
     let tmp = with_suffix(path, ".tmp");
     if let Err(e) = create_synced(&tmp, fill) {
         // Best effort: the write already failed, and that is the error worth reporting.
@@ -155,7 +148,7 @@ mod tests {
             w.write_all(b"new, half")?;
             Err(std::io::Error::other("disk full"))
         });
-        assert!(matches!(err, Err(IoFailure { op: "write", .. })));
+        assert!(matches!(err, Err(IoError { op: "write", .. })));
         assert_eq!(std::fs::read(&path).ok().as_deref(), Some(&b"old"[..]));
         assert!(!with_suffix(&path, ".tmp").exists());
         std::fs::remove_dir_all(dir).ok();

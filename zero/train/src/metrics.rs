@@ -2,6 +2,7 @@
 //! for people, and the closing per-rank memory and traffic table.
 
 use super::error::TrainError;
+use super::fsio::failed;
 use super::resident::Resident;
 use serde_json::{json, Value};
 use std::fs::File;
@@ -113,14 +114,10 @@ impl MetricsFile {
     /// # Errors
     /// [`TrainError::Io`] naming the file.
     pub fn create(path: &Path) -> Result<Self, TrainError> {
-        let io = |source| TrainError::Io {
-            path: path.to_path_buf(),
-            source,
-        };
         if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-            std::fs::create_dir_all(dir).map_err(io)?;
+            std::fs::create_dir_all(dir).map_err(failed("create directory", dir))?;
         }
-        let file = File::create(path).map_err(io)?;
+        let file = File::create(path).map_err(failed("create", path))?;
         Ok(Self {
             path: path.to_path_buf(),
             out: BufWriter::new(file),
@@ -132,12 +129,9 @@ impl MetricsFile {
     /// # Errors
     /// [`TrainError::Io`].
     pub fn write(&mut self, value: &Value) -> Result<(), TrainError> {
-        let io = |source| TrainError::Io {
-            path: self.path.clone(),
-            source,
-        };
-        writeln!(self.out, "{value}").map_err(io)?;
-        self.out.flush().map_err(io)
+        writeln!(self.out, "{value}").map_err(failed("write", &self.path))?;
+        self.out.flush().map_err(failed("write", &self.path))?;
+        Ok(())
     }
 }
 

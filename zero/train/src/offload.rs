@@ -4,7 +4,8 @@
 //! Legend: N = B*T positions, C channels, S segments = ceil(L/K).
 //!
 //! The rank's arena holds only [`STAGING_SLOTS`] slots of one (N,C) input each; host memory
-//! holds one pinned (N,C) buffer per segment, owned by the copy thread. The protocol:
+//! holds one pinned (N,C) buffer per segment, owned by the copy thread (`copy_thread`, which
+//! also says why the order of copies and a panicked thread are safe). The protocol:
 //! 1. `keep(s)`: copy the model's input into a free slot and queue "slot -> host s"; forward
 //!    goes on while the thread copies (it waits only when both slots are still queued).
 //! 2. `due_next(s)`: take a free slot and queue "host s -> slot"; the model gives this hint
@@ -12,23 +13,19 @@
 //! 3. `restore(s)`: wait for that fetch (queued one recompute and backward of a segment
 //!    earlier), copy the slot into the model's input and free it. A segment never hinted is
 //!    fetched there and then.
-//!
-//! The thread runs jobs in the order queued, so a fetch of s queued after `keep(s)` reads
-//! what was kept. Slots move into a job and come back with its completion: safe Rust, no
-//! shared memory. A thread that panics drops its end of the channels, so the next call that
-//! waits on it gets an error (and every call after it), never a hang. zero_alloc's
-//! `CopyEngine` was not used: it copies arena blocks named by handle, and the activations'
-//! blocks are lent out of the engine's arena (`Engine::lend_f32`), which hands out no handle.
 
-use std::sync::mpsc::{self, Receiver, Sender};
-use std::sync::{Arc, Mutex};
-use std::thread::JoinHandle;
+mod copy_thread;
+mod events;
+mod slots;
 
 use zero::Engine;
 use zero_alloc::PinnedBuffer;
 use zero_gpt::{check_kept_call, Buffer, GptError, KeptInputs};
 
 use crate::bridge::StepError;
+use copy_thread::{CopyThread, Job};
+pub use events::{EventLog, OffloadEvent};
+use slots::StagingSlots;
 
 /// Slots of one (N,C) input the arena holds with offload (fewer when there are fewer
 /// segments): one being copied out or in while the model reads or writes the other.
@@ -40,61 +37,11 @@ pub fn staging_slots(segments: usize) -> usize {
     STAGING_SLOTS.min(segments)
 }
 
-/// What the offloader did, in order (main-thread side), when asked to record it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum OffloadEvent {
-    /// Segment s's copy to host was queued.
-    KeepQueued(usize),
-    /// Segment s's fetch back into a slot was queued.
-    FetchQueued(usize),
-    /// Segment s was restored into the model's input; `fetched_ahead`: its fetch had been
-    /// queued before `restore` was called.
-    Restored {
-        /// The segment.
-        segment: usize,
-        /// The fetch was queued before the call.
-        fetched_ahead: bool,
-    },
-}
-
-/// A record of [`OffloadEvent`]s shared with the caller.
-pub type EventLog = Arc<Mutex<Vec<OffloadEvent>>>;
-
-enum Job {
-    ToHost {
-        segment: usize,
-        slot: Buffer,
-    },
-    ToSlot {
-        segment: usize,
-        slot: Buffer,
-        fetch: u64,
-    },
-    #[cfg(test)]
-    Panic,
-}
-
-struct Done {
-    segment: usize,
-    slot: Buffer,
-    /// The fetch's id, or `None` for a copy to host.
-    fetch: Option<u64>,
-    result: Result<(), String>,
-}
-
 /// [`KeptInputs`] in pinned host memory behind [`STAGING_SLOTS`] arena slots (module docs).
 #[derive(Debug)]
 pub struct OffloadedInputs {
-    jobs: Option<Sender<Job>>,
-    done: Receiver<Done>,
-    thread: Option<JoinHandle<()>>,
-    free: Vec<Buffer>,
-    /// Slots holding a fetched segment, oldest first.
-    fetched: Vec<(usize, Buffer)>,
-    /// Fetches queued and not yet completed: (segment, id).
-    fetching: Vec<(usize, u64)>,
-    in_flight: usize,
-    next_fetch: u64,
+    copier: CopyThread,
+    slots: StagingSlots,
     shape: (usize, usize),
     slot_bytes: u64,
     host_bytes: u64,
@@ -154,27 +101,12 @@ impl OffloadedInputs {
         if slots.is_empty() && !hosts.is_empty() {
             return Err(bad("offload staging slots", 0));
         }
-        let (jobs, job_rx) = mpsc::channel();
-        let (done_tx, done) = mpsc::channel();
         let segments = hosts.len();
-        let thread = std::thread::Builder::new()
-            .name("kept-input-copy".into())
-            .spawn(move || copy_loop(hosts, &job_rx, &done_tx))
-            .map_err(|e| GptError::KeptInputs {
-                segment: 0,
-                reason: format!("cannot start the copy thread: {e}"),
-            })?;
         Ok(Self {
-            jobs: Some(jobs),
-            done,
-            thread: Some(thread),
+            copier: CopyThread::spawn(hosts)?,
             slot_bytes: 4 * (slots.len() * input_len) as u64,
             host_bytes: 4 * (segments * input_len) as u64,
-            free: slots,
-            fetched: Vec::new(),
-            fetching: Vec::new(),
-            in_flight: 0,
-            next_fetch: 0,
+            slots: StagingSlots::new(slots),
             shape: (segments, input_len),
             failure: None,
             log: None,
@@ -212,34 +144,23 @@ impl OffloadedInputs {
     }
 
     fn send(&mut self, segment: usize, job: Job) -> Result<(), GptError> {
-        let sent = self
-            .jobs
-            .as_ref()
-            .is_some_and(|jobs| jobs.send(job).is_ok());
-        if !sent {
+        if !self.copier.send(job) {
             return Err(self.fail(segment, "the copy thread stopped".into()));
         }
-        self.in_flight += 1;
         Ok(())
     }
 
-    /// Waits for the oldest queued copy (callers check `in_flight > 0`) and files its slot.
+    /// Waits for the oldest queued copy (callers check it has one in flight) and files its
+    /// slot.
     fn collect_one(&mut self, segment: usize) -> Result<(), GptError> {
-        let Ok(done) = self.done.recv() else {
+        let Some(done) = self.copier.recv() else {
             return Err(self.fail(segment, "the copy thread stopped (a copy panicked)".into()));
         };
-        self.in_flight -= 1;
         if let Err(reason) = done.result {
             return Err(self.fail(done.segment, reason));
         }
-        let current = done.fetch.and_then(|id| {
-            let at = self.fetching.iter().position(|&(_, f)| f == id)?;
-            Some(self.fetching.remove(at))
-        });
-        match current {
-            Some(_) => self.fetched.push((done.segment, done.slot)),
-            None => self.free.push(done.slot),
-        }
+        self.slots
+            .file_completed(done.segment, done.slot, done.fetch);
         Ok(())
     }
 
@@ -247,22 +168,17 @@ impl OffloadedInputs {
     /// slot (its segment stays on host and can be fetched again).
     fn free_slot(&mut self, segment: usize) -> Result<Buffer, GptError> {
         loop {
-            if let Some(slot) = self.free.pop() {
+            if let Some(slot) = self.slots.pop_free() {
                 return Ok(slot);
             }
-            if self.in_flight > 0 {
+            if self.copier.in_flight() > 0 {
                 self.collect_one(segment)?;
-            } else if !self.fetched.is_empty() {
-                return Ok(self.fetched.remove(0).1);
+            } else if let Some(slot) = self.slots.take_oldest_fetched() {
+                return Ok(slot);
             } else {
                 return Err(self.fail(segment, "no staging slot".into()));
             }
         }
-    }
-
-    fn fetch_pending(&self, segment: usize) -> bool {
-        self.fetched.iter().any(|&(s, _)| s == segment)
-            || self.fetching.iter().any(|&(s, _)| s == segment)
     }
 }
 
@@ -273,12 +189,7 @@ impl KeptInputs for OffloadedInputs {
 
     fn keep(&mut self, segment: usize, input: &[f32]) -> Result<(), GptError> {
         self.check(segment, input.len())?;
-        // Fetches of this segment's previous input are stale now.
-        self.fetching.retain(|&(s, _)| s != segment);
-        while let Some(at) = self.fetched.iter().position(|&(s, _)| s == segment) {
-            let (_, slot) = self.fetched.remove(at);
-            self.free.push(slot);
-        }
+        self.slots.forget(segment);
         let mut slot = self.free_slot(segment)?;
         slot.floats_mut().copy_from_slice(input);
         self.send(segment, Job::ToHost { segment, slot })?;
@@ -288,38 +199,37 @@ impl KeptInputs for OffloadedInputs {
 
     fn due_next(&mut self, segment: usize) -> Result<(), GptError> {
         self.check(segment, self.shape.1)?;
-        if self.fetch_pending(segment) {
+        if self.slots.fetch_pending(segment) {
             return Ok(());
         }
         let slot = self.free_slot(segment)?;
-        let fetch = self.next_fetch;
-        self.next_fetch += 1;
+        let fetch = self.slots.next_fetch_id();
         let job = Job::ToSlot {
             segment,
             slot,
             fetch,
         };
         self.send(segment, job)?;
-        self.fetching.push((segment, fetch));
+        self.slots.fetch_queued(segment, fetch);
         self.record(OffloadEvent::FetchQueued(segment));
         Ok(())
     }
 
     fn restore(&mut self, segment: usize, input: &mut [f32]) -> Result<(), GptError> {
         self.check(segment, input.len())?;
-        let fetched_ahead = self.fetch_pending(segment);
+        let fetched_ahead = self.slots.fetch_pending(segment);
         self.due_next(segment)?;
         let slot = loop {
-            if let Some(at) = self.fetched.iter().position(|&(s, _)| s == segment) {
-                break self.fetched.remove(at).1;
+            if let Some(slot) = self.slots.take_fetched(segment) {
+                break slot;
             }
-            if self.in_flight == 0 {
+            if self.copier.in_flight() == 0 {
                 return Err(self.fail(segment, "its fetch was lost".into()));
             }
             self.collect_one(segment)?;
         };
         input.copy_from_slice(slot.floats());
-        self.free.push(slot);
+        self.slots.release(slot);
         self.record(OffloadEvent::Restored {
             segment,
             fetched_ahead,
@@ -334,59 +244,6 @@ impl KeptInputs for OffloadedInputs {
     fn offloaded_bytes(&self) -> u64 {
         self.host_bytes
     }
-}
-
-impl Drop for OffloadedInputs {
-    fn drop(&mut self) {
-        // Closing the job channel ends the thread's loop once the queued copies are done.
-        drop(self.jobs.take());
-        if let Some(thread) = self.thread.take() {
-            // A panicked thread has already been reported by the call that met it.
-            let _ = thread.join();
-        }
-    }
-}
-
-/// The copy thread: runs jobs in order until the job channel closes.
-fn copy_loop(mut hosts: Vec<PinnedBuffer>, jobs: &Receiver<Job>, done: &Sender<Done>) {
-    for job in jobs {
-        let (segment, mut slot, fetch) = match job {
-            Job::ToHost { segment, slot } => (segment, slot, None),
-            Job::ToSlot {
-                segment,
-                slot,
-                fetch,
-            } => (segment, slot, Some(fetch)),
-            #[cfg(test)]
-            Job::Panic => panic!("a copy job panicked (injected by a test)"),
-        };
-        let result = match hosts.get_mut(segment) {
-            Some(host) => copy(host, slot.floats_mut(), fetch.is_none()),
-            None => Err(format!("no host buffer for segment {segment}")),
-        };
-        let reply = Done {
-            segment,
-            slot,
-            fetch,
-            result,
-        };
-        if done.send(reply).is_err() {
-            return;
-        }
-    }
-}
-
-fn copy(host: &mut PinnedBuffer, slot: &mut [f32], to_host: bool) -> Result<(), String> {
-    let host = host.as_slice_mut::<f32>().map_err(|e| e.to_string())?;
-    if host.len() != slot.len() {
-        return Err(format!("host {} vs slot {} floats", host.len(), slot.len()));
-    }
-    if to_host {
-        host.copy_from_slice(slot);
-    } else {
-        slot.copy_from_slice(host);
-    }
-    Ok(())
 }
 
 #[cfg(test)]

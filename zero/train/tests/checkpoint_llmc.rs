@@ -4,6 +4,7 @@ use std::path::PathBuf;
 
 use proptest::prelude::*;
 use zero_train::checkpoint::{Error, FormatError, LlmcCheckpoint, ModelShape, LLMC_HEADER_BYTES};
+use zero_train::error::IoError;
 
 fn tiny() -> ModelShape {
     ModelShape {
@@ -221,7 +222,7 @@ fn file_round_trip_and_missing_file() {
     assert_eq!(LlmcCheckpoint::load(&path).unwrap(), ckpt);
     assert!(matches!(
         LlmcCheckpoint::load(dir.join("absent.bin")),
-        Err(Error::Io { op: "open", .. })
+        Err(Error::Io(IoError { op: "open", .. }))
     ));
     std::fs::remove_dir_all(dir).unwrap();
 }

@@ -4,6 +4,7 @@ use std::path::PathBuf;
 
 use proptest::prelude::*;
 use zero_train::data::{Error, FormatError, TokenFile, GPT2_VOCAB, HEADER_BYTES, TOKEN_MAGIC};
+use zero_train::error::IoError;
 
 fn temp_dir(name: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("zero-data-{name}-{}", std::process::id()));
@@ -55,7 +56,10 @@ fn file_round_trip_through_disk() {
 #[test]
 fn missing_file_is_an_io_error_naming_it() {
     let err = TokenFile::open("/nonexistent/zero/train.bin").unwrap_err();
-    assert!(matches!(err, Error::Io { op: "open", .. }), "{err:?}");
+    assert!(
+        matches!(err, Error::Io(IoError { op: "open", .. })),
+        "{err:?}"
+    );
     assert!(err.to_string().contains("/nonexistent/zero/train.bin"));
 }
 

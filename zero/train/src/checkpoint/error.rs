@@ -2,15 +2,7 @@
 
 use std::path::PathBuf;
 
-impl From<crate::fsio::IoFailure> for Error {
-    fn from(e: crate::fsio::IoFailure) -> Self {
-        Self::Io {
-            op: e.op,
-            path: e.path,
-            source: e.source,
-        }
-    }
-}
+use crate::error::IoError;
 
 /// Result alias of the checkpoint module.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
@@ -174,17 +166,9 @@ pub enum SafetensorsError {
 /// Errors of the checkpoint module.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    /// An I/O operation failed.
-    #[error("{op} {path}: {source}")]
-    Io {
-        /// What was being done.
-        op: &'static str,
-        /// The file or directory.
-        path: PathBuf,
-        /// The underlying error.
-        #[source]
-        source: std::io::Error,
-    },
+    /// An I/O operation on a file or folder failed.
+    #[error(transparent)]
+    Io(#[from] IoError),
     /// A malformed llm.c checkpoint.
     #[error("llm.c checkpoint {path}: {source}")]
     Format {

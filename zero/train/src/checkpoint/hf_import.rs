@@ -18,6 +18,7 @@ use super::error::{Error, Result, SafetensorsError};
 use super::hf::{hf_tensors, parse_hf_dims, HfDims, HfTensor};
 use super::layout::ModelShape;
 use super::safetensors::{read_header, Entry, ReadFail};
+use crate::error::IoError;
 
 /// Bytes read per call while decoding a tensor.
 const CHUNK_BYTES: usize = 1 << 18;
@@ -73,18 +74,20 @@ fn with_file<T>(
         }
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => HfDims::default(),
         Err(source) => {
-            return Err(Error::Io {
+            return Err(Error::Io(IoError {
                 op: "read",
                 path: config_path,
                 source,
-            })
+            }))
         }
     };
     let io = |op| {
-        move |source| Error::Io {
-            op,
-            path: path.to_path_buf(),
-            source,
+        move |source| {
+            Error::Io(IoError {
+                op,
+                path: path.to_path_buf(),
+                source,
+            })
         }
     };
     let file = File::open(path).map_err(io("open"))?;
@@ -109,11 +112,11 @@ pub fn read_safetensors_bytes(bytes: &[u8], n_head: usize) -> Result<(GptConfig,
         HfDims::default(),
     )
     .map_err(|e| match e {
-        ReadFail::Io(source) => Error::Io {
+        ReadFail::Io(source) => Error::Io(IoError {
             op: "read",
             path,
             source,
-        },
+        }),
         ReadFail::Format(source) => Error::Safetensors { path, source },
     })
 }

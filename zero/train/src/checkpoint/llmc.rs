@@ -12,6 +12,7 @@ use std::path::{Path, PathBuf};
 
 use super::error::{Error, FormatError, Result};
 use super::layout::ModelShape;
+use crate::error::IoError;
 use crate::fsio::read_up_to;
 
 /// Magic number of llm.c float32 model checkpoints.
@@ -104,10 +105,12 @@ fn decode_f32(bytes: &[u8], out: &mut Vec<f32>) {
 /// after the header, the shape and the parameter byte count.
 fn open_checked(path: &Path) -> Result<(File, ModelShape, u64)> {
     let io = |op| {
-        move |source| Error::Io {
-            op,
-            path: path.to_path_buf(),
-            source,
+        move |source| {
+            Error::Io(IoError {
+                op,
+                path: path.to_path_buf(),
+                source,
+            })
         }
     };
     let mut file = File::open(path).map_err(io("open"))?;
@@ -203,11 +206,11 @@ impl LlmcCheckpoint {
         let (mut file, shape, expected) = open_checked(path)?;
         // The length was checked against the file, so reserving it all is safe here.
         let params = read_params(&mut file, expected, shape.num_params()).map_err(|e| match e {
-            ReadError::Io(source) => Error::Io {
+            ReadError::Io(source) => Error::Io(IoError {
                 op: "read",
                 path: path.to_path_buf(),
                 source,
-            },
+            }),
             ReadError::Format(source) => format_err(path, source),
         })?;
         Ok(Self { shape, params })
@@ -244,19 +247,21 @@ impl LlmcCheckpoint {
     pub fn read_from(mut reader: impl Read) -> Result<Self> {
         let path = PathBuf::from("<stream>");
         let mut header = vec![0u8; LLMC_HEADER_BYTES];
-        let got = read_up_to(&mut reader, &mut header).map_err(|source| Error::Io {
-            op: "read",
-            path: path.clone(),
-            source,
+        let got = read_up_to(&mut reader, &mut header).map_err(|source| {
+            Error::Io(IoError {
+                op: "read",
+                path: path.clone(),
+                source,
+            })
         })?;
         let (shape, expected) = parse_header(&header[..got]).map_err(|e| format_err(&path, e))?;
         let reserve = shape.num_params().min(CHUNK_BYTES / 4);
         let params = read_params(&mut reader, expected, reserve).map_err(|e| match e {
-            ReadError::Io(source) => Error::Io {
+            ReadError::Io(source) => Error::Io(IoError {
                 op: "read",
                 path: path.clone(),
                 source,
-            },
+            }),
             ReadError::Format(source) => format_err(&path, source),
         })?;
         Ok(Self { shape, params })

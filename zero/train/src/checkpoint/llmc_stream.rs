@@ -15,6 +15,7 @@ use std::path::{Path, PathBuf};
 use super::error::{Error, Result};
 use super::layout::{check_len, ModelShape};
 use super::llmc::{header_bytes, LLMC_HEADER_BYTES};
+use crate::error::IoError;
 use crate::fsio::{failed, sync_parent, with_suffix};
 
 /// Bytes converted per write.
@@ -91,10 +92,12 @@ impl LlmcStreamWriter {
         };
         check_len(&format!("unit {unit}"), size, values.len())?;
         let tmp = self.tmp.clone();
-        let file = self.file.as_mut().ok_or_else(|| Error::Io {
-            op: "write",
-            path: tmp.clone(),
-            source: std::io::ErrorKind::BrokenPipe.into(),
+        let file = self.file.as_mut().ok_or_else(|| {
+            Error::Io(IoError {
+                op: "write",
+                path: tmp.clone(),
+                source: std::io::ErrorKind::BrokenPipe.into(),
+            })
         })?;
         let mut buf = Vec::with_capacity(4 * CHUNK_FLOATS);
         for (flat, range) in self.shape.unit_pieces(unit) {

@@ -10,6 +10,7 @@ use zero_gpt::GptConfig;
 use super::error::{Error, Result};
 use super::hf_import::{read_safetensors, safetensors_config};
 use super::llmc::{LlmcCheckpoint, LLMC_MAGIC};
+use crate::error::IoError;
 
 /// The formats `--init-from` reads.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -28,10 +29,12 @@ impl ModelFileFormat {
     /// [`Error::Io`] when the file cannot be opened or read.
     pub fn detect(path: &Path) -> Result<Self> {
         let io = |op| {
-            move |source| Error::Io {
-                op,
-                path: path.to_path_buf(),
-                source,
+            move |source| {
+                Error::Io(IoError {
+                    op,
+                    path: path.to_path_buf(),
+                    source,
+                })
             }
         };
         let mut word = [0u8; 4];

@@ -11,6 +11,7 @@ use super::sharded::{
     index_file_name, partial_dir, piece_file_name, prune, step_dir, write_latest, Partitioning,
     Piece, PieceFile, ShardedManifest, MANIFEST, SHARDED_FORMAT, SHARDED_VERSION,
 };
+use crate::error::IoError;
 use crate::fsio::{create_synced, failed, sync_dir, sync_parent, with_suffix};
 
 const CHUNK_ELEMS: usize = 1 << 16;
@@ -104,10 +105,12 @@ impl PieceWriter {
     /// # Errors
     /// [`Error::Io`] or [`Error::Json`] naming the file.
     pub fn finish(self) -> Result<()> {
-        let file = self.out.into_inner().map_err(|e| Error::Io {
-            op: "write",
-            path: self.path.clone(),
-            source: e.into_error(),
+        let file = self.out.into_inner().map_err(|e| {
+            Error::Io(IoError {
+                op: "write",
+                path: self.path.clone(),
+                source: e.into_error(),
+            })
         })?;
         file.sync_all().map_err(failed("sync", &self.path))?;
         let index = PieceIndex {

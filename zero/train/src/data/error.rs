@@ -2,15 +2,7 @@
 
 use std::path::PathBuf;
 
-impl From<crate::fsio::IoFailure> for Error {
-    fn from(e: crate::fsio::IoFailure) -> Self {
-        Self::Io {
-            op: e.op,
-            path: e.path,
-            source: e.source,
-        }
-    }
-}
+use crate::error::IoError;
 
 /// Result alias of the data pipeline.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
@@ -80,16 +72,8 @@ pub enum FormatError {
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     /// An I/O operation on a file failed (missing file, permission, disk full...).
-    #[error("{op} {path}: {source}")]
-    Io {
-        /// What was being done ("open", "read", "write", ...).
-        op: &'static str,
-        /// The file concerned.
-        path: PathBuf,
-        /// The underlying error.
-        #[source]
-        source: std::io::Error,
-    },
+    #[error(transparent)]
+    Io(#[from] IoError),
     /// A token file is malformed.
     #[error("token file {path}: {source}")]
     Format {

@@ -13,6 +13,7 @@ use std::path::{Path, PathBuf};
 
 use super::error::{Error, Result};
 use super::token_file::{write_atomic, TokenFile, GPT2_EOT};
+use crate::error::IoError;
 
 /// File name of the training split in the output directory.
 pub const TRAIN_FILE: &str = "train.bin";
@@ -61,10 +62,12 @@ pub fn prepare(texts: &[PathBuf], out_dir: &Path, val_fraction: f64) -> Result<P
     let mut stream: Vec<u16> = Vec::new();
     let mut text_bytes = 0u64;
     for path in texts {
-        let bytes = std::fs::read(path).map_err(|source| Error::Io {
-            op: "read",
-            path: path.clone(),
-            source,
+        let bytes = std::fs::read(path).map_err(|source| {
+            Error::Io(IoError {
+                op: "read",
+                path: path.clone(),
+                source,
+            })
         })?;
         text_bytes += bytes.len() as u64;
         let text = std::str::from_utf8(&bytes).map_err(|e| Error::NotUtf8 {
@@ -89,10 +92,12 @@ pub fn prepare(texts: &[PathBuf], out_dir: &Path, val_fraction: f64) -> Result<P
     }
     let train = TokenFile::from_tokens(stream.split_off(val_len))?;
     let val = TokenFile::from_tokens(stream)?;
-    std::fs::create_dir_all(out_dir).map_err(|source| Error::Io {
-        op: "create directory",
-        path: out_dir.into(),
-        source,
+    std::fs::create_dir_all(out_dir).map_err(|source| {
+        Error::Io(IoError {
+            op: "create directory",
+            path: out_dir.into(),
+            source,
+        })
     })?;
     let train_path = out_dir.join(TRAIN_FILE);
     let val_path = out_dir.join(VAL_FILE);

@@ -9,6 +9,7 @@ use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 
 use super::error::{Error, FormatError, Result};
+use crate::error::IoError;
 use crate::fsio::read_up_to;
 
 /// Magic number in the first header word of a token file.
@@ -156,10 +157,12 @@ impl TokenFile {
     pub fn open_with_vocab(path: impl AsRef<Path>, vocab: u32) -> Result<Self> {
         let path = path.as_ref();
         let io = |op| {
-            move |source| Error::Io {
-                op,
-                path: path.to_path_buf(),
-                source,
+            move |source| {
+                Error::Io(IoError {
+                    op,
+                    path: path.to_path_buf(),
+                    source,
+                })
             }
         };
         let mut file = File::open(path).map_err(io("open"))?;
@@ -198,10 +201,12 @@ impl TokenFile {
     /// [`Error::Io`] on read failure, [`Error::Format`] (path `<stream>`) on malformed data.
     pub fn read_from(mut reader: impl Read, vocab: u32) -> Result<Self> {
         let path = PathBuf::from("<stream>");
-        let io = |source| Error::Io {
-            op: "read",
-            path: path.clone(),
-            source,
+        let io = |source| {
+            Error::Io(IoError {
+                op: "read",
+                path: path.clone(),
+                source,
+            })
         };
         let mut header = vec![0u8; HEADER_BYTES];
         let got = read_up_to(&mut reader, &mut header).map_err(io)?;
