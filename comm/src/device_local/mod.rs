@@ -42,6 +42,7 @@
 //!   follow only enqueues, which do not block; they fail only when a rank is gone, i.e. its
 //!   communicator was dropped (outside a call, or while panicking, which is a bug).
 
+mod checks;
 mod ops;
 mod protocol;
 mod rendezvous;
@@ -162,7 +163,7 @@ impl<O: DeviceOps> DeviceLocalComm<O> {
         send: Option<RawBuf>,
         recv: RawBuf,
     ) -> Result<()> {
-        let desc = protocol::describe(call, dtype, self.seq, self.size, send, recv)?;
+        let desc = checks::describe(call, dtype, self.seq, self.size, send, recv)?;
         self.seq += 1;
         // SAFETY: forwarded from this function's contract.
         unsafe { protocol::run(self, desc, send, recv) }

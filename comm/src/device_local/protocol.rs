@@ -1,108 +1,15 @@
-//! The protocol of `mod.rs`, steps 1-6, over any [`DeviceOps`].
+//! The protocol of `mod.rs`, steps 2-6, over any [`DeviceOps`], for a call that step 1
+//! (`checks.rs`) has described.
 
 use std::sync::Arc;
 
 use super::rendezvous::{ExchangeError, Phase, Slot};
 use super::{DeviceLocalComm, DeviceOps, RawBuf};
 use crate::chunk::chunk;
-use crate::communicator::Collective;
 use crate::dtype::DType;
 use crate::error::{BreakCause, CommError, Result};
 use crate::op::{OpDesc, OpKind};
 use crate::reduce_op::ReduceOp;
-
-fn length(op: OpKind, what: &'static str, expected: usize, got: usize) -> Result<()> {
-    if expected == got {
-        Ok(())
-    } else {
-        Err(CommError::Length {
-            op,
-            what,
-            expected,
-            got,
-        })
-    }
-}
-
-fn multiple_of_size(op: OpKind, len: usize, size: usize) -> Result<()> {
-    if len % size == 0 {
-        Ok(())
-    } else {
-        Err(CommError::InvalidArgument {
-            what: format!(
-                "{op}: in-place buffer of {len} elements is not a multiple of {size} ranks"
-            ),
-        })
-    }
-}
-
-fn too_long(op: OpKind) -> CommError {
-    CommError::InvalidArgument {
-        what: format!("{op}: the whole array's length overflows usize"),
-    }
-}
-
-/// Step 1: checks the lengths against NCCL's layout and describes the call.
-pub(super) fn describe(
-    call: Collective,
-    dtype: DType,
-    seq: u64,
-    size: usize,
-    send: Option<RawBuf>,
-    recv: RawBuf,
-) -> Result<OpDesc> {
-    let op = call.kind();
-    let per_rank = |len: usize| len.checked_mul(size).ok_or_else(|| too_long(op));
-    let (count, root, redop) = match (call, send) {
-        (Collective::AllReduce(r), None) => (recv.len, None, Some(r)),
-        (Collective::AllReduce(r), Some(s)) => {
-            length(op, "recv", s.len, recv.len)?;
-            (recv.len, None, Some(r))
-        }
-        (Collective::ReduceScatter(r), None) => {
-            multiple_of_size(op, recv.len, size)?;
-            (recv.len, None, Some(r))
-        }
-        (Collective::ReduceScatter(r), Some(s)) => {
-            length(op, "send", per_rank(recv.len)?, s.len)?;
-            (s.len, None, Some(r))
-        }
-        (Collective::AllGather, None) => {
-            multiple_of_size(op, recv.len, size)?;
-            (recv.len, None, None)
-        }
-        (Collective::AllGather, Some(s)) => {
-            length(op, "recv", per_rank(s.len)?, recv.len)?;
-            (recv.len, None, None)
-        }
-        (Collective::Broadcast(root), send) => {
-            if root >= size {
-                return Err(CommError::Root { op, root, size });
-            }
-            if let Some(s) = send {
-                length(op, "send", recv.len, s.len)?;
-            }
-            (recv.len, Some(root), None)
-        }
-        (Collective::Reduce(..), _) => {
-            return Err(CommError::Unsupported {
-                backend: "device_local",
-                what: "reduce (use all-reduce or reduce-scatter)".into(),
-            })
-        }
-    };
-    count
-        .checked_mul(dtype.size())
-        .ok_or_else(|| too_long(op))?;
-    Ok(OpDesc {
-        seq,
-        kind: op,
-        dtype: Some(dtype),
-        count,
-        root,
-        op: redop,
-    })
-}
 
 fn to_error(rank: usize, desc: &OpDesc, e: ExchangeError) -> CommError {
     match e {
