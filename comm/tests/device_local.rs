@@ -196,7 +196,7 @@ proptest! {
     fn every_collective_matches_the_reference_and_the_local_backend(
         world in 1usize..=5,
         per in 0usize..9,
-        op in prop::sample::select(vec![ReduceOp::Sum, ReduceOp::Avg, ReduceOp::Max]),
+        op in prop::sample::select(vec![ReduceOp::Sum, ReduceOp::Avg, ReduceOp::Max, ReduceOp::Min]),
         dtype in 0u8..3,
         in_place: bool,
         root_pick in 0usize..5,
