@@ -106,6 +106,80 @@ impl Arena {
     }
 }
 
+/// A pinned block of a CUDA arena lent out by [`Arena::lend_device`]: its device address,
+/// valid while the loan lasts, and a reference to the arena's device memory, so the address
+/// stays valid even if the arena is dropped first.
+#[cfg(feature = "cuda")]
+#[derive(Debug)]
+pub struct LentDevice {
+    _region: Arc<crate::cuda::DeviceRegion>,
+    ptr: u64,
+    len: usize,
+    handle: Handle,
+}
+
+#[cfg(feature = "cuda")]
+impl LentDevice {
+    /// The device address (`CUdeviceptr`) of the block's first byte.
+    pub fn ptr(&self) -> u64 {
+        self.ptr
+    }
+
+    /// The block's length in bytes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// True for an empty block.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The block this memory belongs to.
+    pub fn handle(&self) -> Handle {
+        self.handle
+    }
+}
+
+#[cfg(feature = "cuda")]
+impl Arena {
+    /// Pins `handle` of a CUDA arena and lends out its device address, as [`Arena::lend`]
+    /// lends host memory: the block is neither viewed, moved nor freed until
+    /// [`Arena::take_back_device`].
+    ///
+    /// # Errors
+    ///
+    /// [`AllocError::Pinned`] if the block is pinned, [`AllocError::InvalidConfig`] for host
+    /// or accounting arenas, stale or foreign handles.
+    pub fn lend_device(&mut self, handle: Handle) -> Result<LentDevice> {
+        let view = self.device_view(handle)?;
+        let (ptr, len) = (view.ptr, view.len);
+        let Storage::Cuda(region) = &self.storage else {
+            return Err(AllocError::InvalidConfig {
+                reason: format!("arena on {} has no device memory", self.device()),
+            });
+        };
+        let region = Arc::clone(region);
+        self.pin(handle)?;
+        Ok(LentDevice {
+            _region: region,
+            ptr,
+            len,
+            handle,
+        })
+    }
+
+    /// Ends a device loan: unpins the block and returns its handle.
+    ///
+    /// # Errors
+    ///
+    /// [`AllocError::ForeignHandle`] for another arena's loan, [`AllocError::StaleHandle`].
+    pub fn take_back_device(&mut self, lent: LentDevice) -> Result<Handle> {
+        self.unpin(lent.handle)?;
+        Ok(lent.handle)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -53,6 +53,8 @@ pub use device::Device;
 pub use error::{AllocError, Result};
 pub use handle::{Block, Handle};
 pub use lend::Lent;
+#[cfg(feature = "cuda")]
+pub use lend::LentDevice;
 pub use offload::{offload_double_buffered, Chunk, CopyEngine, Transfer};
 pub use pinned::PinnedBuffer;
 pub use stats::{human_bytes, Stats};

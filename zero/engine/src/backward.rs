@@ -44,11 +44,38 @@ impl Engine {
     /// a model's backward call (e.g. the tied LM head reads two units and writes two).
     ///
     /// # Errors
-    /// A unit not gathered or not in backward, or a gradient unit listed twice.
+    /// A unit not gathered or not in backward, a gradient unit listed twice, an arena without
+    /// host memory (use [`Engine::unit_spans`] there).
     pub fn views(&mut self, param_units: &[usize], grad_units: &[usize]) -> Result<UnitViews<'_>> {
+        let (params, grads) = self.unit_spans(param_units, grad_units)?;
+        let mut views = self.arena.views();
+        let mut p = Vec::with_capacity(params.len());
+        for s in params {
+            p.push(&views.get::<f32>(s.block)?[s.range()]);
+        }
+        let mut g = Vec::with_capacity(grads.len());
+        for s in grads {
+            g.push(&mut views.get_mut::<f32>(s.block)?[s.range()]);
+        }
+        Ok((p, g))
+    }
+
+    /// Where [`Engine::views`] would point, as spans of [`Engine::arena`]'s blocks (f32, the
+    /// units' `numel` elements), for a model that computes on the arena's device: it resolves
+    /// a block's address there (`Arena::device_view` on a CUDA arena). Valid until the next
+    /// call into the engine, which may move blocks; a gradient span is written only between
+    /// its unit's `begin_backward` and `end_backward`.
+    ///
+    /// # Errors
+    /// A unit not gathered or not in backward.
+    pub fn unit_spans(
+        &self,
+        param_units: &[usize],
+        grad_units: &[usize],
+    ) -> Result<(Vec<Span>, Vec<Span>)> {
         let params = param_units
             .iter()
-            .map(|&u| Ok((self.param_block(u)?, self.specs[u].numel)))
+            .map(|&u| Ok(Span::new(self.param_block(u)?, 0..self.specs[u].numel)))
             .collect::<Result<Vec<_>>>()?;
         let grads = grad_units
             .iter()
@@ -57,19 +84,10 @@ impl Engine {
                 let h = self.bufs[u].unreduced.ok_or_else(|| {
                     Error::Order(format!("gradients of unit {u} used outside its backward"))
                 })?;
-                Ok((h, self.specs[u].numel))
+                Ok(Span::new(h, 0..self.specs[u].numel))
             })
             .collect::<Result<Vec<_>>>()?;
-        let mut views = self.arena.views();
-        let mut p = Vec::with_capacity(params.len());
-        for (h, n) in params {
-            p.push(&views.get::<f32>(h)?[..n]);
-        }
-        let mut g = Vec::with_capacity(grads.len());
-        for (h, n) in grads {
-            g.push(&mut views.get_mut::<f32>(h)?[..n]);
-        }
-        Ok((p, g))
+        Ok((params, grads))
     }
 
     /// Ends `unit`'s backward: rounds its gradient to the storage type (scaled by fp16's loss

@@ -345,6 +345,34 @@ impl Engine {
     /// # Errors
     /// [`Error::Undeclared`] past the declared bytes; arena errors.
     pub fn lend_f32(&mut self, len: usize) -> Result<Lent<f32>> {
+        let h = self.declared_block(len)?;
+        match self.arena.lend::<f32>(h) {
+            Ok(lent) => Ok(lent),
+            Err(e) => {
+                self.arena.free(h)?;
+                Err(e.into())
+            }
+        }
+    }
+
+    /// As [`Engine::lend_f32`] on a CUDA arena: the block's device address, lent for good.
+    ///
+    /// # Errors
+    /// As [`Engine::lend_f32`]; a host arena.
+    #[cfg(feature = "cuda")]
+    pub fn lend_device_f32(&mut self, len: usize) -> Result<zero_alloc::LentDevice> {
+        let h = self.declared_block(len)?;
+        match self.arena.lend_device(h) {
+            Ok(lent) => Ok(lent),
+            Err(e) => {
+                self.arena.free(h)?;
+                Err(e.into())
+            }
+        }
+    }
+
+    /// A block of `len` f32 elements within the declared activation bytes, counted there.
+    fn declared_block(&mut self, len: usize) -> Result<Handle> {
         let bytes = len
             .checked_mul(4)
             .and_then(|b| arena_config(0, true).block_size(b))
@@ -358,13 +386,7 @@ impl Engine {
         }
         let h = self.arena.alloc_elems::<f32>(len)?;
         self.lent_bytes = lent;
-        match self.arena.lend::<f32>(h) {
-            Ok(lent) => Ok(lent),
-            Err(e) => {
-                self.arena.free(h)?;
-                Err(e.into())
-            }
-        }
+        Ok(h)
     }
 
     /// fp16's current loss scale (1 for other precisions).

@@ -14,15 +14,16 @@
 //! The whole sequence is declared to the engine ([`gpt_schedule`]), which plans the step's
 //! memory by replaying it and refuses a step that departs from it.
 
+mod placement;
 mod schedule;
 
-use crate::offload::{offloaded_inputs, staging_slots};
+use crate::offload::staging_slots;
+pub use placement::{Placement, Views};
 pub use schedule::gpt_schedule;
-use zero::{Engine, EngineConfig, UnitSpec};
+use zero::{Engine, EngineConfig, EngineOps, UnitSpec};
 use zero_alloc::DEFAULT_ALIGNMENT;
 use zero_gpt::{
-    activation_buffers, Activations, Buffer, Gpt, GptConfig, GptError, ParamLayout, UnitKind,
-    KEPT_INPUTS,
+    activation_buffers, Activations, Gpt, GptConfig, GptError, ParamLayout, UnitKind, KEPT_INPUTS,
 };
 
 /// Why a GPT micro-step failed.
@@ -70,8 +71,30 @@ pub fn gpt_engine(
     config: EngineConfig,
     init: impl FnMut(usize, &mut [f32]),
 ) -> Result<Engine, zero::Error> {
+    gpt_engine_on(
+        comm,
+        layout,
+        checkpoint_every,
+        config,
+        EngineOps::host(),
+        init,
+    )
+}
+
+/// As [`gpt_engine`], with the model states on `ops` ([`Engine::with_ops`]).
+///
+/// # Errors
+/// As [`Engine::with_ops`].
+pub fn gpt_engine_on(
+    comm: zero_comm::Communicator,
+    layout: &ParamLayout,
+    checkpoint_every: Option<usize>,
+    config: EngineConfig,
+    ops: EngineOps,
+    init: impl FnMut(usize, &mut [f32]),
+) -> Result<Engine, zero::Error> {
     let schedule = gpt_schedule(layout, checkpoint_every);
-    Engine::with_schedule(comm, gpt_units(layout), &schedule, config, init)
+    Engine::with_ops(comm, gpt_units(layout), &schedule, config, ops, init)
 }
 
 /// Where a micro-batch's activations live, and how many are kept.
@@ -136,66 +159,64 @@ fn kept_shape(config: &GptConfig, b: usize, t: usize, kept_len: usize) -> (usize
 ///
 /// # Errors
 /// A batch shape the model refuses; arena errors (a cap too small).
-pub fn arena_activations(
+pub fn arena_activations<B: Placement>(
     engine: &mut Engine,
-    model: &Gpt,
+    model: &Gpt<B>,
     b: usize,
     t: usize,
     placement: ActivationPlacement,
-) -> Result<Activations, StepError> {
+) -> Result<Activations<B>, StepError> {
     let (config, every) = (model.config(), placement.checkpoint_every);
-    if placement.offloads() {
+    let kept = if placement.offloads() {
         let kept_len = activation_buffers(config, b, t, every)?[KEPT_INPUTS];
         let (segments, input_len) = kept_shape(config, b, t, kept_len);
-        let kept = offloaded_inputs(engine, segments, input_len)?;
-        let lend = |_, len| lend_block(engine, len);
-        return Activations::with_kept_inputs(config, b, t, every, lend, Box::new(kept));
-    }
-    Activations::with_memory(config, b, t, every, |_, len| lend_block(engine, len))
-}
-
-/// A block of `len` floats lent from `engine`'s arena for good (an empty `Vec` for none).
-fn lend_block(engine: &mut Engine, len: usize) -> Result<Buffer, StepError> {
-    if len == 0 {
-        return Ok(Box::new(Vec::<f32>::new()));
-    }
-    Ok(Box::new(engine.lend_f32(len)?))
+        Some(B::offloaded_kept(engine, segments, input_len)?)
+    } else {
+        None
+    };
+    let lend = |_, len| B::lend(engine, len).map_err(StepError::from);
+    Activations::with_backend_memory(model.backend(), config, b, t, every, lend, kept)
 }
 
 /// Forward through every unit; with targets, returns this rank's mean loss.
 ///
 /// Leaves the final norm and the embedding gathered for the head (released by [`backward`]
 /// or by the caller).
-fn forward(
+fn forward<B: Placement>(
     engine: &mut Engine,
-    model: &Gpt,
-    acts: &mut Activations,
+    model: &Gpt<B>,
+    acts: &mut Activations<B>,
     tokens: &[u32],
     targets: Option<&[u32]>,
 ) -> Result<Option<f32>, StepError> {
     let last = model.layout().final_norm_unit();
     engine.gather(0)?;
-    model.embed_forward(acts, engine.params(0)?, tokens)?;
+    model.embed_forward(acts, B::params(engine, 0)?, tokens)?;
     engine.release(0)?;
     for layer in 0..model.config().num_layers {
         let unit = ParamLayout::block_unit(layer);
         engine.gather(unit)?;
-        model.block_forward(acts, layer, engine.params(unit)?)?;
+        model.block_forward(acts, layer, B::params(engine, unit)?)?;
         engine.release(unit)?;
     }
     engine.gather(last)?;
     engine.gather(0)?;
-    let loss = model.head_forward(acts, engine.params(last)?, engine.params(0)?, targets)?;
+    let (wf, wte) = (B::params(engine, last)?, B::params(engine, 0)?);
+    let loss = model.head_forward(acts, wf, wte, targets)?;
     Ok(loss)
 }
 
 /// Backward in reverse unit order, each unit's gradient reduced as soon as it is complete:
 /// the embedding's twice, its head part first and its encoder part last.
-fn backward(engine: &mut Engine, model: &Gpt, acts: &mut Activations) -> Result<(), StepError> {
+fn backward<B: Placement>(
+    engine: &mut Engine,
+    model: &Gpt<B>,
+    acts: &mut Activations<B>,
+) -> Result<(), StepError> {
     let last = model.layout().final_norm_unit();
     engine.begin_backward(last)?;
     {
-        let (p, mut g) = engine.views(&[last, 0], &[last])?;
+        let (p, mut g) = B::views(engine, &[last, 0], &[last])?;
         model.head_backward_input(acts, p[0], p[1], g[0])?;
     }
     engine.end_backward(last)?;
@@ -203,7 +224,7 @@ fn backward(engine: &mut Engine, model: &Gpt, acts: &mut Activations) -> Result<
     engine.release(0)?;
     engine.begin_backward(0)?;
     {
-        let (_, mut g) = engine.views(&[], &[0])?;
+        let (_, mut g) = B::views(engine, &[], &[0])?;
         model.head_backward_weight(acts, g[0])?;
     }
     engine.end_backward(0)?;
@@ -216,7 +237,7 @@ fn backward(engine: &mut Engine, model: &Gpt, acts: &mut Activations) -> Result<
         }
         engine.begin_backward(unit)?;
         {
-            let (p, mut g) = engine.views(&[unit], &[unit])?;
+            let (p, mut g) = B::views(engine, &[unit], &[unit])?;
             model.block_backward(acts, layer, p[0], g[0])?;
         }
         engine.end_backward(unit)?;
@@ -224,7 +245,7 @@ fn backward(engine: &mut Engine, model: &Gpt, acts: &mut Activations) -> Result<
     }
     engine.begin_backward(0)?;
     {
-        let (_, mut g) = engine.views(&[], &[0])?;
+        let (_, mut g) = B::views(engine, &[], &[0])?;
         model.embed_backward(acts, g[0])?;
     }
     engine.end_backward(0)?;
@@ -233,16 +254,16 @@ fn backward(engine: &mut Engine, model: &Gpt, acts: &mut Activations) -> Result<
 
 /// Activation checkpointing: runs forward again the blocks of `last`'s segment, each
 /// gathered in turn, and leaves `last` (the segment's last block, due for backward) gathered.
-fn recompute_segment(
+fn recompute_segment<B: Placement>(
     engine: &mut Engine,
-    model: &Gpt,
-    acts: &mut Activations,
+    model: &Gpt<B>,
+    acts: &mut Activations<B>,
     last: usize,
 ) -> Result<(), StepError> {
     for layer in acts.segment(last) {
         let unit = ParamLayout::block_unit(layer);
         engine.gather(unit)?;
-        model.block_recompute(acts, layer, engine.params(unit)?)?;
+        model.block_recompute(acts, layer, B::params(engine, unit)?)?;
         if layer != last {
             engine.release(unit)?;
         }
@@ -255,10 +276,10 @@ fn recompute_segment(
 ///
 /// # Errors
 /// Model errors (bad tokens, shapes) and engine errors (memory, communication, order).
-pub fn micro_step(
+pub fn micro_step<B: Placement>(
     engine: &mut Engine,
-    model: &Gpt,
-    acts: &mut Activations,
+    model: &Gpt<B>,
+    acts: &mut Activations<B>,
     tokens: &[u32],
     targets: &[u32],
 ) -> Result<f32, StepError> {
@@ -272,10 +293,10 @@ pub fn micro_step(
 ///
 /// # Errors
 /// As [`micro_step`].
-pub fn eval_loss(
+pub fn eval_loss<B: Placement>(
     engine: &mut Engine,
-    model: &Gpt,
-    acts: &mut Activations,
+    model: &Gpt<B>,
+    acts: &mut Activations<B>,
     tokens: &[u32],
     targets: &[u32],
 ) -> Result<f32, StepError> {
@@ -291,16 +312,16 @@ pub fn eval_loss(
 ///
 /// # Errors
 /// As [`micro_step`].
-pub fn with_logits<R>(
+pub fn with_logits<B: Placement, R>(
     engine: &mut Engine,
-    model: &Gpt,
-    acts: &mut Activations,
+    model: &Gpt<B>,
+    acts: &mut Activations<B>,
     tokens: &[u32],
     f: impl FnOnce(&[f32]) -> R,
 ) -> Result<R, StepError> {
     engine.without_order_check(|engine| {
         forward(engine, model, acts, tokens, None)?;
-        let out = f(model.logits(acts)?);
+        let out = f(&model.backend().to_host(model.logits(acts)?)?);
         let last = model.layout().final_norm_unit();
         engine.release(last)?;
         engine.release(0)?;

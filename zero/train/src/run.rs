@@ -2,7 +2,9 @@
 //! one rank `mpirun` started it as on MPI), each driving the GPT through its ZeRO engine over
 //! its own part of every global batch.
 
-use super::config::{Backend, Device, TrainConfig};
+use super::bridge::Placement;
+use super::config::{Backend, TrainConfig};
+use super::device::{rank_devices, RankDevice};
 use super::error::TrainError;
 use super::metrics::RankReport;
 use super::report::Reporter;
@@ -10,8 +12,9 @@ use super::trainer::Trainer;
 use crate::checkpoint::LlmcStreamWriter;
 use crate::data::{TokenFile, TRAIN_FILE, VAL_FILE};
 use std::sync::Arc;
+use zero::EngineOps;
 use zero_comm::Communicator;
-use zero_gpt::GptConfig;
+use zero_gpt::{Gpt, GptConfig};
 
 /// What a finished run hands back.
 #[derive(Debug, Clone, PartialEq)]
@@ -72,15 +75,45 @@ pub fn train(cfg: &TrainConfig) -> Result<RunSummary, TrainError> {
     run_group(&cfg, group)
 }
 
-/// One rank's run, llm.c's training loop: evaluate, then step, evaluating and saving at
-/// their intervals; export, sample and report at the end.
-fn rank_main(shared: &Shared<'_>, comm: Communicator) -> Result<RankOutput, TrainError> {
-    let cfg = shared.cfg;
-    let due = |every: u64, step: u64| every > 0 && step % every == 0;
-    if let Some(path) = cfg.export_llmc.as_deref().filter(|_| comm.rank() == 0) {
+/// One rank's run on its device: the trainer of its backend, then [`run_loop`].
+fn rank_main(
+    shared: &Shared<'_>,
+    comm: Communicator,
+    device: RankDevice,
+) -> Result<RankOutput, TrainError> {
+    if let Some(path) = shared
+        .cfg
+        .export_llmc
+        .as_deref()
+        .filter(|_| comm.rank() == 0)
+    {
         LlmcStreamWriter::check_destination(path)?;
     }
-    let mut trainer = Trainer::new(shared, comm)?;
+    match device {
+        RankDevice::Cpu => {
+            let model = Gpt::new(shared.model)?;
+            run_loop(
+                shared,
+                Trainer::new(shared, comm, model, EngineOps::host())?,
+            )
+        }
+        #[cfg(feature = "cuda")]
+        RankDevice::Cuda(rank) => {
+            let super::device::cuda::CudaRank { backend, ops } = *rank;
+            let model = Gpt::with_backend(shared.model, backend)?;
+            run_loop(shared, Trainer::new(shared, comm, model, ops)?)
+        }
+    }
+}
+
+/// llm.c's training loop: evaluate, then step, evaluating and saving at their intervals;
+/// export, sample and report at the end.
+fn run_loop<B: Placement>(
+    shared: &Shared<'_>,
+    mut trainer: Trainer<'_, B>,
+) -> Result<RankOutput, TrainError> {
+    let cfg = shared.cfg;
+    let due = |every: u64, step: u64| every > 0 && step % every == 0;
     if cfg.eval_every > 0 {
         // The starting point of the validation curve (llm.c evaluates at step 0 too).
         trainer.evaluate(trainer.start())?;
@@ -164,13 +197,7 @@ fn open_tokens(
 fn run_group(cfg: &TrainConfig, group: RankGroup) -> Result<RunSummary, TrainError> {
     // Under MPI the world size has just been replaced by mpirun's.
     cfg.validate()?;
-    if cfg.device == Device::Cuda {
-        return Err(TrainError::Unsupported(
-            "--device cuda is not supported by zero-train yet: the model and the engine run on the \
-             CPU only (the CUDA kernels exist but are not wired in)"
-                .into(),
-        ));
-    }
+    let devices = rank_devices(cfg, group.comms.len())?;
     let model = cfg.model_config()?;
     let shared = Shared {
         cfg,
@@ -179,7 +206,7 @@ fn run_group(cfg: &TrainConfig, group: RankGroup) -> Result<RunSummary, TrainErr
         val: open_tokens(cfg, &model, VAL_FILE)?,
         reporter: Reporter::new(cfg, group.hosts_rank_zero())?,
     };
-    let results = run_ranks(&shared, group.comms);
+    let results = run_ranks(&shared, group.comms, devices);
     shared.reporter.finish_progress();
     let mut outputs = first_error(results)?;
     let ranks: Vec<RankReport> = outputs.iter().map(|o| o.report).collect();
@@ -197,14 +224,19 @@ fn run_group(cfg: &TrainConfig, group: RankGroup) -> Result<RunSummary, TrainErr
 
 /// Runs `rank_main` for every communicator on its own thread and collects the results in
 /// rank order; a thread that cannot start or that panics becomes that rank's error.
-fn run_ranks(shared: &Shared<'_>, comms: Vec<Communicator>) -> Vec<Result<RankOutput, TrainError>> {
+fn run_ranks(
+    shared: &Shared<'_>,
+    comms: Vec<Communicator>,
+    devices: Vec<RankDevice>,
+) -> Vec<Result<RankOutput, TrainError>> {
     std::thread::scope(|s| {
         let handles: Vec<_> = comms
             .into_iter()
-            .map(|comm| {
+            .zip(devices)
+            .map(|(comm, device)| {
                 let rank = comm.rank();
-                let spawned =
-                    std::thread::Builder::new().spawn_scoped(s, move || rank_main(shared, comm));
+                let spawned = std::thread::Builder::new()
+                    .spawn_scoped(s, move || rank_main(shared, comm, device));
                 (rank, spawned)
             })
             .collect();

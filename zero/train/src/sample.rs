@@ -1,6 +1,6 @@
 //! The closing sample: seeded top-k generation after `<|endoftext|>`, and its GPT-2 text.
 
-use super::bridge::with_logits;
+use super::bridge::{with_logits, Placement};
 use super::error::TrainError;
 use zero::Engine;
 use zero_gpt::{sample_top_k, Gpt, Rng};
@@ -15,9 +15,9 @@ const END_OF_TEXT: u32 = 50256;
 ///
 /// # Errors
 /// Engine or model errors of the forward passes.
-pub(crate) fn sample(
+pub(crate) fn sample<B: Placement>(
     engine: &mut Engine,
-    model: &Gpt,
+    model: &Gpt<B>,
     t: usize,
     tokens: usize,
     top_k: usize,

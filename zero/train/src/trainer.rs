@@ -6,7 +6,9 @@
 //! [`save`]: Trainer::save
 //! [`report`]: Trainer::report
 
-use super::bridge::{activation_arena_bytes, arena_activations, eval_loss, gpt_engine, micro_step};
+use super::bridge::{
+    activation_arena_bytes, arena_activations, eval_loss, gpt_engine_on, micro_step, Placement,
+};
 use super::checkpoint::{LlmcStreamWriter, ModelShape};
 use super::error::TrainError;
 use super::init::load_init;
@@ -19,22 +21,23 @@ use crate::data::{DataLoader, LoaderConfig};
 use std::time::Instant;
 use zero::optim::{AdamW, CosineSchedule};
 use zero::{
-    expected_model_state_bytes, Engine, EngineConfig, PlanShape, Precision, Traffic, ZeroStage,
+    expected_model_state_bytes, Engine, EngineConfig, EngineOps, PlanShape, Precision, Traffic,
+    ZeroStage,
 };
 use zero_comm::{Communicator, ReduceOp};
-use zero_gpt::{init_unit, Activations, Gpt};
+use zero_gpt::{init_unit, Activations, CpuBackend, Gpt};
 
-/// One rank's model, engine, data and running totals.
-pub(crate) struct Trainer<'a> {
+/// One rank's model, engine, data and running totals, the model's kernels on backend `B`.
+pub(crate) struct Trainer<'a, B: Placement = CpuBackend> {
     shared: &'a Shared<'a>,
     rank: usize,
-    model: Gpt,
+    model: Gpt<B>,
     engine: Engine,
     loader: DataLoader,
     loader_config: LoaderConfig,
     schedule: CosineSchedule,
     /// Activations of one micro-batch, (B, T).
-    acts: Activations,
+    acts: Activations<B>,
     /// Input and target tokens of one micro-batch, (B, T).
     x: Vec<u32>,
     y: Vec<u32>,
@@ -48,7 +51,7 @@ pub(crate) struct Trainer<'a> {
     pending_save: Option<(PendingSave, Instant)>,
 }
 
-impl std::fmt::Debug for Trainer<'_> {
+impl<B: Placement> std::fmt::Debug for Trainer<'_, B> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Trainer")
             .field("rank", &self.rank)
@@ -86,11 +89,12 @@ impl RankOutput {
     }
 }
 
-/// The engine over `comm` with the GPT's units, initialised from `cfg.seed`.
-fn build_engine(
+/// The engine over `comm` with the GPT's units on `ops`, initialised from `cfg.seed`.
+fn build_engine<B: Placement>(
     shared: &Shared<'_>,
     comm: Communicator,
-    model: &Gpt,
+    model: &Gpt<B>,
+    ops: EngineOps,
 ) -> Result<Engine, TrainError> {
     let cfg = shared.cfg;
     let engine_config = EngineConfig {
@@ -124,11 +128,12 @@ fn build_engine(
     }
     let (gcfg, layout) = (shared.model, model.layout());
     let mut init_err = None;
-    let engine = gpt_engine(
+    let engine = gpt_engine_on(
         comm,
         layout,
         cfg.activation_placement().checkpoint_every,
         engine_config,
+        ops,
         |unit, w| {
             if let Err(e) = init_unit(&gcfg, layout, unit, cfg.seed, w) {
                 init_err.get_or_insert(e);
@@ -179,18 +184,22 @@ fn refuse_what_cannot_fit(
     .into())
 }
 
-impl<'a> Trainer<'a> {
-    /// Builds rank `comm.rank()`'s engine and data loader, and loads `--init-from` and
-    /// `--resume` when given.
+impl<'a, B: Placement> Trainer<'a, B> {
+    /// Builds rank `comm.rank()`'s engine on `ops` and its data loader for `model`, and loads
+    /// `--init-from` and `--resume` when given.
     ///
     /// # Errors
     /// Model, engine, data or checkpoint errors; [`TrainError::Resume`] when the resumed
     /// state is past `--steps`.
-    pub(crate) fn new(shared: &'a Shared<'a>, comm: Communicator) -> Result<Self, TrainError> {
+    pub(crate) fn new(
+        shared: &'a Shared<'a>,
+        comm: Communicator,
+        model: Gpt<B>,
+        ops: EngineOps,
+    ) -> Result<Self, TrainError> {
         let cfg = shared.cfg;
-        let model = Gpt::new(shared.model)?;
         let (rank, world) = (comm.rank(), comm.size());
-        let mut engine = build_engine(shared, comm, &model)?;
+        let mut engine = build_engine(shared, comm, &model, ops)?;
         let (b, t) = (cfg.micro_batch_size, cfg.seq_len);
         // First in the arena after the model states, so these pinned blocks leave no hole.
         let acts = arena_activations(&mut engine, &model, b, t, cfg.activation_placement())?;

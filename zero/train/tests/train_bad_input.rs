@@ -173,3 +173,43 @@ fn a_hand_edited_manifest_is_refused() {
     edit_manifest(&state, &["step"], u64::MAX.into());
     refused(&resume("4"), "--steps");
 }
+
+#[test]
+fn the_gpu_path_names_the_options_it_does_not_support() {
+    let dir = TempDir::new("bad-input-gpu-options");
+    corpus(&dir.0);
+    let save = dir.0.join("ckpt");
+    let mut args = tiny_args(&dir.0);
+    args.extend(
+        [
+            "--device",
+            "cuda",
+            "--save",
+            save.to_str().unwrap(),
+            "--offload-activations",
+        ]
+        .map(String::from),
+    );
+    args.extend(["--activation-checkpointing"].map(String::from));
+    let (ok, stderr) = zero_train(&args);
+    assert!(!ok && !stderr.contains("panicked"), "{stderr}");
+    assert!(
+        stderr.contains("--save") && stderr.contains("--offload-activations"),
+        "{stderr}"
+    );
+    assert!(!save.exists(), "a refused run wrote its checkpoint folder");
+}
+
+#[test]
+fn the_gpu_path_without_the_cuda_build_or_a_gpu_says_which() {
+    let dir = TempDir::new("bad-input-gpu");
+    corpus(&dir.0);
+    let mut args = tiny_args(&dir.0);
+    args.extend(["--device", "cuda"].map(String::from));
+    let (ok, stderr) = zero_train(&args);
+    assert!(!ok && !stderr.contains("panicked"), "{stderr}");
+    // Without the feature the build is named; with it, on this GPU-less machine, the
+    // missing CUDA library is.
+    let named = stderr.contains("--features cuda") || stderr.contains("libcuda");
+    assert!(named, "{stderr}");
+}

@@ -106,6 +106,14 @@ impl CudaBackend {
 
     /// The CPU backend's mean of `x` after copying it to the host; synchronises the stream.
     pub(super) fn mean_on_host(&self, x: &DeviceSlice) -> Result<f32> {
+        CpuBackend.mean(&self.to_host(x)?)
+    }
+
+    /// A host copy of `x`, after every kernel queued so far; synchronises the stream.
+    ///
+    /// # Errors
+    /// A failed copy or an earlier failed launch (see `synchronize`).
+    pub fn to_host(&self, x: &DeviceSlice) -> Result<Vec<f32>> {
         let mut host = vec![0f32; x.len()];
         if !host.is_empty() {
             // SAFETY: x is a view of host.len() live device f32s; the copy is queued on
@@ -117,6 +125,6 @@ impl CudaBackend {
             self.record(r.map_err(driver_err("cuMemcpyDtoHAsync")));
         }
         self.synchronize()?;
-        CpuBackend.mean(&host)
+        Ok(host)
     }
 }

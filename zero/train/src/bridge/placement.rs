@@ -1,0 +1,208 @@
+//! How the bridge hands the engine's arena blocks to a model backend's kernels: host slices
+//! for [`CpuBackend`], device views for `CudaBackend` (feature `cuda`). The bridge's passes
+//! are written once over [`Placement`].
+
+use std::borrow::Cow;
+
+use super::StepError;
+use zero::Engine;
+use zero_gpt::{Backend, Buffer, CpuBackend, GptError, KeptInputs};
+
+/// Parameters (shared) and gradients (mutable) of some units in a backend's view type.
+pub type Views<'e, S> = (Vec<&'e S>, Vec<&'e mut S>);
+
+/// A model backend whose views the engine's blocks can be given as.
+pub trait Placement: Backend + Sized {
+    /// `unit`'s gathered f32 parameters ([`Engine::params`]).
+    ///
+    /// # Errors
+    /// As [`Engine::params`].
+    fn params(engine: &Engine, unit: usize) -> Result<&Self::Slice, zero::Error>;
+
+    /// Parameters of `param_units` and unreduced gradients of `grad_units`
+    /// ([`Engine::views`]).
+    ///
+    /// # Errors
+    /// As [`Engine::views`].
+    fn views<'e>(
+        engine: &'e mut Engine,
+        param_units: &[usize],
+        grad_units: &[usize],
+    ) -> Result<Views<'e, Self::Slice>, zero::Error>;
+
+    /// A block of `len` floats lent for good from the engine's arena, as a model buffer.
+    ///
+    /// # Errors
+    /// As [`Engine::lend_f32`].
+    fn lend(engine: &mut Engine, len: usize) -> Result<Buffer<Self::Slice>, zero::Error>;
+
+    /// `view`'s values on the host (logits for sampling), after the kernels that wrote them.
+    ///
+    /// # Errors
+    /// A failed copy, or an earlier failed kernel launch.
+    fn to_host<'v>(&self, view: &'v Self::Slice) -> Result<Cow<'v, [f32]>, GptError>;
+
+    /// Kept block inputs in pinned host memory, staged through `segments` x `input_len`
+    /// floats of the arena ([`crate::offload`]).
+    ///
+    /// # Errors
+    /// Arena errors; a backend whose offload is not built.
+    fn offloaded_kept(
+        engine: &mut Engine,
+        segments: usize,
+        input_len: usize,
+    ) -> Result<Box<dyn KeptInputs<Self::Slice>>, StepError>;
+}
+
+impl Placement for CpuBackend {
+    fn params(engine: &Engine, unit: usize) -> Result<&[f32], zero::Error> {
+        engine.params(unit)
+    }
+
+    fn views<'e>(
+        engine: &'e mut Engine,
+        param_units: &[usize],
+        grad_units: &[usize],
+    ) -> Result<Views<'e, [f32]>, zero::Error> {
+        engine.views(param_units, grad_units)
+    }
+
+    fn lend(engine: &mut Engine, len: usize) -> Result<Buffer, zero::Error> {
+        if len == 0 {
+            return Ok(Box::new(Vec::<f32>::new()));
+        }
+        Ok(Box::new(engine.lend_f32(len)?))
+    }
+
+    fn to_host<'v>(&self, view: &'v [f32]) -> Result<Cow<'v, [f32]>, GptError> {
+        Ok(Cow::Borrowed(view))
+    }
+
+    fn offloaded_kept(
+        engine: &mut Engine,
+        segments: usize,
+        input_len: usize,
+    ) -> Result<Box<dyn KeptInputs>, StepError> {
+        Ok(Box::new(crate::offload::offloaded_inputs(
+            engine, segments, input_len,
+        )?))
+    }
+}
+
+#[cfg(feature = "cuda")]
+mod cuda {
+    //! Device views of a CUDA arena's blocks.
+    //!
+    //! Soundness of the views made here from device addresses (cited by every `// SAFETY:`):
+    //! - D1 (bounds): a view covers a span the engine returned for a live block of its arena
+    //!   (`Engine::unit_spans`, whose spans lie inside their blocks), or a whole lent block.
+    //! - D2 (lifetime): a view borrows the engine for its lifetime; blocks move or go only
+    //!   inside engine calls, which need that borrow to end; a lent block is pinned for good
+    //!   and its loan is owned by the buffer that views it.
+    //! - D3 (aliasing): the mutable views are unreduced gradient blocks, distinct from each
+    //!   other (`views` refuses a unit listed twice) and from every parameter block.
+    use super::{Placement, StepError, Views};
+    use std::borrow::Cow;
+    use zero::kernels::Span;
+    use zero::Engine;
+    use zero_alloc::LentDevice;
+    use zero_gpt::cuda::{CudaBackend, DeviceSlice};
+    use zero_gpt::GptError;
+    use zero_gpt::{ActivationMemory, Buffer, KeptInputs};
+
+    /// The device address of `span`'s first element (f32).
+    fn address(engine: &Engine, span: Span) -> Result<u64, zero::Error> {
+        let view = engine.arena().device_view(span.block)?;
+        Ok(view.ptr + (span.start * 4) as u64)
+    }
+
+    impl Placement for CudaBackend {
+        fn params(engine: &Engine, unit: usize) -> Result<&DeviceSlice, zero::Error> {
+            let (p, _) = engine.unit_spans(&[unit], &[])?;
+            let addr = address(engine, p[0])?;
+            // SAFETY: D1 (an engine span), D2 (borrows the engine).
+            Ok(unsafe { DeviceSlice::from_raw(addr, p[0].len) })
+        }
+
+        fn views<'e>(
+            engine: &'e mut Engine,
+            param_units: &[usize],
+            grad_units: &[usize],
+        ) -> Result<Views<'e, DeviceSlice>, zero::Error> {
+            let (p, g) = engine.unit_spans(param_units, grad_units)?;
+            if let Some(u) =
+                (1..grad_units.len()).find(|&i| grad_units[..i].contains(&grad_units[i]))
+            {
+                return Err(zero::Error::Order(format!(
+                    "gradients of unit {} asked for twice",
+                    grad_units[u]
+                )));
+            }
+            let engine: &'e Engine = engine;
+            let mut params = Vec::with_capacity(p.len());
+            for s in p {
+                let addr = address(engine, s)?;
+                // SAFETY: D1, D2 (the engine is borrowed for 'e).
+                params.push(&*unsafe { DeviceSlice::from_raw(addr, s.len) });
+            }
+            let mut grads = Vec::with_capacity(g.len());
+            for s in g {
+                let addr = address(engine, s)?;
+                // SAFETY: D1, D2, D3 (distinct gradient blocks, checked above; never a
+                // parameter block).
+                grads.push(unsafe { DeviceSlice::from_raw(addr, s.len) });
+            }
+            Ok((params, grads))
+        }
+
+        fn lend(engine: &mut Engine, len: usize) -> Result<Buffer<DeviceSlice>, zero::Error> {
+            Ok(Box::new(LentBlock {
+                lent: (len > 0).then(|| engine.lend_device_f32(len)).transpose()?,
+            }))
+        }
+
+        fn to_host<'v>(&self, view: &'v DeviceSlice) -> Result<Cow<'v, [f32]>, GptError> {
+            Ok(Cow::Owned(CudaBackend::to_host(self, view)?))
+        }
+
+        fn offloaded_kept(
+            _engine: &mut Engine,
+            _segments: usize,
+            _input_len: usize,
+        ) -> Result<Box<dyn KeptInputs<DeviceSlice>>, StepError> {
+            Err(zero::Error::Order(
+                "offloading activation checkpoints is not built for --device cuda".into(),
+            )
+            .into())
+        }
+    }
+
+    /// A device block lent from the engine's arena for good, as a model buffer.
+    #[derive(Debug)]
+    struct LentBlock {
+        lent: Option<LentDevice>,
+    }
+
+    impl LentBlock {
+        fn parts(&self) -> (u64, usize) {
+            self.lent
+                .as_ref()
+                .map_or((0, 0), |l| (l.ptr(), l.len() / 4))
+        }
+    }
+
+    impl ActivationMemory<DeviceSlice> for LentBlock {
+        fn floats(&self) -> &DeviceSlice {
+            let (addr, len) = self.parts();
+            // SAFETY: D1 (the whole lent block), D2 (the loan, owned here, keeps it pinned
+            // and its memory alive); a shared view while `&self` lives.
+            unsafe { DeviceSlice::from_raw(addr, len) }
+        }
+
+        fn floats_mut(&mut self) -> &mut DeviceSlice {
+            let (addr, len) = self.parts();
+            // SAFETY: as in `floats`; `&mut self` makes this the only view.
+            unsafe { DeviceSlice::from_raw(addr, len) }
+        }
+    }
+}
