@@ -9,11 +9,14 @@
 
 use super::engine::Engine;
 use super::error::{Error, Result};
+use super::kernels::{part, Span};
 use super::partition::{Partition, Shard};
 use super::precision::{narrow, with_store};
 use super::unit_buffers::{upload_whole, write_whole};
+use std::borrow::Cow;
 use std::ops::Range;
-use zero_alloc::Handle;
+use zero_alloc::{Device, Handle};
+use zero_comm::DType;
 
 /// One of a unit's three f32 model states.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -112,31 +115,54 @@ impl Engine {
         };
         let numel = policy.part.numel();
         if whole {
-            return Ok(f(&self.arena.slice::<f32>(held)?[..numel]));
+            return Ok(f(&self.host_f32(held, numel)?));
         }
-        let full = self.alloc_transient::<f32>(policy.part.padded_numel())?;
-        let gathered = (|| -> Result<()> {
-            let mut views = self.arena.views();
-            let local = views.get::<f32>(held)?;
-            self.comm.all_gather(local, views.get_mut::<f32>(full)?)?;
-            Ok(())
-        })();
-        let result = gathered.and_then(|()| Ok(f(&self.arena.slice::<f32>(full)?[..numel])));
+        let padded = policy.part.padded_numel();
+        let full = self.alloc_transient::<f32>(padded)?;
+        let shard = Span::new(held, 0..policy.len(false));
+        let gathered = self.collectives.all_gather(
+            &self.comm,
+            &mut self.arena,
+            DType::F32,
+            shard,
+            Span::new(full, 0..padded),
+        );
+        let result = gathered.and_then(|()| Ok(f(&self.host_f32(full, numel)?)));
         self.arena.free(full)?;
         result
     }
 
-    /// The `numel` real elements of an f32 buffer kept whole or sharded (all-gathered).
-    fn whole_f32(&self, unit: usize, h: Handle, whole: bool) -> Result<Vec<f32>> {
-        let part = self.policies[unit].part;
-        let local = self.arena.slice::<f32>(h)?;
-        if whole {
-            return Ok(local[..part.numel()].to_vec());
+    /// The first `len` f32 elements of block `h`: borrowed from a host arena, copied from a
+    /// device one.
+    fn host_f32(&self, h: Handle, len: usize) -> Result<Cow<'_, [f32]>> {
+        if self.arena.device() == Device::Cpu {
+            let all = self.arena.slice::<f32>(h)?;
+            return Ok(Cow::Borrowed(part("export", all, Span::new(h, 0..len))?));
         }
-        let mut full = vec![0f32; part.padded_numel()];
-        self.comm.all_gather(local, &mut full)?;
-        full.truncate(part.numel());
-        Ok(full)
+        let mut out = vec![0f32; len];
+        self.arena.read_bytes(h, bytemuck::cast_slice_mut(&mut out))?;
+        Ok(Cow::Owned(out))
+    }
+
+    /// The `numel` real elements of an f32 buffer kept whole or sharded (all-gathered).
+    fn whole_f32(&mut self, unit: usize, h: Handle, whole: bool) -> Result<Vec<f32>> {
+        let numel = self.policies[unit].part.numel();
+        if whole {
+            return Ok(self.host_f32(h, numel)?.into_owned());
+        }
+        let padded = self.policies[unit].part.padded_numel();
+        let full = self.alloc_transient::<f32>(padded)?;
+        let shard = Span::new(h, 0..self.policies[unit].len(false));
+        let gathered = self.collectives.all_gather(
+            &self.comm,
+            &mut self.arena,
+            DType::F32,
+            shard,
+            Span::new(full, 0..padded),
+        );
+        let result = gathered.and_then(|()| Ok(self.host_f32(full, numel)?.into_owned()));
+        self.arena.free(full)?;
+        result
     }
 
     /// The split of `unit` across the ranks.

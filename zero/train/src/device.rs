@@ -69,14 +69,17 @@ fn gpu_ranks(_cfg: &TrainConfig, _ranks: usize) -> Result<Vec<RankDevice>, Train
 
 #[cfg(feature = "cuda")]
 fn gpu_ranks(_cfg: &TrainConfig, ranks: usize) -> Result<Vec<RankDevice>, TrainError> {
-    cuda::ranks(ranks, zero_comm::Config::default())
+    let ranks = cuda::ranks(ranks, zero_comm::Config::default())?;
+    Ok(ranks
+        .into_iter()
+        .map(|r| RankDevice::Cuda(Box::new(r)))
+        .collect())
 }
 
 #[cfg(feature = "cuda")]
-pub(crate) mod cuda {
+pub mod cuda {
     //! Ranks sharing GPU 0.
 
-    use super::RankDevice;
     use crate::error::TrainError;
     use zero::collectives::DeviceLocalCollectives;
     use zero::kernels::CudaKernels;
@@ -87,18 +90,20 @@ pub(crate) mod cuda {
     const ORDINAL: usize = 0;
 
     /// What one rank computes with on the GPU.
-    pub(crate) struct CudaRank {
+    #[derive(Debug)]
+    pub struct CudaRank {
         /// The model's kernels, on the rank's own stream.
-        pub(crate) backend: CudaBackend,
+        pub backend: CudaBackend,
         /// The engine's device, kernels and collectives.
-        pub(crate) ops: EngineOps,
+        pub ops: EngineOps,
     }
 
-    /// `n` ranks on GPU 0.
-    pub(super) fn ranks(
-        n: usize,
-        config: zero_comm::Config,
-    ) -> Result<Vec<RankDevice>, TrainError> {
+    /// `n` ranks on GPU 0, each to be moved into its own thread: the model's backend and the
+    /// engine's ops (a CUDA arena, the engine's CUDA kernels, device-local collectives).
+    ///
+    /// # Errors
+    /// A missing CUDA library or GPU (named), kernel compilation or stream creation errors.
+    pub fn ranks(n: usize, config: zero_comm::Config) -> Result<Vec<CudaRank>, TrainError> {
         let backends = (0..n)
             .map(|_| CudaBackend::new(ORDINAL))
             .collect::<Result<Vec<_>, _>>()?;
@@ -116,7 +121,7 @@ pub(crate) mod cuda {
                     kernels: Box::new(CudaKernels::new(ORDINAL)?),
                     collectives: Box::new(DeviceLocalCollectives::cuda(comm)),
                 };
-                Ok(RankDevice::Cuda(Box::new(CudaRank { backend, ops })))
+                Ok(CudaRank { backend, ops })
             })
             .collect()
     }

@@ -8,7 +8,7 @@ pub mod bytesize;
 pub mod checkpoint;
 pub mod config;
 pub mod data;
-mod device;
+pub mod device;
 pub mod error;
 pub mod export;
 mod fsio;
