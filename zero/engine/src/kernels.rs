@@ -19,6 +19,8 @@
 //! ([`Engine::params`](crate::Engine::params), [`Engine::views`](crate::Engine::views)).
 //! So an engine runs on host arenas only, whatever its kernels.
 
+#[cfg(feature = "cuda")]
+pub mod cuda;
 mod host;
 
 use std::fmt::Debug;
@@ -30,6 +32,8 @@ use zero_comm::DType;
 use crate::error::Result;
 use crate::optim::{AdamW, DecaySegment};
 
+#[cfg(feature = "cuda")]
+pub use cuda::CudaKernels;
 pub use host::HostKernels;
 
 /// A range of an arena block, in elements of the type the call names.
