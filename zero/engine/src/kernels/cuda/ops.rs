@@ -1,6 +1,8 @@
 //! [`Kernels`] for [`CudaKernels`]: each method checks its spans, resolves their device
 //! addresses and enqueues one copy, fill or launch per pass on the arena's stream.
 
+use std::ops::Range;
+
 use cudarc::driver::result as cu;
 use zero_alloc::Arena;
 use zero_comm::DType;
@@ -9,6 +11,7 @@ use super::source::{grid, typed, MAX_BLOCKS, MAX_SUM_BLOCKS};
 use super::{driver, same_len, Arg, CudaKernels};
 use crate::error::{Error, Result};
 use crate::kernels::{AdamWBuffers, AdamWStep, Kernels, Span};
+use crate::optim::DecaySegment;
 
 /// `len` elements as the kernels' `u64 n`.
 fn count(len: usize) -> Arg {
@@ -23,6 +26,9 @@ impl Kernels for CudaKernels {
     fn fill_zero(&self, arena: &mut Arena, dtype: DType, dst: Span) -> Result<()> {
         self.check_arena("fill_zero", arena)?;
         let at = self.address(arena, "fill_zero", dst, dtype.size())?;
+        if dst.len == 0 {
+            return Ok(());
+        }
         // SAFETY: `at` and the span's bytes lie inside the block (checked by `address`); the
         // fill is ordered on the arena's stream.
         unsafe { cu::memset_d8_async(at, 0, dst.len * dtype.size(), self.stream.cu_stream()) }
@@ -34,6 +40,9 @@ impl Kernels for CudaKernels {
         self.check_arena("copy", arena)?;
         let from = self.address(arena, "copy", src, dtype.size())?;
         let to = self.address(arena, "copy", dst, dtype.size())?;
+        if src.len == 0 {
+            return Ok(());
+        }
         // SAFETY: both ranges lie inside their blocks (checked), in distinct blocks per the
         // trait's contract, so they do not overlap; ordered on the arena's stream.
         unsafe { cu::memcpy_dtod_async(to, from, src.len * dtype.size(), self.stream.cu_stream()) }
@@ -177,16 +186,11 @@ impl Kernels for CudaKernels {
             Arg::F32(step.clip_coef),
         ];
         self.launch(&typed("adamw_scale", dtype), grid(n, MAX_BLOCKS), &scale)?;
-        let owned = step.offset..step.offset.saturating_add(n);
-        for segment in step.segments {
-            let lo = segment.range.start.max(owned.start);
-            let hi = segment.range.end.min(owned.end);
-            if lo >= hi {
-                continue;
-            }
+        for (local, decays) in owned_segments(step.offset, n, step.segments) {
+            let (lo, hi) = (local.start, local.end);
             // Byte offset of the segment's first owned element in every f32 buffer.
-            let at = ((lo - step.offset) * 4) as u64;
-            let decay = if segment.decay { c.decay_factor } else { 1.0 };
+            let at = (lo * 4) as u64;
+            let decay = if decays { c.decay_factor } else { 1.0 };
             let args = [weights + at, m + at, v + at, scratch + at]
                 .map(Arg::U64)
                 .into_iter()
@@ -206,6 +210,21 @@ impl Kernels for CudaKernels {
         }
         Ok(())
     }
+}
+
+/// The parts of `segments` (unit coordinates) that fall in the `n` elements owned from
+/// `offset`, in shard coordinates, with their decay flag; empty intersections left out.
+fn owned_segments(
+    offset: usize,
+    n: usize,
+    segments: &[DecaySegment],
+) -> impl Iterator<Item = (Range<usize>, bool)> + '_ {
+    let end = offset.saturating_add(n);
+    segments.iter().filter_map(move |s| {
+        let lo = s.range.start.max(offset);
+        let hi = s.range.end.min(end);
+        (lo < hi).then(|| (lo - offset..hi - offset, s.decay))
+    })
 }
 
 /// The device address of a scratch allocation made on `stream`.
@@ -231,5 +250,46 @@ impl CudaKernels {
             .synchronize()
             .map_err(driver("cuStreamSynchronize"))?;
         Ok(host)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Per element: the decay flag of the segment holding unit element `offset + i`, if any.
+    fn naive(offset: usize, n: usize, segments: &[DecaySegment]) -> Vec<Option<bool>> {
+        (offset..offset + n)
+            .map(|u| {
+                segments
+                    .iter()
+                    .find(|s| s.range.contains(&u))
+                    .map(|s| s.decay)
+            })
+            .collect()
+    }
+
+    #[test]
+    fn owned_segments_cover_exactly_the_owned_elements_of_each_segment() {
+        let seg = |range: Range<usize>, decay| DecaySegment { range, decay };
+        let segments = [
+            seg(0..10, true),
+            seg(10..25, false),
+            seg(30..31, true),
+            seg(40..90, true),
+        ];
+        for offset in [0, 5, 10, 24, 29, 31, 60, 95] {
+            for n in [0, 1, 6, 20, 70] {
+                let mut got = vec![None; n];
+                for (local, decay) in owned_segments(offset, n, &segments) {
+                    assert!(local.start < local.end && local.end <= n);
+                    for slot in &mut got[local] {
+                        assert!(slot.is_none(), "element covered twice");
+                        *slot = Some(decay);
+                    }
+                }
+                assert_eq!(got, naive(offset, n, &segments), "offset {offset} n {n}");
+            }
+        }
     }
 }
