@@ -64,6 +64,15 @@ pub enum Error {
         /// What does not fit.
         message: String,
     },
+    /// A device kernels implementation cannot run: a missing CUDA library, an arena on
+    /// another device, or a failed driver or NVRTC call.
+    #[error("device kernels, {op}: {message}")]
+    Device {
+        /// The operation that failed.
+        op: &'static str,
+        /// Why.
+        message: String,
+    },
     /// A call out of the order forward -> backward -> step.
     #[error("{0}")]
     Order(String),

@@ -20,6 +20,8 @@
 //! [`Engine::views`](crate::Engine::views)), which are host slices; so an engine trains on
 //! host arenas only, whatever its kernels and collectives.
 
+#[cfg(feature = "cuda")]
+pub mod cuda;
 mod host;
 
 use std::fmt::Debug;
@@ -31,6 +33,8 @@ use zero_comm::DType;
 use crate::error::{Error, Result};
 use crate::optim::{AdamW, DecaySegment};
 
+#[cfg(feature = "cuda")]
+pub use cuda::CudaKernels;
 pub use host::HostKernels;
 
 /// A range of an arena block, in elements of the type the call names.

@@ -108,28 +108,7 @@ impl AdamW {
                 v: v.len(),
             });
         }
-        if step == 0 {
-            return Err(Error::StepZero);
-        }
-        if !lr.is_finite() {
-            return Err(Error::BadHyperParameter {
-                what: "lr",
-                value: f64::from(lr),
-                expected: "finite",
-            });
-        }
-        let mut prev_end = 0;
-        for (index, s) in segments.iter().enumerate() {
-            if s.range.start > s.range.end || (index > 0 && s.range.start < prev_end) {
-                return Err(Error::SegmentsUnordered {
-                    index,
-                    start: s.range.start,
-                    end: s.range.end,
-                });
-            }
-            prev_end = s.range.end;
-        }
-        let c = self.constants(step, lr);
+        let c = self.step_constants(step, lr, segments)?;
         let shard = offset..offset.saturating_add(n);
         for s in segments {
             let lo = s.range.start.max(shard.start);
@@ -152,12 +131,50 @@ impl AdamW {
         Ok(())
     }
 
-    fn constants(&self, step: u64, lr: f32) -> Constants {
+    /// The constants every element of step `step` (from 1) at learning rate `lr` shares,
+    /// after checking the settings, `step`, `lr` and the order of `segments`: what
+    /// [`AdamW::update`] computes once per call, for a device implementation to pass to
+    /// its kernel.
+    ///
+    /// # Errors
+    /// [`Error::SegmentsUnordered`], [`Error::StepZero`], or [`Error::BadHyperParameter`].
+    pub fn step_constants(
+        &self,
+        step: u64,
+        lr: f32,
+        segments: &[DecaySegment],
+    ) -> Result<StepConstants> {
+        self.validate()?;
+        if step == 0 {
+            return Err(Error::StepZero);
+        }
+        if !lr.is_finite() {
+            return Err(Error::BadHyperParameter {
+                what: "lr",
+                value: f64::from(lr),
+                expected: "finite",
+            });
+        }
+        let mut prev_end = 0;
+        for (index, s) in segments.iter().enumerate() {
+            if s.range.start > s.range.end || (index > 0 && s.range.start < prev_end) {
+                return Err(Error::SegmentsUnordered {
+                    index,
+                    start: s.range.start,
+                    end: s.range.end,
+                });
+            }
+            prev_end = s.range.end;
+        }
+        Ok(self.constants(step, lr))
+    }
+
+    fn constants(&self, step: u64, lr: f32) -> StepConstants {
         // powi takes i32; beyond 2^31 steps beta^t is 0 in any precision anyway.
         let t = i32::try_from(step).unwrap_or(i32::MAX);
         let bc1 = 1.0 - f64::from(self.beta1).powi(t);
         let bc2 = 1.0 - f64::from(self.beta2).powi(t);
-        Constants {
+        StepConstants {
             step_size: (f64::from(lr) / bc1) as f32,
             inv_sqrt_bc2: (1.0 / bc2.sqrt()) as f32,
             decay_factor: 1.0 - lr * self.weight_decay,
@@ -165,11 +182,15 @@ impl AdamW {
     }
 }
 
-/// Per-call constants shared by every element.
-struct Constants {
-    step_size: f32,
-    inv_sqrt_bc2: f32,
-    decay_factor: f32,
+/// Per-call constants shared by every element, rounded once to f32.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct StepConstants {
+    /// `lr / (1 - beta1^t)`.
+    pub step_size: f32,
+    /// `1 / sqrt(1 - beta2^t)`.
+    pub inv_sqrt_bc2: f32,
+    /// `1 - lr * weight_decay`: the factor of a decaying segment (1 elsewhere).
+    pub decay_factor: f32,
 }
 
 fn adamw_kernel(
@@ -178,7 +199,7 @@ fn adamw_kernel(
     m: &mut [f32],
     v: &mut [f32],
     opt: &AdamW,
-    c: &Constants,
+    c: &StepConstants,
     decay: f32,
 ) {
     let (b1, b2) = (opt.beta1, opt.beta2);

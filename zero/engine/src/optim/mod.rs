@@ -21,6 +21,6 @@ mod adamw;
 mod clip;
 mod schedule;
 
-pub use adamw::{AdamW, DecaySegment};
+pub use adamw::{AdamW, DecaySegment, StepConstants};
 pub use clip::{clip_coefficient, global_norm, sum_of_squares};
 pub use schedule::CosineSchedule;

@@ -26,7 +26,6 @@ use super::gemm::{Operand, SgemmCall};
 use super::geometry::{self as geo, Geometry};
 use super::probe;
 use super::registry::KernelRegistry;
-use super::sources::MAX_SUM_INPUTS;
 use crate::{GptError, Result};
 
 /// One kernel argument, by value (the launch passes the address of each).
@@ -34,8 +33,6 @@ use crate::{GptError, Result};
 pub(super) enum Arg {
     U32(u32),
     U64(u64),
-    F32(f32),
-    Inputs([u64; MAX_SUM_INPUTS]),
 }
 
 /// A device view's address as a kernel argument.
@@ -146,8 +143,6 @@ impl CudaBackend {
                 match a {
                     Arg::U32(v) => builder.arg(v),
                     Arg::U64(v) => builder.arg(v),
-                    Arg::F32(v) => builder.arg(v),
-                    Arg::Inputs(v) => builder.arg(v),
                 };
             }
             let cfg = LaunchConfig {

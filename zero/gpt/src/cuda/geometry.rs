@@ -19,9 +19,6 @@ pub const ATTENTION_BLOCK: u32 = 128;
 pub const LAYERNORM_ROWS_PER_BLOCK: u32 = 8;
 /// Rows per block of the warp-per-row cross-entropy forward (block = 32 * 4 = 128).
 pub const CROSSENTROPY_ROWS_PER_BLOCK: u32 = 4;
-/// Blocks of `sum_squares_partial` at most: enough to fill an H200 (132 SMs) several times,
-/// few enough that the host adds the partial sums in microseconds.
-pub const SUM_SQUARES_MAX_BLOCKS: u32 = 1024;
 /// CUDA's limit on `gridDim.x`.
 pub const MAX_GRID_X: usize = (1 << 31) - 1;
 
@@ -125,20 +122,6 @@ pub fn attention_scratch_len(b: usize, t: usize, nh: usize) -> Result<usize> {
     )
 }
 
-/// `sum_squares_partial`: a grid-stride loop over `n`, at most [`SUM_SQUARES_MAX_BLOCKS`]
-/// blocks, one f64 of shared memory per thread for the block's tree reduction.
-pub fn sum_squares(n: usize) -> Result<Geometry> {
-    let mut g = blocks(
-        "sum_squares_partial",
-        n,
-        ELEMENTWISE_BLOCK,
-        ELEMENTWISE_BLOCK,
-    )?;
-    g.grid = g.grid.min(SUM_SQUARES_MAX_BLOCKS);
-    g.shared_bytes = ELEMENTWISE_BLOCK * std::mem::size_of::<f64>() as u32;
-    Ok(g)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -173,13 +156,6 @@ mod tests {
         assert_eq!(g.block, 128);
         assert_eq!(g.grid, 4 * 1024 * 12 / 128);
         assert_eq!(attention_scratch_len(2, 3, 5).unwrap(), 2 * 5 * 3 * 3);
-    }
-
-    #[test]
-    fn sum_squares_caps_its_grid_and_sizes_shared_memory() {
-        let g = sum_squares(10).unwrap();
-        assert_eq!((g.grid, g.block, g.shared_bytes), (1, 256, 2048));
-        assert_eq!(sum_squares(1 << 30).unwrap().grid, SUM_SQUARES_MAX_BLOCKS);
     }
 
     #[test]

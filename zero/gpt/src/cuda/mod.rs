@@ -21,8 +21,6 @@ mod kernels_impl;
 #[cfg(feature = "cuda")]
 mod memory;
 #[cfg(feature = "cuda")]
-mod optim;
-#[cfg(feature = "cuda")]
 pub mod probe;
 #[cfg(feature = "cuda")]
 pub mod registry;
@@ -33,8 +31,6 @@ pub use backend::CudaBackend;
 pub use device::{DeviceIds, DeviceSlice};
 #[cfg(feature = "cuda")]
 pub use memory::DeviceBuffer;
-#[cfg(feature = "cuda")]
-pub use optim::{AdamWStep, HalfCopy};
 
 /// Whether a CUDA backend can start here: Ok, or the error naming what is missing (the
 /// `cuda` feature, the driver, cuBLAS or NVRTC). Never panics.

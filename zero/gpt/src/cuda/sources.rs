@@ -75,18 +75,6 @@ pub const SOURCES: &[KernelSource] = &[
         text: include_str!("kernels/cross_entropy.cu"),
         functions: &["crossentropy_forward", "crossentropy_backward"],
     },
-    KernelSource {
-        name: "optimizer.cu",
-        text: include_str!("kernels/optimizer.cu"),
-        functions: &[
-            "adamw_update",
-            "adamw_update_bf16",
-            "adamw_update_f16",
-            "sum_squares_partial",
-            "nonfinite_check",
-            "sum_in_rank_order",
-        ],
-    },
 ];
 
 /// Architectures CI compiles every source for: A100 (sm_80) and H100/H200 (sm_90).
@@ -102,10 +90,6 @@ pub const NVRTC_OPTIONS: &[&str] = &[
     "--prec-sqrt=true",
     "--ftz=false",
 ];
-
-/// The most inputs `sum_in_rank_order` takes per launch (`ZR_MAX_SUM_INPUTS` in
-/// optimizer.cu); more are chained through the output.
-pub const MAX_SUM_INPUTS: usize = 16;
 
 /// The kernel names a source defines, read from its text: each `extern "C" __global__ void
 /// NAME(`. Used to check [`KernelSource::functions`] against the file.
@@ -143,12 +127,5 @@ mod tests {
         all.sort_unstable();
         all.dedup();
         assert_eq!(all.len(), total);
-    }
-
-    #[test]
-    fn the_rank_sum_limit_matches_the_cuda_source() {
-        let optimizer = SOURCES.iter().find(|s| s.name == "optimizer.cu");
-        let text = optimizer.map_or("", |s| s.text);
-        assert!(text.contains(&format!("#define ZR_MAX_SUM_INPUTS {MAX_SUM_INPUTS}\n")));
     }
 }

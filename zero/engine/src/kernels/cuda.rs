@@ -1,0 +1,210 @@
+//! [`CudaKernels`]: the engine's passes on a CUDA arena, as NVRTC-compiled kernels launched
+//! on the blocks' device addresses (feature `cuda`; not yet run on a GPU).
+//!
+//! Ordering: every copy, fill and launch goes to the context's default stream, the stream a
+//! zero-alloc CUDA arena orders its own copies and defragmentation moves on, so stream order
+//! alone sequences them; the host waits only where a result comes back (accumulate's
+//! overflow flag, add_squares' sum).
+//!
+//! Contracts against [`super::HostKernels`]:
+//! - fill_zero, copy: `cuMemsetD8Async` / `cuMemcpyDtoDAsync`: bitwise.
+//! - widen, narrow, accumulate, and adamw's scaling, update and narrowing: element-wise
+//!   kernels doing the host's f32 operations in its order under `--fmad=false`: bitwise (f16
+//!   rounding by the PTX conversion: NaN payloads aside). accumulate's flag: exact.
+//! - add_squares: f64 like the host, summed in another order (per-thread grid-stride sums,
+//!   a tree per block, the host adds the block sums in block order): not bitwise; relative
+//!   1e-12 of the host sum for inputs of moderate range.
+//!
+//! Geometry: `source::BLOCK` threads per block, a grid-stride loop, grid
+//! `min(ceil(n / BLOCK), source::MAX_BLOCKS)` (`MAX_SUM_BLOCKS` for add_squares).
+
+mod ops;
+mod source;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
+
+use cudarc::driver::PushKernelArg;
+use cudarc::driver::{CudaContext, CudaFunction, CudaStream, DriverError, LaunchConfig};
+use zero_alloc::{Arena, Device};
+
+use super::Span;
+use crate::error::{Error, Result};
+
+pub use source::{
+    arch_for, compile_engine_kernels, require_nvrtc, CI_ARCHS, ENGINE_KERNELS, ENGINE_SOURCE,
+    NVRTC_OPTIONS,
+};
+
+/// The engine's kernels on CUDA device `ordinal`: one per [`super::Kernels`] method and
+/// storage type, compiled once per process and device.
+#[derive(Debug)]
+pub struct CudaKernels {
+    ordinal: usize,
+    stream: Arc<CudaStream>,
+    functions: Arc<HashMap<&'static str, CudaFunction>>,
+}
+
+/// Maps a driver error to [`Error::Device`] naming the call.
+fn driver(op: &'static str) -> impl Fn(DriverError) -> Error {
+    move |e| Error::Device {
+        op,
+        message: format!("{e:?}"),
+    }
+}
+
+/// A kernel argument, by value.
+#[derive(Debug, Clone, Copy)]
+enum Arg {
+    U64(u64),
+    F32(f32),
+}
+
+impl CudaKernels {
+    /// Kernels on device `ordinal`: checks that the driver and NVRTC can be loaded, opens the
+    /// device's primary context and compiles the kernels (once per process and device).
+    ///
+    /// # Errors
+    /// [`Error::Device`] naming `libcuda` or `libnvrtc` when missing (never a panic), a
+    /// driver error (no such device), or NVRTC's log.
+    pub fn new(ordinal: usize) -> Result<Self> {
+        // SAFETY: is_culib_present only tries to dlopen the driver's file names and drops
+        // each handle; it calls no symbol of the library.
+        if !unsafe { cudarc::driver::sys::is_culib_present() } {
+            return Err(Error::Device {
+                op: "load libcuda",
+                message: "no NVIDIA driver is installed (libcuda.so / libcuda.so.1 not found)"
+                    .to_string(),
+            });
+        }
+        require_nvrtc()?;
+        let ctx = CudaContext::new(ordinal).map_err(driver("cuDevicePrimaryCtxRetain"))?;
+        let functions = functions_for(&ctx)?;
+        Ok(Self {
+            ordinal,
+            stream: ctx.default_stream(),
+            functions,
+        })
+    }
+
+    /// The device these kernels run on.
+    #[must_use]
+    pub fn ordinal(&self) -> usize {
+        self.ordinal
+    }
+
+    /// Checks that `arena` lives on this device and binds the context to the thread.
+    fn check_arena(&self, kernel: &'static str, arena: &Arena) -> Result<()> {
+        if arena.device() != Device::Cuda(self.ordinal) {
+            return Err(Error::Device {
+                op: kernel,
+                message: format!(
+                    "CudaKernels on cuda:{} cannot compute on an arena on {}",
+                    self.ordinal,
+                    arena.device()
+                ),
+            });
+        }
+        self.stream
+            .context()
+            .bind_to_thread()
+            .map_err(driver("cuCtxSetCurrent"))
+    }
+
+    /// The device address of `span`'s first element of `elem` bytes, after checking that
+    /// the span lies inside its block. The address is valid while the arena is borrowed.
+    fn address(&self, arena: &Arena, kernel: &'static str, span: Span, elem: usize) -> Result<u64> {
+        let view = arena.device_view(span.block)?;
+        let block_elems = view.len / elem;
+        let end = span.start.checked_add(span.len);
+        if end.is_none_or(|end| end > block_elems) {
+            return Err(Error::BadSpan {
+                kernel,
+                message: format!(
+                    "elements {}..{} of a block of {block_elems}",
+                    span.start,
+                    span.start.saturating_add(span.len)
+                ),
+            });
+        }
+        // Inside the block (checked above), so the offset fits the allocation.
+        Ok(view.ptr + (span.start * elem) as u64)
+    }
+
+    /// Launches `name` over `blocks` blocks of `source::BLOCK` threads with `args`.
+    ///
+    /// Callers pass the arguments of the kernel's parameter list in order and type, and
+    /// addresses of spans (checked by [`CudaKernels::address`]) as long as the element
+    /// count they pass.
+    fn launch(&self, name: &str, blocks: u32, args: &[Arg]) -> Result<()> {
+        if blocks == 0 {
+            return Ok(());
+        }
+        let f = self.functions.get(name).ok_or_else(|| Error::Device {
+            op: "kernel lookup",
+            message: format!("no kernel named {name} in engine.cu"),
+        })?;
+        let mut builder = self.stream.launch_builder(f);
+        for a in args {
+            match a {
+                Arg::U64(v) => builder.arg(v),
+                Arg::F32(v) => builder.arg(v),
+            };
+        }
+        let cfg = LaunchConfig {
+            grid_dim: (blocks, 1, 1),
+            block_dim: (source::BLOCK, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: per this function's contract the arguments match the kernel's parameters
+        // and every address covers the elements the kernel indexes; the launch is ordered on
+        // the arena's stream after every earlier copy or move of those blocks, and the
+        // caller holds the arena borrowed, so no block moves or is freed before the kernel
+        // is ordered.
+        unsafe { builder.launch(cfg) }
+            .map(|_| ())
+            .map_err(driver("cuLaunchKernel"))
+    }
+}
+
+/// Checks that element-wise inputs and outputs have one length.
+fn same_len(kernel: &'static str, a: Span, b: Span) -> Result<()> {
+    if a.len == b.len {
+        Ok(())
+    } else {
+        Err(Error::BadSpan {
+            kernel,
+            message: format!("ranges of {} and {} elements", a.len, b.len),
+        })
+    }
+}
+
+/// The kernels loaded on `ctx`'s device, compiled for its architecture on first use.
+fn functions_for(ctx: &Arc<CudaContext>) -> Result<Arc<HashMap<&'static str, CudaFunction>>> {
+    type Loaded = Arc<HashMap<&'static str, CudaFunction>>;
+    static CACHE: OnceLock<Mutex<HashMap<usize, Loaded>>> = OnceLock::new();
+    // Nothing is inserted before a build completes, so a poisoned map is still consistent.
+    let mut cache = CACHE
+        .get_or_init(Mutex::default)
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner);
+    if let Some(found) = cache.get(&ctx.ordinal()) {
+        return Ok(Arc::clone(found));
+    }
+    let (major, minor) = ctx
+        .compute_capability()
+        .map_err(driver("cuDeviceGetAttribute"))?;
+    let module = ctx
+        .load_module(compile_engine_kernels(arch_for(major, minor))?)
+        .map_err(driver("cuModuleLoadData"))?;
+    let mut functions = HashMap::new();
+    for &name in ENGINE_KERNELS {
+        let f = module
+            .load_function(name)
+            .map_err(driver("cuModuleGetFunction"))?;
+        functions.insert(name, f);
+    }
+    let built = Arc::new(functions);
+    cache.insert(ctx.ordinal(), Arc::clone(&built));
+    Ok(built)
+}
