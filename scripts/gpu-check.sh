@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
-# The GPU check of zero-gpt's CUDA kernels and zero-comm's NCCL communicator, in two modes
-# (docs/gpu.md):
+# The GPU check: zero-gpt's CUDA kernels, the engine's CUDA kernels, zero-comm's device-local
+# and NCCL communicators, ZeRO stages on one GPU, and zero-train --device cuda (a smoke run and
+# the GPT-2 124M benchmark), in two modes (docs/gpu.md):
 #
 #   bash scripts/gpu-check.sh build   # here, with cargo: release test binaries -> gpu-bin/
 #   bash scripts/gpu-check.sh run     # on the GPU machine (no Rust toolchain): runs them
 #
 # `build` compiles the CUDA test binaries (cargo test --release --no-run --features cuda, for
-# -p zero-gpt and -p zero-comm),
-# strips them into the git-ignored gpu-bin/ with a copy of this script. `run` makes the
+# -p zero-gpt, -p zero-comm, -p zero and -p zero-train) and zero-train and zero-bench, strips
+# them into the git-ignored gpu-bin/ with a copy of this script and of the Shakespeare token
+# files (data/shakespeare, from scripts/train.sh). `run` makes the
 # CUDA 13 libraries loadable by cudarc (built with cuda-12080, it looks for libX.so and
 # libX.so.12: a folder of libX.so -> libX.so.13 symlinks goes first on LD_LIBRARY_PATH),
 # then runs every test binary with ZERO_GPT_REQUIRE_GPU=1 (a missing GPU fails instead of
@@ -16,8 +18,11 @@
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 mode="${1:-}"
-TESTS=(cuda_kernels cuda_optim cuda_model gpt_generic nvrtc_compile)   # zero-gpt
-COMM_TESTS=(nccl_device)                         # zero-comm: NCCL at world size 1
+TESTS=(cuda_kernels cuda_model gpt_generic nvrtc_compile)   # zero-gpt
+COMM_TESTS=(nccl_device device_local_cuda device_local_nvrtc)   # zero-comm
+ENGINE_TESTS=(kernels_cuda kernels_nvrtc)        # zero: the engine's kernels
+TRAIN_TESTS=(cuda_stages)                        # zero-train: stages 0-3 on one GPU
+ALL_TESTS=("${TESTS[@]}" "${COMM_TESTS[@]}" "${ENGINE_TESTS[@]}" "${TRAIN_TESTS[@]}")
 
 build() {
     cd "$here/.."
@@ -27,8 +32,12 @@ build() {
     json=$(cargo test --release -p zero-gpt --features cuda --no-run --message-format=json \
         "${TESTS[@]/#/--test=}"
         cargo test --release -p zero-comm --features cuda --no-run --message-format=json \
-        "${COMM_TESTS[@]/#/--test=}")
-    for t in "${TESTS[@]}" "${COMM_TESTS[@]}"; do
+        "${COMM_TESTS[@]/#/--test=}"
+        cargo test --release -p zero --features cuda --no-run --message-format=json \
+        "${ENGINE_TESTS[@]/#/--test=}"
+        cargo test --release -p zero-train --features cuda --no-run --message-format=json \
+        "${TRAIN_TESTS[@]/#/--test=}")
+    for t in "${ALL_TESTS[@]}"; do
         local exe
         exe=$(printf '%s\n' "$json" | python3 -c '
 import json, sys
@@ -42,8 +51,18 @@ for line in sys.stdin:
         strip -o "$bin/$t" "$exe"
     done
     cargo build --release -p zero-benches --features cuda --bin zero-bench
-    strip -o "$bin/zero-bench" "$(cargo metadata --format-version 1 --no-deps |
-        python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')/release/zero-bench"
+    cargo build --release -p zero-train --features cuda --bin zero-train
+    local target
+    target=$(cargo metadata --format-version 1 --no-deps |
+        python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')
+    strip -o "$bin/zero-bench" "$target/release/zero-bench"
+    strip -o "$bin/zero-train" "$target/release/zero-train"
+    mkdir -p "$bin/data"
+    if [ -f data/shakespeare/train.bin ] && [ -f data/shakespeare/val.bin ]; then
+        cp data/shakespeare/train.bin data/shakespeare/val.bin "$bin/data/"
+    else
+        echo "gpu-check: no data/shakespeare token files (run bash scripts/train.sh once): the zero-train runs will be skipped" >&2
+    fi
     cp "$here/gpu-check.sh" "$bin/gpu-check.sh"
     du -sh "$bin"/*
     echo "gpu-check: built into $bin/; on the GPU machine run: bash gpu-bin/gpu-check.sh run"
@@ -102,7 +121,7 @@ run() {
     export ZERO_GPT_REQUIRE_GPU=1 ZERO_GPT_REQUIRE_NVRTC=1 ZERO_COMM_REQUIRE_GPU=1 RUST_BACKTRACE=1
     local failed=0
     : >"$OUT/summary.txt"
-    for t in "${TESTS[@]}" "${COMM_TESTS[@]}"; do
+    for t in "${ALL_TESTS[@]}"; do
         local rc=0
         (cd "$OUT" && timeout 300 "$bin/$t" --test-threads 1 --nocapture) >"$OUT/$t.log" 2>&1 || rc=$?
         echo "$t: exit $rc ($(grep -E '^test result' "$OUT/$t.log" | tail -n 1))" | tee -a "$OUT/summary.txt"
@@ -116,8 +135,57 @@ run() {
     echo "zero-bench --backend nccl: exit $rc ($(grep -E '^# Avg bus' "$OUT/zero-bench-nccl.log"))" |
         tee -a "$OUT/summary.txt"
     [ "$rc" -eq 0 ] || failed=1
+    train_runs "$bin" || failed=1
     echo "gpu-check: logs in $OUT"
     return "$failed"
+}
+
+# zero-train --device cuda: a smoke run of the default model at N_d = 2, stage 3, then GPT-2
+# 124M (bf16, T = 1024) at stage 0 with one rank and at stage 3 with four ranks on the GPU,
+# each with its tokens/s, MFU and peak arena bytes per rank in summary.txt.
+train_runs() {
+    local bin="$1" failed=0
+    if [ ! -f "$bin/data/train.bin" ]; then
+        echo "zero-train --device cuda: skipped (no token files in $bin/data)" | tee -a "$OUT/summary.txt"
+        return 0
+    fi
+    local common=(--device cuda --data "$bin/data" --eval-every 0 --sample-tokens 0)
+    train_one smoke "$bin" "${common[@]}" --world-size 2 --zero-stage 3 --steps 20 || failed=1
+    local gpt2=(--model gpt2 --seq-len 1024 --precision bf16 --steps 8 --warmup-steps 0)
+    train_one gpt2-stage0-n1 "$bin" "${common[@]}" "${gpt2[@]}" --world-size 1 --zero-stage 0 \
+        --micro-batch-size 16 --batch-size 16 || failed=1
+    train_one gpt2-stage3-n4 "$bin" "${common[@]}" "${gpt2[@]}" --world-size 4 --zero-stage 3 \
+        --micro-batch-size 4 --batch-size 16 || failed=1
+    return "$failed"
+}
+
+# One zero-train run named $1; its metrics summarised (steps after the first two).
+train_one() {
+    local name="$1" bin="$2" rc=0
+    shift 2
+    (cd "$OUT" && timeout 240 "$bin/zero-train" "$@" --metrics "$OUT/$name.jsonl") \
+        >"$OUT/$name.log" 2>&1 || rc=$?
+    local line
+    line=$(python3 - "$OUT/$name.jsonl" <<'PY' 2>&1
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
+steps = [r for r in rows if "tokens_per_s" in r]
+if not steps:
+    print("no steps"); sys.exit(0)
+tail = steps[2:] or steps
+tok = sum(r["tokens_per_s"] for r in tail) / len(tail)
+# GPT-2 124M (llm.c's count: 6N + 6LCT FLOPs per token) over the H200's dense bf16 peak.
+L, C, T, V = 12, 768, 1024, 50257
+N = V * C + T * C + L * (12 * C * C + 13 * C) + 2 * C
+mfu = tok * (6 * N + 6 * L * C * T) / 989.4e12
+peak = max(r.get("peak_bytes", 0) for r in steps)
+print(f"first loss {steps[0]['loss']:.4f}, last {steps[-1]['loss']:.4f}, {tok:.0f} tok/s, "
+      f"step {tail[-1]['step_ms']:.0f} ms, MFU {100 * mfu:.1f}% (if GPT-2 124M), "
+      f"peak arena {peak / 2**20:.0f} MiB")
+PY
+)
+    echo "zero-train $name: exit $rc ($line)" | tee -a "$OUT/summary.txt"
+    return "$rc"
 }
 
 case "$mode" in

@@ -31,3 +31,4 @@ export LD_LIBRARY_PATH="$lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export ZERO_GPT_REQUIRE_NVRTC=1
 cargo test -p zero-gpt --features cuda --test nvrtc_compile -- --nocapture --test-threads 1
 cargo test -p zero-comm --features cuda --test device_local_nvrtc -- --nocapture --test-threads 1
+cargo test -p zero --features cuda --test kernels_nvrtc -- --nocapture --test-threads 1

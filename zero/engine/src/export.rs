@@ -140,7 +140,8 @@ impl Engine {
             return Ok(Cow::Borrowed(part("export", all, Span::new(h, 0..len))?));
         }
         let mut out = vec![0f32; len];
-        self.arena.read_bytes(h, bytemuck::cast_slice_mut(&mut out))?;
+        self.arena
+            .read_bytes(h, bytemuck::cast_slice_mut(&mut out))?;
         Ok(Cow::Owned(out))
     }
 

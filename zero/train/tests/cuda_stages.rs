@@ -112,14 +112,18 @@ fn gpu_run(world: usize, config: EngineConfig) -> Option<Run> {
 
 fn bits(run: &Run) -> Vec<u32> {
     let losses = run.losses.iter().map(|x| x.to_bits());
-    losses.chain(run.params.iter().flatten().map(|x| x.to_bits())).collect()
+    losses
+        .chain(run.params.iter().flatten().map(|x| x.to_bits()))
+        .collect()
 }
 
 /// Largest |a - b| / (1 + |b|) over losses and parameters.
 fn max_rel(a: &Run, b: &Run) -> f32 {
     let xs = a.losses.iter().chain(a.params.iter().flatten());
     let ys = b.losses.iter().chain(b.params.iter().flatten());
-    xs.zip(ys).map(|(x, y)| (x - y).abs() / (1.0 + y.abs())).fold(0.0, f32::max)
+    xs.zip(ys)
+        .map(|(x, y)| (x - y).abs() / (1.0 + y.abs()))
+        .fold(0.0, f32::max)
 }
 
 #[test]
@@ -132,7 +136,11 @@ fn stages_on_one_gpu_give_the_same_bits_and_follow_the_cpu() {
             let what = format!("{precision:?} N_d={world}");
             let cpu = cpu_run(world, config(ZeroStage::Zero0, precision));
             // cuBLAS sums in another order than the CPU matmul (docs/gpu.md): a tolerance.
-            let tolerance = if precision == Precision::Fp32 { 2e-3 } else { 3e-2 };
+            let tolerance = if precision == Precision::Fp32 {
+                2e-3
+            } else {
+                3e-2
+            };
             let rel = max_rel(&reference, &cpu);
             assert!(rel < tolerance, "{what}: GPU vs CPU differ by {rel}");
             for stage in [ZeroStage::Zero1, ZeroStage::Zero2, ZeroStage::Zero3] {
