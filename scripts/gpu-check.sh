@@ -27,6 +27,7 @@ ALL_TESTS=("${TESTS[@]}" "${COMM_TESTS[@]}" "${ENGINE_TESTS[@]}" "${TRAIN_TESTS[
 build() {
     cd "$here/.."
     local bin=gpu-bin
+    rm -rf "$bin"
     mkdir -p "$bin"
     local json
     json=$(cargo test --release -p zero-gpt --features cuda --no-run --message-format=json \
@@ -166,8 +167,11 @@ train_one() {
     (cd "$OUT" && timeout 240 "$bin/zero-train" "$@" --metrics "$OUT/$name.jsonl") \
         >"$OUT/$name.log" 2>&1 || rc=$?
     local line
-    line=$(python3 - "$OUT/$name.jsonl" <<'PY' 2>&1
-import json, sys
+    line=$(python3 - "$OUT/$name.jsonl" "$OUT/$name.log" <<'PY' 2>&1
+import json, os, sys
+if not os.path.exists(sys.argv[1]):
+    log = open(sys.argv[2]).read().strip().splitlines()
+    print("no metrics: " + (log[-1] if log else "empty log")); sys.exit(0)
 rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
 steps = [r for r in rows if "tokens_per_s" in r]
 if not steps:

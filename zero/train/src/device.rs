@@ -89,10 +89,12 @@ pub mod cuda {
     /// The GPU every rank of this process shares.
     const ORDINAL: usize = 0;
 
-    /// What one rank computes with on the GPU.
+    /// What one rank computes with on the GPU. The model's kernels, the engine's kernels and
+    /// the arena's copies all run on the context's default stream, in one order; the
+    /// device-local collectives run on the rank's own stream and synchronise with it.
     #[derive(Debug)]
     pub struct CudaRank {
-        /// The model's kernels, on the rank's own stream.
+        /// The model's kernels, on the context's default stream.
         pub backend: CudaBackend,
         /// The engine's device, kernels and collectives.
         pub ops: EngineOps,
@@ -105,7 +107,7 @@ pub mod cuda {
     /// A missing CUDA library or GPU (named), kernel compilation or stream creation errors.
     pub fn ranks(n: usize, config: zero_comm::Config) -> Result<Vec<CudaRank>, TrainError> {
         let backends = (0..n)
-            .map(|_| CudaBackend::new(ORDINAL))
+            .map(|_| CudaBackend::on_default_stream(ORDINAL))
             .collect::<Result<Vec<_>, _>>()?;
         let Some(first) = backends.first() else {
             return Ok(Vec::new());

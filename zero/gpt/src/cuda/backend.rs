@@ -72,9 +72,28 @@ impl CudaBackend {
     /// [`GptError::Cuda`] when the device does not exist or a driver/cuBLAS call fails;
     /// [`GptError::Nvrtc`] when a kernel does not compile.
     pub fn new(ordinal: usize) -> Result<Self> {
+        Self::build(ordinal, false)
+    }
+
+    /// As [`CudaBackend::new`], with every kernel on the context's default stream: the stream
+    /// zero-alloc's CUDA arenas order their copies on and the ZeRO engine's CUDA kernels run
+    /// on, so a model whose buffers are arena blocks needs no host synchronisation to stay in
+    /// order with the engine. Ranks of one process that share the GPU then share the stream.
+    ///
+    /// # Errors
+    /// As [`CudaBackend::new`].
+    pub fn on_default_stream(ordinal: usize) -> Result<Self> {
+        Self::build(ordinal, true)
+    }
+
+    fn build(ordinal: usize, default_stream: bool) -> Result<Self> {
         probe::require_backend_libraries()?;
         let ctx = CudaContext::new(ordinal).map_err(driver_err("cuCtxCreate"))?;
-        let stream = ctx.new_stream().map_err(driver_err("cuStreamCreate"))?;
+        let stream = if default_stream {
+            ctx.default_stream()
+        } else {
+            ctx.new_stream().map_err(driver_err("cuStreamCreate"))?
+        };
         let blas = CudaBlas::new(Arc::clone(&stream)).map_err(|e| GptError::Cuda {
             op: "cublasCreate",
             message: format!("{e:?}"),
