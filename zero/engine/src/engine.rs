@@ -30,11 +30,12 @@ use super::plan::{arena_config, check_fits, plan_memory, unit_policies, MemoryPl
 use super::policy::{UnitPolicy, ZeroStage};
 use super::precision::Precision;
 use super::schedule::Schedule;
+use super::start::{allocate_units, provide_staging};
 use super::unit::UnitSpec;
-use super::unit_buffers::{upload_whole, write_whole, UnitBuffers};
+use super::unit_buffers::UnitBuffers;
 use crate::optim::AdamW;
 use std::collections::VecDeque;
-use zero_alloc::{Arena, ArenaConfig, Handle, Lent};
+use zero_alloc::{Arena, ArenaConfig, Handle};
 use zero_comm::{Communicator, StagingRule};
 
 /// The engine's knobs, under DeepSpeed's names where it has them.
@@ -337,118 +338,8 @@ impl Engine {
         self.memory_plan
     }
 
-    /// A block of `len` f32 elements from this rank's arena, lent out for good (pinned, so
-    /// compaction never moves it): memory the model owns, such as its activations, that the
-    /// arena counts and caps with the model states. Its bytes must be declared in
-    /// [`EngineConfig::activation_bytes`], which the plan reserves.
-    ///
-    /// # Errors
-    /// [`Error::Undeclared`] past the declared bytes; arena errors.
-    pub fn lend_f32(&mut self, len: usize) -> Result<Lent<f32>> {
-        let h = self.declared_block(len)?;
-        match self.arena.lend::<f32>(h) {
-            Ok(lent) => Ok(lent),
-            Err(e) => {
-                self.arena.free(h)?;
-                Err(e.into())
-            }
-        }
-    }
-
-    /// As [`Engine::lend_f32`] on a CUDA arena: the block's device address, lent for good.
-    ///
-    /// # Errors
-    /// As [`Engine::lend_f32`]; a host arena.
-    #[cfg(feature = "cuda")]
-    pub fn lend_device_f32(&mut self, len: usize) -> Result<zero_alloc::LentDevice> {
-        let h = self.declared_block(len)?;
-        match self.arena.lend_device(h) {
-            Ok(lent) => Ok(lent),
-            Err(e) => {
-                self.arena.free(h)?;
-                Err(e.into())
-            }
-        }
-    }
-
-    /// A block of `len` f32 elements within the declared activation bytes, counted there.
-    fn declared_block(&mut self, len: usize) -> Result<Handle> {
-        let bytes = len
-            .checked_mul(4)
-            .and_then(|b| arena_config(0, true).block_size(b))
-            .map_or(u64::MAX, |b| b as u64);
-        let lent = self.lent_bytes.saturating_add(bytes);
-        if lent > self.config.activation_bytes {
-            return Err(Error::Undeclared {
-                lent,
-                declared: self.config.activation_bytes,
-            });
-        }
-        let h = self.arena.alloc_elems::<f32>(len)?;
-        self.lent_bytes = lent;
-        Ok(h)
-    }
-
     /// fp16's current loss scale (1 for other precisions).
     pub fn loss_scale(&self) -> f32 {
         self.scaler.scale
     }
-}
-
-/// Every unit's buffers, filled with `init`'s values as the stage keeps them. With
-/// defragmentation on, the arena is then compacted, so the blocks the model borrows for good
-/// next ([`Engine::lend_f32`]) sit right after the model states and split no free space.
-fn allocate_units(
-    arena: &mut Arena,
-    kernels: &dyn Kernels,
-    policies: &[UnitPolicy],
-    config: &EngineConfig,
-    rank: usize,
-    init: &mut impl FnMut(usize, &mut [f32]),
-) -> Result<Vec<UnitBuffers>> {
-    let precision = config.precision;
-    let mut bufs = Vec::with_capacity(policies.len());
-    for (unit, policy) in policies.iter().enumerate() {
-        let b = UnitBuffers::new(arena, kernels, policy, precision)?;
-        let mut host = vec![0f32; policy.part.numel()];
-        init(unit, &mut host);
-        let values = upload_whole(arena, kernels, policy, &host)?;
-        let loaded = write_whole(arena, kernels, policy, &b, precision, rank, values);
-        arena.free(values)?;
-        loaded?;
-        bufs.push(b);
-    }
-    if config.defragment {
-        arena.defragment()?;
-    }
-    arena.reset_peak();
-    Ok(bufs)
-}
-
-/// Lends the communicator's backend its staging block for good, right after the model
-/// states (a pinned block that compaction never moves), sized by the plan for the largest
-/// collective the engine issues; nothing for a backend that stages nothing. Rejected: a
-/// heap buffer inside the backend, which the arena's cap and peak would not see.
-fn provide_staging(arena: &mut Arena, comm: &Communicator, plan: &MemoryPlan) -> Result<()> {
-    let largest = plan.largest_collective;
-    let words = match comm.staging_bytes(largest) {
-        Some(0) => return Ok(()),
-        Some(bytes) => usize::try_from(bytes.div_ceil(8)).ok(),
-        None => None,
-    };
-    let words = words.ok_or_else(|| {
-        Error::Order(format!(
-            "staging for collectives of {largest} bytes overflows"
-        ))
-    })?;
-    let h = arena.alloc_elems::<u64>(words)?;
-    let block = match arena.lend::<u64>(h) {
-        Ok(block) => block,
-        Err(e) => {
-            arena.free(h)?;
-            return Err(e.into());
-        }
-    };
-    comm.provide_staging(block, largest)?;
-    Ok(())
 }

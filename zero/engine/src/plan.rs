@@ -101,8 +101,8 @@ pub(crate) fn unit_policies(specs: &[UnitSpec], shape: PlanShape) -> Result<Vec<
 
 /// Plans the buffers of `specs` on one rank for micro-steps that make `schedule`'s calls.
 ///
-/// Model states come from [`model_state_bytes`], the same sum the padded formula uses; the
-/// transient peak from replaying the schedule and the optimizer step ([`Replay`]).
+/// Model states come from `model_state_bytes`, the same sum the padded formula uses; the
+/// transient peak from replaying the schedule and the optimizer step (`replay::Replay`).
 ///
 /// # Errors
 /// A partition error (zero ranks, overflow), a malformed schedule.

@@ -6,26 +6,23 @@
 //! [`save`]: Trainer::save
 //! [`report`]: Trainer::report
 
-use super::bridge::{
-    activation_arena_bytes, arena_activations, eval_loss, gpt_engine_on, micro_step, Placement,
-};
-use super::checkpoint::{LlmcStreamWriter, ModelShape};
+mod engine_setup;
+mod saving;
+
+use super::bridge::{arena_activations, eval_loss, micro_step, Placement};
 use super::error::TrainError;
 use super::init::load_init;
-use super::memory_fit::MemoryQuery;
 use super::metrics::{RankReport, StepMetrics};
-use super::resume::{finish_save, load_state, start_state_save, PendingSave};
+use super::resume::{load_state, PendingSave};
 use super::run::{RankOutput, Shared};
 use super::sample::{decode, sample};
 use crate::data::{DataLoader, LoaderConfig};
+use engine_setup::build_engine;
 use std::time::Instant;
-use zero::optim::{AdamW, CosineSchedule};
-use zero::{
-    expected_model_state_bytes, Engine, EngineConfig, EngineOps, PlanShape, Precision, Traffic,
-    ZeroStage,
-};
+use zero::optim::CosineSchedule;
+use zero::{expected_model_state_bytes, Engine, EngineOps, Precision, Traffic, ZeroStage};
 use zero_comm::{Communicator, ReduceOp};
-use zero_gpt::{init_unit, Activations, CpuBackend, Gpt};
+use zero_gpt::{Activations, CpuBackend, Gpt};
 
 /// One rank's model, engine, data and running totals, the model's kernels on backend `B`.
 pub(crate) struct Trainer<'a, B: Placement = CpuBackend> {
@@ -87,101 +84,6 @@ impl RankOutput {
             },
         })
     }
-}
-
-/// The engine over `comm` with the GPT's units on `ops`, initialised from `cfg.seed`.
-fn build_engine<B: Placement>(
-    shared: &Shared<'_>,
-    comm: Communicator,
-    model: &Gpt<B>,
-    ops: EngineOps,
-) -> Result<Engine, TrainError> {
-    let cfg = shared.cfg;
-    let engine_config = EngineConfig {
-        stage: cfg.zero_stage,
-        precision: cfg.precision.into(),
-        reduce_bucket_bytes: usize::try_from(cfg.reduce_bucket_size.0).unwrap_or(usize::MAX),
-        persistence_threshold: cfg.param_persistence_threshold,
-        prefetch_units: cfg.prefetch_units,
-        grad_clip: cfg.grad_clip,
-        adam: AdamW {
-            weight_decay: cfg.weight_decay,
-            ..AdamW::default()
-        },
-        memory_limit: cfg.memory_limit.map(|m| m.0),
-        defragment: !cfg.no_defragment,
-        activation_bytes: activation_arena_bytes(
-            &shared.model,
-            cfg.micro_batch_size,
-            cfg.seq_len,
-            cfg.activation_placement(),
-        )?,
-    };
-    engine_config.adam.validate()?;
-    if let Some(limit) = engine_config.memory_limit {
-        refuse_what_cannot_fit(
-            shared,
-            &engine_config,
-            (comm.size(), comm.staging_rule()),
-            limit,
-        )?;
-    }
-    let (gcfg, layout) = (shared.model, model.layout());
-    let mut init_err = None;
-    let engine = gpt_engine_on(
-        comm,
-        layout,
-        cfg.activation_placement().checkpoint_every,
-        engine_config,
-        ops,
-        |unit, w| {
-            if let Err(e) = init_unit(&gcfg, layout, unit, cfg.seed, w) {
-                init_err.get_or_insert(e);
-            }
-        },
-    )?;
-    match init_err {
-        Some(e) => Err(e.into()),
-        None => Ok(engine),
-    }
-}
-
-/// Refuses at start-up a cap below the plan (model states, transient unit buffers and
-/// activations), naming the bytes needed and a stage and options that fit.
-fn refuse_what_cannot_fit(
-    shared: &Shared<'_>,
-    engine_config: &EngineConfig,
-    (world, staging): (usize, zero_comm::StagingRule),
-    limit: u64,
-) -> Result<(), TrainError> {
-    let cfg = shared.cfg;
-    let query = MemoryQuery {
-        model: shared.model,
-        micro_batch: cfg.micro_batch_size,
-        seq_len: cfg.seq_len,
-        placement: cfg.activation_placement(),
-        shape: PlanShape {
-            world,
-            stage: engine_config.stage,
-            precision: engine_config.precision,
-            persistence_threshold: engine_config.persistence_threshold,
-            prefetch_units: engine_config.prefetch_units,
-            reduce_bucket_bytes: engine_config.reduce_bucket_bytes,
-            activation_bytes: engine_config.activation_bytes,
-            staging,
-        },
-    };
-    let needed = query.plan()?.total();
-    if needed <= limit {
-        return Ok(());
-    }
-    Err(zero::Error::DoesNotFit {
-        stage: engine_config.stage,
-        needed,
-        limit,
-        hint: query.what_fits(limit),
-    }
-    .into())
 }
 
 impl<'a, B: Placement> Trainer<'a, B> {
@@ -363,85 +265,6 @@ impl<'a, B: Placement> Trainer<'a, B> {
             self.shared.reporter.val_loss(step, mean[0])?;
         }
         Ok(())
-    }
-
-    /// Saves the run after `step` steps into the `--save` directory: every rank writes the
-    /// states it owns, rank 0 publishes the manifest once all succeeded (collective). With
-    /// `--async-save` the pieces of every save but the last are written in the background
-    /// and published by the next save, which first waits for them.
-    ///
-    /// # Errors
-    /// Engine, collective or checkpoint I/O errors, including those of the previous
-    /// background save.
-    pub(crate) fn save(&mut self, step: u64) -> Result<(), TrainError> {
-        let cfg = self.shared.cfg;
-        let Some(dir) = &cfg.save else {
-            return Ok(());
-        };
-        if let Some((pending, began)) = self.pending_save.take() {
-            self.publish(pending, began)?;
-        }
-        let began = Instant::now();
-        let background = cfg.async_save && step < cfg.steps;
-        let loader = self.loader.state();
-        let (engine, model) = (&mut self.engine, &self.shared.model);
-        let pending = start_state_save(engine, dir, cfg, model, &loader, step, background)?;
-        if background {
-            self.pending_save = Some((pending, began));
-            Ok(())
-        } else {
-            self.publish(pending, began)
-        }
-    }
-
-    /// Finishes a save and reports it.
-    fn publish(&mut self, pending: PendingSave, began: Instant) -> Result<(), TrainError> {
-        let (at, bytes) = finish_save(&mut self.engine, pending)?;
-        if self.rank == 0 {
-            self.shared.reporter.line(&format!(
-                "saved {} ({bytes} bytes by rank 0, {:.0} ms from start to publication)",
-                at.display(),
-                began.elapsed().as_secs_f64() * 1e3
-            ));
-        }
-        Ok(())
-    }
-
-    /// Writes `--export-llmc` (rank 0) unit by unit and waits for it; nothing without the
-    /// flag. Each unit is gathered into the arena, written and freed, so the export holds one
-    /// unit beyond the rank's states. A write failure on rank 0 is reported after every rank
-    /// has finished the gathers, so no peer is left waiting in one.
-    ///
-    /// # Errors
-    /// Engine, collective or checkpoint I/O errors.
-    pub(crate) fn export_llmc(&mut self) -> Result<(), TrainError> {
-        let Some(path) = &self.shared.cfg.export_llmc else {
-            return Ok(());
-        };
-        let shape = ModelShape::from_config(&self.shared.model);
-        let mut failure: Option<TrainError> = None;
-        let mut writer = match (self.rank == 0).then(|| LlmcStreamWriter::create(path, shape)) {
-            Some(Ok(w)) => Some(w),
-            Some(Err(e)) => {
-                failure = Some(e.into());
-                None
-            }
-            None => None,
-        };
-        for unit in 0..self.engine.units().len() {
-            let wrote = self.engine.with_whole_params(unit, |values| {
-                writer.as_mut().map(|w| w.write_unit(unit, values))
-            })?;
-            if let Some(Err(e)) = wrote {
-                failure.get_or_insert(e.into());
-                writer = None;
-            }
-        }
-        if let Some(Err(e)) = writer.map(LlmcStreamWriter::finish) {
-            failure.get_or_insert(e.into());
-        }
-        self.engine.comm().barrier()?;
-        failure.map_or(Ok(()), Err)
     }
 
     /// Generates the closing `--sample-tokens` sample; rank 0 prints it.

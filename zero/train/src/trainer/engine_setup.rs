@@ -1,0 +1,106 @@
+//! The rank's engine as the run's flags configure it, and the start-up refusal of a memory cap
+//! below the plan.
+
+use crate::bridge::{activation_arena_bytes, gpt_engine_on, Placement};
+use crate::error::TrainError;
+use crate::memory_fit::MemoryQuery;
+use crate::run::Shared;
+use zero::optim::AdamW;
+use zero::{Engine, EngineConfig, EngineOps, PlanShape};
+use zero_comm::Communicator;
+use zero_gpt::{init_unit, Gpt};
+
+/// The engine over `comm` with the GPT's units on `ops`, initialised from `cfg.seed`.
+pub(super) fn build_engine<B: Placement>(
+    shared: &Shared<'_>,
+    comm: Communicator,
+    model: &Gpt<B>,
+    ops: EngineOps,
+) -> Result<Engine, TrainError> {
+    let cfg = shared.cfg;
+    let engine_config = EngineConfig {
+        stage: cfg.zero_stage,
+        precision: cfg.precision.into(),
+        reduce_bucket_bytes: usize::try_from(cfg.reduce_bucket_size.0).unwrap_or(usize::MAX),
+        persistence_threshold: cfg.param_persistence_threshold,
+        prefetch_units: cfg.prefetch_units,
+        grad_clip: cfg.grad_clip,
+        adam: AdamW {
+            weight_decay: cfg.weight_decay,
+            ..AdamW::default()
+        },
+        memory_limit: cfg.memory_limit.map(|m| m.0),
+        defragment: !cfg.no_defragment,
+        activation_bytes: activation_arena_bytes(
+            &shared.model,
+            cfg.micro_batch_size,
+            cfg.seq_len,
+            cfg.activation_placement(),
+        )?,
+    };
+    engine_config.adam.validate()?;
+    if let Some(limit) = engine_config.memory_limit {
+        refuse_what_cannot_fit(
+            shared,
+            &engine_config,
+            (comm.size(), comm.staging_rule()),
+            limit,
+        )?;
+    }
+    let (gcfg, layout) = (shared.model, model.layout());
+    let mut init_err = None;
+    let engine = gpt_engine_on(
+        comm,
+        layout,
+        cfg.activation_placement().checkpoint_every,
+        engine_config,
+        ops,
+        |unit, w| {
+            if let Err(e) = init_unit(&gcfg, layout, unit, cfg.seed, w) {
+                init_err.get_or_insert(e);
+            }
+        },
+    )?;
+    match init_err {
+        Some(e) => Err(e.into()),
+        None => Ok(engine),
+    }
+}
+
+/// Refuses at start-up a cap below the plan (model states, transient unit buffers and
+/// activations), naming the bytes needed and a stage and options that fit.
+fn refuse_what_cannot_fit(
+    shared: &Shared<'_>,
+    engine_config: &EngineConfig,
+    (world, staging): (usize, zero_comm::StagingRule),
+    limit: u64,
+) -> Result<(), TrainError> {
+    let cfg = shared.cfg;
+    let query = MemoryQuery {
+        model: shared.model,
+        micro_batch: cfg.micro_batch_size,
+        seq_len: cfg.seq_len,
+        placement: cfg.activation_placement(),
+        shape: PlanShape {
+            world,
+            stage: engine_config.stage,
+            precision: engine_config.precision,
+            persistence_threshold: engine_config.persistence_threshold,
+            prefetch_units: engine_config.prefetch_units,
+            reduce_bucket_bytes: engine_config.reduce_bucket_bytes,
+            activation_bytes: engine_config.activation_bytes,
+            staging,
+        },
+    };
+    let needed = query.plan()?.total();
+    if needed <= limit {
+        return Ok(());
+    }
+    Err(zero::Error::DoesNotFit {
+        stage: engine_config.stage,
+        needed,
+        limit,
+        hint: query.what_fits(limit),
+    }
+    .into())
+}

@@ -1,0 +1,90 @@
+//! Saving the run: sharded states at `--save-every` (optionally in the background) and the
+//! closing llm.c export.
+
+use super::Trainer;
+use crate::bridge::Placement;
+use crate::checkpoint::{LlmcStreamWriter, ModelShape};
+use crate::error::TrainError;
+use crate::resume::{finish_save, start_state_save, PendingSave};
+use std::time::Instant;
+
+impl<'a, B: Placement> Trainer<'a, B> {
+    /// Saves the run after `step` steps into the `--save` directory: every rank writes the
+    /// states it owns, rank 0 publishes the manifest once all succeeded (collective). With
+    /// `--async-save` the pieces of every save but the last are written in the background
+    /// and published by the next save, which first waits for them.
+    ///
+    /// # Errors
+    /// Engine, collective or checkpoint I/O errors, including those of the previous
+    /// background save.
+    pub(crate) fn save(&mut self, step: u64) -> Result<(), TrainError> {
+        let cfg = self.shared.cfg;
+        let Some(dir) = &cfg.save else {
+            return Ok(());
+        };
+        if let Some((pending, began)) = self.pending_save.take() {
+            self.publish(pending, began)?;
+        }
+        let began = Instant::now();
+        let background = cfg.async_save && step < cfg.steps;
+        let loader = self.loader.state();
+        let (engine, model) = (&mut self.engine, &self.shared.model);
+        let pending = start_state_save(engine, dir, cfg, model, &loader, step, background)?;
+        if background {
+            self.pending_save = Some((pending, began));
+            Ok(())
+        } else {
+            self.publish(pending, began)
+        }
+    }
+
+    /// Finishes a save and reports it.
+    fn publish(&mut self, pending: PendingSave, began: Instant) -> Result<(), TrainError> {
+        let (at, bytes) = finish_save(&mut self.engine, pending)?;
+        if self.rank == 0 {
+            self.shared.reporter.line(&format!(
+                "saved {} ({bytes} bytes by rank 0, {:.0} ms from start to publication)",
+                at.display(),
+                began.elapsed().as_secs_f64() * 1e3
+            ));
+        }
+        Ok(())
+    }
+
+    /// Writes `--export-llmc` (rank 0) unit by unit and waits for it; nothing without the
+    /// flag. Each unit is gathered into the arena, written and freed, so the export holds one
+    /// unit beyond the rank's states. A write failure on rank 0 is reported after every rank
+    /// has finished the gathers, so no peer is left waiting in one.
+    ///
+    /// # Errors
+    /// Engine, collective or checkpoint I/O errors.
+    pub(crate) fn export_llmc(&mut self) -> Result<(), TrainError> {
+        let Some(path) = &self.shared.cfg.export_llmc else {
+            return Ok(());
+        };
+        let shape = ModelShape::from_config(&self.shared.model);
+        let mut failure: Option<TrainError> = None;
+        let mut writer = match (self.rank == 0).then(|| LlmcStreamWriter::create(path, shape)) {
+            Some(Ok(w)) => Some(w),
+            Some(Err(e)) => {
+                failure = Some(e.into());
+                None
+            }
+            None => None,
+        };
+        for unit in 0..self.engine.units().len() {
+            let wrote = self.engine.with_whole_params(unit, |values| {
+                writer.as_mut().map(|w| w.write_unit(unit, values))
+            })?;
+            if let Some(Err(e)) = wrote {
+                failure.get_or_insert(e.into());
+                writer = None;
+            }
+        }
+        if let Some(Err(e)) = writer.map(LlmcStreamWriter::finish) {
+            failure.get_or_insert(e.into());
+        }
+        self.engine.comm().barrier()?;
+        failure.map_or(Ok(()), Err)
+    }
+}
