@@ -477,14 +477,25 @@ impl Arena {
     /// [`AllocError::Pinned`] during an in-flight operation, [`AllocError::NoHostMemory`] in
     /// accounting mode, stale or foreign handles, CUDA copy errors.
     pub fn write_bytes(&mut self, handle: Handle, src: &[u8]) -> Result<()> {
+        self.write_at(handle, 0, src)
+    }
+
+    /// Copies `src` into a block from byte `offset` on, on any device with memory.
+    ///
+    /// # Errors
+    ///
+    /// As [`write_bytes`](Self::write_bytes), with `offset + src.len()` past the block.
+    pub fn write_at(&mut self, handle: Handle, offset: usize, src: &[u8]) -> Result<()> {
         let block = self.unpinned(handle, "written")?;
-        if src.len() > block.len {
+        let end = offset.checked_add(src.len());
+        if end.is_none_or(|end| end > block.len) {
             return Err(AllocError::LengthMismatch {
-                src: src.len(),
+                src: offset.saturating_add(src.len()),
                 dst: block.len,
             });
         }
-        self.storage.write(self.config.device, block.offset, src)
+        self.storage
+            .write(self.config.device, block.offset + offset, src)
     }
 
     /// Copies the start of a block into `dst`, on any device with memory.
@@ -493,14 +504,25 @@ impl Arena {
     ///
     /// As [`write_bytes`](Self::write_bytes), with `dst` longer than the block.
     pub fn read_bytes(&self, handle: Handle, dst: &mut [u8]) -> Result<()> {
+        self.read_at(handle, 0, dst)
+    }
+
+    /// Copies a block's bytes from `offset` on into `dst`, on any device with memory.
+    ///
+    /// # Errors
+    ///
+    /// As [`write_bytes`](Self::write_bytes), with `offset + dst.len()` past the block.
+    pub fn read_at(&self, handle: Handle, offset: usize, dst: &mut [u8]) -> Result<()> {
         let block = self.unpinned(handle, "read")?;
-        if dst.len() > block.len {
+        let end = offset.checked_add(dst.len());
+        if end.is_none_or(|end| end > block.len) {
             return Err(AllocError::LengthMismatch {
                 src: block.len,
-                dst: dst.len(),
+                dst: offset.saturating_add(dst.len()),
             });
         }
-        self.storage.read(self.config.device, block.offset, dst)
+        self.storage
+            .read(self.config.device, block.offset + offset, dst)
     }
 
     fn unpinned(&self, handle: Handle, action: &'static str) -> Result<LiveBlock> {

@@ -456,6 +456,39 @@ fn byte_copies_check_length_and_mode() {
 }
 
 #[test]
+fn byte_copies_at_an_offset_touch_only_that_range() {
+    let mut arena = Arena::host(4 * A).unwrap();
+    let h = arena.alloc(8).unwrap();
+    let neighbour = arena.alloc(8).unwrap();
+    arena.slice_mut::<u8>(neighbour).unwrap().fill(9);
+    arena.write_bytes(h, &[0; 8]).unwrap();
+    arena.write_at(h, 5, &[7, 8, 9]).unwrap();
+    assert_eq!(arena.slice::<u8>(h).unwrap(), &[0, 0, 0, 0, 0, 7, 8, 9]);
+    let mut out = [0u8; 2];
+    arena.read_at(h, 6, &mut out).unwrap();
+    assert_eq!(out, [8, 9]);
+    // Past the block, and offsets that overflow: errors, and nothing written.
+    for (offset, len) in [(6, 3), (9, 0), (usize::MAX, 1)] {
+        let err = arena.write_at(h, offset, &vec![1; len]);
+        assert!(
+            matches!(err, Err(AllocError::LengthMismatch { .. })),
+            "{offset} {len}"
+        );
+        let err = arena.read_at(h, offset, &mut vec![0; len]);
+        assert!(
+            matches!(err, Err(AllocError::LengthMismatch { .. })),
+            "{offset} {len}"
+        );
+    }
+    assert_eq!(arena.slice::<u8>(h).unwrap(), &[0, 0, 0, 0, 0, 7, 8, 9]);
+    assert!(arena
+        .slice::<u8>(neighbour)
+        .unwrap()
+        .iter()
+        .all(|&b| b == 9));
+}
+
+#[test]
 fn handles_lists_exactly_the_live_blocks() {
     let mut arena = Arena::host(8 * A).unwrap();
     let a = arena.alloc(1).unwrap();

@@ -9,13 +9,12 @@
 
 use super::engine::Engine;
 use super::error::{Error, Result};
-use super::kernels::{part, Span};
+use super::host_io::{read_f32, write_f32, write_stored};
+use super::kernels::Span;
 use super::partition::{Partition, Shard};
-use super::precision::{narrow, with_store};
 use super::unit_buffers::{upload_whole, write_whole};
-use std::borrow::Cow;
 use std::ops::Range;
-use zero_alloc::{Device, Handle};
+use zero_alloc::Handle;
 use zero_comm::DType;
 
 /// One of a unit's three f32 model states.
@@ -43,18 +42,18 @@ impl StateKind {
     }
 }
 
-/// The states of the elements of one unit a rank owns, borrowed from its arena: the real
+/// The states of the elements of one unit a rank owns, copied from its arena: the real
 /// elements of its shard (`range`, possibly empty for the last ranks), at every stage.
 #[derive(Debug, Clone)]
-pub struct OwnedStates<'a> {
+pub struct OwnedStates {
     /// The owned elements, in the coordinates of the whole unit.
     pub range: Range<usize>,
     /// Parameters (the f32 master weights for half precision), `range.len()` elements.
-    pub params: &'a [f32],
+    pub params: Vec<f32>,
     /// Adam's first moment.
-    pub m: &'a [f32],
+    pub m: Vec<f32>,
     /// Adam's second moment.
-    pub v: &'a [f32],
+    pub v: Vec<f32>,
 }
 
 /// One unit's whole model states.
@@ -115,7 +114,7 @@ impl Engine {
         };
         let numel = policy.part.numel();
         if whole {
-            return Ok(f(&self.host_f32(held, numel)?));
+            return Ok(f(&read_f32(&self.arena, held, 0..numel)?));
         }
         let padded = policy.part.padded_numel();
         let full = self.alloc_transient::<f32>(padded)?;
@@ -127,29 +126,16 @@ impl Engine {
             shard,
             Span::new(full, 0..padded),
         );
-        let result = gathered.and_then(|()| Ok(f(&self.host_f32(full, numel)?)));
+        let result = gathered.and_then(|()| Ok(f(&read_f32(&self.arena, full, 0..numel)?)));
         self.arena.free(full)?;
         result
-    }
-
-    /// The first `len` f32 elements of block `h`: borrowed from a host arena, copied from a
-    /// device one.
-    fn host_f32(&self, h: Handle, len: usize) -> Result<Cow<'_, [f32]>> {
-        if self.arena.device() == Device::Cpu {
-            let all = self.arena.slice::<f32>(h)?;
-            return Ok(Cow::Borrowed(part("export", all, Span::new(h, 0..len))?));
-        }
-        let mut out = vec![0f32; len];
-        self.arena
-            .read_bytes(h, bytemuck::cast_slice_mut(&mut out))?;
-        Ok(Cow::Owned(out))
     }
 
     /// The `numel` real elements of an f32 buffer kept whole or sharded (all-gathered).
     fn whole_f32(&mut self, unit: usize, h: Handle, whole: bool) -> Result<Vec<f32>> {
         let numel = self.policies[unit].part.numel();
         if whole {
-            return Ok(self.host_f32(h, numel)?.into_owned());
+            return read_f32(&self.arena, h, 0..numel);
         }
         let padded = self.policies[unit].part.padded_numel();
         let full = self.alloc_transient::<f32>(padded)?;
@@ -161,7 +147,7 @@ impl Engine {
             shard,
             Span::new(full, 0..padded),
         );
-        let result = gathered.and_then(|()| Ok(self.host_f32(full, numel)?.into_owned()));
+        let result = gathered.and_then(|()| read_f32(&self.arena, full, 0..numel));
         self.arena.free(full)?;
         result
     }
@@ -175,15 +161,15 @@ impl Engine {
         Ok(self.policies[unit].part)
     }
 
-    /// This rank's owned elements of `unit` and their states, with no collective and no
-    /// copy: every rank owns the real elements of its shard at every stage (at stages 0-2,
+    /// This rank's owned elements of `unit` and their states, copied to the host with no
+    /// collective: every rank owns the real elements of its shard at every stage (at stages 0-2,
     /// where parameters or moments are whole on every rank, the slice is cut from them), so
     /// the ranks' pieces together hold each element once. Finishes pending gradient
     /// reductions and drops prefetched gathers first.
     ///
     /// # Errors
     /// [`Error::NoSuchUnit`], collective or arena failures.
-    pub fn owned_states(&mut self, unit: usize) -> Result<OwnedStates<'_>> {
+    pub fn owned_states(&mut self, unit: usize) -> Result<OwnedStates> {
         self.check_unit(unit)?;
         self.complete_reductions(0)?;
         self.drop_prefetches()?;
@@ -195,9 +181,8 @@ impl Engine {
             Some(master) => (master, policy.whole_optim),
             None => (b.params, policy.whole_params),
         };
-        let cut = |h: Handle, whole: bool| -> Result<&[f32]> {
-            let local = self.arena.slice::<f32>(h)?;
-            Ok(&local[policy.part.local(rank, owned, whole)])
+        let cut = |h: Handle, whole: bool| -> Result<Vec<f32>> {
+            read_f32(&self.arena, h, policy.part.local(rank, owned, whole))
         };
         Ok(OwnedStates {
             range: owned.range(),
@@ -284,14 +269,17 @@ impl Engine {
         };
         if let Some((h, whole)) = f32_targets {
             let (from, to) = window(whole);
-            self.arena.slice_mut::<f32>(h)?[to].copy_from_slice(&values[from]);
+            write_f32(&mut self.arena, h, to.start, &values[from])?;
         }
         if kind == StateKind::Params {
             let (from, to) = window(policy.whole_params);
-            with_store!(precision, S => {
-                let stored = self.arena.slice_mut::<S>(b.params)?;
-                narrow(&values[from], &mut stored[to], 1.0);
-            });
+            write_stored(
+                &mut self.arena,
+                precision,
+                b.params,
+                to.start,
+                &values[from],
+            )?;
         }
         Ok(())
     }
@@ -363,13 +351,13 @@ impl Engine {
             written?;
             let data = policy.part.data_shard(rank);
             for (h, values) in [(b.m, &state.m), (b.v, &state.v)] {
-                let local = self.arena.slice_mut::<f32>(h)?;
-                local.fill(0.0);
+                let mut local = vec![0f32; policy.len(policy.whole_optim)];
                 if policy.whole_optim {
                     local[..numel].copy_from_slice(values);
                 } else {
                     local[..data.len].copy_from_slice(&values[data.range()]);
                 }
+                write_f32(&mut self.arena, h, 0, &local)?;
             }
         }
         self.steps = steps;

@@ -47,6 +47,7 @@ mod error;
 mod export;
 mod formulas;
 mod forward;
+mod host_io;
 mod inflight;
 pub mod kernels;
 mod lending;

@@ -81,9 +81,9 @@ fn write_pieces(engine: &mut Engine, partial: &Path) -> Result<u64, TrainError> 
     let mut bytes = 0u64;
     for unit in 0..engine.units().len() {
         let o = engine.owned_states(unit)?;
-        w.write(unit, StateKind::Params.name(), o.range.start, o.params)?;
-        w.write(unit, StateKind::AdamM.name(), o.range.start, o.m)?;
-        w.write(unit, StateKind::AdamV.name(), o.range.start, o.v)?;
+        w.write(unit, StateKind::Params.name(), o.range.start, &o.params)?;
+        w.write(unit, StateKind::AdamM.name(), o.range.start, &o.m)?;
+        w.write(unit, StateKind::AdamV.name(), o.range.start, &o.v)?;
         bytes += 3 * 4 * o.range.len() as u64;
     }
     w.finish()?;
@@ -98,10 +98,7 @@ fn snapshot(engine: &mut Engine) -> Result<Vec<UnitSnapshot>, TrainError> {
     (0..engine.units().len())
         .map(|unit| {
             let o = engine.owned_states(unit)?;
-            Ok((
-                o.range.start,
-                [o.params.to_vec(), o.m.to_vec(), o.v.to_vec()],
-            ))
+            Ok((o.range.start, [o.params, o.m, o.v]))
         })
         .collect()
 }
