@@ -24,6 +24,9 @@ pub enum Op {
     FreeStale(usize),
     /// Overwrite a live block with a pattern from this seed.
     Write(usize, u8),
+    /// Overwrite up to 7 bytes of a live block at an offset from this seed with the byte
+    /// copies (`write_at`), then read the rest back (`read_at`).
+    WriteAt(usize, u8),
     /// Compact.
     Defragment,
     /// Pin a live block.
@@ -52,6 +55,7 @@ pub fn ops_from_bytes(data: &[u8], capacity: usize) -> Vec<Op> {
             2 => Op::AllocHigh(bytes),
             3 | 4 => Op::Free(arg),
             5 => Op::FreeStale(arg),
+            6 if tag & 0x40 != 0 => Op::WriteAt(arg, tag),
             6 => Op::Write(arg, tag),
             7 => Op::Defragment,
             8 => {
@@ -221,6 +225,12 @@ impl Harness {
                     return Ok(());
                 };
                 self.write(i, seed)
+            }
+            Op::WriteAt(pick, seed) => {
+                let Some(i) = pick.checked_rem(self.live.len()) else {
+                    return Ok(());
+                };
+                self.write_at(i, seed)
             }
             Op::Defragment => {
                 let report = self
@@ -413,6 +423,36 @@ impl Harness {
         }
         model.clear();
         model.extend_from_slice(view);
+        Ok(())
+    }
+
+    /// [`Op::WriteAt`] on live block `i`: the model takes the same bytes, and what the arena
+    /// reads back from the offset on is the model's.
+    fn write_at(&mut self, i: usize, seed: u8) -> Result<(), String> {
+        let shadow = &mut self.live[i];
+        let at = usize::from(seed) % (shadow.len + 1);
+        let data: Vec<u8> = (0..(shadow.len - at).min(7))
+            .map(|j| seed ^ (j as u8))
+            .collect();
+        let result = self.arena.write_at(shadow.handle, at, &data);
+        // The arena refuses a pinned block before it looks at its memory.
+        if shadow.pins > 0 {
+            let want = |e: &AllocError| matches!(e, AllocError::Pinned { .. });
+            return expect_err(result, want, "byte copy into a pinned block");
+        }
+        let Some(model) = shadow.bytes.as_mut() else {
+            let want = |e: &AllocError| matches!(e, AllocError::NoHostMemory { .. });
+            return expect_err(result, want, "byte copy into an accounting arena");
+        };
+        result.map_err(|e| format!("write_at failed: {e}"))?;
+        model[at..at + data.len()].copy_from_slice(&data);
+        let mut back = vec![0u8; shadow.len - at];
+        self.arena
+            .read_at(shadow.handle, at, &mut back)
+            .map_err(|e| format!("read_at failed: {e}"))?;
+        if back != model[at..] {
+            return Err(format!("read_at from {at} differs from what was written"));
+        }
         Ok(())
     }
 

@@ -15,6 +15,7 @@ fn op() -> impl Strategy<Value = Op> {
         3 => any::<usize>().prop_map(Op::Free),
         1 => any::<usize>().prop_map(Op::FreeStale),
         2 => (any::<usize>(), any::<u8>()).prop_map(|(i, s)| Op::Write(i, s)),
+        2 => (any::<usize>(), any::<u8>()).prop_map(|(i, s)| Op::WriteAt(i, s)),
         1 => Just(Op::Defragment),
         1 => any::<usize>().prop_map(Op::Pin),
         1 => any::<usize>().prop_map(Op::Unpin),
