@@ -20,6 +20,32 @@ use crate::error::{BreakCause, Result};
 use crate::op::{OpDesc, OpKind};
 use crate::reduce_op::ReduceOp;
 
+/// A device buffer by address: `len` elements from device address `ptr`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RawDeviceBuf {
+    /// The first element's device address.
+    pub ptr: u64,
+    /// Elements (of the collective's dtype).
+    pub len: usize,
+}
+
+impl RawDeviceBuf {
+    /// The address one past the last byte, checked not to overflow.
+    fn end(self, dtype: DType) -> Result<u64> {
+        let bytes = u64::try_from(self.len)
+            .ok()
+            .and_then(|n| n.checked_mul(dtype.size() as u64));
+        bytes.and_then(|b| self.ptr.checked_add(b)).ok_or_else(|| {
+            crate::error::CommError::InvalidArgument {
+                what: format!(
+                    "{} elements of {dtype:?} from device address {:#x} overflow an address",
+                    self.len, self.ptr
+                ),
+            }
+        })
+    }
+}
+
 /// One planned collective, holding its buffers' guards until after the enqueue (S4).
 #[derive(Debug)]
 pub(super) struct Pending<'a> {
@@ -107,6 +133,62 @@ impl<'a> Group<'a> {
         Collective::Reduce(op, root), Some(send), recv);
     in_place!(/// In-place reduce into the root's buffer.
         reduce_in_place, (op: ReduceOp, root: usize), Collective::Reduce(op, root));
+
+    /// Plans `call` over buffers given by address (memory that cudarc does not own, such as
+    /// an arena's blocks), with the typed forms' layouts: `in_place` takes `recv` as the one
+    /// buffer; `None` only where NCCL ignores the argument. Lengths are checked by the same
+    /// plan as the typed forms' (S3's bound on offsets and counts).
+    ///
+    /// # Errors
+    /// As the typed forms; `InvalidArgument` when a range's end overflows an address.
+    /// Nothing reaches NCCL before [`Group::launch`].
+    ///
+    /// # Safety
+    /// For each buffer, the caller keeps the half of S3 and S4 that cudarc's guards keep for
+    /// the typed forms:
+    /// - `ptr .. ptr + len * dtype.size()` is device memory of the communicator's GPU, and
+    ///   stays allocated until the group's collectives finished ([`NcclWork::wait`] returned
+    ///   `Ok`, or the communicator was aborted); dropping the [`NcclWork`] does not wait;
+    /// - every write to it queued before the launch on another stream is ordered before the
+    ///   launch (a host synchronisation, or [`NcclComm::wait_for`](super::NcclComm::wait_for)),
+    ///   and until the collectives finished nothing else writes it, nor reads a `recv`.
+    pub unsafe fn push_raw(
+        &mut self,
+        call: Collective,
+        dtype: DType,
+        in_place: bool,
+        send: Option<RawDeviceBuf>,
+        recv: Option<RawDeviceBuf>,
+    ) -> Result<()> {
+        let (rank, size) = (self.handle.rank, self.handle.size);
+        let launch = plan(
+            call,
+            rank,
+            size,
+            in_place,
+            send.map(|b| b.len),
+            recv.map(|b| b.len),
+        )?;
+        for buf in send.iter().chain(recv.iter()) {
+            buf.end(dtype)?;
+        }
+        let elem = dtype.size() as u64;
+        // Offsets are inside the buffers (S3), whose ends were checked above not to overflow.
+        let at = |side: Side| match side {
+            Side::Send(o) => send.map_or(0, |b| b.ptr + o as u64 * elem),
+            Side::Recv(o) => recv.map_or(0, |b| b.ptr + o as u64 * elem),
+            Side::Null => 0,
+        };
+        self.ops.push(Pending {
+            call,
+            dtype,
+            launch,
+            send: at(launch.send),
+            recv: at(launch.recv),
+            _guards: (None, None),
+        });
+        Ok(())
+    }
 
     /// Plans one collective and takes its device pointers on the communicator's stream.
     fn push<T: Element, S: DevicePtr<T>, R: DevicePtrMut<T>>(
@@ -198,5 +280,30 @@ impl<'a> Group<'a> {
             deadline,
             handle: Rc::clone(h),
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::error::CommError;
+
+    #[test]
+    fn a_raw_range_ends_after_its_last_byte_or_is_refused_when_that_overflows() {
+        let buf = RawDeviceBuf {
+            ptr: 0x1000,
+            len: 3,
+        };
+        assert_eq!(buf.end(DType::F32).unwrap(), 0x1000 + 3 * 4);
+        assert_eq!(buf.end(DType::Bf16).unwrap(), 0x1000 + 3 * 2);
+        let past = RawDeviceBuf {
+            ptr: u64::MAX - 6,
+            len: 3,
+        };
+        assert_eq!(past.end(DType::F16).unwrap(), u64::MAX);
+        assert!(matches!(
+            past.end(DType::F32),
+            Err(CommError::InvalidArgument { .. })
+        ));
     }
 }

@@ -48,5 +48,5 @@ mod split;
 mod work;
 
 pub use comm::{available, new_id, NcclComm, UniqueId};
-pub use group::Group;
+pub use group::{Group, RawDeviceBuf};
 pub use work::NcclWork;

@@ -5,7 +5,14 @@
 //! between ranks: [`HostCollectives`] hands host views of the blocks to the engine's
 //! [`Communicator`] (local threads, MPI); [`DeviceLocalCollectives`] runs zero-comm's
 //! device-local protocol on the blocks' addresses (ranks as threads sharing one GPU under
-//! `CudaOps`, or host memory under `HostOps`, which is how the CPU tests prove it).
+//! `CudaOps`, or host memory under `HostOps`, which is how the CPU tests prove it);
+//! `NcclCollectives` (feature `cuda`) enqueues NCCL's collectives on the blocks' device
+//! addresses, one rank per GPU.
+//!
+//! Decision: the trait is not `Send`, because NCCL's communicator is bound to the thread that
+//! made it (zero-comm's S2): an engine over NCCL is built in its rank's thread, and what
+//! crosses threads are the ingredients (a communicator's unique id, a device ordinal).
+//! Rejected: an `unsafe impl Send` around the communicator.
 //!
 //! Decision: the engine keeps one [`Communicator`] for its control traffic (schedule
 //! agreement, the overflow flag, norm partials, exports: a few scalars) and passes it to
@@ -18,6 +25,8 @@
 
 mod device_local;
 mod host;
+#[cfg(feature = "cuda")]
+mod nccl;
 
 use std::fmt::Debug;
 
@@ -29,6 +38,8 @@ use crate::kernels::Span;
 
 pub use device_local::{BlockAddress, DeviceLocalCollectives};
 pub use host::HostCollectives;
+#[cfg(feature = "cuda")]
+pub use nccl::NcclCollectives;
 
 /// An in-place collective over a whole block, with NCCL's layouts: reduce-scatter leaves this
 /// rank's result in chunk `rank` of the block, all-gather reads this rank's input from there.
@@ -78,8 +89,8 @@ pub trait Land: Send {
 
 /// The engine's collectives over model states. `comm` is the engine's communicator, for
 /// implementations that run on it; `dtype` is the element type of the blocks.
-pub trait Collectives: Send + Debug {
-    /// Short name for logs (`host`, `device-local`).
+pub trait Collectives: Debug {
+    /// Short name for logs (`host`, `device-local`, `nccl`).
     fn name(&self) -> &'static str;
 
     /// How the collectives stage data in the arena ([`StagingRule::None`]: they use the

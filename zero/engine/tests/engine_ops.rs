@@ -273,17 +273,21 @@ fn train(world: usize, config: EngineConfig, variant: &Variant) -> (Vec<Vec<f32>
                     None => Box::new(zero::HostKernels),
                 };
                 let peer = device_local.next().unwrap();
-                let collectives: Box<dyn Collectives> = if variant.device_local {
-                    Box::new(DeviceLocalCollectives::host(peer))
-                } else {
-                    Box::new(HostCollectives)
-                };
-                let ops = EngineOps {
-                    device: zero_alloc::Device::Cpu,
-                    kernels,
-                    collectives,
-                };
-                s.spawn(move || rank_main(comm, config, ops))
+                let device_local = variant.device_local;
+                // Collectives are not `Send` (NCCL's are bound to a thread): built in the rank's.
+                s.spawn(move || {
+                    let collectives: Box<dyn Collectives> = if device_local {
+                        Box::new(DeviceLocalCollectives::host(peer))
+                    } else {
+                        Box::new(HostCollectives)
+                    };
+                    let ops = EngineOps {
+                        device: zero_alloc::Device::Cpu,
+                        kernels,
+                        collectives,
+                    };
+                    rank_main(comm, config, ops)
+                })
             })
             .collect();
         handles.into_iter().map(|h| h.join().unwrap()).collect()

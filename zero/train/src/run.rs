@@ -1,10 +1,10 @@
 //! One training run: this process's ranks (every rank as a thread on the local backend, the
-//! one rank `mpirun` started it as on MPI), each driving the GPT through its ZeRO engine over
+//! one rank `mpirun` started it as on MPI and on NCCL), each driving the GPT through its ZeRO engine over
 //! its own part of every global batch.
 
 use super::bridge::Placement;
 use super::config::{Backend, TrainConfig};
-use super::device::{rank_devices, RankDevice};
+use super::device::{nccl_prerequisites, rank_devices, RankDevice};
 use super::error::TrainError;
 use super::metrics::RankReport;
 use super::report::Reporter;
@@ -65,9 +65,9 @@ pub(crate) struct RankOutput {
 /// Any [`TrainError`]; an invalid `cfg` before any rank starts; a rank's failure stops
 /// every rank.
 pub fn train(cfg: &TrainConfig) -> Result<RunSummary, TrainError> {
-    if cfg.backend != Backend::Mpi {
-        // Before any communicator or thread exists (MPI's world size is mpirun's, checked
-        // once known in `run_group`).
+    if cfg.backend == Backend::Local {
+        // Before any communicator or thread exists (under MPI and NCCL the world size is
+        // mpirun's, checked once known in `run_group`).
         cfg.validate()?;
     }
     let mut cfg = cfg.clone();
@@ -99,7 +99,7 @@ fn rank_main(
         }
         #[cfg(feature = "cuda")]
         RankDevice::Cuda(rank) => {
-            let super::device::cuda::CudaRank { backend, ops } = *rank;
+            let (backend, ops) = rank.into_parts()?;
             let model = Gpt::with_backend(shared.model, backend)?;
             run_loop(shared, Trainer::new(shared, comm, model, ops)?)
         }
@@ -136,6 +136,8 @@ fn run_loop<B: Placement>(
 /// This process's ranks: all of them as threads (local), or the one MPI gave it.
 struct RankGroup {
     comms: Vec<Communicator>,
+    /// The NCCL rank's device (`--backend nccl`), made beside MPI's communicator.
+    nccl: Option<RankDevice>,
     /// Keeps MPI initialised until the communicators are gone.
     #[cfg(feature = "mpi")]
     _mpi: Option<zero_comm::mpi::Mpi>,
@@ -148,6 +150,7 @@ impl RankGroup {
         match cfg.backend {
             Backend::Local => Ok(Self {
                 comms: zero_comm::local::create(cfg.world_size)?,
+                nccl: None,
                 #[cfg(feature = "mpi")]
                 _mpi: None,
             }),
@@ -158,6 +161,7 @@ impl RankGroup {
                 let comm = mpi.world(zero_comm::Config::default())?;
                 Ok(Self {
                     comms: vec![comm],
+                    nccl: None,
                     _mpi: Some(mpi),
                 })
             }
@@ -166,12 +170,33 @@ impl RankGroup {
                 "--backend mpi needs a build with `--features mpi` (and mpirun to launch it)"
                     .into(),
             )),
-            Backend::Nccl => Err(TrainError::Unsupported(
-                "--backend nccl is not supported by zero-train yet: the model and the engine run on the \
-                 CPU only (the CUDA kernels and the NCCL communicator exist but are not wired in)"
-                    .into(),
-            )),
+            Backend::Nccl => Self::nccl(cfg),
         }
+    }
+
+    /// One NCCL rank per `mpirun` process, with MPI's world for the engine's control traffic.
+    #[cfg(all(feature = "cuda", feature = "mpi"))]
+    fn nccl(cfg: &mut TrainConfig) -> Result<Self, TrainError> {
+        nccl_prerequisites(cfg)?;
+        let mpi = zero_comm::mpi::Mpi::init()?;
+        cfg.world_size = mpi.size();
+        let config = zero_comm::Config::default();
+        let device = super::device::nccl_rank(&mpi, config)?;
+        let comm = mpi.world(config)?;
+        Ok(Self {
+            comms: vec![comm],
+            nccl: Some(device),
+            _mpi: Some(mpi),
+        })
+    }
+
+    /// Refuses NCCL, naming what this build or `cfg` lacks.
+    #[cfg(not(all(feature = "cuda", feature = "mpi")))]
+    fn nccl(cfg: &TrainConfig) -> Result<Self, TrainError> {
+        nccl_prerequisites(cfg)?;
+        Err(TrainError::Unsupported(
+            "--backend nccl needs a build with `--features cuda,mpi`".into(),
+        ))
     }
 
     /// True when this process hosts rank 0 (which reports).
@@ -194,10 +219,13 @@ fn open_tokens(
     Ok(Arc::new(TokenFile::open_with_vocab(&path, vocab)?))
 }
 
-fn run_group(cfg: &TrainConfig, group: RankGroup) -> Result<RunSummary, TrainError> {
-    // Under MPI the world size has just been replaced by mpirun's.
+fn run_group(cfg: &TrainConfig, mut group: RankGroup) -> Result<RunSummary, TrainError> {
+    // Under MPI and NCCL the world size has just been replaced by mpirun's.
     cfg.validate()?;
-    let devices = rank_devices(cfg, group.comms.len())?;
+    let devices = match group.nccl.take() {
+        Some(nccl) => vec![nccl],
+        None => rank_devices(cfg, group.comms.len())?,
+    };
     let model = cfg.model_config()?;
     let shared = Shared {
         cfg,

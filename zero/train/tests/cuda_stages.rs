@@ -100,8 +100,9 @@ fn gpu_run(world: usize, config: EngineConfig) -> Option<Run> {
             .zip(devices)
             .map(|(comm, device)| {
                 s.spawn(move || {
-                    let model = Gpt::with_backend(GptConfig::tiny(), device.backend).unwrap();
-                    rank_run(comm, model, device.ops, config)
+                    let (backend, ops) = device.into_parts().unwrap();
+                    let model = Gpt::with_backend(GptConfig::tiny(), backend).unwrap();
+                    rank_run(comm, model, ops, config)
                 })
             })
             .collect();
