@@ -24,7 +24,7 @@ pub enum Backend {
     Local,
     /// One process per rank under `mpirun` (feature `mpi`).
     Mpi,
-    /// One GPU per rank (feature `cuda`).
+    /// One GPU per rank, one process per rank under `mpirun` (features `cuda` and `mpi`).
     Nccl,
 }
 
@@ -34,7 +34,8 @@ pub enum Backend {
 pub enum Device {
     /// The host's cores.
     Cpu,
-    /// A CUDA GPU per rank.
+    /// CUDA: the ranks of this process share GPU 0 (local backend), or one GPU per rank
+    /// (nccl backend); feature `cuda`.
     Cuda,
 }
 

@@ -5,10 +5,10 @@
 //! this process's local rank, with NCCL between the processes and MPI for the engine's
 //! control traffic.
 //!
-//! On the GPU the trainer runs steps, evaluation and the closing sample. Checkpoints
-//! (`--save`, `--resume`, `--init-from`, `--export-llmc`) read and write model states through
-//! host views of the engine's arena, and activation offload stages through host memory, so
-//! they are refused there with a clear error; so are MPI ranks on the GPU.
+//! On the GPU the trainer runs steps, evaluation, checkpoints (which copy model states
+//! through the arena's byte copies, the path the CPU runs too) and the closing sample.
+//! Activation offload stages through host views of the arena, so it is refused there with a
+//! clear error; so are MPI ranks on the GPU.
 //!
 //! NCCL's communicator is bound to the thread that made it, so a [`RankDevice`] carries only
 //! what can cross threads (the communicator's unique id, the GPU's ordinal), and the engine's
@@ -48,10 +48,6 @@ fn refuse_unsupported_on_gpu(cfg: &TrainConfig) -> Result<(), TrainError> {
             cfg.backend == Backend::Mpi,
             "--backend mpi (use the local backend, or nccl under mpirun)",
         ),
-        (cfg.save.is_some(), "--save"),
-        (cfg.resume.is_some(), "--resume"),
-        (cfg.init_from.is_some(), "--init-from"),
-        (cfg.export_llmc.is_some(), "--export-llmc"),
         (cfg.offload_activations, "--offload-activations"),
     ];
     let named: Vec<&str> = refused.iter().filter(|r| r.0).map(|r| r.1).collect();
@@ -59,8 +55,7 @@ fn refuse_unsupported_on_gpu(cfg: &TrainConfig) -> Result<(), TrainError> {
         return Ok(());
     }
     Err(TrainError::Unsupported(format!(
-        "--device cuda does not support {} yet: on the GPU, zero-train runs training steps, \
-         evaluation and the closing sample only",
+        "--device cuda does not support {} yet (docs/gpu.md lists what the GPU path runs)",
         named.join(", ")
     )))
 }

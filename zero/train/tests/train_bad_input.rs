@@ -193,10 +193,7 @@ fn the_gpu_path_names_the_options_it_does_not_support() {
     args.extend(["--activation-checkpointing"].map(String::from));
     let (ok, stderr) = zero_train(&args);
     assert!(!ok && !stderr.contains("panicked"), "{stderr}");
-    assert!(
-        stderr.contains("--save") && stderr.contains("--offload-activations"),
-        "{stderr}"
-    );
+    assert!(stderr.contains("--offload-activations"), "{stderr}");
     assert!(!save.exists(), "a refused run wrote its checkpoint folder");
 }
 

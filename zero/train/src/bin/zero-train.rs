@@ -92,9 +92,14 @@ fn main() -> ExitCode {
             .resolve()
             .map_err(|e| e.to_string())
             .and_then(|cfg| {
+                // Under mpirun the world size is mpirun's, known once MPI starts.
+                let ranks = match cfg.backend {
+                    zero_train::config::Backend::Local => format!("{} ranks", cfg.world_size),
+                    _ => "ranks from mpirun".to_string(),
+                };
                 eprintln!(
-                    "zero-train: model {} | ZeRO stage {} | {} ranks | global batch {} x {} tokens | {} steps",
-                    cfg.model, cfg.zero_stage as u8, cfg.world_size, cfg.batch_size, cfg.seq_len, cfg.steps
+                    "zero-train: model {} | ZeRO stage {} | {ranks} | global batch {} x {} tokens | {} steps",
+                    cfg.model, cfg.zero_stage as u8, cfg.batch_size, cfg.seq_len, cfg.steps
                 );
                 train(&cfg).map(|_| ()).map_err(|e| e.to_string())
             }),
