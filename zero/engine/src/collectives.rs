@@ -31,9 +31,9 @@ mod nccl;
 use std::fmt::Debug;
 
 use zero_alloc::{Arena, Handle};
-use zero_comm::{Communicator, DType, StagingRule};
+use zero_comm::{Collective, Communicator, DType, ReduceOp, StagingRule};
 
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::kernels::Span;
 
 pub use device_local::{BlockAddress, DeviceLocalCollectives};
@@ -53,6 +53,43 @@ pub enum InPlace {
     AllGather,
 }
 
+impl InPlace {
+    /// The collective this names.
+    pub fn collective(self) -> Collective {
+        match self {
+            Self::AllReduceAvg => Collective::AllReduce(ReduceOp::Avg),
+            Self::ReduceScatterAvg => Collective::ReduceScatter(ReduceOp::Avg),
+            Self::AllGather => Collective::AllGather,
+        }
+    }
+}
+
+/// The byte offset of `span` (elements of `dtype`) in its block, checked to lie inside the
+/// block: what an implementation adds to the block's address.
+///
+/// # Errors
+/// [`Error::BadSpan`] naming `what`; a stale handle.
+pub(crate) fn span_offset(
+    arena: &Arena,
+    dtype: DType,
+    span: Span,
+    what: &'static str,
+) -> Result<u64> {
+    let block_elems = arena.block(span.block)?.len / dtype.size();
+    let end = span.start.checked_add(span.len);
+    if end.is_none_or(|end| end > block_elems) {
+        return Err(Error::BadSpan {
+            kernel: what,
+            message: format!(
+                "elements {}..{} of a block of {block_elems}",
+                span.start,
+                span.start.saturating_add(span.len)
+            ),
+        });
+    }
+    Ok((span.start * dtype.size()) as u64)
+}
+
 /// A launched collective; [`Flight::land`] waits for it and returns its block, unpinned.
 #[must_use = "a launched collective keeps its block pinned until it lands"]
 pub struct Flight(Box<dyn Land>);
@@ -67,6 +104,12 @@ impl Flight {
     /// Wraps an implementation's pending collective.
     pub fn new(pending: impl Land + 'static) -> Self {
         Self(Box::new(pending))
+    }
+
+    /// A collective that already ended (with `ended`) on `block`, which it pinned: landing
+    /// unpins the block, then reports how the collective ended.
+    pub fn finished(block: Handle, ended: Result<()>) -> Self {
+        Self::new(Finished { block, ended })
     }
 
     /// Waits for the collective and gives its block back to `arena`.
@@ -85,6 +128,20 @@ pub trait Land: Send {
     /// # Errors
     /// As [`Flight::land`].
     fn land(self: Box<Self>, arena: &mut Arena) -> Result<Handle>;
+}
+
+/// A collective waited for at launch: its pinned block, and how it ended.
+struct Finished {
+    block: Handle,
+    ended: Result<()>,
+}
+
+impl Land for Finished {
+    fn land(self: Box<Self>, arena: &mut Arena) -> Result<Handle> {
+        arena.unpin(self.block)?;
+        self.ended?;
+        Ok(self.block)
+    }
 }
 
 /// The engine's collectives over model states. `comm` is the engine's communicator, for

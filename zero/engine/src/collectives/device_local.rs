@@ -19,10 +19,10 @@
 
 use zero_alloc::{Arena, Handle};
 use zero_comm::device_local::{DeviceLocalComm, DeviceOps, HostOps, RawBuf};
-use zero_comm::{Collective, Communicator, DType, ReduceOp, StagingRule};
+use zero_comm::{Collective, Communicator, DType, StagingRule};
 
-use super::{Collectives, Flight, InPlace, Land};
-use crate::error::{Error, Result};
+use super::{span_offset, Collectives, Flight, InPlace};
+use crate::error::Result;
 use crate::kernels::Span;
 
 /// The address of a block's first byte as the protocol's operations take it: a host address
@@ -52,20 +52,9 @@ impl<O: DeviceOps> DeviceLocalCollectives<O> {
 
     /// The address of `span` (elements of `dtype`) inside its block, checked to fit.
     fn locate(&self, arena: &mut Arena, dtype: DType, span: Span) -> Result<RawBuf> {
-        let block_elems = arena.block(span.block)?.len / dtype.size();
-        if span.start.saturating_add(span.len) > block_elems {
-            return Err(Error::BadSpan {
-                kernel: "device-local collective",
-                message: format!(
-                    "elements {}..{} of a block of {block_elems}",
-                    span.start,
-                    span.start.saturating_add(span.len)
-                ),
-            });
-        }
-        let base = (self.address)(arena, span.block)?;
+        let offset = span_offset(arena, dtype, span, "device-local collective")?;
         Ok(RawBuf {
-            addr: base + (span.start * dtype.size()) as u64,
+            addr: (self.address)(arena, span.block)? + offset,
             len: span.len,
         })
     }
@@ -134,11 +123,7 @@ impl<O: DeviceOps + 'static> Collectives for DeviceLocalCollectives<O> {
     ) -> Result<Flight> {
         let elems = arena.block(block)?.len / dtype.size();
         let buf = self.locate(arena, dtype, Span::new(block, 0..elems))?;
-        let call = match op {
-            InPlace::AllReduceAvg => Collective::AllReduce(ReduceOp::Avg),
-            InPlace::ReduceScatterAvg => Collective::ReduceScatter(ReduceOp::Avg),
-            InPlace::AllGather => Collective::AllGather,
-        };
+        let call = op.collective();
         arena.synchronize()?;
         arena.pin(block)?;
         // SAFETY: A0 (synchronised above), A1 (the whole live block), A2 (pinned from here
@@ -150,21 +135,7 @@ impl<O: DeviceOps + 'static> Collectives for DeviceLocalCollectives<O> {
         }
         // Waited for here, so the collective does not overlap the engine's next work on
         // the GPU: `DeviceOps` has no host wait on one event that a landing could keep.
-        let synced = self.comm.ops().synchronize();
-        Ok(Flight::new(Landing { block, synced }))
-    }
-}
-
-/// A launched device-local collective: its block, and whether its stream finished.
-struct Landing {
-    block: Handle,
-    synced: zero_comm::Result<()>,
-}
-
-impl Land for Landing {
-    fn land(self: Box<Self>, arena: &mut Arena) -> Result<Handle> {
-        arena.unpin(self.block)?;
-        self.synced?;
-        Ok(self.block)
+        let synced = self.comm.ops().synchronize().map_err(Into::into);
+        Ok(Flight::finished(block, synced))
     }
 }

@@ -25,9 +25,9 @@
 
 use zero_alloc::{Arena, Device, Handle};
 use zero_comm::nccl::{NcclComm, RawDeviceBuf};
-use zero_comm::{Collective, Communicator, DType, ReduceOp, StagingRule};
+use zero_comm::{Collective, Communicator, DType, StagingRule};
 
-use super::{Collectives, Flight, InPlace, Land};
+use super::{span_offset, Collectives, Flight, InPlace};
 use crate::error::{Error, Result};
 use crate::kernels::Span;
 
@@ -62,21 +62,9 @@ impl NcclCollectives {
                 ),
             });
         }
-        let block_elems = arena.block(span.block)?.len / dtype.size();
-        let end = span.start.checked_add(span.len);
-        if end.is_none_or(|end| end > block_elems) {
-            return Err(Error::BadSpan {
-                kernel: "nccl collective",
-                message: format!(
-                    "elements {}..{} of a block of {block_elems}",
-                    span.start,
-                    span.start.saturating_add(span.len)
-                ),
-            });
-        }
-        let base = arena.device_view(span.block)?.ptr;
+        let offset = span_offset(arena, dtype, span, "nccl collective")?;
         Ok(RawDeviceBuf {
-            ptr: base + (span.start * dtype.size()) as u64,
+            ptr: arena.device_view(span.block)?.ptr + offset,
             len: span.len,
         })
     }
@@ -137,30 +125,12 @@ impl Collectives for NcclCollectives {
     ) -> Result<Flight> {
         let elems = arena.block(block)?.len / dtype.size();
         let buf = self.locate(arena, dtype, Span::new(block, 0..elems))?;
-        let call = match op {
-            InPlace::AllReduceAvg => Collective::AllReduce(ReduceOp::Avg),
-            InPlace::ReduceScatterAvg => Collective::ReduceScatter(ReduceOp::Avg),
-            InPlace::AllGather => Collective::AllGather,
-        };
+        let call = op.collective();
         arena.synchronize()?;
         arena.pin(block)?;
         // SAFETY: N0 (synchronised above), N1 (the whole live block), N2 (pinned from here
         // until the flight lands, which is after `run` returned).
         let ran = unsafe { self.run(call, dtype, None, buf) };
-        Ok(Flight::new(Landing { block, ran }))
-    }
-}
-
-/// A finished NCCL collective: its block, and how it ended.
-struct Landing {
-    block: Handle,
-    ran: Result<()>,
-}
-
-impl Land for Landing {
-    fn land(self: Box<Self>, arena: &mut Arena) -> Result<Handle> {
-        arena.unpin(self.block)?;
-        self.ran?;
-        Ok(self.block)
+        Ok(Flight::finished(block, ran))
     }
 }
