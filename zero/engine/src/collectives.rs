@@ -150,10 +150,13 @@ pub trait Collectives: Debug {
     /// Short name for logs (`host`, `device-local`, `nccl`).
     fn name(&self) -> &'static str;
 
-    /// How the collectives stage data in the arena ([`StagingRule::None`]: they use the
-    /// engine's blocks in place); the plan reserves it and the engine hands the staging
-    /// block to `comm`.
-    fn staging_rule(&self, comm: &Communicator) -> StagingRule;
+    /// How the collectives stage data in the arena; the plan reserves it and the engine
+    /// hands the staging block to `comm`. The default, [`StagingRule::None`], is for
+    /// collectives that use the engine's blocks in place.
+    fn staging_rule(&self, comm: &Communicator) -> StagingRule {
+        let _ = comm;
+        StagingRule::None
+    }
 
     /// All-gather of `src` (this rank's input) into `dst` (every rank's input in rank
     /// order, `world * src.len` elements), finished when it returns.

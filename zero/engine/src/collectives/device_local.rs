@@ -19,7 +19,7 @@
 
 use zero_alloc::{Arena, Handle};
 use zero_comm::device_local::{DeviceLocalComm, DeviceOps, HostOps, RawBuf};
-use zero_comm::{Collective, Communicator, DType, StagingRule};
+use zero_comm::{Collective, Communicator, DType};
 
 use super::{span_offset, Collectives, Flight, InPlace};
 use crate::error::Result;
@@ -84,10 +84,6 @@ fn host_address(arena: &mut Arena, block: Handle) -> zero_alloc::Result<u64> {
 impl<O: DeviceOps + 'static> Collectives for DeviceLocalCollectives<O> {
     fn name(&self) -> &'static str {
         "device-local"
-    }
-
-    fn staging_rule(&self, _comm: &Communicator) -> StagingRule {
-        StagingRule::None
     }
 
     fn all_gather(

@@ -25,7 +25,7 @@
 
 use zero_alloc::{Arena, Device, Handle};
 use zero_comm::nccl::{NcclComm, RawDeviceBuf};
-use zero_comm::{Collective, Communicator, DType, StagingRule};
+use zero_comm::{Collective, Communicator, DType};
 
 use super::{span_offset, Collectives, Flight, InPlace};
 use crate::error::{Error, Result};
@@ -92,10 +92,6 @@ impl NcclCollectives {
 impl Collectives for NcclCollectives {
     fn name(&self) -> &'static str {
         "nccl"
-    }
-
-    fn staging_rule(&self, _comm: &Communicator) -> StagingRule {
-        StagingRule::None
     }
 
     fn all_gather(
