@@ -318,7 +318,8 @@ pub(crate) fn run_barrier(inner: &mut Inner) -> Result<()> {
     execute(inner, &desc, |b| b.barrier(&desc))
 }
 
-fn length(op: OpKind, what: &'static str, expected: usize, got: usize) -> Result<()> {
+/// [`CommError::Length`] unless a buffer holds the `expected` number of elements.
+pub(crate) fn length(op: OpKind, what: &'static str, expected: usize, got: usize) -> Result<()> {
     if expected == got {
         Ok(())
     } else {

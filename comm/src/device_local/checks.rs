@@ -2,23 +2,10 @@
 //! layouts and describes the call, before any exchange with the peers.
 
 use super::RawBuf;
-use crate::communicator::Collective;
+use crate::communicator::{length, Collective};
 use crate::dtype::DType;
 use crate::error::{CommError, Result};
 use crate::op::{OpDesc, OpKind};
-
-fn length(op: OpKind, what: &'static str, expected: usize, got: usize) -> Result<()> {
-    if expected == got {
-        Ok(())
-    } else {
-        Err(CommError::Length {
-            op,
-            what,
-            expected,
-            got,
-        })
-    }
-}
 
 fn multiple_of_size(op: OpKind, len: usize, size: usize) -> Result<()> {
     if len % size == 0 {
