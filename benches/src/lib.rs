@@ -3,6 +3,8 @@
 #![warn(missing_docs)]
 
 pub mod collective;
+#[cfg(feature = "cuda")]
+pub mod device_local;
 pub mod memcpy;
 #[cfg(feature = "cuda")]
 pub mod nccl;

@@ -34,6 +34,15 @@ enum Backend {
     Nccl,
 }
 
+/// Where the local backend's buffers live.
+#[derive(Debug, Clone, Copy, ValueEnum, PartialEq, Eq)]
+enum Device {
+    /// Host memory.
+    Cpu,
+    /// GPU 0, shared by every rank (zero-comm's device-local backend; feature `cuda`).
+    Cuda,
+}
+
 /// Collective benchmark in the style of nccl-tests (sizes in bytes, K/M/G = powers of 1024;
 /// bandwidths in decimal GB/s).
 #[derive(Debug, Parser)]
@@ -74,6 +83,9 @@ struct Args {
     /// Backend.
     #[arg(long, value_enum, default_value = "local")]
     backend: Backend,
+    /// Where the local backend's ranks keep their buffers (`cuda`: threads sharing GPU 0).
+    #[arg(long, value_enum, default_value = "cpu")]
+    device: Device,
     /// One JSON object per size instead of the table.
     #[arg(long)]
     json: bool,
@@ -306,6 +318,9 @@ fn main() -> ExitCode {
     if args.backend == Backend::Nccl {
         return nccl_main(args);
     }
+    if args.device == Device::Cuda {
+        return device_local_main(&args);
+    }
     let world = match world(&mut args) {
         Ok(w) => w,
         Err(e) => return fail(e, 1),
@@ -377,6 +392,36 @@ fn nccl_main(mut args: Args) -> ExitCode {
         return fail(e, 1);
     }
     table.footer()
+}
+
+/// `--backend local --device cuda`: the device-local backend on GPU 0.
+#[cfg(feature = "cuda")]
+fn device_local_main(args: &Args) -> ExitCode {
+    if args.backend != Backend::Local {
+        return fail(
+            "--device cuda goes with --backend local (nccl is on the GPU already)",
+            2,
+        );
+    }
+    let cfg = match config(args) {
+        Ok(c) => c,
+        Err(e) => return fail(e, 2),
+    };
+    let mut table = Table::new(cfg.clone(), args.json, true);
+    table.header("device-local (GPU 0)", None);
+    let run = zero_benches::device_local::run_device_local(&cfg, &mut |r: &Row| table.row(r));
+    if let Err(e) = run {
+        return fail(e, 1);
+    }
+    table.footer()
+}
+
+#[cfg(not(feature = "cuda"))]
+fn device_local_main(args: &Args) -> ExitCode {
+    match config(args) {
+        Ok(_) => fail("--device cuda needs a build with --features cuda", 2),
+        Err(e) => fail(e, 2),
+    }
 }
 
 #[cfg(not(feature = "cuda"))]
