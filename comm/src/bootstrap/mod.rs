@@ -19,10 +19,12 @@
 
 mod client;
 mod env;
+mod id;
 mod rendezvous;
 #[cfg(test)]
 mod tests;
 
 pub use client::fetch;
 pub use env::LaunchEnv;
+pub use id::broadcast_id;
 pub use rendezvous::{Server, MAGIC, MAX_PAYLOAD, VERSION};
