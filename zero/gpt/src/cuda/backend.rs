@@ -1,5 +1,6 @@
-//! [`CudaBackend`]: the [`crate::Backend`] kernels on one GPU: cuBLAS sgemm for the matrix
-//! products, the NVRTC-compiled kernels of `kernels/*.cu` for the rest.
+//! [`CudaBackend`]: the [`crate::Backend`] kernels on one GPU: cuBLAS `cublasGemmEx` and
+//! `cublasGemmStridedBatchedEx` for the matrix products (the layers' and attention's), in
+//! the backend's [`GemmMath`] mode, the NVRTC-compiled kernels of `kernels/*.cu` for the rest.
 //!
 //! Legend: B batch, T sequence, C channels, OC output channels, NH heads, N = B*T rows,
 //! V vocabulary, Vp padded vocabulary.
@@ -16,13 +17,17 @@
 
 use std::sync::{Arc, Mutex, PoisonError};
 
-use cudarc::cublas::{self, sys::cublasOperation_t, CudaBlas};
+use std::ffi::c_void;
+
+use cudarc::cublas::sys::{cublasComputeType_t, cublasGemmAlgo_t, cublasOperation_t, cudaDataType};
+use cudarc::cublas::{self, CudaBlas};
 use cudarc::driver::{
     CudaContext, CudaSlice, CudaStream, DevicePtrMut, LaunchConfig, PushKernelArg,
 };
 
+use super::attention_gemm::{AttentionScratch, BatchedCall, Region};
 use super::device::{DeviceIds, DeviceSlice};
-use super::gemm::{Operand, SgemmCall};
+use super::gemm::{GemmCall, GemmMath, Operand};
 use super::geometry::{self as geo, Geometry};
 use super::probe;
 use super::registry::KernelRegistry;
@@ -57,7 +62,9 @@ pub struct CudaBackend {
     stream: Arc<CudaStream>,
     blas: CudaBlas,
     kernels: Arc<KernelRegistry>,
-    /// The attention backward's (B,NH,T,T) score gradients, grown on demand.
+    /// How every matrix product of this backend is computed.
+    math: GemmMath,
+    /// The attention scratch (`attention_gemm::AttentionScratch`), grown on demand.
     scratch: Mutex<Option<CudaSlice<f32>>>,
     /// The first launch error since the last `synchronize`.
     first_error: Mutex<Option<GptError>>,
@@ -103,9 +110,29 @@ impl CudaBackend {
             stream,
             blas,
             kernels,
+            math: GemmMath::default(),
             scratch: Mutex::new(None),
             first_error: Mutex::new(None),
         })
+    }
+
+    /// This backend with every matrix product (the layers' and attention's) computed in
+    /// `math` mode; [`GemmMath::Exact`] unless set.
+    #[must_use]
+    pub fn with_gemm_math(mut self, math: GemmMath) -> Self {
+        self.math = math;
+        self
+    }
+
+    /// Sets the math mode of the matrix products launched from now on.
+    pub fn set_gemm_math(&mut self, math: GemmMath) {
+        self.math = math;
+    }
+
+    /// The math mode of the matrix products.
+    #[must_use]
+    pub fn gemm_math(&self) -> GemmMath {
+        self.math
     }
 
     /// The stream every kernel of this backend runs on; allocate and copy on it.
@@ -117,7 +144,7 @@ impl CudaBackend {
     /// Waits for every launched kernel; returns the first error recorded since the last call.
     ///
     /// # Errors
-    /// The first failed launch or sgemm, else a failed stream synchronisation.
+    /// The first failed launch or gemm, else a failed stream synchronisation.
     pub fn synchronize(&self) -> Result<()> {
         let first = self
             .first_error
@@ -180,54 +207,82 @@ impl CudaBackend {
         self.record(result);
     }
 
-    pub(super) fn sgemm(
-        &self,
-        call: Result<SgemmCall>,
-        inp: u64,
-        weight: u64,
-        dout: u64,
-        dst: u64,
-    ) {
+    /// Enqueues `call` (C = op(A) op(B) + beta C, fp32 in memory) in the backend's math mode.
+    pub(super) fn gemm(&self, call: Result<GemmCall>, inp: u64, weight: u64, dout: u64, dst: u64) {
         let result = call.and_then(|call| {
             let pick = |op: Operand| match op {
                 Operand::Inp => inp,
                 Operand::Weight => weight,
                 Operand::Dout => dout,
             };
-            let op = |t: bool| {
-                if t {
-                    cublasOperation_t::CUBLAS_OP_T
-                } else {
-                    cublasOperation_t::CUBLAS_OP_N
-                }
-            };
             let (alpha, beta) = (1.0f32, if call.beta_one { 1.0f32 } else { 0.0 });
             // SAFETY: the gemm module maps (N,C,OC) to a column-major call that reads exactly
             // the row-major inp (N,C), weight (OC,C), dout (N,OC) and writes dst, whose
-            // lengths the caller asserted; the handle is bound to self.stream.
+            // lengths the caller asserted; all are f32 (CUDA_R_32F); alpha and beta are host
+            // f32 (the handle's default pointer mode); the handle is bound to self.stream.
             unsafe {
-                cublas::result::sgemm(
+                cublas::result::gemm_ex(
                     *self.blas.handle(),
                     op(call.trans_a),
                     op(call.trans_b),
                     call.m,
                     call.n,
                     call.k,
-                    &alpha,
-                    pick(call.a) as usize as *const f32,
+                    (&raw const alpha).cast(),
+                    pick(call.a) as usize as *const c_void,
+                    F32,
                     call.lda,
-                    pick(call.b) as usize as *const f32,
+                    pick(call.b) as usize as *const c_void,
+                    F32,
                     call.ldb,
-                    &beta,
-                    dst as usize as *mut f32,
+                    (&raw const beta).cast(),
+                    dst as usize as *mut c_void,
+                    F32,
                     call.ldc,
+                    compute_type(self.math),
+                    cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
                 )
             }
-            .map_err(|e| GptError::Cuda {
-                op: "cublasSgemm",
-                message: format!("{e:?}"),
-            })
+            .map_err(blas_err("cublasGemmEx"))
         });
+        self.record(result);
+    }
+
+    /// Enqueues one of attention's batched products on the regions of the attention scratch
+    /// at `base`, laid out by `layout`, in the backend's math mode.
+    pub(super) fn gemm_batched(&self, call: &BatchedCall, layout: &AttentionScratch, base: u64) {
+        let at = |r: Region| base + 4 * layout.offset(r) as u64;
+        // SAFETY: attention_gemm maps the checked shape to products that stay inside the
+        // regions of a scratch of layout.len f32, which the caller allocated at base; all
+        // are f32; alpha and beta are host f32; the handle is bound to self.stream.
+        let result = unsafe {
+            cublas::result::gemm_strided_batched_ex(
+                *self.blas.handle(),
+                op(call.trans_a),
+                op(call.trans_b),
+                call.m,
+                call.n,
+                call.k,
+                (&raw const call.alpha).cast(),
+                at(call.a) as usize as *const c_void,
+                F32,
+                call.lda,
+                call.stride_a,
+                at(call.b) as usize as *const c_void,
+                F32,
+                call.ldb,
+                call.stride_b,
+                (&raw const call.beta).cast(),
+                at(call.c) as usize as *mut c_void,
+                F32,
+                call.ldc,
+                call.stride_c,
+                call.batch,
+                compute_type(self.math),
+                cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
+            )
+        }
+        .map_err(blas_err("cublasGemmStridedBatchedEx"));
         self.record(result);
     }
 
@@ -245,6 +300,32 @@ impl CudaBackend {
             Some(s) => Ok(s.device_ptr_mut(&self.stream).0),
             None => unreachable!("filled above"),
         }
+    }
+}
+
+const F32: cudaDataType = cudaDataType::CUDA_R_32F;
+
+fn op(transpose: bool) -> cublasOperation_t {
+    if transpose {
+        cublasOperation_t::CUBLAS_OP_T
+    } else {
+        cublasOperation_t::CUBLAS_OP_N
+    }
+}
+
+fn compute_type(math: GemmMath) -> cublasComputeType_t {
+    match math {
+        GemmMath::Exact => cublasComputeType_t::CUBLAS_COMPUTE_32F,
+        GemmMath::Tf32 => cublasComputeType_t::CUBLAS_COMPUTE_32F_FAST_TF32,
+        GemmMath::Bf16 => cublasComputeType_t::CUBLAS_COMPUTE_32F_FAST_16BF,
+        GemmMath::F16 => cublasComputeType_t::CUBLAS_COMPUTE_32F_FAST_16F,
+    }
+}
+
+fn blas_err(op: &'static str) -> impl Fn(cublas::result::CublasError) -> GptError {
+    move |e| GptError::Cuda {
+        op,
+        message: format!("{e:?}"),
     }
 }
 

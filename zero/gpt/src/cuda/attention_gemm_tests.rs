@@ -1,0 +1,352 @@
+//! The batched mapping run through a naive column-major strided-batched gemm (the BLAS
+//! definition) and naive head permutes written here, against the CPU attention kernels.
+
+use super::*;
+use crate::kernels::{attention, fd};
+
+/// cublasGemmStridedBatchedEx by its definition, element by element in f64, on regions of
+/// one scratch buffer. beta = 0 does not read C (it may hold NaN), as in BLAS.
+fn naive_batched(call: &BatchedCall, layout: &AttentionScratch, scratch: &mut [f32]) {
+    let (m, n, k) = (call.m as usize, call.n as usize, call.k as usize);
+    let (lda, ldb, ldc) = (call.lda as usize, call.ldb as usize, call.ldc as usize);
+    let a = scratch[layout.offset(call.a)..].to_vec();
+    let b = scratch[layout.offset(call.b)..].to_vec();
+    let c0 = layout.offset(call.c);
+    for i in 0..call.batch as usize {
+        let (a, b) = (
+            &a[i * call.stride_a as usize..],
+            &b[i * call.stride_b as usize..],
+        );
+        let c = &mut scratch[c0 + i * call.stride_c as usize..];
+        let at = |r: usize, p: usize| {
+            if call.trans_a {
+                a[r * lda + p]
+            } else {
+                a[p * lda + r]
+            }
+        };
+        let bt = |p: usize, col: usize| {
+            if call.trans_b {
+                b[p * ldb + col]
+            } else {
+                b[col * ldb + p]
+            }
+        };
+        for col in 0..n {
+            for r in 0..m {
+                let dot: f64 = (0..k)
+                    .map(|p| f64::from(at(r, p)) * f64::from(bt(p, col)))
+                    .sum();
+                let old = if call.beta == 0.0 {
+                    0.0
+                } else {
+                    f64::from(c[col * ldc + r])
+                };
+                c[col * ldc + r] =
+                    (f64::from(call.alpha) * dot + f64::from(call.beta) * old) as f32;
+            }
+        }
+    }
+}
+
+/// dst (W,B,NH,T,hs) from src (B,T,W,NH,hs).
+fn split_heads(
+    dst: &mut [f32],
+    src: &[f32],
+    (b, t, w, nh, hs): (usize, usize, usize, usize, usize),
+) {
+    for bi in 0..b {
+        for ti in 0..t {
+            for wi in 0..w {
+                for h in 0..nh {
+                    for j in 0..hs {
+                        let s = (((bi * t + ti) * w + wi) * nh + h) * hs + j;
+                        dst[(((wi * b + bi) * nh + h) * t + ti) * hs + j] = src[s];
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// dst (B,T,W,NH,hs) += src (W,B,NH,T,hs), or = when not `add`.
+fn merge_heads(
+    dst: &mut [f32],
+    src: &[f32],
+    (b, t, w, nh, hs): (usize, usize, usize, usize, usize),
+    add: bool,
+) {
+    for bi in 0..b {
+        for ti in 0..t {
+            for wi in 0..w {
+                for h in 0..nh {
+                    for j in 0..hs {
+                        let d = &mut dst[(((bi * t + ti) * w + wi) * nh + h) * hs + j];
+                        let s = src[(((wi * b + bi) * nh + h) * t + ti) * hs + j];
+                        *d = if add { *d + s } else { s };
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The softmax rows of the scores region (B,NH,T,T), scaled and masked, into both the
+/// region and att (B,T,NH,T).
+fn softmax_forward(scores: &mut [f32], att: &mut [f32], s: AttentionShape) {
+    let (t, nh) = (s.t, s.nh);
+    let scale = 1.0 / (s.hs as f32).sqrt();
+    for (row, r) in scores.chunks_exact_mut(t).take(s.b * nh * t).enumerate() {
+        let (ti, bh) = (row % t, row / t);
+        let e: Vec<f32> = r[..=ti].iter().map(|&x| x * scale).collect();
+        let max = e.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        let e: Vec<f32> = e.iter().map(|&x| (x - max).exp()).collect();
+        let sum: f32 = e.iter().sum();
+        for (t2, r) in r.iter_mut().enumerate() {
+            *r = if t2 <= ti { e[t2] / sum } else { 0.0 };
+        }
+        let a0 = ((bh / nh * t + ti) * nh + bh % nh) * t;
+        att[a0..a0 + t].copy_from_slice(r);
+    }
+}
+
+/// d(att) in the scores region -> d(dot) = att (d(att) - Σ att d(att)) scale, masked.
+fn softmax_backward(scores: &mut [f32], att: &[f32], s: AttentionShape) {
+    let (t, nh) = (s.t, s.nh);
+    let scale = 1.0 / (s.hs as f32).sqrt();
+    for (row, d) in scores.chunks_exact_mut(t).take(s.b * nh * t).enumerate() {
+        let (ti, bh) = (row % t, row / t);
+        let a = &att[((bh / nh * t + ti) * nh + bh % nh) * t..][..t];
+        let dot: f32 = (0..=ti).map(|t2| a[t2] * d[t2]).sum();
+        for t2 in 0..t {
+            d[t2] = if t2 <= ti {
+                a[t2] * (d[t2] - dot) * scale
+            } else {
+                0.0
+            };
+        }
+    }
+}
+
+struct Case {
+    s: AttentionShape,
+    c: usize,
+    layout: AttentionScratch,
+}
+
+impl Case {
+    fn new(b: usize, t: usize, c: usize, nh: usize) -> Self {
+        let s = AttentionShape::new(b, t, c, nh).unwrap();
+        let layout = AttentionScratch::new(s).unwrap();
+        Self { s, c, layout }
+    }
+    fn heads(&self, w: usize) -> (usize, usize, usize, usize, usize) {
+        (self.s.b, self.s.t, w, self.s.nh, self.s.hs)
+    }
+    fn region<'a>(&self, scratch: &'a mut [f32], r: Region) -> &'a mut [f32] {
+        &mut scratch[self.layout.offset(r)..]
+    }
+
+    fn forward(&self, qkv: &[f32], calls: [BatchedCall; 2]) -> (Vec<f32>, Vec<f32>) {
+        let s = self.s;
+        let mut scratch = vec![f32::NAN; self.layout.len];
+        split_heads(self.region(&mut scratch, Region::Q), qkv, self.heads(3));
+        naive_batched(&calls[0], &self.layout, &mut scratch);
+        let mut att = vec![f32::NAN; s.b * s.t * s.nh * s.t];
+        softmax_forward(self.region(&mut scratch, Region::Scores), &mut att, s);
+        naive_batched(&calls[1], &self.layout, &mut scratch);
+        let mut out = vec![f32::NAN; s.b * s.t * self.c];
+        merge_heads(
+            &mut out,
+            self.region(&mut scratch, Region::Y),
+            self.heads(1),
+            false,
+        );
+        (out, att)
+    }
+
+    fn backward(
+        &self,
+        dqkv: &mut [f32],
+        dout: &[f32],
+        qkv: &[f32],
+        att: &[f32],
+        calls: [BatchedCall; 4],
+    ) {
+        let mut scratch = vec![f32::NAN; self.layout.len];
+        split_heads(self.region(&mut scratch, Region::Q), qkv, self.heads(3));
+        split_heads(self.region(&mut scratch, Region::Y), dout, self.heads(1));
+        let att_heads = (self.s.b, self.s.t, 1, self.s.nh, self.s.t);
+        split_heads(self.region(&mut scratch, Region::Scores), att, att_heads);
+        naive_batched(&calls[0], &self.layout, &mut scratch); // d(v)
+        naive_batched(&calls[1], &self.layout, &mut scratch); // d(att)
+        softmax_backward(self.region(&mut scratch, Region::Scores), att, self.s);
+        naive_batched(&calls[2], &self.layout, &mut scratch); // d(q)
+        naive_batched(&calls[3], &self.layout, &mut scratch); // d(k)
+        merge_heads(
+            dqkv,
+            self.region(&mut scratch, Region::DQ),
+            self.heads(3),
+            true,
+        );
+    }
+}
+
+/// The largest absolute difference; infinite where either side is NaN (an unwritten
+/// scratch element), so a NaN never passes a tolerance.
+fn max_diff(got: &[f32], want: &[f32]) -> f32 {
+    assert_eq!(got.len(), want.len());
+    got.iter()
+        .zip(want)
+        .map(|(g, w)| {
+            let d = (g - w).abs();
+            if d.is_nan() {
+                f32::INFINITY
+            } else {
+                d
+            }
+        })
+        .fold(0.0, f32::max)
+}
+
+/// CPU forward (out, att) and backward (dqkv, accumulated onto a non-zero start).
+fn cpu(b: usize, t: usize, c: usize, nh: usize) -> [Vec<f32>; 6] {
+    let qkv = fd::random(b * t * 3 * c, 1, 1.5);
+    let dout = fd::random(b * t * c, 2, 1.0);
+    let dqkv0 = fd::random(b * t * 3 * c, 3, 1.0);
+    let (mut out, mut att) = (vec![0.0; b * t * c], vec![0.0; b * t * nh * t]);
+    attention::attention_forward(&mut out, &mut att, &qkv, b, t, c, nh);
+    let mut dqkv = dqkv0.clone();
+    attention::attention_backward(&mut dqkv, &dout, &qkv, &att, b, t, c, nh);
+    [qkv, dout, dqkv0, out, att, dqkv]
+}
+
+const SHAPES: [(usize, usize, usize, usize); 3] = [(2, 5, 6, 2), (1, 7, 12, 3), (3, 4, 8, 1)];
+
+#[test]
+fn batched_products_compute_the_cpu_attention() {
+    for (b, t, c, nh) in SHAPES {
+        let case = Case::new(b, t, c, nh);
+        let s = case.s;
+        let [qkv, dout, mut dqkv, want_out, want_att, want_dqkv] = cpu(b, t, c, nh);
+        let (out, att) = case.forward(&qkv, [scores(s), weighted_values(s)]);
+        assert!(
+            max_diff(&out, &want_out) < 1e-5,
+            "out at {:?}",
+            (b, t, c, nh)
+        );
+        assert!(
+            max_diff(&att, &want_att) < 1e-6,
+            "att at {:?}",
+            (b, t, c, nh)
+        );
+        let calls = [d_values(s), d_weights(s), d_queries(s), d_keys(s)];
+        case.backward(&mut dqkv, &dout, &qkv, &att, calls);
+        assert!(
+            max_diff(&dqkv, &want_dqkv) < 1e-4,
+            "dqkv at {:?}",
+            (b, t, c, nh)
+        );
+    }
+}
+
+#[test]
+fn a_wrong_transpose_stride_or_leading_dimension_fails() {
+    let (b, t, c, nh) = (2, 5, 6, 2);
+    let case = Case::new(b, t, c, nh);
+    let s = case.s;
+    let [qkv, dout, dqkv0, want_out, _, want_dqkv] = cpu(b, t, c, nh);
+    let forward_mutants = [
+        BatchedCall {
+            trans_a: false,
+            ..scores(s)
+        },
+        BatchedCall {
+            stride_b: 0,
+            ..scores(s)
+        },
+        BatchedCall {
+            trans_b: true,
+            ..weighted_values(s)
+        },
+        BatchedCall {
+            stride_c: i64::from(t as i32 * 2),
+            ..weighted_values(s)
+        },
+    ];
+    for (i, call) in forward_mutants.into_iter().enumerate() {
+        let calls = if i < 2 {
+            [call, weighted_values(s)]
+        } else {
+            [scores(s), call]
+        };
+        let (out, _) = case.forward(&qkv, calls);
+        assert!(
+            max_diff(&out, &want_out) >= 1e-3,
+            "forward mutant {i} passed"
+        );
+    }
+    let (_, att) = case.forward(&qkv, [scores(s), weighted_values(s)]);
+    let good = [d_values(s), d_weights(s), d_queries(s), d_keys(s)];
+    let mutants = [
+        (
+            0,
+            BatchedCall {
+                trans_b: false,
+                ..good[0]
+            },
+        ),
+        (
+            1,
+            BatchedCall {
+                a: Region::Q,
+                ..good[1]
+            },
+        ),
+        (
+            2,
+            BatchedCall {
+                trans_b: true,
+                ..good[2]
+            },
+        ),
+        (
+            3,
+            BatchedCall {
+                ldb: s.hs as i32,
+                ..good[3]
+            },
+        ),
+        (
+            3,
+            BatchedCall {
+                batch: good[3].batch - 1,
+                ..good[3]
+            },
+        ),
+    ];
+    for (which, call) in mutants {
+        let mut calls = good;
+        calls[which] = call;
+        let mut dqkv = dqkv0.clone();
+        case.backward(&mut dqkv, &dout, &qkv, &att, calls);
+        assert!(
+            max_diff(&dqkv, &want_dqkv) >= 1e-3,
+            "backward mutant {call:?} passed"
+        );
+    }
+}
+
+#[test]
+fn scratch_layout_and_overflow_checks() {
+    let layout = Case::new(4, 1024, 768, 12).layout;
+    // 7 (B,NH,T,hs) regions + (B,NH,T,T): 289,406,976 bytes at GPT-2 124M, B = 4, T = 1024.
+    assert_eq!(layout.len * 4, 289_406_976);
+    assert_eq!(layout.offset(Region::K), 4 * 1024 * 768);
+    assert_eq!(layout.offset(Region::Scores), 7 * 4 * 1024 * 768);
+    assert!(AttentionShape::new(1, 1 << 16, 64, 1).is_err()); // T*T = 2^32
+    assert!(AttentionShape::new(1 << 20, 1, 1 << 12, 1 << 12).is_err()); // B*NH = 2^32
+    assert!(AttentionShape::new(1, 1 << 20, 1 << 12, 1).is_err()); // T*hs = 2^32
+    assert!(AttentionShape::new(usize::MAX / 2, 4, 4, 1).is_err()); // scratch length
+    assert!(AttentionShape::new(1, usize::MAX, 1, 1).is_err()); // T
+}
