@@ -286,5 +286,8 @@ pub fn d_keys(s: AttentionShape) -> BatchedCall {
 }
 
 #[cfg(test)]
+#[path = "attention_gemm_naive.rs"]
+mod naive;
+#[cfg(test)]
 #[path = "attention_gemm_tests.rs"]
 mod tests;
