@@ -39,17 +39,18 @@ pub enum Region {
     DV,
 }
 
-/// The shape of one attention call, every dimension checked to fit cuBLAS's `int`.
+/// The shape of one attention call, every dimension checked to fit cuBLAS's `int`. Made
+/// only by [`AttentionShape::new`], so the products below never see an unchecked shape.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct AttentionShape {
     /// Batch B.
-    pub b: usize,
+    pub(super) b: usize,
     /// Sequence T.
-    pub t: usize,
+    pub(super) t: usize,
     /// Heads NH.
-    pub nh: usize,
+    pub(super) nh: usize,
     /// Head size hs = C/NH.
-    pub hs: usize,
+    pub(super) hs: usize,
 }
 
 fn int(what: &'static str, value: usize) -> Result<i32> {
