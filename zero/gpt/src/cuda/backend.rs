@@ -1,5 +1,6 @@
-//! [`CudaBackend`]: the [`crate::Backend`] kernels on one GPU: cuBLAS sgemm for the matrix
-//! products, the NVRTC-compiled kernels of `kernels/*.cu` for the rest.
+//! [`CudaBackend`]: the [`crate::Backend`] kernels on one GPU: cuBLAS `cublasGemmEx` and
+//! `cublasGemmStridedBatchedEx` for the matrix products (the layers' and attention's), in
+//! the backend's [`GemmMath`] mode, the NVRTC-compiled kernels of `kernels/*.cu` for the rest.
 //!
 //! Legend: B batch, T sequence, C channels, OC output channels, NH heads, N = B*T rows,
 //! V vocabulary, Vp padded vocabulary.
@@ -16,13 +17,13 @@
 
 use std::sync::{Arc, Mutex, PoisonError};
 
-use cudarc::cublas::{self, sys::cublasOperation_t, CudaBlas};
+use cudarc::cublas::CudaBlas;
 use cudarc::driver::{
     CudaContext, CudaSlice, CudaStream, DevicePtrMut, LaunchConfig, PushKernelArg,
 };
 
 use super::device::{DeviceIds, DeviceSlice};
-use super::gemm::{Operand, SgemmCall};
+use super::gemm::GemmMath;
 use super::geometry::{self as geo, Geometry};
 use super::probe;
 use super::registry::KernelRegistry;
@@ -55,9 +56,11 @@ pub(super) fn driver_err(op: &'static str) -> impl Fn(cudarc::driver::DriverErro
 #[derive(Debug)]
 pub struct CudaBackend {
     stream: Arc<CudaStream>,
-    blas: CudaBlas,
+    pub(super) blas: CudaBlas,
     kernels: Arc<KernelRegistry>,
-    /// The attention backward's (B,NH,T,T) score gradients, grown on demand.
+    /// How every matrix product of this backend is computed.
+    pub(super) math: GemmMath,
+    /// The attention scratch (`attention_gemm::AttentionScratch`), grown on demand.
     scratch: Mutex<Option<CudaSlice<f32>>>,
     /// The first launch error since the last `synchronize`.
     first_error: Mutex<Option<GptError>>,
@@ -103,9 +106,29 @@ impl CudaBackend {
             stream,
             blas,
             kernels,
+            math: GemmMath::default(),
             scratch: Mutex::new(None),
             first_error: Mutex::new(None),
         })
+    }
+
+    /// This backend with every matrix product (the layers' and attention's) computed in
+    /// `math` mode; [`GemmMath::Exact`] unless set.
+    #[must_use]
+    pub fn with_gemm_math(mut self, math: GemmMath) -> Self {
+        self.math = math;
+        self
+    }
+
+    /// Sets the math mode of the matrix products launched from now on.
+    pub fn set_gemm_math(&mut self, math: GemmMath) {
+        self.math = math;
+    }
+
+    /// The math mode of the matrix products.
+    #[must_use]
+    pub fn gemm_math(&self) -> GemmMath {
+        self.math
     }
 
     /// The stream every kernel of this backend runs on; allocate and copy on it.
@@ -117,7 +140,7 @@ impl CudaBackend {
     /// Waits for every launched kernel; returns the first error recorded since the last call.
     ///
     /// # Errors
-    /// The first failed launch or sgemm, else a failed stream synchronisation.
+    /// The first failed launch or gemm, else a failed stream synchronisation.
     pub fn synchronize(&self) -> Result<()> {
         let first = self
             .first_error
@@ -176,57 +199,6 @@ impl CudaBackend {
             unsafe { builder.launch(cfg) }
                 .map(|_| ())
                 .map_err(driver_err(name))
-        });
-        self.record(result);
-    }
-
-    pub(super) fn sgemm(
-        &self,
-        call: Result<SgemmCall>,
-        inp: u64,
-        weight: u64,
-        dout: u64,
-        dst: u64,
-    ) {
-        let result = call.and_then(|call| {
-            let pick = |op: Operand| match op {
-                Operand::Inp => inp,
-                Operand::Weight => weight,
-                Operand::Dout => dout,
-            };
-            let op = |t: bool| {
-                if t {
-                    cublasOperation_t::CUBLAS_OP_T
-                } else {
-                    cublasOperation_t::CUBLAS_OP_N
-                }
-            };
-            let (alpha, beta) = (1.0f32, if call.beta_one { 1.0f32 } else { 0.0 });
-            // SAFETY: the gemm module maps (N,C,OC) to a column-major call that reads exactly
-            // the row-major inp (N,C), weight (OC,C), dout (N,OC) and writes dst, whose
-            // lengths the caller asserted; the handle is bound to self.stream.
-            unsafe {
-                cublas::result::sgemm(
-                    *self.blas.handle(),
-                    op(call.trans_a),
-                    op(call.trans_b),
-                    call.m,
-                    call.n,
-                    call.k,
-                    &alpha,
-                    pick(call.a) as usize as *const f32,
-                    call.lda,
-                    pick(call.b) as usize as *const f32,
-                    call.ldb,
-                    &beta,
-                    dst as usize as *mut f32,
-                    call.ldc,
-                )
-            }
-            .map_err(|e| GptError::Cuda {
-                op: "cublasSgemm",
-                message: format!("{e:?}"),
-            })
         });
         self.record(result);
     }

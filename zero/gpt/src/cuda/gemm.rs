@@ -1,17 +1,37 @@
-//! The fully connected layer's three products as column-major cuBLAS sgemm calls.
+//! The fully connected layer's three products as column-major cuBLAS `cublasGemmEx` calls
+//! (fp32 A, B and C), and the math mode ([`GemmMath`]) every product of a backend uses.
 //!
 //! Legend: N rows, C input channels, OC output channels; weights (OC,C) row-major.
 //!
 //! cuBLAS is column-major: a row-major (R,K) matrix is the column-major (K,R) matrix, its
 //! transpose. So each row-major product X = A·B is computed as Xᵀ = Bᵀ·Aᵀ with the operands
 //! swapped and no copy. The mapping is pure and tested here against the CPU kernels through
-//! a naive column-major sgemm, so a wrong transpose or leading dimension fails on a machine
+//! a naive column-major gemm, so a wrong transpose or leading dimension fails on a machine
 //! without a GPU.
 
 use super::geometry::checked_product;
 use crate::{GptError, Result};
 
-/// Which buffer an sgemm operand is.
+/// How cuBLAS computes a product of fp32 matrices (its `cublasComputeType_t`). Inputs and
+/// outputs stay fp32 in memory in every mode; the fast modes round the inputs inside cuBLAS
+/// and run on tensor cores.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum GemmMath {
+    /// `CUBLAS_COMPUTE_32F`: fp32 multiply and accumulate, no tensor cores (the handle keeps
+    /// cuBLAS's default math mode, so no TF32 either). The CPU-equality tests use this.
+    #[default]
+    Exact,
+    /// `CUBLAS_COMPUTE_32F_FAST_TF32`: inputs rounded to TF32 (10-bit mantissa), fp32
+    /// accumulation, tensor cores.
+    Tf32,
+    /// `CUBLAS_COMPUTE_32F_FAST_16BF`: inputs rounded to bf16 (8-bit significand), fp32
+    /// accumulation, tensor cores.
+    Bf16,
+    /// `CUBLAS_COMPUTE_32F_FAST_16F`: inputs rounded to fp16, fp32 accumulation, tensor cores.
+    F16,
+}
+
+/// Which buffer a gemm operand is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Operand {
     /// The layer input (N,C).
@@ -22,9 +42,9 @@ pub enum Operand {
     Dout,
 }
 
-/// One `cublasSgemm` call: C = alpha op(A) op(B) + beta C, column-major, alpha = 1.
+/// One `cublasGemmEx` call: C = alpha op(A) op(B) + beta C, column-major, alpha = 1.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct SgemmCall {
+pub struct GemmCall {
     /// op(A) = Aᵀ.
     pub trans_a: bool,
     /// op(B) = Bᵀ.
@@ -51,7 +71,7 @@ pub struct SgemmCall {
 
 fn dim(what: &'static str, value: usize) -> Result<i32> {
     i32::try_from(value).map_err(|_| GptError::LaunchTooLarge {
-        kernel: "cublasSgemm",
+        kernel: "cublasGemmEx",
         what,
         value,
         limit: i32::MAX as usize,
@@ -61,17 +81,17 @@ fn dim(what: &'static str, value: usize) -> Result<i32> {
 /// Checks that every matrix of the layer has fewer than 2^31 elements (cuBLAS's `int`
 /// dimensions and leading dimensions index them).
 fn check_sizes(n: usize, c: usize, oc: usize) -> Result<(i32, i32, i32)> {
-    dim("N*C", checked_product("cublasSgemm", "N*C", &[n, c])?)?;
-    dim("N*OC", checked_product("cublasSgemm", "N*OC", &[n, oc])?)?;
-    dim("OC*C", checked_product("cublasSgemm", "OC*C", &[oc, c])?)?;
+    dim("N*C", checked_product("cublasGemmEx", "N*C", &[n, c])?)?;
+    dim("N*OC", checked_product("cublasGemmEx", "N*OC", &[n, oc])?)?;
+    dim("OC*C", checked_product("cublasGemmEx", "OC*C", &[oc, c])?)?;
     Ok((dim("N", n)?, dim("C", c)?, dim("OC", oc)?))
 }
 
 /// out (N,OC) (+)= inp (N,C) · weight (OC,C)ᵀ, i.e. outᵀ = weight · inpᵀ (column-major).
 /// `accumulate` is true when the bias was broadcast into `out` first.
-pub fn forward(n: usize, c: usize, oc: usize, accumulate: bool) -> Result<SgemmCall> {
+pub fn forward(n: usize, c: usize, oc: usize, accumulate: bool) -> Result<GemmCall> {
     let (n, c, oc) = check_sizes(n, c, oc)?;
-    Ok(SgemmCall {
+    Ok(GemmCall {
         trans_a: true,
         trans_b: false,
         m: oc,
@@ -87,9 +107,9 @@ pub fn forward(n: usize, c: usize, oc: usize, accumulate: bool) -> Result<SgemmC
 }
 
 /// dinp (N,C) += dout (N,OC) · weight (OC,C), i.e. dinpᵀ = weightᵀ · doutᵀ.
-pub fn backward_input(n: usize, c: usize, oc: usize) -> Result<SgemmCall> {
+pub fn backward_input(n: usize, c: usize, oc: usize) -> Result<GemmCall> {
     let (n, c, oc) = check_sizes(n, c, oc)?;
-    Ok(SgemmCall {
+    Ok(GemmCall {
         trans_a: false,
         trans_b: false,
         m: c,
@@ -105,9 +125,9 @@ pub fn backward_input(n: usize, c: usize, oc: usize) -> Result<SgemmCall> {
 }
 
 /// dweight (OC,C) += dout (N,OC)ᵀ · inp (N,C), i.e. dweightᵀ = inpᵀ · dout.
-pub fn backward_weight(n: usize, c: usize, oc: usize) -> Result<SgemmCall> {
+pub fn backward_weight(n: usize, c: usize, oc: usize) -> Result<GemmCall> {
     let (n, c, oc) = check_sizes(n, c, oc)?;
-    Ok(SgemmCall {
+    Ok(GemmCall {
         trans_a: false,
         trans_b: true,
         m: c,
@@ -127,8 +147,8 @@ mod tests {
     use super::*;
     use crate::kernels::{fd, matmul};
 
-    /// The BLAS definition of sgemm, column-major, element by element, in f64.
-    fn naive_sgemm(call: &SgemmCall, a: &[f32], b: &[f32], c: &mut [f32]) {
+    /// The BLAS definition of gemm, column-major, element by element, in f64.
+    fn naive_gemm(call: &GemmCall, a: &[f32], b: &[f32], c: &mut [f32]) {
         let (m, n, k) = (call.m as usize, call.n as usize, call.k as usize);
         let (lda, ldb, ldc) = (call.lda as usize, call.ldb as usize, call.ldc as usize);
         let at = |i: usize, p: usize| {
@@ -185,7 +205,7 @@ mod tests {
         matmul::matmul_forward(&mut want, &inp, &w, None, n, c, oc);
         let call = forward(n, c, oc, false).unwrap();
         let mut got = vec![9.0; n * oc]; // beta = 0 must ignore this
-        naive_sgemm(
+        naive_gemm(
             &call,
             pick(call.a, &inp, &w, &dout),
             pick(call.b, &inp, &w, &dout),
@@ -200,7 +220,7 @@ mod tests {
             (backward_input(n, c, oc).unwrap(), &mut dx),
             (backward_weight(n, c, oc).unwrap(), &mut dw),
         ] {
-            naive_sgemm(
+            naive_gemm(
                 &call,
                 pick(call.a, &inp, &w, &dout),
                 pick(call.b, &inp, &w, &dout),

@@ -12,11 +12,10 @@ use crate::{GptError, Result};
 
 /// Threads per block of the one-thread-per-element kernels.
 pub const ELEMENTWISE_BLOCK: u32 = 256;
-/// Threads per block of the one-thread-per-softmax-row attention kernels: fewer than
-/// elementwise, since each thread holds a 16-float accumulator and walks a whole row.
-pub const ATTENTION_BLOCK: u32 = 128;
 /// Rows per block of the warp-per-row LayerNorm kernels (block = 32 * 8 = 256).
 pub const LAYERNORM_ROWS_PER_BLOCK: u32 = 8;
+/// Rows per block of the warp-per-row attention softmax kernels (block = 32 * 8 = 256).
+pub const SOFTMAX_ROWS_PER_BLOCK: u32 = 8;
 /// Rows per block of the warp-per-row cross-entropy forward (block = 32 * 4 = 128).
 pub const CROSSENTROPY_ROWS_PER_BLOCK: u32 = 4;
 /// CUDA's limit on `gridDim.x`.
@@ -106,20 +105,15 @@ pub fn crossentropy_forward(n: usize) -> Result<Geometry> {
     warp_per_row("crossentropy_forward", n, CROSSENTROPY_ROWS_PER_BLOCK)
 }
 
-/// `attention_forward` (B*T*NH rows) and `attention_backward_scores` (B*NH*T rows): one
-/// thread per softmax row.
-pub fn attention_rows(kernel: &'static str, b: usize, t: usize, nh: usize) -> Result<Geometry> {
-    let rows = checked_product(kernel, "softmax rows", &[b, t, nh])?;
-    blocks(kernel, rows, ATTENTION_BLOCK, ATTENTION_BLOCK)
-}
-
-/// Elements of the (B,NH,T,T) score-gradient scratch of the attention backward.
-pub fn attention_scratch_len(b: usize, t: usize, nh: usize) -> Result<usize> {
-    checked_product(
-        "attention_backward_scores",
-        "scratch elements",
-        &[b, nh, t, t],
-    )
+/// `attention_softmax_forward` / `attention_softmax_backward`: one warp per (b, h, t) row.
+pub fn attention_softmax_rows(
+    kernel: &'static str,
+    b: usize,
+    nh: usize,
+    t: usize,
+) -> Result<Geometry> {
+    let rows = checked_product(kernel, "softmax rows", &[b, nh, t])?;
+    warp_per_row(kernel, rows, SOFTMAX_ROWS_PER_BLOCK)
 }
 
 #[cfg(test)]
@@ -151,11 +145,12 @@ mod tests {
     }
 
     #[test]
-    fn attention_launches_one_thread_per_softmax_row() {
-        let g = attention_rows("attention_forward", 4, 1024, 12).unwrap();
-        assert_eq!(g.block, 128);
-        assert_eq!(g.grid, 4 * 1024 * 12 / 128);
-        assert_eq!(attention_scratch_len(2, 3, 5).unwrap(), 2 * 5 * 3 * 3);
+    fn attention_softmax_launches_one_warp_per_row() {
+        let g = attention_softmax_rows("attention_softmax_forward", 4, 12, 1024).unwrap();
+        assert_eq!(g.block, 256);
+        assert_eq!(g.grid, 4 * 12 * 1024 / 8);
+        let g = attention_softmax_rows("attention_softmax_backward", 1, 1, 9).unwrap();
+        assert_eq!(g.grid, 2);
     }
 
     #[test]
@@ -179,6 +174,6 @@ mod tests {
             as_u32("k", "c", 1 << 32),
             Err(GptError::LaunchTooLarge { value, .. }) if value == 1 << 32
         ));
-        assert!(attention_scratch_len(usize::MAX / 2, 2, 2).is_err());
+        assert!(attention_softmax_rows("k", usize::MAX / 2, 2, 2).is_err());
     }
 }

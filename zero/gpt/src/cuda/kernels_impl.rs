@@ -195,7 +195,7 @@ impl Backend for CudaBackend {
             return; // cuBLAS rejects empty products; the CPU leaves out as the bias made it
         }
         let call = gemm::forward(n, c, oc, bias.is_some());
-        self.sgemm(call, inp.addr(), weight.addr(), 0, out.addr());
+        self.gemm(call, inp.addr(), weight.addr(), 0, out.addr());
     }
 
     fn matmul_backward(
@@ -228,7 +228,7 @@ impl Backend for CudaBackend {
         assert_eq!(weight.len(), oc * c);
         if n != 0 && c != 0 && oc != 0 {
             let call = gemm::backward_input(n, c, oc);
-            self.sgemm(call, 0, weight.addr(), dout.addr(), dinp.addr());
+            self.gemm(call, 0, weight.addr(), dout.addr(), dinp.addr());
         }
     }
 
@@ -247,7 +247,7 @@ impl Backend for CudaBackend {
         assert_eq!(inp.len(), n * c);
         if n != 0 && c != 0 && oc != 0 {
             let call = gemm::backward_weight(n, c, oc);
-            self.sgemm(call, inp.addr(), 0, dout.addr(), dweight.addr());
+            self.gemm(call, inp.addr(), 0, dout.addr(), dweight.addr());
         }
         if let Some(dbias) = dbias {
             assert_eq!(dbias.len(), oc);
@@ -271,13 +271,7 @@ impl Backend for CudaBackend {
         assert_eq!(out.len(), b * t * c);
         assert_eq!(att.len(), b * t * nh * t);
         assert_eq!(qkv.len(), b * t * 3 * c);
-        let k = "attention_forward";
-        let args = with_dims(
-            k,
-            vec![addr(out), addr(att), addr(qkv)],
-            &[("b", b), ("t", t), ("c", c), ("nh", nh)],
-        );
-        self.launch(k, geo::attention_rows(k, b, t, nh), args);
+        self.attention_forward_gemm(out, att, qkv, (b, t, c, nh));
     }
 
     fn attention_backward(
@@ -296,22 +290,7 @@ impl Backend for CudaBackend {
         assert_eq!(dout.len(), b * t * c);
         assert_eq!(att.len(), b * t * nh * t);
         assert_eq!(qkv.len(), b * t * 3 * c);
-        let dims = [("b", b), ("t", t), ("c", c), ("nh", nh)];
-        let scratch = geo::attention_scratch_len(b, t, nh).and_then(|len| self.scratch(len));
-        let scratch = match scratch {
-            Ok(s) => Arg::U64(s),
-            Err(e) => return self.record(Err(e)),
-        };
-        let k = "attention_backward_scores";
-        let args = with_dims(k, vec![scratch, addr(dout), addr(qkv), addr(att)], &dims);
-        self.launch(k, geo::attention_rows(k, b, nh, t), args);
-        let k = "attention_backward_qkv";
-        let args = with_dims(
-            k,
-            vec![addr(dqkv), scratch, addr(dout), addr(qkv), addr(att)],
-            &dims,
-        );
-        self.launch(k, geo::per_element_of(k, &[b, t, c]), args);
+        self.attention_backward_gemm(dqkv, dout, qkv, att, (b, t, c, nh));
     }
 
     fn gelu_forward(&self, out: &mut DeviceSlice, inp: &DeviceSlice) {

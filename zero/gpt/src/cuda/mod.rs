@@ -1,19 +1,25 @@
 //! The CUDA side of the GPT-2 kernels: CUDA C sources compiled at run time by NVRTC, their
-//! launch geometry, the cuBLAS mapping of the matrix products and, with the `cuda` feature,
+//! launch geometry, the cuBLAS mapping of the matrix products and of attention and, with the `cuda` feature,
 //! [`CudaBackend`].
 //!
 //! What needs no GPU is always compiled and unit-tested: the sources and their kernel lists
-//! ([`sources`]), launch geometry ([`geometry`]) and the sgemm mapping ([`gemm`]). With the
+//! ([`sources`]), launch geometry ([`geometry`]), the gemm mapping and math modes ([`gemm`])
+//! and attention's batched products and scratch layout ([`attention_gemm`]). With the
 //! `cuda` feature, cudarc loads the driver, cuBLAS and NVRTC at run time; a missing library
 //! is a [`crate::GptError::CudaUnavailable`] naming it, never a panic. docs/gpu.md lists
 //! every kernel with its geometry and its numerical contract against the CPU kernel.
 
+pub mod attention_gemm;
 pub mod gemm;
 pub mod geometry;
 pub mod sources;
 
 #[cfg(feature = "cuda")]
+mod attention;
+#[cfg(feature = "cuda")]
 mod backend;
+#[cfg(feature = "cuda")]
+mod blas;
 #[cfg(feature = "cuda")]
 pub mod device;
 #[cfg(feature = "cuda")]
@@ -29,6 +35,7 @@ pub mod registry;
 pub use backend::CudaBackend;
 #[cfg(feature = "cuda")]
 pub use device::{DeviceIds, DeviceSlice};
+pub use gemm::GemmMath;
 #[cfg(feature = "cuda")]
 pub use memory::DeviceBuffer;
 

@@ -55,9 +55,10 @@ pub const SOURCES: &[KernelSource] = &[
         name: "attention.cu",
         text: include_str!("kernels/attention.cu"),
         functions: &[
-            "attention_forward",
-            "attention_backward_scores",
-            "attention_backward_qkv",
+            "attention_split_heads",
+            "attention_merge_heads",
+            "attention_softmax_forward",
+            "attention_softmax_backward",
         ],
     },
     KernelSource {

@@ -1,110 +1,109 @@
-// Causal multi-head self-attention (CPU reference: kernels/attention.rs).
+// Causal multi-head self-attention around cuBLAS batched products (CPU reference:
+// kernels/attention.rs; the products and the scratch layout: cuda/attention_gemm.rs).
 // Legend: B batch, T sequence, C channels, NH heads, hs = C/NH.
-// qkv (B,T,3C): q, k, v thirds per position, head h at columns h*hs..(h+1)*hs of each third.
-// att (B,T,NH,T): softmax weights, zero above the diagonal (the CPU layout).
+// qkv (B,T,3,NH,hs) = (B,T,3C); att (B,T,NH,T): softmax weights, zero above the diagonal.
+// The scratch holds (B,NH,T,hs) regions (q, k, v, y, dq, dk, dv) and the (B,NH,T,T) scores.
 //
-// These are the simple kernels: one thread per softmax row, every sum in the CPU's order, so
-// the results are the CPU's bits; they trade speed (no tiling, no tensor cores) for that.
+// Forward: split qkv into q, k, v; scores = q kᵀ (cuBLAS); attention_softmax_forward;
+// y = scores v (cuBLAS); merge y into out.
+// Backward: split qkv, dout (into y) and att (into scores); dv = scoresᵀ dy; scores = dy vᵀ;
+// attention_softmax_backward; dq = scores k; dk = scoresᵀ q (cuBLAS); merge dq, dk, dv into
+// dqkv, adding.
 
-// out (B,T,C), att (B,T,NH,T) from qkv (B,T,3C).
-// Geometry: one thread per (b, t, h) row, block 128, grid ceil(B*T*NH / 128).
-// Contract: zr_dot16 and zr_exp repeat math::dot and math::exp, sums run left to right as on
-// the CPU: bitwise.
-extern "C" __global__ void attention_forward(float* out, float* att, const float* qkv, u32 b,
-                                             u32 t, u32 c, u32 nh) {
+// dst (W,B,NH,T,hs) from src (B,T,W,NH,hs): W = 3 splits qkv into q, k, v; W = 1 splits
+// dout (hs = C/NH) or att (hs = T) into per-(b, h) matrices.
+// Geometry: one thread per element of src, block 256, grid ceil(B*T*W*NH*hs / 256).
+// Contract: a copy (bitwise).
+extern "C" __global__ void attention_split_heads(float* dst, const float* src, u32 b, u32 t,
+                                                 u32 w, u32 nh, u32 hs) {
     u64 idx = (u64)blockIdx.x * blockDim.x + threadIdx.x;
-    if (idx >= (u64)b * t * nh) return;
-    u32 h = idx % nh;
-    u64 row = idx / nh; // b*T + t
+    if (idx >= (u64)b * t * w * nh * hs) return;
+    u32 j = idx % hs;
+    u64 r = idx / hs;
+    u32 h = r % nh;
+    r /= nh;
+    u32 wi = r % w;
+    r /= w;
+    u32 ti = r % t;
+    u64 bi = r / t;
+    dst[((((u64)wi * b + bi) * nh + h) * t + ti) * hs + j] = src[idx];
+}
+
+// dst (B,T,W,NH,hs) = src (W,B,NH,T,hs), or += when `accumulate` is non-zero: the inverse
+// of attention_split_heads (y into out with W = 1; dq, dk, dv into dqkv with W = 3).
+// Geometry: one thread per element of dst, block 256, grid ceil(B*T*W*NH*hs / 256).
+// Contract: a copy, or one f32 addition per element (bitwise given src).
+extern "C" __global__ void attention_merge_heads(float* dst, const float* src, u32 b, u32 t,
+                                                 u32 w, u32 nh, u32 hs, u32 accumulate) {
+    u64 idx = (u64)blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx >= (u64)b * t * w * nh * hs) return;
+    u32 j = idx % hs;
+    u64 r = idx / hs;
+    u32 h = r % nh;
+    r /= nh;
+    u32 wi = r % w;
+    r /= w;
+    u32 ti = r % t;
+    u64 bi = r / t;
+    float v = src[((((u64)wi * b + bi) * nh + h) * t + ti) * hs + j];
+    dst[idx] = accumulate ? dst[idx] + v : v;
+}
+
+// scores (B,NH,T,T) holds q·k for every (b, h, ti, t2); each row ti becomes its softmax over
+// t2 <= ti of q·k * scale (scale = 1/sqrt(hs), as the CPU), zero for t2 > ti, written both
+// to scores (for y = scores v) and to att in its (B,T,NH,T) layout.
+// Geometry: one warp per (b, h, ti) row, 8 rows per 256-thread block, grid
+// ceil(B*NH*T / 8); lane l handles t2 = l, l + 32, ...
+// Contract: zr_exp as the CPU's math::exp, max and sum by warp shuffles (another order than
+// the CPU's left-to-right sum): att within 1e-6 absolute of the CPU for the q·k given.
+extern "C" __global__ void attention_softmax_forward(float* att, float* scores, u32 b, u32 t,
+                                                     u32 nh, u32 hs) {
+    u32 lane = threadIdx.x % 32;
+    u64 row = (u64)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+    if (row >= (u64)b * nh * t) return; // whole warps leave together
     u32 ti = row % t;
-    u64 bi = row / t;
-    u32 hs = c / nh;
+    u64 pair = row / t; // b*NH + h
+    u32 h = pair % nh;
+    u64 bi = pair / nh;
     float scale = 1.0f / sqrtf((float)hs);
-    const float* seq = qkv + bi * t * 3 * c;
-    const float* q = seq + (u64)ti * 3 * c + h * hs;
-    float* a = att + (row * nh + h) * t;
+    float* s = scores + row * t;
+    float* a = att + ((bi * t + ti) * nh + h) * t;
     float max = ZR_NEG_INF;
-    for (u32 t2 = 0; t2 <= ti; t2++) {
-        const float* k = seq + (u64)t2 * 3 * c + c + h * hs;
-        float s = zr_dot16(q, 1, k, 1, hs) * scale;
-        max = fmaxf(max, s);
-        a[t2] = s;
-    }
+    for (u32 t2 = lane; t2 <= ti; t2 += 32) max = fmaxf(max, s[t2] * scale);
+    max = zr_warp_max(max);
     float sum = 0.0f;
-    for (u32 t2 = 0; t2 <= ti; t2++) {
-        a[t2] = zr_exp(a[t2] - max);
-        sum += a[t2];
+    for (u32 t2 = lane; t2 <= ti; t2 += 32) {
+        float e = zr_exp(s[t2] * scale - max);
+        s[t2] = e;
+        sum += e;
     }
-    float inv = 1.0f / sum;
-    for (u32 t2 = 0; t2 <= ti; t2++) a[t2] *= inv;
-    for (u32 t2 = ti + 1; t2 < t; t2++) a[t2] = 0.0f;
-    float* o = out + row * c + h * hs;
-    for (u32 j = 0; j < hs; j++) {
-        float acc = 0.0f;
-        for (u32 t2 = 0; t2 <= ti; t2++) acc += a[t2] * seq[(u64)t2 * 3 * c + 2 * c + h * hs + j];
-        o[j] = acc;
+    float inv = 1.0f / zr_warp_sum(sum);
+    for (u32 t2 = lane; t2 < t; t2 += 32) {
+        float p = t2 <= ti ? s[t2] * inv : 0.0f;
+        s[t2] = p;
+        a[t2] = p;
     }
 }
 
-// dscore (B,NH,T,T) = d(pre-softmax score) * scale for every (b, h, ti) row, zero above the
-// diagonal; the first half of the backward pass.
-// Geometry: one thread per (b, h, ti), block 128, grid ceil(B*NH*T / 128). The row's
-// d(att) is built in dscore itself before the softmax backward overwrites it.
-// Contract: d(att)[t2] = zr_dot16(dout, v[t2]), the dot with the row's weights and
-// w * (d - dot) * scale as the CPU computes them: bitwise.
-extern "C" __global__ void attention_backward_scores(float* dscore, const float* dout,
-                                                     const float* qkv, const float* att,
-                                                     u32 b, u32 t, u32 c, u32 nh) {
-    u64 idx = (u64)blockIdx.x * blockDim.x + threadIdx.x;
-    if (idx >= (u64)b * nh * t) return;
-    u32 ti = idx % t;
-    u32 h = (idx / t) % nh;
-    u64 bi = idx / ((u64)t * nh);
-    u32 hs = c / nh;
-    float scale = 1.0f / sqrtf((float)hs);
-    const float* seq = qkv + bi * t * 3 * c;
-    const float* d = dout + (bi * t + ti) * c + h * hs;
-    const float* a = att + ((bi * t + ti) * nh + h) * t;
-    float* ds = dscore + idx * t;
-    for (u32 t2 = 0; t2 <= ti; t2++) {
-        const float* v = seq + (u64)t2 * 3 * c + 2 * c + h * hs;
-        ds[t2] = zr_dot16(d, 1, v, 1, hs);
-    }
-    float dot = zr_dot16(a, 1, ds, 1, ti + 1);
-    for (u32 t2 = 0; t2 <= ti; t2++) ds[t2] = a[t2] * (ds[t2] - dot) * scale;
-    for (u32 t2 = ti + 1; t2 < t; t2++) ds[t2] = 0.0f;
-}
-
-// dqkv (B,T,3C) += d(q), d(k), d(v) from dscore; the second half of the backward pass.
-// Geometry: one thread per (b, t, h, j) with j < hs, i.e. per element of a (B,T,C) array,
-// block 256, grid ceil(B*T*C / 256).
-// Contract: d(q)[t] = Σ_{t2<=t} ds[t][t2] k[t2] with t2 increasing; d(k)[t] =
-// Σ_{ti>=t} ds[ti][t] q[ti] and d(v)[t] = Σ_{ti>=t} att[ti][t] dout[ti] with ti increasing,
-// each from 0 and then added to dqkv once: the CPU's per-element order, bitwise.
-extern "C" __global__ void attention_backward_qkv(float* dqkv, const float* dscore,
-                                                  const float* dout, const float* qkv,
-                                                  const float* att, u32 b, u32 t, u32 c,
-                                                  u32 nh) {
-    u64 idx = (u64)blockIdx.x * blockDim.x + threadIdx.x;
-    if (idx >= (u64)b * t * c) return;
-    u32 col = idx % c; // h*hs + j
-    u64 row = idx / c; // b*T + t
+// scores (B,NH,T,T) holds d(att) = dy·v for every (b, h, ti, t2); each row becomes the
+// gradient of q·k: att (d(att) - Σ_{t2<=ti} att d(att)) * scale for t2 <= ti, zero above,
+// with att read in its (B,T,NH,T) layout.
+// Geometry: as attention_softmax_forward.
+// Contract: the CPU's formula, its sum by warp shuffles: 1e-6 absolute for the d(att) given.
+extern "C" __global__ void attention_softmax_backward(float* scores, const float* att, u32 b,
+                                                      u32 t, u32 nh, u32 hs) {
+    u32 lane = threadIdx.x % 32;
+    u64 row = (u64)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+    if (row >= (u64)b * nh * t) return;
     u32 ti = row % t;
-    u64 bi = row / t;
-    u32 hs = c / nh;
-    u32 h = col / hs;
-    const float* seq = qkv + bi * t * 3 * c;
-    const float* ds = dscore + (bi * nh + h) * t * t; // (T,T) of this (b, h)
-    float dq = 0.0f, dk = 0.0f, dv = 0.0f;
-    for (u32 t2 = 0; t2 <= ti; t2++) dq += ds[(u64)ti * t + t2] * seq[(u64)t2 * 3 * c + c + col];
-    for (u32 t1 = ti; t1 < t; t1++) {
-        float g = ds[(u64)t1 * t + ti];
-        dk += g * seq[(u64)t1 * 3 * c + col];
-        float w = att[((bi * t + t1) * nh + h) * t + ti];
-        dv += w * dout[(bi * t + t1) * c + col];
-    }
-    float* dst = dqkv + row * 3 * c;
-    dst[col] += dq;
-    dst[c + col] += dk;
-    dst[2 * c + col] += dv;
+    u64 pair = row / t;
+    u32 h = pair % nh;
+    u64 bi = pair / nh;
+    float scale = 1.0f / sqrtf((float)hs);
+    float* d = scores + row * t;
+    const float* a = att + ((bi * t + ti) * nh + h) * t;
+    float dot = 0.0f;
+    for (u32 t2 = lane; t2 <= ti; t2 += 32) dot += a[t2] * d[t2];
+    dot = zr_warp_sum(dot);
+    for (u32 t2 = lane; t2 < t; t2 += 32) d[t2] = t2 <= ti ? a[t2] * (d[t2] - dot) * scale : 0.0f;
 }

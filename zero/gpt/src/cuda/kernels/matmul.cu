@@ -1,7 +1,7 @@
-// The parts of the fully connected layer around cuBLAS's sgemm (CPU reference:
+// The parts of the fully connected layer around cuBLAS's cublasGemmEx (CPU reference:
 // kernels/matmul.rs). Legend: N rows, OC output channels.
 
-// out (N,OC)[i, j] = bias[j]; sgemm then adds inp · weightᵀ with beta = 1, as the CPU
+// out (N,OC)[i, j] = bias[j]; the gemm then adds inp · weightᵀ with beta = 1, as the CPU
 // copies the bias before its gemm.
 // Geometry: one thread per element, block 256, grid ceil(N*OC / 256). Contract: a copy.
 extern "C" __global__ void bias_broadcast(float* out, const float* bias, u32 n, u32 oc) {

@@ -1,0 +1,148 @@
+//! Test-only references for `attention_gemm`'s tests: the BLAS definition of a strided-batched
+//! gemm, the head permutes and the masked softmax, written from their definitions and sharing
+//! no code with the CUDA backend.
+
+use super::{AttentionScratch, AttentionShape, BatchedCall};
+
+/// f32 rounded to the nearest bf16 (ties to even), for finite x: what a product in
+/// `GemmMath::Bf16` does to its inputs.
+pub(super) fn to_bf16(x: f32) -> f32 {
+    let bits = x.to_bits();
+    f32::from_bits((bits + 0x7fff + ((bits >> 16) & 1)) & 0xffff_0000)
+}
+
+/// cublasGemmStridedBatchedEx by its definition, element by element in f64, on regions of
+/// one scratch buffer, each input passed through `round` first. beta = 0 does not read C
+/// (it may hold NaN), as in BLAS.
+pub(super) fn naive_batched(
+    call: &BatchedCall,
+    layout: &AttentionScratch,
+    scratch: &mut [f32],
+    round: fn(f32) -> f32,
+) {
+    let (m, n, k) = (call.m as usize, call.n as usize, call.k as usize);
+    let (lda, ldb, ldc) = (call.lda as usize, call.ldb as usize, call.ldc as usize);
+    let a: Vec<f32> = scratch[layout.offset(call.a)..]
+        .iter()
+        .map(|&x| round(x))
+        .collect();
+    let b: Vec<f32> = scratch[layout.offset(call.b)..]
+        .iter()
+        .map(|&x| round(x))
+        .collect();
+    let c0 = layout.offset(call.c);
+    for i in 0..call.batch as usize {
+        let (a, b) = (
+            &a[i * call.stride_a as usize..],
+            &b[i * call.stride_b as usize..],
+        );
+        let c = &mut scratch[c0 + i * call.stride_c as usize..];
+        let at = |r: usize, p: usize| {
+            if call.trans_a {
+                a[r * lda + p]
+            } else {
+                a[p * lda + r]
+            }
+        };
+        let bt = |p: usize, col: usize| {
+            if call.trans_b {
+                b[p * ldb + col]
+            } else {
+                b[col * ldb + p]
+            }
+        };
+        for col in 0..n {
+            for r in 0..m {
+                let dot: f64 = (0..k)
+                    .map(|p| f64::from(at(r, p)) * f64::from(bt(p, col)))
+                    .sum();
+                let old = if call.beta == 0.0 {
+                    0.0
+                } else {
+                    f64::from(c[col * ldc + r])
+                };
+                c[col * ldc + r] =
+                    (f64::from(call.alpha) * dot + f64::from(call.beta) * old) as f32;
+            }
+        }
+    }
+}
+
+/// dst (W,B,NH,T,hs) from src (B,T,W,NH,hs).
+pub(super) fn split_heads(
+    dst: &mut [f32],
+    src: &[f32],
+    (b, t, w, nh, hs): (usize, usize, usize, usize, usize),
+) {
+    for bi in 0..b {
+        for ti in 0..t {
+            for wi in 0..w {
+                for h in 0..nh {
+                    for j in 0..hs {
+                        let s = (((bi * t + ti) * w + wi) * nh + h) * hs + j;
+                        dst[(((wi * b + bi) * nh + h) * t + ti) * hs + j] = src[s];
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// dst (B,T,W,NH,hs) += src (W,B,NH,T,hs), or = when not `add`.
+pub(super) fn merge_heads(
+    dst: &mut [f32],
+    src: &[f32],
+    (b, t, w, nh, hs): (usize, usize, usize, usize, usize),
+    add: bool,
+) {
+    for bi in 0..b {
+        for ti in 0..t {
+            for wi in 0..w {
+                for h in 0..nh {
+                    for j in 0..hs {
+                        let d = &mut dst[(((bi * t + ti) * w + wi) * nh + h) * hs + j];
+                        let s = src[(((wi * b + bi) * nh + h) * t + ti) * hs + j];
+                        *d = if add { *d + s } else { s };
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The softmax rows of the scores region (B,NH,T,T), scaled and masked, into both the
+/// region and att (B,T,NH,T).
+pub(super) fn softmax_forward(scores: &mut [f32], att: &mut [f32], s: AttentionShape) {
+    let (t, nh) = (s.t, s.nh);
+    let scale = 1.0 / (s.hs as f32).sqrt();
+    for (row, r) in scores.chunks_exact_mut(t).take(s.b * nh * t).enumerate() {
+        let (ti, bh) = (row % t, row / t);
+        let e: Vec<f32> = r[..=ti].iter().map(|&x| x * scale).collect();
+        let max = e.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        let e: Vec<f32> = e.iter().map(|&x| (x - max).exp()).collect();
+        let sum: f32 = e.iter().sum();
+        for (t2, r) in r.iter_mut().enumerate() {
+            *r = if t2 <= ti { e[t2] / sum } else { 0.0 };
+        }
+        let a0 = ((bh / nh * t + ti) * nh + bh % nh) * t;
+        att[a0..a0 + t].copy_from_slice(r);
+    }
+}
+
+/// d(att) in the scores region -> d(dot) = att (d(att) - Σ att d(att)) scale, masked.
+pub(super) fn softmax_backward(scores: &mut [f32], att: &[f32], s: AttentionShape) {
+    let (t, nh) = (s.t, s.nh);
+    let scale = 1.0 / (s.hs as f32).sqrt();
+    for (row, d) in scores.chunks_exact_mut(t).take(s.b * nh * t).enumerate() {
+        let (ti, bh) = (row % t, row / t);
+        let a = &att[((bh / nh * t + ti) * nh + bh % nh) * t..][..t];
+        let dot: f32 = (0..=ti).map(|t2| a[t2] * d[t2]).sum();
+        for t2 in 0..t {
+            d[t2] = if t2 <= ti {
+                a[t2] * (d[t2] - dot) * scale
+            } else {
+                0.0
+            };
+        }
+    }
+}

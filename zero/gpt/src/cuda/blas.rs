@@ -1,0 +1,120 @@
+//! The backend's cuBLAS calls: `cublasGemmEx` for the layers' products
+//! ([`super::gemm`]) and `cublasGemmStridedBatchedEx` for attention's
+//! ([`super::attention_gemm`]), fp32 in memory, in the backend's [`GemmMath`] mode.
+
+use std::ffi::c_void;
+
+use cudarc::cublas;
+use cudarc::cublas::sys::{cublasComputeType_t, cublasGemmAlgo_t, cublasOperation_t, cudaDataType};
+
+use super::attention_gemm::{AttentionScratch, BatchedCall, Region};
+use super::backend::CudaBackend;
+use super::gemm::{GemmCall, GemmMath, Operand};
+use crate::{GptError, Result};
+
+impl CudaBackend {
+    /// Enqueues `call` (C = op(A) op(B) + beta C, fp32 in memory) in the backend's math mode.
+    pub(super) fn gemm(&self, call: Result<GemmCall>, inp: u64, weight: u64, dout: u64, dst: u64) {
+        let result = call.and_then(|call| {
+            let pick = |op: Operand| match op {
+                Operand::Inp => inp,
+                Operand::Weight => weight,
+                Operand::Dout => dout,
+            };
+            let (alpha, beta) = (1.0f32, if call.beta_one { 1.0f32 } else { 0.0 });
+            // SAFETY: the gemm module maps (N,C,OC) to a column-major call that reads exactly
+            // the row-major inp (N,C), weight (OC,C), dout (N,OC) and writes dst, whose
+            // lengths the caller asserted; all are f32 (CUDA_R_32F); alpha and beta are host
+            // f32 (the handle's default pointer mode); the handle is bound to self.stream.
+            unsafe {
+                cublas::result::gemm_ex(
+                    *self.blas.handle(),
+                    op(call.trans_a),
+                    op(call.trans_b),
+                    call.m,
+                    call.n,
+                    call.k,
+                    (&raw const alpha).cast(),
+                    pick(call.a) as usize as *const c_void,
+                    F32,
+                    call.lda,
+                    pick(call.b) as usize as *const c_void,
+                    F32,
+                    call.ldb,
+                    (&raw const beta).cast(),
+                    dst as usize as *mut c_void,
+                    F32,
+                    call.ldc,
+                    compute_type(self.math),
+                    cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
+                )
+            }
+            .map_err(blas_err("cublasGemmEx"))
+        });
+        self.record(result);
+    }
+
+    /// Enqueues one of attention's batched products on the regions of the attention scratch
+    /// at `base`, laid out by `layout`, in the backend's math mode.
+    pub(super) fn gemm_batched(&self, call: &BatchedCall, layout: &AttentionScratch, base: u64) {
+        let at = |r: Region| base + 4 * layout.offset(r) as u64;
+        // SAFETY: attention_gemm maps the checked shape to products that stay inside the
+        // regions of a scratch of layout.len f32, which the caller allocated at base; all
+        // are f32; alpha and beta are host f32; the handle is bound to self.stream.
+        let result = unsafe {
+            cublas::result::gemm_strided_batched_ex(
+                *self.blas.handle(),
+                op(call.trans_a),
+                op(call.trans_b),
+                call.m,
+                call.n,
+                call.k,
+                (&raw const call.alpha).cast(),
+                at(call.a) as usize as *const c_void,
+                F32,
+                call.lda,
+                call.stride_a,
+                at(call.b) as usize as *const c_void,
+                F32,
+                call.ldb,
+                call.stride_b,
+                (&raw const call.beta).cast(),
+                at(call.c) as usize as *mut c_void,
+                F32,
+                call.ldc,
+                call.stride_c,
+                call.batch,
+                compute_type(self.math),
+                cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
+            )
+        }
+        .map_err(blas_err("cublasGemmStridedBatchedEx"));
+        self.record(result);
+    }
+}
+
+const F32: cudaDataType = cudaDataType::CUDA_R_32F;
+
+fn op(transpose: bool) -> cublasOperation_t {
+    if transpose {
+        cublasOperation_t::CUBLAS_OP_T
+    } else {
+        cublasOperation_t::CUBLAS_OP_N
+    }
+}
+
+fn compute_type(math: GemmMath) -> cublasComputeType_t {
+    match math {
+        GemmMath::Exact => cublasComputeType_t::CUBLAS_COMPUTE_32F,
+        GemmMath::Tf32 => cublasComputeType_t::CUBLAS_COMPUTE_32F_FAST_TF32,
+        GemmMath::Bf16 => cublasComputeType_t::CUBLAS_COMPUTE_32F_FAST_16BF,
+        GemmMath::F16 => cublasComputeType_t::CUBLAS_COMPUTE_32F_FAST_16F,
+    }
+}
+
+fn blas_err(op: &'static str) -> impl Fn(cublas::result::CublasError) -> GptError {
+    move |e| GptError::Cuda {
+        op,
+        message: format!("{e:?}"),
+    }
+}
