@@ -62,7 +62,8 @@ impl Listener {
     /// # Errors
     /// [`CommError::Rendezvous`] when the address does not resolve or cannot be bound.
     pub fn bind(addr: &str) -> Result<Listener> {
-        let listener = TcpListener::bind(addr).map_err(|e| err(addr, format!("cannot bind: {e}")))?;
+        let listener =
+            TcpListener::bind(addr).map_err(|e| err(addr, format!("cannot bind: {e}")))?;
         Ok(Listener { listener })
     }
 
@@ -105,7 +106,9 @@ impl Listener {
                             return Err(fail(format!("{peer} joined as rank {rank} of {their_size}, but the group has {size} ranks")));
                         }
                         if joined.insert(rank, stream).is_some() {
-                            return Err(fail(format!("rank {rank} joined twice (last from {peer})")));
+                            return Err(fail(format!(
+                                "rank {rank} joined twice (last from {peer})"
+                            )));
                         }
                     }
                     Ok(None) => strays += 1,
@@ -174,11 +177,18 @@ pub fn join(addr: &str, rank: usize, size: usize, config: Config) -> Result<crat
     Ok(crate::Communicator::new(Box::new(comm), config))
 }
 
-pub(crate) fn join_backend(addr: &str, rank: usize, size: usize, config: Config) -> Result<TcpComm> {
+pub(crate) fn join_backend(
+    addr: &str,
+    rank: usize,
+    size: usize,
+    config: Config,
+) -> Result<TcpComm> {
     let wire_size = check_size(size)?;
     if rank == 0 || rank >= size {
         return Err(CommError::InvalidArgument {
-            what: format!("tcp::join as rank {rank} of {size}: rank 0 uses Listener, others are 1..{size}"),
+            what: format!(
+                "tcp::join as rank {rank} of {size}: rank 0 uses Listener, others are 1..{size}"
+            ),
         });
     }
     let deadline = Instant::now() + config.timeout;
@@ -188,7 +198,8 @@ pub(crate) fn join_backend(addr: &str, rank: usize, size: usize, config: Config)
     hello.extend_from_slice(&(rank as u32).to_le_bytes());
     hello.extend_from_slice(&wire_size.to_le_bytes());
     let fail = |what: String| err(addr, what);
-    wire::write_full(&mut stream, &hello, deadline).map_err(|f| fail(format!("hello: {}", io_text(&f))))?;
+    wire::write_full(&mut stream, &hello, deadline)
+        .map_err(|f| fail(format!("hello: {}", io_text(&f))))?;
     let mut welcome = [0u8; 10];
     wire::read_full(&mut stream, &mut welcome, deadline)
         .map_err(|f| fail(format!("waiting for the group to form: {}", io_text(&f))))?;
@@ -213,7 +224,10 @@ fn connect(addr: &str, deadline: Instant) -> Result<TcpStream> {
         for target in &targets {
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
-                return Err(err(addr, format!("nobody accepted before the timeout; last error: {last}")));
+                return Err(err(
+                    addr,
+                    format!("nobody accepted before the timeout; last error: {last}"),
+                ));
             }
             match TcpStream::connect_timeout(target, left) {
                 Ok(s) => return Ok(s),
@@ -222,7 +236,10 @@ fn connect(addr: &str, deadline: Instant) -> Result<TcpStream> {
         }
         let left = deadline.saturating_duration_since(Instant::now());
         if left.is_zero() {
-            return Err(err(addr, format!("nobody accepted before the timeout; last error: {last}")));
+            return Err(err(
+                addr,
+                format!("nobody accepted before the timeout; last error: {last}"),
+            ));
         }
         std::thread::sleep(RETRY_PAUSE.min(left));
     }

@@ -147,7 +147,8 @@ impl TcpComm {
         let mut clones = Vec::with_capacity(links.len());
         for link in &links {
             // Frames are small and answered at once: send them without Nagle's delay.
-            link.set_nodelay(true).map_err(|e| setup("TCP_NODELAY", e))?;
+            link.set_nodelay(true)
+                .map_err(|e| setup("TCP_NODELAY", e))?;
             clones.push(link.try_clone().map_err(|e| setup("cloning a socket", e))?);
         }
         Ok(TcpComm {

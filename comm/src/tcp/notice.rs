@@ -48,7 +48,9 @@ impl Notice {
             Notice::Cause(c) => match c {
                 BreakCause::Left { rank } => (2, *rank, Vec::new()),
                 BreakCause::TimedOut { rank, seq } => (3, *rank, seq.to_le_bytes().to_vec()),
-                BreakCause::Failed { rank, what } => (4, *rank, truncated(what).as_bytes().to_vec()),
+                BreakCause::Failed { rank, what } => {
+                    (4, *rank, truncated(what).as_bytes().to_vec())
+                }
                 BreakCause::Panicked { rank } => (5, *rank, Vec::new()),
                 BreakCause::Mismatch { seq } => (6, 0, seq.to_le_bytes().to_vec()),
             },
@@ -111,7 +113,10 @@ mod tests {
             Notice::Mismatch { peer: 2, desc },
             Notice::Cause(BreakCause::Left { rank: 1 }),
             Notice::Cause(BreakCause::TimedOut { rank: 0, seq: 9 }),
-            Notice::Cause(BreakCause::Failed { rank: 3, what: "bad frame".into() }),
+            Notice::Cause(BreakCause::Failed {
+                rank: 3,
+                what: "bad frame".into(),
+            }),
             Notice::Cause(BreakCause::Panicked { rank: 4 }),
             Notice::Cause(BreakCause::Mismatch { seq: 5 }),
         ] {

@@ -40,7 +40,10 @@ fn words(v: &mut Vec<u64>, bytes: usize) -> &mut [u8] {
 
 fn too_big(desc: &OpDesc) -> CommError {
     CommError::InvalidArgument {
-        what: format!("tcp: {} of {} elements: sizes overflow", desc.kind, desc.count),
+        what: format!(
+            "tcp: {} of {} elements: sizes overflow",
+            desc.kind, desc.count
+        ),
     }
 }
 
@@ -81,7 +84,12 @@ pub(crate) fn bytes_mut<'a>(b: &'a mut BufMut<'_>) -> &'a mut [u8] {
     }
 }
 
-fn reduce_typed<T: Element + Pod>(inputs: &[u8], out: &mut [u8], ranks: usize, op: ReduceOp) -> Option<()> {
+fn reduce_typed<T: Element + Pod>(
+    inputs: &[u8],
+    out: &mut [u8],
+    ranks: usize,
+    op: ReduceOp,
+) -> Option<()> {
     let out: &mut [T] = bytemuck::try_cast_slice_mut(out).ok()?;
     let all: &[T] = bytemuck::try_cast_slice(inputs).ok()?;
     if out.is_empty() {
@@ -92,7 +100,13 @@ fn reduce_typed<T: Element + Pod>(inputs: &[u8], out: &mut [u8], ranks: usize, o
 }
 
 /// Reduces the `ranks` consecutive equal arrays of `inputs` into `out`, in rank order.
-fn reduce_bytes(dtype: DType, inputs: &[u8], out: &mut [u8], ranks: usize, op: ReduceOp) -> Result<()> {
+fn reduce_bytes(
+    dtype: DType,
+    inputs: &[u8],
+    out: &mut [u8],
+    ranks: usize,
+    op: ReduceOp,
+) -> Result<()> {
     let done = match dtype {
         DType::F32 => reduce_typed::<f32>(inputs, out, ranks, op),
         DType::Bf16 => reduce_typed::<half::bf16>(inputs, out, ranks, op),
@@ -113,13 +127,20 @@ pub(crate) struct Call<'a, 'b> {
 impl Call<'_, '_> {
     /// This rank's input: `send`, or in place the part of `recv` the call reads.
     fn input(&mut self, net: &Net) -> Result<&[u8]> {
-        let (at, rule) = contribution(self.desc, net.size, net.rank).ok_or_else(|| too_big(self.desc))?;
-        let LenRule::Exact(len) = rule else { return Ok(&[]) };
+        let (at, rule) =
+            contribution(self.desc, net.size, net.rank).ok_or_else(|| too_big(self.desc))?;
+        let LenRule::Exact(len) = rule else {
+            return Ok(&[]);
+        };
         if let Some(s) = &self.send {
             return Ok(&bytes_ref(s)[..len.min(bytes_ref(s).len())]);
         }
         // In place, all-gather reads chunk r; the others read the buffer from its start.
-        let at = if self.desc.kind == OpKind::AllGather { at } else { 0 };
+        let at = if self.desc.kind == OpKind::AllGather {
+            at
+        } else {
+            0
+        };
         let recv: &[u8] = bytes_mut(&mut self.recv);
         recv.get(at..at + len).ok_or_else(|| too_big(self.desc))
     }

@@ -83,8 +83,12 @@ fn agree(comm: &mut TcpComm, desc: &OpDesc, color: u32, key: u32) -> Result<Plac
     }
     let mut all = vec![0u8; net.size * 8];
     all[..8].copy_from_slice(&mine);
-    net.gather(desc, round, &mut all, &|_, j| Some((j.checked_mul(8)?, LenRule::Exact(8))))?;
-    let pairs: Vec<(u32, u32)> = (0..net.size).map(|j| (u32_at(&all, j * 8), u32_at(&all, j * 8 + 4))).collect();
+    net.gather(desc, round, &mut all, &|_, j| {
+        Some((j.checked_mul(8)?, LenRule::Exact(8)))
+    })?;
+    let pairs: Vec<(u32, u32)> = (0..net.size)
+        .map(|j| (u32_at(&all, j * 8), u32_at(&all, j * 8 + 4)))
+        .collect();
     let assignment = assign(&pairs);
     let answers: Vec<[u8; 12]> = assignment.iter().copied().map(encode_assignment).collect();
     net.reply(desc, &|j| &answers[j])?;
@@ -98,7 +102,12 @@ fn agree(comm: &mut TcpComm, desc: &OpDesc, color: u32, key: u32) -> Result<Plac
 }
 
 /// Round 2: the leader's address for a non-leader, `None` for a leader.
-fn exchange_addr(comm: &mut TcpComm, desc: &OpDesc, leaders: &[usize], mine: &[u8]) -> Result<Vec<u8>> {
+fn exchange_addr(
+    comm: &mut TcpComm,
+    desc: &OpDesc,
+    leaders: &[usize],
+    mine: &[u8],
+) -> Result<Vec<u8>> {
     let net = &mut comm.net;
     let round = net.begin(desc)?;
     if net.rank != 0 {
@@ -117,8 +126,18 @@ fn exchange_addr(comm: &mut TcpComm, desc: &OpDesc, leaders: &[usize], mine: &[u
         &all[j * MAX_ADDR..j * MAX_ADDR + len]
     };
     let leader_of = |j: usize| leaders.get(j).copied().unwrap_or(j);
-    net.reply(desc, &|j| if leader_of(j) == j { &[] } else { text(leader_of(j)) })?;
-    Ok(if leader_of(0) == 0 { Vec::new() } else { text(leader_of(0)).to_vec() })
+    net.reply(desc, &|j| {
+        if leader_of(j) == j {
+            &[]
+        } else {
+            text(leader_of(j))
+        }
+    })?;
+    Ok(if leader_of(0) == 0 {
+        Vec::new()
+    } else {
+        text(leader_of(0)).to_vec()
+    })
 }
 
 /// Splits `comm`'s group; returns this rank's endpoint of its colour's group.
@@ -139,7 +158,10 @@ pub(crate) fn split(comm: &mut TcpComm, desc: &OpDesc, color: u32, key: u32) -> 
             .and_then(|l| l.local_addr().ok())
             .map(|a| a.ip())
             .ok_or_else(|| CommError::InvalidArgument {
-                what: format!("split #{}: rank {me} has no link to take its address from", desc.seq),
+                what: format!(
+                    "split #{}: rank {me} has no link to take its address from",
+                    desc.seq
+                ),
             })?;
         Some(Listener::bind(&SocketAddr::new(ip, 0).to_string())?)
     } else {

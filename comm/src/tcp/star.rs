@@ -7,7 +7,7 @@
 //! with the first cause.
 
 use std::net::{Shutdown, TcpStream};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use crate::config::Config;
 use crate::error::{BreakCause, CommError, Result};
@@ -286,10 +286,31 @@ impl Net {
     }
 }
 
+/// The longest a poisoned rank waits on drop for its peers to close their side.
+const LINGER: Duration = Duration::from_secs(2);
+
+impl Drop for Net {
+    /// A failed collective can leave peers' frames unread in our sockets, and closing a socket
+    /// with unread data resets the connection, which can destroy the notice we sent before
+    /// the peer reads it. So a poisoned rank reads until its peers close (they do as soon as
+    /// they read the notice), for at most [`LINGER`].
+    fn drop(&mut self) {
+        if self.poison.is_none() {
+            return;
+        }
+        let deadline = Instant::now() + LINGER.min(self.config.timeout);
+        for link in &mut self.links {
+            let _ = wire::drain(link, u64::MAX, deadline);
+        }
+    }
+}
+
 fn mismatch(rank: usize, mine: &OpDesc, peer: usize, theirs: &OpDesc) -> CommError {
-    let (field, value, peer_value) = mine
-        .first_difference(theirs)
-        .unwrap_or(("seq", mine.seq.to_string(), theirs.seq.to_string()));
+    let (field, value, peer_value) = mine.first_difference(theirs).unwrap_or((
+        "seq",
+        mine.seq.to_string(),
+        theirs.seq.to_string(),
+    ));
     CommError::Mismatch {
         seq: mine.seq,
         field,
@@ -346,13 +367,19 @@ fn read_answer(
     into: &mut [u8],
 ) -> Result<std::result::Result<usize, Notice>, IoFail> {
     let h = wire::read_header(link, round.deadline)?;
-    if h.desc.seq != desc.seq || h.desc.kind != desc.kind {
-        let what = format!("answer for {} #{} during {} #{}", h.desc.kind, h.desc.seq, desc.kind, desc.seq);
+    // A notice carries rank 0's call, which may differ from ours (that is the mismatch).
+    let same_call = h.desc.kind == desc.kind || h.status == Status::Error;
+    if h.desc.seq != desc.seq || !same_call {
+        let what = format!(
+            "answer for {} #{} during {} #{}",
+            h.desc.kind, h.desc.seq, desc.kind, desc.seq
+        );
         return Err(IoFail::Malformed(what));
     }
     if h.status == Status::Error {
         let len = LenRule::AtMost(MAX_ERROR_BYTES).admits(h.len);
-        let len = len.ok_or_else(|| IoFail::Malformed(format!("error frame of {} bytes", h.len)))?;
+        let len =
+            len.ok_or_else(|| IoFail::Malformed(format!("error frame of {} bytes", h.len)))?;
         let mut text = vec![0u8; len];
         wire::read_full(link, &mut text, round.deadline)?;
         return Notice::decode(&text).map(Err).map_err(IoFail::Malformed);

@@ -153,7 +153,11 @@ fn left(deadline: Instant) -> Result<std::time::Duration, IoFail> {
 
 /// Fills `buf` from `s`, each read bounded by what is left until `deadline` (so a peer that
 /// trickles bytes cannot stretch the wait).
-pub(crate) fn read_full(s: &mut TcpStream, buf: &mut [u8], deadline: Instant) -> Result<(), IoFail> {
+pub(crate) fn read_full(
+    s: &mut TcpStream,
+    buf: &mut [u8],
+    deadline: Instant,
+) -> Result<(), IoFail> {
     let mut done = 0;
     while done < buf.len() {
         s.set_read_timeout(Some(left(deadline)?))
@@ -232,9 +236,23 @@ mod tests {
     #[test]
     fn headers_round_trip() {
         for kind in KINDS {
-            for (dtype, op, root) in [(None, None, None), (Some(DType::F16), Some(ReduceOp::Min), Some(3))] {
-                let desc = OpDesc { seq: 7, kind, dtype, count: 1 << 33, root, op };
-                let h = Header { desc, status: Status::Error, len: 12 };
+            for (dtype, op, root) in [
+                (None, None, None),
+                (Some(DType::F16), Some(ReduceOp::Min), Some(3)),
+            ] {
+                let desc = OpDesc {
+                    seq: 7,
+                    kind,
+                    dtype,
+                    count: 1 << 33,
+                    root,
+                    op,
+                };
+                let h = Header {
+                    desc,
+                    status: Status::Error,
+                    len: 12,
+                };
                 assert_eq!(Header::decode(&h.encode()), Ok(h));
             }
         }
@@ -242,8 +260,20 @@ mod tests {
 
     #[test]
     fn bad_codes_are_refused() {
-        let desc = OpDesc { seq: 0, kind: OpKind::Barrier, dtype: None, count: 0, root: None, op: None };
-        let good = Header { desc, status: Status::Ok, len: 0 }.encode();
+        let desc = OpDesc {
+            seq: 0,
+            kind: OpKind::Barrier,
+            dtype: None,
+            count: 0,
+            root: None,
+            op: None,
+        };
+        let good = Header {
+            desc,
+            status: Status::Ok,
+            len: 0,
+        }
+        .encode();
         for (at, value) in [(0, b'X'), (12, 0), (12, 8), (13, 2), (14, 4), (15, 5)] {
             let mut h = good;
             h[at] = value;
