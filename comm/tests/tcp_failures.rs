@@ -359,3 +359,32 @@ fn rank_0_reports_its_staging_bytes() {
     assert!(bytes[0] >= 8000, "{bytes:?}");
     assert_eq!(bytes[1], 0);
 }
+
+#[test]
+fn a_rank_may_join_before_rank_0_listens() {
+    // A free port, released; the joiner retries refused connections until rank 0 binds it.
+    let addr = TcpListener::bind("127.0.0.1:0")
+        .expect("bind")
+        .local_addr()
+        .expect("address")
+        .to_string();
+    let rank1 = std::thread::spawn({
+        let addr = addr.clone();
+        move || {
+            let c = tcp::join(&addr, 1, 2, config(60_000))?;
+            let mut x = vec![2.0f32];
+            c.all_reduce_in_place(&mut x, ReduceOp::Max).map(|()| x)
+        }
+    });
+    // Give the joiner time to be refused at least once; the outcome does not depend on it.
+    std::thread::sleep(Duration::from_millis(100));
+    let c = tcp::Listener::bind(&addr)
+        .expect("bind the released port")
+        .accept_group(2, config(60_000))
+        .expect("rank 0");
+    let mut x = vec![1.0f32];
+    c.all_reduce_in_place(&mut x, ReduceOp::Max)
+        .expect("all_reduce");
+    assert_eq!(x, vec![2.0]);
+    assert_eq!(rank1.join().expect("rank 1").expect("rank 1"), vec![2.0]);
+}
