@@ -25,6 +25,7 @@
 //!    descriptor (op, dtype, count, root, redop: a difference fails every rank with
 //!    [`CommError::Mismatch`](crate::CommError::Mismatch)) and the exact payload length the
 //!    call implies, before reading any payload byte; nothing is allocated from a peer's word.
+//!    The check is made whatever `Config::debug_checks` says: the header travels anyway.
 //! 4. Rank 0 answers each rank with status 0 and the rank's part of the result, or status 1
 //!    and a notice (`notice.rs`) naming the cause: a rank that closed its connection
 //!    (`Left`), timed out, or sent a malformed frame (`Failed`), or a peer whose call differs.
