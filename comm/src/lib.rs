@@ -59,6 +59,7 @@ mod op;
 mod record;
 mod reduce_op;
 mod scope;
+pub mod tcp;
 mod work;
 
 pub use backend::{Backend, Leave};
