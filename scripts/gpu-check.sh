@@ -159,6 +159,13 @@ train_runs() {
     fi
     local common=(--device cuda --data "$bin/data" --eval-every 0 --sample-tokens 0)
     train_one smoke "$bin" "${common[@]}" --world-size 2 --zero-stage 3 --steps 20 || failed=1
+    # The engine over NCCL (one rank, torchrun's variables, control traffic over TCP) against
+    # the device-local backend at the same world size: the losses side by side.
+    local n1=(--world-size 1 --zero-stage 2 --steps 10)
+    train_one device-local-n1 "$bin" "${common[@]}" "${n1[@]}" || failed=1
+    RANK=0 WORLD_SIZE=1 LOCAL_RANK=0 MASTER_ADDR=127.0.0.1 MASTER_PORT=29518 \
+        train_one nccl-n1 "$bin" "${common[@]}" "${n1[@]}" --backend nccl || failed=1
+    compare_losses device-local-n1 nccl-n1 || failed=1
     local gpt2=(--model gpt2 --seq-len 1024 --precision bf16 --steps 8 --warmup-steps 0)
     train_one gpt2-stage0-n1 "$bin" "${common[@]}" "${gpt2[@]}" --world-size 1 --zero-stage 0 \
         --micro-batch-size 16 --batch-size 16 || failed=1
@@ -197,6 +204,25 @@ PY
 )
     echo "zero-train $name: exit $rc ($line)" | tee -a "$OUT/summary.txt"
     return "$rc"
+}
+
+# The losses of runs $1 and $2, step by step; fails unless every pair is within 1e-5 relative.
+compare_losses() {
+    python3 - "$OUT/$1.jsonl" "$OUT/$2.jsonl" <<'PY' 2>&1 | tee -a "$OUT/summary.txt"
+import json, os, sys
+def losses(path):
+    if not os.path.exists(path):
+        return []
+    return [json.loads(l)["loss"] for l in open(path) if '"tokens_per_s"' in l]
+a, b = losses(sys.argv[1]), losses(sys.argv[2])
+worst = max((abs(x - y) / max(abs(x), 1e-30) for x, y in zip(a, b)), default=float("inf"))
+same = len(a) == len(b) > 0 and worst <= 1e-5
+print(f"losses {os.path.basename(sys.argv[1])} vs {os.path.basename(sys.argv[2])}: "
+      f"{len(a)} and {len(b)} steps, worst relative difference {worst:.3g}: "
+      f"{'equal within 1e-5' if same else 'DIFFERENT'}")
+sys.exit(0 if same else 1)
+PY
+    return "${PIPESTATUS[0]}"
 }
 
 case "$mode" in

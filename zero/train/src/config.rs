@@ -24,7 +24,12 @@ pub enum Backend {
     Local,
     /// One process per rank under `mpirun` (feature `mpi`).
     Mpi,
-    /// One GPU per rank, one process per rank under `mpirun` (features `cuda` and `mpi`).
+    /// One process per rank on the host, joined over TCP through rank 0 (zero-comm's `tcp`),
+    /// launched by torchrun or anything that sets `RANK`, `WORLD_SIZE`, `LOCAL_RANK`,
+    /// `MASTER_ADDR` and `MASTER_PORT`.
+    Tcp,
+    /// One GPU per rank, one process per rank (feature `cuda`), launched torchrun-style (the
+    /// engine's control traffic over TCP) or by `mpirun` (feature `mpi`: over MPI).
     Nccl,
 }
 
@@ -87,7 +92,8 @@ pub struct TrainConfig {
     /// Directory holding train.bin and val.bin (llm.c token files).
     #[arg(long, default_value = "data/shakespeare")]
     pub data: PathBuf,
-    /// Number of data-parallel ranks (local backend; MPI takes it from mpirun).
+    /// Number of data-parallel ranks (local backend; the other backends take it from their
+    /// launcher: mpirun's world, or `WORLD_SIZE`).
     #[arg(long, allow_negative_numbers = true, default_value_t = 2)]
     pub world_size: usize,
     /// Collective backend.
@@ -96,6 +102,9 @@ pub struct TrainConfig {
     /// Compute device.
     #[arg(long, value_enum, default_value_t = Device::Cpu)]
     pub device: Device,
+    /// Seconds a rank waits for its peers (to join, or at a collective) before failing.
+    #[arg(long, allow_negative_numbers = true, default_value_t = 600)]
+    pub comm_timeout: u64,
 
     /// Optimizer steps to run.
     #[arg(long, allow_negative_numbers = true, default_value_t = 200)]

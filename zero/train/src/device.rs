@@ -1,14 +1,14 @@
 //! What each rank thread of this process computes on: the host; or (feature `cuda`, with
 //! `--device cuda`) one GPU that every rank of the process shares, each rank with its own
 //! stream, its own arena on the GPU and zero-comm's device-local collectives between them;
-//! or (features `cuda` and `mpi`, `--backend nccl --device cuda` under `mpirun`) the GPU of
-//! this process's local rank, with NCCL between the processes and MPI for the engine's
-//! control traffic.
+//! or (feature `cuda`, `--backend nccl --device cuda`, one process per GPU) the GPU of this
+//! process's local rank, with NCCL between the processes and the launcher's host communicator
+//! (TCP under torchrun, MPI under `mpirun`: `crate::launch`) for the engine's control traffic.
 //!
 //! On the GPU the trainer runs steps, evaluation, checkpoints (which copy model states
 //! through the arena's byte copies, the path the CPU runs too) and the closing sample.
 //! Activation offload stages through host views of the arena, so it is refused there with a
-//! clear error; so are MPI ranks on the GPU.
+//! clear error; so are the MPI and TCP backends (host memory) on the GPU.
 //!
 //! NCCL's communicator is bound to the thread that made it, so a [`RankDevice`] carries only
 //! what can cross threads (the communicator's unique id, the GPU's ordinal), and the engine's
@@ -42,11 +42,18 @@ pub(crate) fn rank_devices(cfg: &TrainConfig, ranks: usize) -> Result<Vec<RankDe
 }
 
 /// The options `--device cuda` does not support yet, each named.
-fn refuse_unsupported_on_gpu(cfg: &TrainConfig) -> Result<(), TrainError> {
+///
+/// # Errors
+/// [`TrainError::Unsupported`] naming every such option `cfg` asks for.
+pub(crate) fn refuse_unsupported_on_gpu(cfg: &TrainConfig) -> Result<(), TrainError> {
     let refused = [
         (
             cfg.backend == Backend::Mpi,
-            "--backend mpi (use the local backend, or nccl under mpirun)",
+            "--backend mpi (use the local backend, or nccl with one process per GPU)",
+        ),
+        (
+            cfg.backend == Backend::Tcp,
+            "--backend tcp, which moves host memory (use nccl with one process per GPU)",
         ),
         (cfg.offload_activations, "--offload-activations"),
     ];
@@ -60,39 +67,32 @@ fn refuse_unsupported_on_gpu(cfg: &TrainConfig) -> Result<(), TrainError> {
     )))
 }
 
-/// Refuses `--backend nccl` where something it needs is missing, naming it: `--device
-/// cuda`, the `cuda` feature, or the `mpi` feature (a torchrun-style launch gives the engine
-/// no host communicator for its control traffic).
+/// Refuses `--backend nccl` where something it needs is missing, naming it: `--device cuda`,
+/// the `cuda` feature, or (before any peer is waited for) the CUDA driver, a GPU or NCCL. The
+/// launcher is checked when the process joins (`crate::launch`).
 ///
 /// # Errors
-/// [`TrainError::Unsupported`] naming the missing flag or feature.
+/// [`TrainError::Unsupported`] naming the missing flag or feature; the missing library.
 pub(crate) fn nccl_prerequisites(cfg: &TrainConfig) -> Result<(), TrainError> {
     if cfg.device != Device::Cuda {
         return Err(TrainError::Unsupported(
             "--backend nccl needs --device cuda: NCCL moves GPU memory (on the CPU use \
-             --backend local or mpi)"
+             --backend local, tcp or mpi)"
                 .into(),
         ));
     }
     if !cfg!(feature = "cuda") {
         return Err(TrainError::Unsupported(
-            "--backend nccl needs a build with `--features cuda,mpi` (cargo build --release \
-             -p zero-train --features cuda,mpi), launched by mpirun"
+            "--backend nccl needs a build with `--features cuda` (cargo build --release -p \
+             zero-train --features cuda; add `mpi` to launch it with mpirun)"
                 .into(),
         ));
     }
-    if !cfg!(feature = "mpi") {
-        return Err(TrainError::Unsupported(NO_CONTROL_COMMUNICATOR.into()));
-    }
-    refuse_unsupported_on_gpu(cfg)
+    refuse_unsupported_on_gpu(cfg)?;
+    #[cfg(feature = "cuda")]
+    zero_comm::nccl::available()?;
+    Ok(())
 }
-
-/// Why NCCL ranks need MPI.
-const NO_CONTROL_COMMUNICATOR: &str = "--backend nccl needs the `mpi` feature and mpirun: \
-     the engine's control traffic (schedule agreement, overflow flags, norms) runs on a host \
-     communicator, and a torchrun-style launch (RANK, WORLD_SIZE, MASTER_ADDR) gives it none; \
-     build with `--features cuda,mpi` and launch with `mpirun -np <GPUs> zero-train --backend \
-     nccl --device cuda ...`";
 
 #[cfg(not(feature = "cuda"))]
 fn gpu_ranks(_cfg: &TrainConfig, _ranks: usize) -> Result<Vec<RankDevice>, TrainError> {
@@ -104,60 +104,37 @@ fn gpu_ranks(_cfg: &TrainConfig, _ranks: usize) -> Result<Vec<RankDevice>, Train
 }
 
 #[cfg(feature = "cuda")]
-fn gpu_ranks(_cfg: &TrainConfig, ranks: usize) -> Result<Vec<RankDevice>, TrainError> {
-    let ranks = cuda::ranks(ranks, zero_comm::Config::default())?;
+fn gpu_ranks(cfg: &TrainConfig, ranks: usize) -> Result<Vec<RankDevice>, TrainError> {
+    let math = cuda::gemm_math(cfg.precision.into());
+    let ranks = cuda::ranks(ranks, cfg.comm_config()?, math)?;
     Ok(ranks
         .into_iter()
         .map(|r| RankDevice::Cuda(Box::new(r)))
         .collect())
 }
 
-/// This process's NCCL rank under `mpirun`: rank 0's unique id broadcast over MPI, the GPU of
-/// the process's local rank. Collective over MPI's world.
+/// This process's NCCL rank: rank 0's unique id broadcast over `control` (the job's host
+/// communicator, `crate::launch`), the GPU `local_rank`. Collective over `control`.
 ///
 /// # Errors
-/// A torchrun-style launch that MPI does not see (a `WORLD_SIZE` other than MPI's), a local
-/// rank past the machine's GPUs, a missing CUDA driver, GPU or NCCL (named), MPI failures.
-#[cfg(all(feature = "cuda", feature = "mpi"))]
+/// NCCL failing to make the id, a local rank past the machine's GPUs, a peer that does not
+/// arrive within the communicator's timeout.
+#[cfg(feature = "cuda")]
 pub(crate) fn nccl_rank(
-    mpi: &zero_comm::mpi::Mpi,
-    config: zero_comm::Config,
+    cfg: &TrainConfig,
+    control: &zero_comm::Communicator,
+    local_rank: usize,
 ) -> Result<RankDevice, TrainError> {
-    let torchrun_size = std::env::var("WORLD_SIZE").ok();
-    if torchrun_size
-        .as_deref()
-        .is_some_and(|n| n != mpi.size().to_string())
-    {
-        return Err(TrainError::Unsupported(format!(
-            "WORLD_SIZE={} but MPI sees {} process(es): {NO_CONTROL_COMMUNICATOR}",
-            torchrun_size.unwrap_or_default(),
-            mpi.size()
-        )));
-    }
-    let ordinal = local_rank(mpi)?;
-    zero_comm::nccl::available()?;
-    let mut id: zero_comm::nccl::UniqueId = if mpi.rank() == 0 {
+    let (config, math) = (cfg.comm_config()?, cuda::gemm_math(cfg.precision.into()));
+    let mut id: zero_comm::nccl::UniqueId = if control.rank() == 0 {
         zero_comm::nccl::new_id()?
     } else {
         [0; 128]
     };
-    mpi.broadcast_id(&mut id, 0, config.timeout)?;
-    let rank = cuda::CudaRank::nccl(ordinal, id, mpi.rank(), mpi.size(), config)?;
+    zero_comm::bootstrap::broadcast_id(control, &mut id, 0)?;
+    let (rank, size) = (control.rank(), control.size());
+    let rank = cuda::CudaRank::nccl(local_rank, id, rank, size, config, math)?;
     Ok(RankDevice::Cuda(Box::new(rank)))
-}
-
-/// The process's rank on its machine, which picks its GPU: Open MPI's
-/// `OMPI_COMM_WORLD_LOCAL_RANK`, else MPI's shared-memory split of the world.
-#[cfg(all(feature = "cuda", feature = "mpi"))]
-fn local_rank(mpi: &zero_comm::mpi::Mpi) -> Result<usize, TrainError> {
-    let from_env = std::env::var("OMPI_COMM_WORLD_LOCAL_RANK").ok();
-    match from_env.map(|v| v.trim().parse::<usize>().map_err(|_| v)) {
-        Some(Ok(local)) => Ok(local),
-        Some(Err(v)) => Err(TrainError::Unsupported(format!(
-            "OMPI_COMM_WORLD_LOCAL_RANK={v:?} is not a rank"
-        ))),
-        None => Ok(mpi.local_rank()?.0),
-    }
 }
 
 #[cfg(feature = "cuda")]
@@ -171,7 +148,7 @@ pub mod cuda {
     use zero::EngineOps;
     use zero_comm::device_local::cuda::CudaOps;
     use zero_comm::device_local::DeviceLocalComm;
-    use zero_gpt::cuda::CudaBackend;
+    use zero_gpt::cuda::{CudaBackend, GemmMath};
 
     /// The GPU every rank of a device-local process shares.
     const SHARED_ORDINAL: usize = 0;
@@ -194,7 +171,6 @@ pub mod cuda {
         /// Threads of this process on the same GPU.
         DeviceLocal(DeviceLocalComm<CudaOps>),
         /// One NCCL rank per GPU: what joining the group takes (made in the rank's thread).
-        #[cfg(feature = "mpi")]
         Nccl {
             id: zero_comm::nccl::UniqueId,
             rank: usize,
@@ -208,16 +184,16 @@ pub mod cuda {
         ///
         /// # Errors
         /// A missing CUDA library or GPU (named), kernel compilation errors.
-        #[cfg(feature = "mpi")]
         pub(crate) fn nccl(
             ordinal: usize,
             id: zero_comm::nccl::UniqueId,
             rank: usize,
             size: usize,
             config: zero_comm::Config,
+            math: GemmMath,
         ) -> Result<Self, TrainError> {
             Ok(Self {
-                backend: CudaBackend::on_default_stream(ordinal)?,
+                backend: CudaBackend::on_default_stream(ordinal)?.with_gemm_math(math),
                 kernels: CudaKernels::new(ordinal)?,
                 ordinal,
                 peers: Peers::Nccl {
@@ -239,7 +215,6 @@ pub mod cuda {
         pub fn into_parts(self) -> Result<(CudaBackend, EngineOps), TrainError> {
             let collectives: Box<dyn Collectives> = match self.peers {
                 Peers::DeviceLocal(comm) => Box::new(DeviceLocalCollectives::cuda(comm)),
-                #[cfg(feature = "mpi")]
                 Peers::Nccl {
                     id,
                     rank,
@@ -260,15 +235,33 @@ pub mod cuda {
         }
     }
 
-    /// `n` ranks on GPU 0, each to be moved into its own thread: the model's backend, the
-    /// engine's kernels and a device-local peer.
+    /// The math mode of the model's matrix products for a storage precision: fp32 exactly;
+    /// bf16 as the engine stores (autocast's rule: inputs rounded to bf16 on tensor cores,
+    /// fp32 accumulation); fp16 in TF32, because the model's backward starts from unscaled
+    /// 1/N loss gradients, which fp16 inputs would flush to zero (the engine's loss scale
+    /// applies to the accumulated gradients, not inside the model).
+    #[must_use]
+    pub fn gemm_math(precision: zero::Precision) -> GemmMath {
+        match precision {
+            zero::Precision::Fp32 => GemmMath::Exact,
+            zero::Precision::Bf16 => GemmMath::Bf16,
+            zero::Precision::Fp16 => GemmMath::Tf32,
+        }
+    }
+
+    /// `n` ranks on GPU 0, each to be moved into its own thread: the model's backend (its
+    /// products in `math` mode), the engine's kernels and a device-local peer.
     ///
     /// # Errors
     /// A missing CUDA library or GPU (named), kernel compilation or stream creation errors.
-    pub fn ranks(n: usize, config: zero_comm::Config) -> Result<Vec<CudaRank>, TrainError> {
+    pub fn ranks(
+        n: usize,
+        config: zero_comm::Config,
+        math: GemmMath,
+    ) -> Result<Vec<CudaRank>, TrainError> {
         let backends = (0..n)
-            .map(|_| CudaBackend::on_default_stream(SHARED_ORDINAL))
-            .collect::<Result<Vec<_>, _>>()?;
+            .map(|_| Ok(CudaBackend::on_default_stream(SHARED_ORDINAL)?.with_gemm_math(math)))
+            .collect::<Result<Vec<_>, TrainError>>()?;
         let Some(first) = backends.first() else {
             return Ok(Vec::new());
         };

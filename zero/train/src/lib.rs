@@ -13,6 +13,7 @@ pub mod error;
 pub mod export;
 mod fsio;
 pub mod init;
+mod launch;
 mod llmc_header;
 pub mod memory_fit;
 pub mod metrics;

@@ -1,11 +1,12 @@
 //! One training run: this process's ranks (every rank as a thread on the local backend, the
-//! one rank `mpirun` started it as on MPI and on NCCL), each driving the GPT through its ZeRO engine over
-//! its own part of every global batch.
+//! one rank its launcher started it as on MPI, TCP and NCCL), each driving the GPT through its
+//! ZeRO engine over its own part of every global batch.
 
 use super::bridge::Placement;
-use super::config::{Backend, TrainConfig};
-use super::device::{nccl_prerequisites, rank_devices, RankDevice};
+use super::config::{Backend, Device, TrainConfig};
+use super::device::{nccl_prerequisites, rank_devices, refuse_unsupported_on_gpu, RankDevice};
 use super::error::TrainError;
+use super::launch;
 use super::metrics::RankReport;
 use super::report::Reporter;
 use super::trainer::Trainer;
@@ -66,8 +67,8 @@ pub(crate) struct RankOutput {
 /// every rank.
 pub fn train(cfg: &TrainConfig) -> Result<RunSummary, TrainError> {
     if cfg.backend == Backend::Local {
-        // Before any communicator or thread exists (under MPI and NCCL the world size is
-        // mpirun's, checked once known in `run_group`).
+        // Before any communicator or thread exists (under a launcher the world size is the
+        // launcher's, checked once known in `run_group`).
         cfg.validate()?;
     }
     let mut cfg = cfg.clone();
@@ -133,10 +134,10 @@ fn run_loop<B: Placement>(
     Ok(trainer.report())
 }
 
-/// This process's ranks: all of them as threads (local), or the one MPI gave it.
+/// This process's ranks: all of them as threads (local), or the one its launcher gave it.
 struct RankGroup {
     comms: Vec<Communicator>,
-    /// The NCCL rank's device (`--backend nccl`), made beside MPI's communicator.
+    /// The NCCL rank's device (`--backend nccl`), made beside the launcher's communicator.
     nccl: Option<RankDevice>,
     /// Keeps MPI initialised until the communicators are gone.
     #[cfg(feature = "mpi")]
@@ -144,65 +145,56 @@ struct RankGroup {
 }
 
 impl RankGroup {
-    /// Creates the communicators; under MPI the world size comes from `mpirun` and replaces
-    /// `cfg.world_size`.
+    /// Creates the communicators; under a launcher (mpirun, torchrun) the world size is the
+    /// launcher's and replaces `cfg.world_size`.
     fn new(cfg: &mut TrainConfig) -> Result<Self, TrainError> {
-        match cfg.backend {
-            Backend::Local => Ok(Self {
-                comms: zero_comm::local::create(cfg.world_size)?,
+        let config = cfg.comm_config()?;
+        if cfg.backend == Backend::Local {
+            return Ok(Self {
+                comms: zero_comm::local::create_with(cfg.world_size, config)?,
                 nccl: None,
                 #[cfg(feature = "mpi")]
                 _mpi: None,
-            }),
-            #[cfg(feature = "mpi")]
-            Backend::Mpi => {
-                let mpi = zero_comm::mpi::Mpi::init()?;
-                cfg.world_size = mpi.size();
-                let comm = mpi.world(zero_comm::Config::default())?;
-                Ok(Self {
-                    comms: vec![comm],
-                    nccl: None,
-                    _mpi: Some(mpi),
-                })
-            }
-            #[cfg(not(feature = "mpi"))]
-            Backend::Mpi => Err(TrainError::Unsupported(
-                "--backend mpi needs a build with `--features mpi` (and mpirun to launch it)"
-                    .into(),
-            )),
-            Backend::Nccl => Self::nccl(cfg),
+            });
         }
-    }
-
-    /// One NCCL rank per `mpirun` process, with MPI's world for the engine's control traffic.
-    #[cfg(all(feature = "cuda", feature = "mpi"))]
-    fn nccl(cfg: &mut TrainConfig) -> Result<Self, TrainError> {
-        nccl_prerequisites(cfg)?;
-        let mpi = zero_comm::mpi::Mpi::init()?;
-        cfg.world_size = mpi.size();
-        let config = zero_comm::Config::default();
-        let device = super::device::nccl_rank(&mpi, config)?;
-        let comm = mpi.world(config)?;
+        // Refusals come before joining, so no process waits for peers that already failed.
+        if cfg.backend == Backend::Nccl {
+            nccl_prerequisites(cfg)?;
+        } else if cfg.device == Device::Cuda {
+            refuse_unsupported_on_gpu(cfg)?;
+        }
+        let joined = launch::join(cfg.backend, config)?;
+        cfg.world_size = joined.control.size();
+        let nccl = match cfg.backend {
+            Backend::Nccl => Some(nccl_device(cfg, &joined)?),
+            _ => None,
+        };
         Ok(Self {
-            comms: vec![comm],
-            nccl: Some(device),
-            _mpi: Some(mpi),
+            comms: vec![joined.control],
+            nccl,
+            #[cfg(feature = "mpi")]
+            _mpi: joined.mpi,
         })
-    }
-
-    /// Refuses NCCL, naming what this build or `cfg` lacks.
-    #[cfg(not(all(feature = "cuda", feature = "mpi")))]
-    fn nccl(cfg: &TrainConfig) -> Result<Self, TrainError> {
-        nccl_prerequisites(cfg)?;
-        Err(TrainError::Unsupported(
-            "--backend nccl needs a build with `--features cuda,mpi`".into(),
-        ))
     }
 
     /// True when this process hosts rank 0 (which reports).
     fn hosts_rank_zero(&self) -> bool {
         self.comms.first().is_some_and(|c| c.rank() == 0)
     }
+}
+
+/// This process's NCCL rank, on the GPU of its local rank.
+#[cfg(feature = "cuda")]
+fn nccl_device(cfg: &TrainConfig, joined: &launch::Joined) -> Result<RankDevice, TrainError> {
+    super::device::nccl_rank(cfg, &joined.control, joined.local_rank)
+}
+
+/// Unreachable in practice: `nccl_prerequisites` refuses NCCL without the `cuda` feature.
+#[cfg(not(feature = "cuda"))]
+fn nccl_device(_cfg: &TrainConfig, _joined: &launch::Joined) -> Result<RankDevice, TrainError> {
+    Err(TrainError::Unsupported(
+        "--backend nccl needs a build with `--features cuda`".into(),
+    ))
 }
 
 /// A token file of `cfg.data`, its ids checked against the model's vocabulary.
@@ -220,7 +212,7 @@ fn open_tokens(
 }
 
 fn run_group(cfg: &TrainConfig, mut group: RankGroup) -> Result<RunSummary, TrainError> {
-    // Under MPI and NCCL the world size has just been replaced by mpirun's.
+    // Under a launcher the world size has just been replaced by the launcher's.
     cfg.validate()?;
     let devices = match group.nccl.take() {
         Some(nccl) => vec![nccl],

@@ -22,6 +22,8 @@ pub const MAX_LAYERS_OR_HEADS: usize = 1 << 10;
 pub const MAX_WIDTH: usize = 1 << 20;
 /// Largest gradient bucket.
 pub const MAX_BUCKET_BYTES: u64 = 1 << 40;
+/// Longest wait for peers, in seconds (a week).
+pub const MAX_COMM_TIMEOUT_S: u64 = 7 * 24 * 3600;
 
 /// `Err` naming `key` unless `lo <= value <= hi`.
 fn in_range<T: PartialOrd + Display>(
@@ -107,8 +109,21 @@ impl TrainConfig {
         Ok(())
     }
 
+    /// The communicators' settings: `comm_timeout` checked (a launcher's ranks build their
+    /// communicator before the rest of the configuration is validated).
+    ///
+    /// # Errors
+    /// [`ConfigError::OutOfRange`] naming `comm_timeout`.
+    pub fn comm_config(&self) -> Result<zero_comm::Config, ConfigError> {
+        in_range("comm_timeout", self.comm_timeout, 1, MAX_COMM_TIMEOUT_S)?;
+        Ok(zero_comm::Config::with_timeout(
+            std::time::Duration::from_secs(self.comm_timeout),
+        ))
+    }
+
     fn validate_batch(&self) -> Result<(), ConfigError> {
         in_range("world_size", self.world_size, 1, MAX_RANKS)?;
+        self.comm_config()?;
         in_range(
             "micro_batch_size",
             self.micro_batch_size,

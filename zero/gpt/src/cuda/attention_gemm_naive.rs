@@ -2,7 +2,7 @@
 //! gemm, the head permutes and the masked softmax, written from their definitions and sharing
 //! no code with the CUDA backend.
 
-use super::{AttentionScratch, AttentionShape, BatchedCall};
+use super::{AttentionScratch, AttentionShape, BatchedCall, Region};
 
 /// f32 rounded to the nearest bf16 (ties to even), for finite x: what a product in
 /// `GemmMath::Bf16` does to its inputs.
@@ -11,15 +11,54 @@ pub(super) fn to_bf16(x: f32) -> f32 {
     f32::from_bits((bits + 0x7fff + ((bits >> 16) & 1)) & 0xffff_0000)
 }
 
+/// Elements of one region of `layout` (the scores region is the last and runs to the end).
+fn region_len(layout: &AttentionScratch, region: Region) -> usize {
+    match region {
+        Region::Scores => layout.len - layout.offset(region),
+        _ => layout.heads,
+    }
+}
+
+/// Panics unless `call` passes cuBLAS's argument checks (ld >= max(1, rows of the stored
+/// matrix)) and every batch entry's matrices lie inside their own regions, which real cuBLAS
+/// would not check but a mapping must guarantee.
+fn assert_blas_rules(call: &BatchedCall, layout: &AttentionScratch) {
+    let (m, n, k) = (call.m as usize, call.n as usize, call.k as usize);
+    // Stored (rows, cols) of A, B, C, column-major.
+    let a = if call.trans_a { (k, m) } else { (m, k) };
+    let b = if call.trans_b { (n, k) } else { (k, n) };
+    let operands = [
+        ("A", call.a, a, call.lda, call.stride_a),
+        ("B", call.b, b, call.ldb, call.stride_b),
+        ("C", call.c, (m, n), call.ldc, call.stride_c),
+    ];
+    for (name, region, (rows, cols), ld, stride) in operands {
+        let ld = ld as usize;
+        assert!(
+            ld >= rows.max(1),
+            "{name}: ld {ld} < rows {rows} ({call:?})"
+        );
+        let footprint = (cols.max(1) - 1) * ld + rows;
+        let last = (call.batch as usize - 1) * stride as usize + footprint;
+        let len = region_len(layout, region);
+        assert!(
+            last <= len,
+            "{name}: batch reaches {last} of region {region:?} ({len})"
+        );
+    }
+}
+
 /// cublasGemmStridedBatchedEx by its definition, element by element in f64, on regions of
 /// one scratch buffer, each input passed through `round` first. beta = 0 does not read C
-/// (it may hold NaN), as in BLAS.
+/// (it may hold NaN), as in BLAS. Panics on a call cuBLAS would refuse, or one that leaves
+/// its regions (`assert_blas_rules`).
 pub(super) fn naive_batched(
     call: &BatchedCall,
     layout: &AttentionScratch,
     scratch: &mut [f32],
     round: fn(f32) -> f32,
 ) {
+    assert_blas_rules(call, layout);
     let (m, n, k) = (call.m as usize, call.n as usize, call.k as usize);
     let (lda, ldb, ldc) = (call.lda as usize, call.ldb as usize, call.ldc as usize);
     let a: Vec<f32> = scratch[layout.offset(call.a)..]

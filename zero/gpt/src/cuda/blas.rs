@@ -15,7 +15,7 @@ use crate::{GptError, Result};
 impl CudaBackend {
     /// Enqueues `call` (C = op(A) op(B) + beta C, fp32 in memory) in the backend's math mode.
     pub(super) fn gemm(&self, call: Result<GemmCall>, inp: u64, weight: u64, dout: u64, dst: u64) {
-        let result = call.and_then(|call| {
+        let result = self.bind_context().and(call).and_then(|call| {
             let pick = |op: Operand| match op {
                 Operand::Inp => inp,
                 Operand::Weight => weight,
@@ -57,6 +57,10 @@ impl CudaBackend {
     /// Enqueues one of attention's batched products on the regions of the attention scratch
     /// at `base`, laid out by `layout`, in the backend's math mode.
     pub(super) fn gemm_batched(&self, call: &BatchedCall, layout: &AttentionScratch, base: u64) {
+        if let Err(e) = self.bind_context() {
+            self.record(Err(e));
+            return;
+        }
         let at = |r: Region| base + 4 * layout.offset(r) as u64;
         // SAFETY: attention_gemm maps the checked shape to products that stay inside the
         // regions of a scratch of layout.len f32, which the caller allocated at base; all
@@ -109,6 +113,21 @@ fn compute_type(math: GemmMath) -> cublasComputeType_t {
         GemmMath::Tf32 => cublasComputeType_t::CUBLAS_COMPUTE_32F_FAST_TF32,
         GemmMath::Bf16 => cublasComputeType_t::CUBLAS_COMPUTE_32F_FAST_16BF,
         GemmMath::F16 => cublasComputeType_t::CUBLAS_COMPUTE_32F_FAST_16F,
+    }
+}
+
+impl CudaBackend {
+    /// Makes the backend's context current on the calling thread. cuBLAS runs in whatever
+    /// context is current, and unlike cudarc's kernel launches a raw cuBLAS call binds none:
+    /// a product that is a rank thread's first CUDA call would otherwise run with no context.
+    fn bind_context(&self) -> Result<()> {
+        self.stream()
+            .context()
+            .bind_to_thread()
+            .map_err(|e| GptError::Cuda {
+                op: "cuCtxSetCurrent",
+                message: format!("{e:?}"),
+            })
     }
 }
 

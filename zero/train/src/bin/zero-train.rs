@@ -92,10 +92,10 @@ fn main() -> ExitCode {
             .resolve()
             .map_err(|e| e.to_string())
             .and_then(|cfg| {
-                // Under mpirun the world size is mpirun's, known once MPI starts.
+                // Other backends take the world size from their launcher, known once joined.
                 let ranks = match cfg.backend {
                     zero_train::config::Backend::Local => format!("{} ranks", cfg.world_size),
-                    _ => "ranks from mpirun".to_string(),
+                    _ => "ranks from the launcher".to_string(),
                 };
                 eprintln!(
                     "zero-train: model {} | ZeRO stage {} | {ranks} | global batch {} x {} tokens | {} steps",
