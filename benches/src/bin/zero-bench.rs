@@ -5,10 +5,11 @@
 //! ```
 //! prints the machine's memcpy bandwidth first, then nccl-tests' table (out-of-place, then
 //! in-place) with one extra column, `membw`: the bytes the local algorithm read and wrote in
-//! memory per second, comparable with the memcpy line (N/A on MPI and NCCL).
+//! memory per second, comparable with the memcpy line (NaN on MPI, TCP and NCCL).
 //!
-//! `--backend mpi` and `--backend nccl` run one rank per process: under `mpirun`, or (NCCL)
-//! with torchrun's `RANK`, `WORLD_SIZE`, `LOCAL_RANK`, `MASTER_ADDR`, `MASTER_PORT` set.
+//! `--backend mpi`, `--backend tcp` and `--backend nccl` run one rank per process: under
+//! `mpirun` (MPI, NCCL), or (TCP, NCCL) with torchrun's `RANK`, `WORLD_SIZE`, `LOCAL_RANK`,
+//! `MASTER_ADDR`, `MASTER_PORT` set.
 use std::process::ExitCode;
 
 use clap::{Parser, ValueEnum};
@@ -31,6 +32,8 @@ enum Op {
 enum Backend {
     Local,
     Mpi,
+    /// One process per rank over TCP (zero-comm's `tcp`), with torchrun's variables.
+    Tcp,
     Nccl,
 }
 
@@ -105,7 +108,7 @@ fn config(a: &Args) -> Result<BenchConfig, String> {
     let dtype = DType::parse(&a.dtype).ok_or_else(|| format!("unknown datatype {:?}", a.dtype))?;
     let redop = ReduceOp::parse(&a.redop).ok_or_else(|| format!("unknown op {:?}", a.redop))?;
     match a.backend {
-        Backend::Local => {}
+        Backend::Local | Backend::Tcp => {}
         Backend::Mpi if cfg!(feature = "mpi") => {}
         Backend::Mpi => {
             return Err(
@@ -166,29 +169,37 @@ fn json_cells(m: &Measurement) -> serde_json::Value {
     })
 }
 
-/// This process's rank of the MPI world, when `--backend mpi` (the world size replaces
-/// `--ranks`); the `Mpi` value keeps MPI initialised while the communicator lives.
-#[cfg(feature = "mpi")]
-type World = Option<(zero_comm::mpi::Mpi, zero_comm::Communicator)>;
-#[cfg(not(feature = "mpi"))]
-type World = Option<((), zero_comm::Communicator)>;
+/// This process's communicator under a launcher (`--backend mpi`, `--backend tcp`; `None` on
+/// the local backend, whose ranks are threads of `--ranks`), and what must outlive it (MPI's
+/// initialisation).
+type World = Option<(Box<dyn std::any::Any>, zero_comm::Communicator)>;
+
+fn world(args: &mut Args) -> Result<World, String> {
+    let world = match args.backend {
+        Backend::Tcp => {
+            let comm = zero_comm::tcp::from_env(zero_comm::Config::default())
+                .map_err(|e| format!("--backend tcp (launch with torchrun's variables): {e}"))?;
+            (Box::new(()) as Box<dyn std::any::Any>, comm)
+        }
+        Backend::Mpi => mpi_world()?,
+        Backend::Local | Backend::Nccl => return Ok(None),
+    };
+    args.ranks = world.1.size();
+    Ok(Some(world))
+}
 
 #[cfg(feature = "mpi")]
-fn world(args: &mut Args) -> Result<World, String> {
-    if args.backend != Backend::Mpi {
-        return Ok(None);
-    }
+fn mpi_world() -> Result<(Box<dyn std::any::Any>, zero_comm::Communicator), String> {
     let mpi = zero_comm::mpi::Mpi::init().map_err(|e| e.to_string())?;
     let comm = mpi
         .world(zero_comm::Config::default())
         .map_err(|e| e.to_string())?;
-    args.ranks = comm.size();
-    Ok(Some((mpi, comm)))
+    Ok((Box::new(mpi), comm))
 }
 
 #[cfg(not(feature = "mpi"))]
-fn world(_: &mut Args) -> Result<World, String> {
-    Ok(None)
+fn mpi_world() -> Result<(Box<dyn std::any::Any>, zero_comm::Communicator), String> {
+    Err("--backend mpi needs a build with --features mpi (launch with mpirun)".into())
 }
 
 /// nccl-tests' table: header, one line per size, closing lines. Only rank 0 prints.
