@@ -6,9 +6,9 @@
 //! control traffic.
 //!
 //! On the GPU the trainer runs steps, evaluation, checkpoints (which copy model states
-//! through the arena's byte copies, the path the CPU runs too) and the closing sample.
-//! Activation offload stages through host views of the arena, so it is refused there with a
-//! clear error; so are MPI ranks on the GPU.
+//! through the arena's byte copies, the path the CPU runs too), activation offload (a copy
+//! stream, `crate::offload`) and the closing sample. MPI ranks on the GPU are refused with a
+//! clear error.
 //!
 //! NCCL's communicator is bound to the thread that made it, so a [`RankDevice`] carries only
 //! what can cross threads (the communicator's unique id, the GPU's ordinal), and the engine's
@@ -43,13 +43,10 @@ pub(crate) fn rank_devices(cfg: &TrainConfig, ranks: usize) -> Result<Vec<RankDe
 
 /// The options `--device cuda` does not support yet, each named.
 fn refuse_unsupported_on_gpu(cfg: &TrainConfig) -> Result<(), TrainError> {
-    let refused = [
-        (
-            cfg.backend == Backend::Mpi,
-            "--backend mpi (use the local backend, or nccl under mpirun)",
-        ),
-        (cfg.offload_activations, "--offload-activations"),
-    ];
+    let refused = [(
+        cfg.backend == Backend::Mpi,
+        "--backend mpi (use the local backend, or nccl under mpirun)",
+    )];
     let named: Vec<&str> = refused.iter().filter(|r| r.0).map(|r| r.1).collect();
     if named.is_empty() {
         return Ok(());
