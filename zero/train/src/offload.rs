@@ -145,4 +145,6 @@ impl KeptInputs for OffloadedInputs {
 }
 
 #[cfg(test)]
+mod stream_tests;
+#[cfg(test)]
 mod tests;
