@@ -11,8 +11,8 @@
 use zero::{EngineConfig, EngineOps, ZeroStage};
 use zero_gpt::{init_unit, Gpt, GptConfig, Rng};
 use zero_train::bridge::{
-    activation_arena_bytes, arena_activations, full_params, gpt_engine_on, micro_step,
-    ActivationPlacement, Placement,
+    activation_arena_bytes, arena_activations, gpt_engine_on, micro_step, ActivationPlacement,
+    Placement,
 };
 use zero_train::device::cuda::{ranks, CudaRank};
 
@@ -82,8 +82,11 @@ fn rank_run<B: Placement>(
         engine.step(1e-2).unwrap();
         losses.push(loss.to_bits());
     }
-    let params = full_params(&mut engine).unwrap();
-    let params = params.iter().flatten().map(|x| x.to_bits()).collect();
+    // Read through the arena's byte copies (a CUDA arena has no host view).
+    let params = (0..engine.units().len())
+        .flat_map(|u| engine.with_whole_params(u, <[f32]>::to_vec).unwrap())
+        .map(f32::to_bits)
+        .collect();
     Run {
         bits: (losses, params),
         arena_taken,
