@@ -21,7 +21,7 @@ mode="${1:-}"
 TESTS=(cuda_kernels cuda_model gpt_generic nvrtc_compile)   # zero-gpt
 COMM_TESTS=(nccl_device device_local_cuda device_local_nvrtc)   # zero-comm
 ENGINE_TESTS=(kernels_cuda kernels_nvrtc)        # zero: the engine's kernels
-TRAIN_TESTS=(cuda_stages)                        # zero-train: stages 0-3 on one GPU
+TRAIN_TESTS=(cuda_stages cuda_offload)           # zero-train: stages 0-3, activation offload
 ALL_TESTS=("${TESTS[@]}" "${COMM_TESTS[@]}" "${ENGINE_TESTS[@]}" "${TRAIN_TESTS[@]}")
 
 build() {
@@ -148,7 +148,8 @@ run() {
     return "$failed"
 }
 
-# zero-train --device cuda: a smoke run of the default model at N_d = 2, stage 3, then GPT-2
+# zero-train --device cuda: a smoke run of the default model at N_d = 2, stage 3 (and one with
+# its activation checkpoints offloaded to pinned host memory), then GPT-2
 # 124M (bf16, T = 1024) at stage 0 with one rank and at stage 3 with four ranks on the GPU,
 # each with its tokens/s, MFU and peak arena bytes per rank in summary.txt.
 train_runs() {
@@ -159,6 +160,8 @@ train_runs() {
     fi
     local common=(--device cuda --data "$bin/data" --eval-every 0 --sample-tokens 0)
     train_one smoke "$bin" "${common[@]}" --world-size 2 --zero-stage 3 --steps 20 || failed=1
+    train_one smoke-offload "$bin" "${common[@]}" --world-size 2 --zero-stage 3 --steps 20 \
+        --activation-checkpointing --offload-activations || failed=1
     # The engine over NCCL (one rank, torchrun's variables, control traffic over TCP) against
     # the device-local backend at the same world size: the losses side by side.
     local n1=(--world-size 1 --zero-stage 2 --steps 10)

@@ -6,9 +6,9 @@
 //! (TCP under torchrun, MPI under `mpirun`: `crate::launch`) for the engine's control traffic.
 //!
 //! On the GPU the trainer runs steps, evaluation, checkpoints (which copy model states
-//! through the arena's byte copies, the path the CPU runs too) and the closing sample.
-//! Activation offload stages through host views of the arena, so it is refused there with a
-//! clear error; so are the MPI and TCP backends (host memory) on the GPU.
+//! through the arena's byte copies, the path the CPU runs too), activation offload (a copy
+//! stream, `crate::offload`) and the closing sample. The MPI and TCP backends (host memory)
+//! are refused there with a clear error.
 //!
 //! NCCL's communicator is bound to the thread that made it, so a [`RankDevice`] carries only
 //! what can cross threads (the communicator's unique id, the GPU's ordinal), and the engine's
@@ -55,7 +55,6 @@ pub(crate) fn refuse_unsupported_on_gpu(cfg: &TrainConfig) -> Result<(), TrainEr
             cfg.backend == Backend::Tcp,
             "--backend tcp, which moves host memory (use nccl with one process per GPU)",
         ),
-        (cfg.offload_activations, "--offload-activations"),
     ];
     let named: Vec<&str> = refused.iter().filter(|r| r.0).map(|r| r.1).collect();
     if named.is_empty() {

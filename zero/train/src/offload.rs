@@ -4,28 +4,35 @@
 //! Legend: N = B*T positions, C channels, S segments = ceil(L/K).
 //!
 //! The rank's arena holds only [`STAGING_SLOTS`] slots of one (N,C) input each; host memory
-//! holds one pinned (N,C) buffer per segment, owned by the copy thread (`copy_thread`, which
-//! also says why the order of copies and a panicked thread are safe). The protocol:
+//! holds one pinned (N,C) buffer per segment, owned by the copier that runs the copies: on
+//! the CPU a copy thread (`copy_thread`, which also says why the order of copies and a
+//! panicked thread are safe), on a GPU a copy stream ordered against the compute stream by
+//! events (`cuda`, feature `cuda`, with its soundness argument). The protocol, written once
+//! over both (`protocol`; the slots' bookkeeping in `slots`):
 //! 1. `keep(s)`: copy the model's input into a free slot and queue "slot -> host s"; forward
 //!    goes on while the thread copies (it waits only when both slots are still queued).
 //! 2. `due_next(s)`: take a free slot and queue "host s -> slot"; the model gives this hint
 //!    when its last segment starts (S-2 is restored first) and right after each restore.
 //! 3. `restore(s)`: wait for that fetch (queued one recompute and backward of a segment
 //!    earlier), copy the slot into the model's input and free it. A segment never hinted is
-//!    fetched there and then.
+//!    fetched there and then. (On a GPU the waits are the compute stream's, on events: the
+//!    host does not wait.)
 
 mod copy_thread;
+#[cfg(feature = "cuda")]
+pub(crate) mod cuda;
 mod events;
+mod protocol;
 mod slots;
 
 use zero::Engine;
 use zero_alloc::PinnedBuffer;
-use zero_gpt::{check_kept_call, Buffer, GptError, KeptInputs};
+use zero_gpt::{Buffer, GptError, KeptInputs};
 
 use crate::bridge::StepError;
-use copy_thread::{CopyThread, Job};
+use copy_thread::CopyThread;
 pub use events::{EventLog, OffloadEvent};
-use slots::StagingSlots;
+use protocol::Offloader;
 
 /// Slots of one (N,C) input the arena holds with offload (fewer when there are fewer
 /// segments): one being copied out or in while the model reads or writes the other.
@@ -37,17 +44,18 @@ pub fn staging_slots(segments: usize) -> usize {
     STAGING_SLOTS.min(segments)
 }
 
-/// [`KeptInputs`] in pinned host memory behind [`STAGING_SLOTS`] arena slots (module docs).
-#[derive(Debug)]
-pub struct OffloadedInputs {
-    copier: CopyThread,
-    slots: StagingSlots,
-    shape: (usize, usize),
-    slot_bytes: u64,
-    host_bytes: u64,
-    failure: Option<String>,
-    log: Option<EventLog>,
+/// Bytes of one (N,C) input of `input_len` floats.
+fn input_bytes(input_len: usize) -> Result<usize, GptError> {
+    input_len.checked_mul(4).ok_or(GptError::KeptInputs {
+        segment: 0,
+        reason: "input bytes overflow usize".into(),
+    })
 }
+
+/// [`KeptInputs`] in pinned host memory behind [`STAGING_SLOTS`] arena slots, copied by a
+/// thread (module docs).
+#[derive(Debug)]
+pub struct OffloadedInputs(Offloader<CopyThread>);
 
 /// Offloaded kept inputs for `segments` inputs of `input_len` (N*C) floats: the slots lent
 /// from `engine`'s arena for good, the host buffers pinned.
@@ -62,10 +70,7 @@ pub fn offloaded_inputs(
     let slots = (0..staging_slots(segments))
         .map(|_| -> Result<Buffer, StepError> { Ok(Box::new(engine.lend_f32(input_len)?)) })
         .collect::<Result<Vec<_>, _>>()?;
-    let bytes = input_len.checked_mul(4).ok_or(GptError::KeptInputs {
-        segment: 0,
-        reason: "input bytes overflow usize".into(),
-    })?;
+    let bytes = input_bytes(input_len)?;
     let hosts = (0..segments)
         .map(|_| PinnedBuffer::new(bytes).map_err(zero::Error::from))
         .collect::<Result<Vec<_>, _>>()?;
@@ -84,167 +89,62 @@ impl OffloadedInputs {
         hosts: Vec<PinnedBuffer>,
         input_len: usize,
     ) -> Result<Self, GptError> {
-        let bad = |what, got| GptError::SizeMismatch {
-            what,
-            expected: input_len,
-            got,
-        };
-        if let Some(slot) = slots.iter().find(|s| s.floats().len() != input_len) {
-            return Err(bad("offload staging slot", slot.floats().len()));
-        }
-        if let Some(host) = hosts
-            .iter()
-            .find(|h| h.len() % 4 != 0 || h.len() / 4 != input_len)
-        {
-            return Err(bad("offload host buffer (floats)", host.len() / 4));
-        }
-        if slots.is_empty() && !hosts.is_empty() {
-            return Err(bad("offload staging slots", 0));
-        }
+        check_hosts(&hosts, input_len)?;
         let segments = hosts.len();
-        Ok(Self {
-            copier: CopyThread::spawn(hosts)?,
-            slot_bytes: 4 * (slots.len() * input_len) as u64,
-            host_bytes: 4 * (segments * input_len) as u64,
-            slots: StagingSlots::new(slots),
-            shape: (segments, input_len),
-            failure: None,
-            log: None,
-        })
+        let copier = CopyThread::spawn(hosts)?;
+        Ok(Self(Offloader::new(copier, slots, segments, input_len)?))
     }
 
     /// Records every [`OffloadEvent`] into `log` from now on.
     #[must_use]
     pub fn with_event_log(mut self, log: EventLog) -> Self {
-        self.log = Some(log);
+        self.0.set_event_log(log);
         self
     }
+}
 
-    fn record(&self, event: OffloadEvent) {
-        if let Some(Ok(mut log)) = self.log.as_ref().map(|l| l.lock()) {
-            log.push(event);
-        }
-    }
-
-    /// Marks the offloader failed: this and every later call return `reason`.
-    fn fail(&mut self, segment: usize, reason: String) -> GptError {
-        let reason = self.failure.get_or_insert(reason).clone();
-        GptError::KeptInputs { segment, reason }
-    }
-
-    fn check(&self, segment: usize, len: usize) -> Result<(), GptError> {
-        check_kept_call(self.shape, segment, len)?;
-        match &self.failure {
-            Some(reason) => Err(GptError::KeptInputs {
-                segment,
-                reason: reason.clone(),
-            }),
-            None => Ok(()),
-        }
-    }
-
-    fn send(&mut self, segment: usize, job: Job) -> Result<(), GptError> {
-        if !self.copier.send(job) {
-            return Err(self.fail(segment, "the copy thread stopped".into()));
-        }
-        Ok(())
-    }
-
-    /// Waits for the oldest queued copy (callers check it has one in flight) and files its
-    /// slot.
-    fn collect_one(&mut self, segment: usize) -> Result<(), GptError> {
-        let Some(done) = self.copier.recv() else {
-            return Err(self.fail(segment, "the copy thread stopped (a copy panicked)".into()));
-        };
-        if let Err(reason) = done.result {
-            return Err(self.fail(done.segment, reason));
-        }
-        self.slots
-            .file_completed(done.segment, done.slot, done.fetch);
-        Ok(())
-    }
-
-    /// A free slot: waits for queued copies to hand one back, or reuses the oldest fetched
-    /// slot (its segment stays on host and can be fetched again).
-    fn free_slot(&mut self, segment: usize) -> Result<Buffer, GptError> {
-        loop {
-            if let Some(slot) = self.slots.pop_free() {
-                return Ok(slot);
-            }
-            if self.copier.in_flight() > 0 {
-                self.collect_one(segment)?;
-            } else if let Some(slot) = self.slots.take_oldest_fetched() {
-                return Ok(slot);
-            } else {
-                return Err(self.fail(segment, "no staging slot".into()));
-            }
-        }
+/// Refuses a host buffer that is not `input_len` floats.
+fn check_hosts(hosts: &[PinnedBuffer], input_len: usize) -> Result<(), GptError> {
+    match hosts
+        .iter()
+        .find(|h| h.len() % 4 != 0 || h.len() / 4 != input_len)
+    {
+        Some(host) => Err(GptError::SizeMismatch {
+            what: "offload host buffer (floats)",
+            expected: input_len,
+            got: host.len() / 4,
+        }),
+        None => Ok(()),
     }
 }
 
 impl KeptInputs for OffloadedInputs {
     fn shape(&self) -> (usize, usize) {
-        self.shape
+        self.0.shape()
     }
 
     fn keep(&mut self, segment: usize, input: &[f32]) -> Result<(), GptError> {
-        self.check(segment, input.len())?;
-        self.slots.forget(segment);
-        let mut slot = self.free_slot(segment)?;
-        slot.floats_mut().copy_from_slice(input);
-        self.send(segment, Job::ToHost { segment, slot })?;
-        self.record(OffloadEvent::KeepQueued(segment));
-        Ok(())
+        self.0.keep(segment, input)
     }
 
     fn due_next(&mut self, segment: usize) -> Result<(), GptError> {
-        self.check(segment, self.shape.1)?;
-        if self.slots.fetch_pending(segment) {
-            return Ok(());
-        }
-        let slot = self.free_slot(segment)?;
-        let fetch = self.slots.next_fetch_id();
-        let job = Job::ToSlot {
-            segment,
-            slot,
-            fetch,
-        };
-        self.send(segment, job)?;
-        self.slots.fetch_queued(segment, fetch);
-        self.record(OffloadEvent::FetchQueued(segment));
-        Ok(())
+        self.0.due_next(segment)
     }
 
     fn restore(&mut self, segment: usize, input: &mut [f32]) -> Result<(), GptError> {
-        self.check(segment, input.len())?;
-        let fetched_ahead = self.slots.fetch_pending(segment);
-        self.due_next(segment)?;
-        let slot = loop {
-            if let Some(slot) = self.slots.take_fetched(segment) {
-                break slot;
-            }
-            if self.copier.in_flight() == 0 {
-                return Err(self.fail(segment, "its fetch was lost".into()));
-            }
-            self.collect_one(segment)?;
-        };
-        input.copy_from_slice(slot.floats());
-        self.slots.release(slot);
-        self.record(OffloadEvent::Restored {
-            segment,
-            fetched_ahead,
-        });
-        Ok(())
+        self.0.restore(segment, input)
     }
 
     fn resident_bytes(&self) -> u64 {
-        self.slot_bytes
+        self.0.resident_bytes()
     }
 
     fn offloaded_bytes(&self) -> u64 {
-        self.host_bytes
+        self.0.offloaded_bytes()
     }
 }
 
+#[cfg(test)]
+mod stream_tests;
 #[cfg(test)]
 mod tests;

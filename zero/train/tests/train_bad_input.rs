@@ -186,14 +186,15 @@ fn the_gpu_path_names_the_options_it_does_not_support() {
             "cuda",
             "--save",
             save.to_str().unwrap(),
-            "--offload-activations",
+            "--backend",
+            "tcp",
         ]
         .map(String::from),
     );
-    args.extend(["--activation-checkpointing"].map(String::from));
+    // Refused before any peer is waited for (no launch variables are set here).
     let (ok, stderr) = zero_train(&args);
     assert!(!ok && !stderr.contains("panicked"), "{stderr}");
-    assert!(stderr.contains("--offload-activations"), "{stderr}");
+    assert!(stderr.contains("--backend tcp"), "{stderr}");
     assert!(!save.exists(), "a refused run wrote its checkpoint folder");
 }
 

@@ -166,14 +166,13 @@ mod cuda {
         }
 
         fn offloaded_kept(
-            _engine: &mut Engine,
-            _segments: usize,
-            _input_len: usize,
+            engine: &mut Engine,
+            segments: usize,
+            input_len: usize,
         ) -> Result<Box<dyn KeptInputs<DeviceSlice>>, StepError> {
-            Err(zero::Error::Order(
-                "offloading activation checkpoints is not built for --device cuda".into(),
-            )
-            .into())
+            Ok(Box::new(crate::offload::cuda::offloaded_device_inputs(
+                engine, segments, input_len,
+            )?))
         }
     }
 

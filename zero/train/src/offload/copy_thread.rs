@@ -14,36 +14,14 @@ use std::thread::JoinHandle;
 use zero_alloc::PinnedBuffer;
 use zero_gpt::{Buffer, GptError};
 
-/// One copy between a staging slot and segment `segment`'s host buffer.
-pub(super) enum Job {
-    ToHost {
-        segment: usize,
-        slot: Buffer,
-    },
-    ToSlot {
-        segment: usize,
-        slot: Buffer,
-        fetch: u64,
-    },
-    #[cfg(test)]
-    Panic,
-}
-
-/// A completed job, handing its slot back.
-pub(super) struct Done {
-    pub(super) segment: usize,
-    pub(super) slot: Buffer,
-    /// The fetch's id, or `None` for a copy to host.
-    pub(super) fetch: Option<u64>,
-    pub(super) result: Result<(), String>,
-}
+use super::protocol::{Copier, Done, Job};
 
 /// The main thread's end of the copy thread: the two channels, the handle, and how many
 /// queued jobs have not been collected.
 #[derive(Debug)]
-pub(super) struct CopyThread {
-    jobs: Option<Sender<Job>>,
-    done: Receiver<Done>,
+pub(crate) struct CopyThread {
+    jobs: Option<Sender<Job<Buffer>>>,
+    done: Receiver<Done<Buffer>>,
     thread: Option<JoinHandle<()>>,
     in_flight: usize,
 }
@@ -70,29 +48,46 @@ impl CopyThread {
             in_flight: 0,
         })
     }
+}
 
-    /// Queues `job`; `false` when the thread has stopped.
-    pub(super) fn send(&mut self, job: Job) -> bool {
+impl Copier for CopyThread {
+    type Slot = Buffer;
+    type View = [f32];
+
+    fn slot_len(slot: &Buffer) -> usize {
+        slot.floats().len()
+    }
+
+    fn send(&mut self, job: Job<Buffer>) -> Result<(), String> {
         let sent = self
             .jobs
             .as_ref()
             .is_some_and(|jobs| jobs.send(job).is_ok());
-        if sent {
-            self.in_flight += 1;
+        if !sent {
+            return Err("the copy thread stopped".into());
         }
-        sent
+        self.in_flight += 1;
+        Ok(())
     }
 
-    /// Jobs queued and not yet collected.
-    pub(super) fn in_flight(&self) -> usize {
+    fn in_flight(&self) -> usize {
         self.in_flight
     }
 
-    /// Waits for the oldest queued job; `None` when the thread has stopped (a job panicked).
-    pub(super) fn recv(&mut self) -> Option<Done> {
+    fn recv(&mut self) -> Option<Done<Buffer>> {
         let done = self.done.recv().ok()?;
         self.in_flight -= 1;
         Some(done)
+    }
+
+    fn stage(&mut self, slot: &mut Buffer, input: &[f32]) -> Result<(), String> {
+        slot.floats_mut().copy_from_slice(input);
+        Ok(())
+    }
+
+    fn unstage(&mut self, slot: &Buffer, input: &mut [f32]) -> Result<(), String> {
+        input.copy_from_slice(slot.floats());
+        Ok(())
     }
 }
 
@@ -108,7 +103,11 @@ impl Drop for CopyThread {
 }
 
 /// The copy thread: runs jobs in order until the job channel closes.
-fn copy_loop(mut hosts: Vec<PinnedBuffer>, jobs: &Receiver<Job>, done: &Sender<Done>) {
+fn copy_loop(
+    mut hosts: Vec<PinnedBuffer>,
+    jobs: &Receiver<Job<Buffer>>,
+    done: &Sender<Done<Buffer>>,
+) {
     for job in jobs {
         let (segment, mut slot, fetch) = match job {
             Job::ToHost { segment, slot } => (segment, slot, None),

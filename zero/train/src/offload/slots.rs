@@ -1,22 +1,20 @@
 //! The arena's staging slots and what each holds: free, fetched (holding a segment copied
 //! back from host), or out on a queued job (then held by the job, not here).
 
-use zero_gpt::Buffer;
-
-/// Staging slots not out on a job, and the fetches queued.
+/// Staging slots (of type `S`: host or device memory) not out on a job, and the fetches queued.
 #[derive(Debug)]
-pub(super) struct StagingSlots {
-    free: Vec<Buffer>,
+pub(super) struct StagingSlots<S> {
+    free: Vec<S>,
     /// Slots holding a fetched segment, oldest first.
-    fetched: Vec<(usize, Buffer)>,
+    fetched: Vec<(usize, S)>,
     /// Fetches queued and not yet completed: (segment, id).
     fetching: Vec<(usize, u64)>,
     next_fetch: u64,
 }
 
-impl StagingSlots {
+impl<S> StagingSlots<S> {
     /// All of `slots` free.
-    pub(super) fn new(slots: Vec<Buffer>) -> Self {
+    pub(super) fn new(slots: Vec<S>) -> Self {
         Self {
             free: slots,
             fetched: Vec::new(),
@@ -25,21 +23,21 @@ impl StagingSlots {
         }
     }
 
-    pub(super) fn pop_free(&mut self) -> Option<Buffer> {
+    pub(super) fn pop_free(&mut self) -> Option<S> {
         self.free.pop()
     }
 
-    pub(super) fn release(&mut self, slot: Buffer) {
+    pub(super) fn release(&mut self, slot: S) {
         self.free.push(slot);
     }
 
     /// The oldest fetched slot (its segment stays on host and can be fetched again).
-    pub(super) fn take_oldest_fetched(&mut self) -> Option<Buffer> {
+    pub(super) fn take_oldest_fetched(&mut self) -> Option<S> {
         (!self.fetched.is_empty()).then(|| self.fetched.remove(0).1)
     }
 
     /// The slot a completed fetch of `segment` filled, if there is one.
-    pub(super) fn take_fetched(&mut self, segment: usize) -> Option<Buffer> {
+    pub(super) fn take_fetched(&mut self, segment: usize) -> Option<S> {
         let at = self.fetched.iter().position(|&(s, _)| s == segment)?;
         Some(self.fetched.remove(at).1)
     }
@@ -73,7 +71,7 @@ impl StagingSlots {
 
     /// Files the slot a completed job handed back: fetched when it is a fetch still
     /// wanted, free otherwise (a copy to host, or a fetch a later keep made stale).
-    pub(super) fn file_completed(&mut self, segment: usize, slot: Buffer, fetch: Option<u64>) {
+    pub(super) fn file_completed(&mut self, segment: usize, slot: S, fetch: Option<u64>) {
         let current = fetch.and_then(|id| {
             let at = self.fetching.iter().position(|&(_, f)| f == id)?;
             Some(self.fetching.remove(at))

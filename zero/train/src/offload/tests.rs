@@ -59,7 +59,7 @@ fn a_keep_after_a_prefetch_of_the_same_segment_wins() {
 fn a_panicked_copy_job_is_an_error_from_the_next_waiting_call_and_after() {
     let mut kept = offloader(3, 2);
     kept.keep(0, &input(0)).unwrap();
-    kept.send(0, Job::Panic).unwrap();
+    kept.0.send(0, protocol::Job::Panic).unwrap();
     let first = kept.restore(0, &mut [0.0; N]);
     assert!(
         matches!(&first, Err(GptError::KeptInputs { reason, .. }) if reason.contains("stopped")),
