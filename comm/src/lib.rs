@@ -1,6 +1,7 @@
 //! Collectives for ZeRO: one [`Communicator`] API over in-process threads (the [`local`]
-//! backend) and MPI processes (`mpi`, feature `mpi`), and a device-buffer communicator over
-//! NCCL (`nccl::NcclComm`, feature `cuda`).
+//! backend), processes joined over TCP through rank 0 ([`tcp`], torchrun's launch variables)
+//! and MPI processes (`mpi`, feature `mpi`), and a device-buffer communicator over NCCL
+//! (`nccl::NcclComm`, feature `cuda`).
 //!
 //! - Blocking collectives over plain slices `&[T]` / `&mut [T]` (`T` = `f32`, `bf16`, `f16`;
 //!   halves reduce in f32), in-place and out-of-place, sum/avg/max/min, and `split` for
