@@ -170,7 +170,11 @@ pub fn arena_activations<B: Placement>(
     let kept = if placement.offloads() {
         let kept_len = activation_buffers(config, b, t, every)?[KEPT_INPUTS];
         let (segments, input_len) = kept_shape(config, b, t, kept_len);
-        Some(B::offloaded_kept(engine, segments, input_len)?)
+        Some(
+            model
+                .backend()
+                .offloaded_kept(engine, segments, input_len)?,
+        )
     } else {
         None
     };

@@ -43,11 +43,13 @@ pub trait Placement: Backend + Sized {
     fn to_host<'v>(&self, view: &'v Self::Slice) -> Result<Cow<'v, [f32]>, GptError>;
 
     /// Kept block inputs in pinned host memory, staged through `segments` x `input_len`
-    /// floats of the arena ([`crate::offload`]).
+    /// floats of the arena ([`crate::offload`]); the copies are ordered after the work of
+    /// `self`, the model's backend.
     ///
     /// # Errors
     /// Arena errors; a backend whose offload is not built.
     fn offloaded_kept(
+        &self,
         engine: &mut Engine,
         segments: usize,
         input_len: usize,
@@ -79,6 +81,7 @@ impl Placement for CpuBackend {
     }
 
     fn offloaded_kept(
+        &self,
         engine: &mut Engine,
         segments: usize,
         input_len: usize,
@@ -166,12 +169,16 @@ mod cuda {
         }
 
         fn offloaded_kept(
+            &self,
             engine: &mut Engine,
             segments: usize,
             input_len: usize,
         ) -> Result<Box<dyn KeptInputs<DeviceSlice>>, StepError> {
             Ok(Box::new(crate::offload::cuda::offloaded_device_inputs(
-                engine, segments, input_len,
+                engine,
+                self.stream(),
+                segments,
+                input_len,
             )?))
         }
     }

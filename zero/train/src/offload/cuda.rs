@@ -70,12 +70,15 @@ fn reason(op: &'static str) -> impl Fn(DriverError) -> String {
 
 /// Offloaded kept inputs on the GPU of `engine`'s arena, for `segments` inputs of
 /// `input_len` (N*C) floats: the slots lent from the arena for good (the plan's
-/// [`staging_slots`] blocks of one input, as on the CPU), the host buffers pinned.
+/// [`staging_slots`] blocks of one input, as on the CPU), the host buffers pinned. `compute`
+/// is the stream the model's kernels run on (the copier's O1/O2 order against it), on the
+/// arena's GPU.
 ///
 /// # Errors
 /// A host arena; arena errors (a cap too small); a refused driver call.
 pub(crate) fn offloaded_device_inputs(
     engine: &mut Engine,
+    compute: &Arc<CudaStream>,
     segments: usize,
     input_len: usize,
 ) -> Result<Offloader<StreamCopier>, StepError> {
@@ -106,7 +109,7 @@ pub(crate) fn offloaded_device_inputs(
         .map(|h| h.as_bytes_mut().as_mut_ptr() as usize)
         .collect();
     let copier = StreamCopier {
-        compute: ctx.default_stream(),
+        compute: Arc::clone(compute),
         copy: ctx.new_stream().map_err(driver("cuStreamCreate"))?,
         compute_mark: ctx.new_event(None).map_err(driver("cuEventCreate"))?,
         _hosts: hosts,
@@ -221,9 +224,12 @@ impl Copier for StreamCopier {
 
 impl Drop for StreamCopier {
     fn drop(&mut self) {
-        // O3: no copy may outlive the host buffers freed after this.
+        // O3: no copy may outlive the host buffers freed after this. When the wait fails
+        // (a device error, or a stale error cudarc reports before waiting) the copies may
+        // still run, so the host buffers are leaked rather than freed under them.
         if let Err(e) = self.copy.synchronize() {
-            tracing::warn!(error = ?e, "waiting for the activation offload copies failed");
+            tracing::warn!(error = ?e, "waiting for the activation offload copies failed; leaking their pinned host buffers");
+            std::mem::forget(std::mem::take(&mut self._hosts));
         }
     }
 }
