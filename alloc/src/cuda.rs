@@ -152,6 +152,11 @@ impl DeviceRegion {
             .map_err(cuda_err("copy stream synchronize"))
     }
 
+    /// The stream that orders the arena's copies and moves.
+    pub(crate) fn stream(&self) -> &Arc<CudaStream> {
+        &self.stream
+    }
+
     /// Waits for every copy issued on the arena's stream.
     pub(crate) fn synchronize(&self) -> Result<()> {
         self.stream

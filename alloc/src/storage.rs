@@ -95,6 +95,15 @@ impl Storage {
         }
     }
 
+    /// The stream that orders CUDA storage's copies and moves.
+    #[cfg(feature = "cuda")]
+    pub(crate) fn device_stream(&self) -> Option<&std::sync::Arc<cudarc::driver::CudaStream>> {
+        match self {
+            Self::Cuda(region) => Some(region.stream()),
+            _ => None,
+        }
+    }
+
     /// Waits for every move issued so far (device copies are asynchronous).
     pub(crate) fn finish(&self) -> Result<()> {
         match self {

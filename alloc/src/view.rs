@@ -226,4 +226,12 @@ impl Arena {
             _arena: PhantomData,
         })
     }
+
+    /// The stream on which a CUDA arena orders its copies and defragmentation moves (`None`
+    /// for a host or accounting arena). Another stream that works on a block orders itself
+    /// after this one with an event, and this one after it the same way, instead of
+    /// [`Arena::synchronize`] on the host.
+    pub fn cuda_stream(&self) -> Option<&std::sync::Arc<cudarc::driver::CudaStream>> {
+        self.storage.device_stream()
+    }
 }

@@ -36,6 +36,13 @@ impl NcclWork {
             .map_err(driver_error("cuStreamWaitEvent"))
     }
 
+    /// When the group's timeout runs out: past it, a [`wait`](NcclWork::wait) on unfinished
+    /// collectives polls once and reports the timeout (aborting the communicator), so a caller
+    /// that only polls with [`is_done`](NcclWork::is_done) can still bound a hang.
+    pub fn deadline(&self) -> Instant {
+        self.deadline
+    }
+
     /// True when the collectives finished; never blocks.
     ///
     /// # Errors

@@ -21,12 +21,17 @@
 //! double the groups (and MPI's staging) of every host run.
 //!
 //! A launched collective owns its block until it lands ([`Flight::land`]): the block is
-//! pinned, so the arena refuses to view, move or free it meanwhile.
+//! pinned, so the arena refuses to view, move or free it meanwhile. Flights are not `Send`
+//! either: an NCCL flight holds its pending work, which is bound to the communicator's
+//! thread, and the engine that queues them is not `Send`.
 
 mod device_local;
 mod host;
 #[cfg(feature = "cuda")]
 mod nccl;
+// Used by `nccl` only; compiled everywhere so that the CPU tests check its bookkeeping.
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+mod stream_order;
 
 use std::fmt::Debug;
 
@@ -90,7 +95,9 @@ pub(crate) fn span_offset(
     Ok((span.start * dtype.size()) as u64)
 }
 
-/// A launched collective; [`Flight::land`] waits for it and returns its block, unpinned.
+/// A launched collective; [`Flight::land`] returns its block, unpinned, once later work on
+/// the block is ordered after the collective: by a host wait (host collectives) or by the
+/// arena's stream waiting for it on the device (NCCL).
 #[must_use = "a launched collective keeps its block pinned until it lands"]
 pub struct Flight(Box<dyn Land>);
 
@@ -112,7 +119,8 @@ impl Flight {
         Self::new(Finished { block, ended })
     }
 
-    /// Waits for the collective and gives its block back to `arena`.
+    /// Gives the block back to `arena` once the collective is done with it, or ordered so
+    /// that whatever the arena does next comes after it.
     ///
     /// # Errors
     /// The collective's failure (timeout, a rank gone, a device error); arena errors.
@@ -122,8 +130,8 @@ impl Flight {
 }
 
 /// What an implementation keeps of a launched collective.
-pub trait Land: Send {
-    /// Waits for the collective and gives its block back to `arena`, unpinned.
+pub trait Land {
+    /// Gives the block back to `arena`, unpinned, as [`Flight::land`] says.
     ///
     /// # Errors
     /// As [`Flight::land`].

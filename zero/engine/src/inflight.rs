@@ -54,7 +54,7 @@ impl InFlight {
     }
 }
 
-trait Pending: Send {
+trait Pending {
     fn unit(&self) -> usize;
     fn finish(self: Box<Self>, engine: &mut Engine) -> Result<()>;
 }
@@ -105,7 +105,7 @@ impl Prefetch {
     }
 }
 
-trait PendingGather: Send {
+trait PendingGather {
     fn land(&mut self, engine: &mut Engine) -> Result<()>;
     /// The compute copy of a landed gather.
     fn finish(self: Box<Self>, engine: &mut Engine) -> Result<Handle>;
