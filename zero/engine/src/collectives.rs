@@ -193,4 +193,15 @@ pub trait Collectives: Debug {
         op: InPlace,
         block: Handle,
     ) -> Result<Flight>;
+
+    /// Waits on the host for every collective that landed in stream order but may still run
+    /// on the device, surfacing its failure or timeout. The engine calls it at the optimizer
+    /// step, before any host read that would otherwise block on a collective with no
+    /// timeout (a dead peer). The default has nothing pending.
+    ///
+    /// # Errors
+    /// The first such collective's failure or timeout.
+    fn settle(&mut self) -> Result<()> {
+        Ok(())
+    }
 }

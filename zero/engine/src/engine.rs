@@ -111,6 +111,13 @@ pub type UnitViews<'a> = (Vec<&'a [f32]>, Vec<&'a mut [f32]>);
 #[derive(Debug)]
 pub struct Engine {
     pub(crate) comm: Communicator,
+    /// Stage 3: all-gathers launched ahead of the units' `gather` calls. Declared before
+    /// `arena` so that it drops first: a flight dropped unlanded waits for its collective,
+    /// which must not outlive the arena's memory.
+    pub(crate) prefetched: Vec<Option<Prefetch>>,
+    /// Gradient reductions launched and not yet accumulated, oldest first (before `arena`,
+    /// as `prefetched`).
+    pub(crate) in_flight: VecDeque<InFlight>,
     pub(crate) arena: Arena,
     /// Every pass over model-state bytes runs through these.
     pub(crate) kernels: Box<dyn Kernels>,
@@ -128,10 +135,6 @@ pub struct Engine {
     pub(crate) steps: u64,
     pub(crate) traffic: Traffic,
     pub(crate) order: OrderCheck,
-    /// Stage 3: all-gathers launched ahead of the units' `gather` calls.
-    pub(crate) prefetched: Vec<Option<Prefetch>>,
-    /// Gradient reductions launched and not yet accumulated, oldest first.
-    pub(crate) in_flight: VecDeque<InFlight>,
     /// fp16's dynamic loss scale (1 and inert otherwise).
     pub(crate) scaler: LossScaler,
     /// Bytes lent to the model for good ([`Engine::lend_f32`]), within the declared

@@ -53,6 +53,9 @@ impl Engine {
         }
         self.complete_reductions(0)?;
         self.drop_prefetches()?;
+        // Before the host reads below (overflow flags, norms), which would block on a
+        // collective of a dead peer with no timeout.
+        self.collectives.settle()?;
         self.order.end_step();
         let loss_scale = self.scaler.scale;
         if self.config.precision == Precision::Fp16 && self.any_rank_overflowed()? {

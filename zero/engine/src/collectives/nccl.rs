@@ -30,11 +30,12 @@
 //!   zero-comm's timeout), and at the next blocking all-gather or [`NcclCollectives::settle`].
 //! - N4 (drop): a flight dropped without landing waits for its work on the host (bounded by
 //!   the communicator's timeout; the outcome is logged) and leaves its block pinned, so the
-//!   arena never moves, reuses or frees bytes NCCL may still write. Not covered: the engine
-//!   declares its arena before its flight queues, so dropping an engine with flights in the
-//!   air frees the arena's memory (in the arena's stream order, which NCCL's stream is not
-//!   in) before the flights' `Drop` waits; an engine that lands or drops its flights first
-//!   closes that.
+//!   arena never moves, reuses or frees bytes NCCL may still write. The engine declares its
+//!   flight queues before its arena, so dropping an engine with flights in the air runs
+//!   their waits before the arena frees its memory. The engine's optimizer step calls
+//!   [`Collectives::settle`] (a host wait, bounded by the timeout, for every landed work)
+//!   before it reads flags and norms on the host, so a dead peer is a timeout there, not a
+//!   host read blocked forever behind NCCL on the arena's stream.
 //!
 //! Decision: a flight holds its `NcclWork` (not `Send`, zero-comm's S2; neither are
 //! flights, nor the engine). Rejected: waiting for NCCL at launch, which serialised every
@@ -163,6 +164,10 @@ impl StreamWork for NcclWork {
 impl Collectives for NcclCollectives {
     fn name(&self) -> &'static str {
         "nccl"
+    }
+
+    fn settle(&mut self) -> Result<()> {
+        NcclCollectives::settle(self)
     }
 
     fn all_gather(
