@@ -1,15 +1,20 @@
-//! Causal attention as cuBLAS strided-batched products over the B*NH (batch row, head)
-//! pairs, with the backend's scratch layout: pure data, tested on the CPU.
+//! Causal attention as cuBLAS strided-batched products over the (batch row, head) pairs, with
+//! the backend's scratch layout: pure data, tested on the CPU.
 //!
 //! Legend: B batch, T sequence, C channels, NH heads, hs = C/NH.
 //!
 //! The CUDA backend permutes q, k, v out of qkv (B,T,3,NH,hs) into (B,NH,T,hs) each, so every
-//! (b, h) pair's q, k, v are contiguous row-major (T,hs) matrices and its scores a row-major
-//! (T,T) matrix, one fixed stride apart. As in [`super::gemm`], a row-major product X = A·B
-//! is computed column-major as Xᵀ = Bᵀ·Aᵀ. The scale 1/sqrt(hs) is applied by the softmax
-//! kernels, not by alpha, as the CPU kernel scales the dot product. The caller's `att`
-//! (B,T,NH,T) is not one stride per pair (its rows of one pair are NH*T apart and its pairs
-//! T or T*NH*T apart), so the backward first permutes it into the scores scratch.
+//! (b, h) pair's q, k, v are contiguous row-major (T,hs) matrices, one fixed stride apart. As
+//! in [`super::gemm`], a row-major product X = A·B is computed column-major as Xᵀ = Bᵀ·Aᵀ.
+//! The scale 1/sqrt(hs) is applied by the softmax kernels, not by alpha, as the CPU kernel
+//! scales the dot product.
+//!
+//! The caller's att (B,T,NH,T) is read and written in place. Within one batch row b, head h's
+//! (T,T) matrix starts at b*T*NH*T + h*T with rows NH*T apart: one call of batch NH (ld NH*T,
+//! stride T) covers the row. Across batch rows the pairs are T*NH*T apart, not NH*T, so no
+//! single stride covers all B*NH pairs: a step that touches att is B calls of batch NH. The
+//! backward's d(att) and d(score) live in the scratch's (B,NH,T,T) region, one call of batch
+//! B*NH each.
 
 use super::geometry::checked_product;
 use crate::{GptError, Result};
@@ -29,7 +34,7 @@ pub enum Region {
     /// The output before the heads are merged (forward), or `dout` split into heads
     /// (backward): (B,NH,T,hs).
     Y,
-    /// Scores, softmax weights, d(att) or d(score), by step: (B,NH,T,T).
+    /// d(att), then d(score), in the backward: (B,NH,T,T). The forward does not use it.
     Scores,
     /// Gradients of Q, K, V: (B,NH,T,hs) each.
     DQ,
@@ -63,8 +68,9 @@ fn int(what: &'static str, value: usize) -> Result<i32> {
 }
 
 impl AttentionShape {
-    /// Checks that T, hs, the batch count B*NH and each per-pair matrix (T*T, T*hs) fit an
-    /// `int`, and that the whole scratch fits a usize (strides are 64-bit in cuBLAS).
+    /// Checks that T, hs, the batch count B*NH, each per-pair matrix (T*T, T*hs) and att's row
+    /// stride NH*T fit an `int`, and that the whole scratch and att (B*NH*T*T, the size of the
+    /// scores region) fit a usize (strides are 64-bit in cuBLAS).
     ///
     /// # Errors
     /// [`GptError::LaunchTooLarge`] naming the first dimension that does not fit.
@@ -87,6 +93,7 @@ impl AttentionShape {
         int("B*NH", checked_product(KERNEL, "B*NH", &[b, nh])?)?;
         int("T*T", checked_product(KERNEL, "T*T", &[t, t])?)?;
         int("T*hs", checked_product(KERNEL, "T*hs", &[t, shape.hs])?)?;
+        int("NH*T", checked_product(KERNEL, "NH*T", &[nh, t])?)?;
         AttentionScratch::new(shape)?;
         Ok(shape)
     }
@@ -141,150 +148,11 @@ impl AttentionScratch {
     }
 }
 
-/// One `cublasGemmStridedBatchedEx` call: for each i < batch, C_i = alpha op(A_i) op(B_i) +
-/// beta C_i, column-major, X_i starting `stride_x` elements after X_{i-1}.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct BatchedCall {
-    /// op(A) = Aᵀ.
-    pub trans_a: bool,
-    /// op(B) = Bᵀ.
-    pub trans_b: bool,
-    /// Rows of op(A) and C.
-    pub m: i32,
-    /// Columns of op(B) and C.
-    pub n: i32,
-    /// Columns of op(A), rows of op(B).
-    pub k: i32,
-    /// The region A.
-    pub a: Region,
-    /// Leading dimension of A.
-    pub lda: i32,
-    /// Elements between consecutive A_i.
-    pub stride_a: i64,
-    /// The region B.
-    pub b: Region,
-    /// Leading dimension of B.
-    pub ldb: i32,
-    /// Elements between consecutive B_i.
-    pub stride_b: i64,
-    /// The region C.
-    pub c: Region,
-    /// Leading dimension of C.
-    pub ldc: i32,
-    /// Elements between consecutive C_i.
-    pub stride_c: i64,
-    /// Matrices (B*NH).
-    pub batch: i32,
-    /// alpha.
-    pub alpha: f32,
-    /// beta.
-    pub beta: f32,
-}
-
-/// The per-pair shapes as C ints and strides; [`AttentionShape::new`] checked them.
-struct Dims {
-    t: i32,
-    hs: i32,
-    batch: i32,
-    tt: i64,
-    ths: i64,
-}
-
-fn dims(s: AttentionShape) -> Dims {
-    // Checked to fit an i32 by AttentionShape::new.
-    let as_int = |v: usize| i32::try_from(v).unwrap_or(i32::MAX);
-    Dims {
-        t: as_int(s.t),
-        hs: as_int(s.hs),
-        batch: as_int(s.b * s.nh),
-        tt: i64::from(as_int(s.t * s.t)),
-        ths: i64::from(as_int(s.t * s.hs)),
-    }
-}
-
-/// out (T,T) = lhs (T,hs) · rhsᵀ: outᵀ = rhs · lhsᵀ.
-fn by_transposed(s: AttentionShape, lhs: Region, rhs: Region, out: Region) -> BatchedCall {
-    let d = dims(s);
-    BatchedCall {
-        trans_a: true,
-        trans_b: false,
-        m: d.t,
-        n: d.t,
-        k: d.hs,
-        a: rhs,
-        lda: d.hs,
-        stride_a: d.ths,
-        b: lhs,
-        ldb: d.hs,
-        stride_b: d.ths,
-        c: out,
-        ldc: d.t,
-        stride_c: d.tt,
-        batch: d.batch,
-        alpha: 1.0,
-        beta: 0.0,
-    }
-}
-
-/// out (T,hs) = op(w) · x, with w (T,T) taken as is or transposed: outᵀ = xᵀ · op(w)ᵀ.
-fn weigh(s: AttentionShape, w: Region, transpose_w: bool, x: Region, out: Region) -> BatchedCall {
-    let d = dims(s);
-    BatchedCall {
-        trans_a: false,
-        trans_b: transpose_w,
-        m: d.hs,
-        n: d.t,
-        k: d.t,
-        a: x,
-        lda: d.hs,
-        stride_a: d.ths,
-        b: w,
-        ldb: d.t,
-        stride_b: d.tt,
-        c: out,
-        ldc: d.hs,
-        stride_c: d.ths,
-        batch: d.batch,
-        alpha: 1.0,
-        beta: 0.0,
-    }
-}
-
-/// Forward: scores = q · kᵀ (unscaled).
-#[must_use]
-pub fn scores(s: AttentionShape) -> BatchedCall {
-    by_transposed(s, Region::Q, Region::K, Region::Scores)
-}
-
-/// Forward: y = att · v, att the softmax weights in the scores region.
-#[must_use]
-pub fn weighted_values(s: AttentionShape) -> BatchedCall {
-    weigh(s, Region::Scores, false, Region::V, Region::Y)
-}
-
-/// Backward: d(v) = attᵀ · dy, att permuted into the scores region.
-#[must_use]
-pub fn d_values(s: AttentionShape) -> BatchedCall {
-    weigh(s, Region::Scores, true, Region::Y, Region::DV)
-}
-
-/// Backward: d(att) = dy · vᵀ.
-#[must_use]
-pub fn d_weights(s: AttentionShape) -> BatchedCall {
-    by_transposed(s, Region::Y, Region::V, Region::Scores)
-}
-
-/// Backward: d(q) = d(dot) · k, d(dot) the scaled softmax gradient in the scores region.
-#[must_use]
-pub fn d_queries(s: AttentionShape) -> BatchedCall {
-    weigh(s, Region::Scores, false, Region::K, Region::DQ)
-}
-
-/// Backward: d(k) = d(dot)ᵀ · q.
-#[must_use]
-pub fn d_keys(s: AttentionShape) -> BatchedCall {
-    weigh(s, Region::Scores, true, Region::Q, Region::DK)
-}
+#[path = "attention_gemm_steps.rs"]
+mod steps;
+pub use steps::{
+    d_keys, d_queries, d_values, d_weights, scores, weighted_values, BatchedCall, Buffer, Place,
+};
 
 #[cfg(test)]
 #[path = "attention_gemm_naive.rs"]

@@ -3,7 +3,7 @@
 //! CPU attention kernels.
 
 use super::naive::{
-    merge_heads, naive_batched, softmax_backward, softmax_forward, split_heads, to_bf16,
+    merge_heads, naive_batched, softmax_backward, softmax_forward, split_heads, to_bf16, Buffers,
 };
 use super::*;
 use crate::kernels::{attention, fd};
@@ -33,15 +33,28 @@ impl Case {
     fn region<'a>(&self, scratch: &'a mut [f32], r: Region) -> &'a mut [f32] {
         &mut scratch[self.layout.offset(r)..]
     }
+    /// Runs every call of `step` through the naive gemm.
+    fn run(&self, step: &[BatchedCall], scratch: &mut [f32], att: &mut [f32]) {
+        let mut buffers = Buffers {
+            layout: &self.layout,
+            scratch,
+            att,
+        };
+        for call in step {
+            naive_batched(call, &mut buffers, self.round);
+        }
+    }
 
-    fn forward(&self, qkv: &[f32], calls: [BatchedCall; 2]) -> (Vec<f32>, Vec<f32>) {
+    /// out and att from qkv, both starting as NaN, as does the scratch: an element read
+    /// before it is written shows.
+    fn forward(&self, qkv: &[f32], steps: [Vec<BatchedCall>; 2]) -> (Vec<f32>, Vec<f32>) {
         let s = self.s;
         let mut scratch = vec![f32::NAN; self.layout.len];
-        split_heads(self.region(&mut scratch, Region::Q), qkv, self.heads(3));
-        naive_batched(&calls[0], &self.layout, &mut scratch, self.round);
         let mut att = vec![f32::NAN; s.b * s.t * s.nh * s.t];
-        softmax_forward(self.region(&mut scratch, Region::Scores), &mut att, s);
-        naive_batched(&calls[1], &self.layout, &mut scratch, self.round);
+        split_heads(self.region(&mut scratch, Region::Q), qkv, self.heads(3));
+        self.run(&steps[0], &mut scratch, &mut att); // att = q kᵀ
+        softmax_forward(&mut att, s);
+        self.run(&steps[1], &mut scratch, &mut att); // y = att v
         let mut out = vec![f32::NAN; s.b * s.t * self.c];
         merge_heads(
             &mut out,
@@ -58,18 +71,23 @@ impl Case {
         dout: &[f32],
         qkv: &[f32],
         att: &[f32],
-        calls: [BatchedCall; 4],
+        steps: [Vec<BatchedCall>; 4],
     ) {
         let mut scratch = vec![f32::NAN; self.layout.len];
+        // The backend's att is read-only here; a copy lets the naive gemm take it mutably,
+        // and the check below proves no step wrote it.
+        let mut att_seen = att.to_vec();
         split_heads(self.region(&mut scratch, Region::Q), qkv, self.heads(3));
         split_heads(self.region(&mut scratch, Region::Y), dout, self.heads(1));
-        let att_heads = (self.s.b, self.s.t, 1, self.s.nh, self.s.t);
-        split_heads(self.region(&mut scratch, Region::Scores), att, att_heads);
-        naive_batched(&calls[0], &self.layout, &mut scratch, self.round); // d(v)
-        naive_batched(&calls[1], &self.layout, &mut scratch, self.round); // d(att)
+        self.run(&steps[0], &mut scratch, &mut att_seen); // d(v)
+        self.run(&steps[1], &mut scratch, &mut att_seen); // d(att)
         softmax_backward(self.region(&mut scratch, Region::Scores), att, self.s);
-        naive_batched(&calls[2], &self.layout, &mut scratch, self.round); // d(q)
-        naive_batched(&calls[3], &self.layout, &mut scratch, self.round); // d(k)
+        self.run(&steps[2], &mut scratch, &mut att_seen); // d(q)
+        self.run(&steps[3], &mut scratch, &mut att_seen); // d(k)
+        assert!(att_seen
+            .iter()
+            .zip(att)
+            .all(|(x, y)| x.to_bits() == y.to_bits()));
         merge_heads(
             dqkv,
             self.region(&mut scratch, Region::DQ),
@@ -77,6 +95,14 @@ impl Case {
             true,
         );
     }
+}
+
+fn forward_steps(s: AttentionShape) -> [Vec<BatchedCall>; 2] {
+    [scores(s), weighted_values(s)]
+}
+
+fn backward_steps(s: AttentionShape) -> [Vec<BatchedCall>; 4] {
+    [d_values(s), d_weights(s), d_queries(s), d_keys(s)]
 }
 
 /// The largest absolute difference; infinite where either side is NaN (an unwritten
@@ -116,7 +142,7 @@ fn batched_products_compute_the_cpu_attention() {
         let case = Case::new(b, t, c, nh);
         let s = case.s;
         let [qkv, dout, mut dqkv, want_out, want_att, want_dqkv] = cpu(b, t, c, nh);
-        let (out, att) = case.forward(&qkv, [scores(s), weighted_values(s)]);
+        let (out, att) = case.forward(&qkv, forward_steps(s));
         assert!(
             max_diff(&out, &want_out) < 1e-5,
             "out at {:?}",
@@ -127,8 +153,7 @@ fn batched_products_compute_the_cpu_attention() {
             "att at {:?}",
             (b, t, c, nh)
         );
-        let calls = [d_values(s), d_weights(s), d_queries(s), d_keys(s)];
-        case.backward(&mut dqkv, &dout, &qkv, &att, calls);
+        case.backward(&mut dqkv, &dout, &qkv, &att, backward_steps(s));
         assert!(
             max_diff(&dqkv, &want_dqkv) < 1e-4,
             "dqkv at {:?}",
@@ -137,87 +162,112 @@ fn batched_products_compute_the_cpu_attention() {
     }
 }
 
+/// `step` with `change` applied to every call.
+fn mutate(step: &[BatchedCall], change: impl Fn(BatchedCall) -> BatchedCall) -> Vec<BatchedCall> {
+    step.iter().map(|&c| change(c)).collect()
+}
+
 #[test]
-fn a_wrong_transpose_stride_or_leading_dimension_fails() {
+fn a_wrong_transpose_stride_leading_dimension_or_batch_fails() {
     let (b, t, c, nh) = (2, 5, 6, 2);
     let case = Case::new(b, t, c, nh);
     let s = case.s;
     let [qkv, dout, dqkv0, want_out, _, want_dqkv] = cpu(b, t, c, nh);
-    let forward_mutants = [
-        BatchedCall {
-            trans_a: false,
-            ..scores(s)
-        },
-        BatchedCall {
-            stride_b: 0,
-            ..scores(s)
-        },
-        BatchedCall {
-            trans_b: true,
-            ..weighted_values(s)
-        },
-        BatchedCall {
-            stride_c: i64::from(t as i32 * 2),
-            ..weighted_values(s)
-        },
-    ];
-    for (i, call) in forward_mutants.into_iter().enumerate() {
-        let calls = if i < 2 {
-            [call, weighted_values(s)]
-        } else {
-            [scores(s), call]
-        };
-        let caught = caught(|| max_diff(&case.forward(&qkv, calls).0, &want_out));
-        assert!(caught, "forward mutant {i} passed");
-    }
-    let (_, att) = case.forward(&qkv, [scores(s), weighted_values(s)]);
-    let good = [d_values(s), d_weights(s), d_queries(s), d_keys(s)];
-    let mutants = [
+    let (t32, nh32) = (t as i32, nh as i32);
+    let [sc, wv] = forward_steps(s);
+    let forward_mutants: [(usize, Vec<BatchedCall>); 9] = [
         (
             0,
-            BatchedCall {
-                trans_b: false,
-                ..good[0]
-            },
+            mutate(&sc, |c| BatchedCall {
+                trans_a: false,
+                ..c
+            }),
         ),
+        (0, mutate(&sc, |c| BatchedCall { stride_b: 0, ..c })),
+        (0, mutate(&sc, |c| BatchedCall { ldc: t32, ..c })), // att's ld
+        (
+            0,
+            mutate(&sc, |c| BatchedCall {
+                stride_c: i64::from(t32 * t32),
+                ..c
+            }),
+        ),
+        (
+            0,
+            mutate(&sc, |c| BatchedCall {
+                batch: nh32 - 1,
+                ..c
+            }),
+        ),
+        (0, sc[..1].to_vec()), // batch row 0 only
+        (1, mutate(&wv, |c| BatchedCall { trans_b: true, ..c })),
+        (1, mutate(&wv, |c| BatchedCall { ldb: t32, ..c })),
         (
             1,
-            BatchedCall {
-                a: Region::Q,
-                ..good[1]
-            },
-        ),
-        (
-            2,
-            BatchedCall {
-                trans_b: true,
-                ..good[2]
-            },
-        ),
-        (
-            3,
-            BatchedCall {
-                ldb: s.hs as i32,
-                ..good[3]
-            },
-        ),
-        (
-            3,
-            BatchedCall {
-                batch: good[3].batch - 1,
-                ..good[3]
-            },
+            mutate(&wv, |c| BatchedCall {
+                stride_c: i64::from(t32 * 2),
+                ..c
+            }),
         ),
     ];
-    for (which, call) in mutants {
-        let mut calls = good;
-        calls[which] = call;
+    for (which, step) in forward_mutants {
+        let mut steps = forward_steps(s);
+        steps[which] = step;
+        let caught = caught(|| max_diff(&case.forward(&qkv, steps).0, &want_out));
+        assert!(caught, "forward mutant of step {which} passed");
+    }
+    let (_, att) = case.forward(&qkv, forward_steps(s));
+    let [dv, dw, dq, dk] = backward_steps(s);
+    let mutants: [(usize, Vec<BatchedCall>); 9] = [
+        (
+            0,
+            mutate(&dv, |c| BatchedCall {
+                trans_b: false,
+                ..c
+            }),
+        ),
+        (0, mutate(&dv, |c| BatchedCall { ldb: t32, ..c })),
+        (
+            0,
+            mutate(&dv, |c| BatchedCall {
+                stride_b: i64::from(t32 * t32),
+                ..c
+            }),
+        ),
+        (
+            0,
+            mutate(&dv, |c| BatchedCall {
+                batch: nh32 + 1,
+                ..c
+            }),
+        ),
+        (1, mutate(&dw, |c| BatchedCall { a: dk[0].a, ..c })), // q for v
+        (2, mutate(&dq, |c| BatchedCall { trans_b: true, ..c })),
+        (
+            3,
+            mutate(&dk, |c| BatchedCall {
+                ldb: s.hs as i32,
+                ..c
+            }),
+        ),
+        (
+            3,
+            mutate(&dk, |c| BatchedCall {
+                batch: c.batch - 1,
+                ..c
+            }),
+        ),
+        (3, mutate(&dk, |c| BatchedCall { stride_a: 0, ..c })),
+    ];
+    for (which, step) in mutants {
+        let mut steps = backward_steps(s);
+        steps[which] = step;
         let caught = caught(|| {
             let mut dqkv = dqkv0.clone();
-            case.backward(&mut dqkv, &dout, &qkv, &att, calls);
+            case.backward(&mut dqkv, &dout, &qkv, &att, steps);
             max_diff(&dqkv, &want_dqkv)
         });
-        assert!(caught, "backward mutant {call:?} passed");
+        assert!(caught, "backward mutant of step {which} passed");
     }
 }
 
@@ -239,6 +289,7 @@ fn scratch_layout_and_overflow_checks() {
     assert!(AttentionShape::new(1, 1 << 20, 1 << 12, 1).is_err()); // T*hs = 2^32
     assert!(AttentionShape::new(usize::MAX / 2, 4, 4, 1).is_err()); // scratch length
     assert!(AttentionShape::new(1, usize::MAX, 1, 1).is_err()); // T
+    assert!(AttentionShape::new(1, 1 << 15, 1 << 16, 1 << 16).is_err()); // NH*T = 2^31
 }
 
 /// With bf16-rounded inputs to every product (fp32 accumulation, as cuBLAS's
@@ -254,9 +305,8 @@ fn bf16_products_stay_within_the_gpu_tests_tolerances() {
     };
     let s = case.s;
     let [qkv, dout, mut dqkv, want_out, want_att, want_dqkv] = cpu(b, t, c, nh);
-    let (out, att) = case.forward(&qkv, [scores(s), weighted_values(s)]);
-    let calls = [d_values(s), d_weights(s), d_queries(s), d_keys(s)];
-    case.backward(&mut dqkv, &dout, &qkv, &att, calls);
+    let (out, att) = case.forward(&qkv, forward_steps(s));
+    case.backward(&mut dqkv, &dout, &qkv, &att, backward_steps(s));
     let errors = [
         max_diff(&out, &want_out),
         max_diff(&att, &want_att),

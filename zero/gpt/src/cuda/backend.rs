@@ -203,15 +203,23 @@ impl CudaBackend {
         self.record(result);
     }
 
-    /// The address of a scratch buffer of at least `len` f32, grown when smaller.
+    /// The address of a scratch buffer of at least `len` f32, grown when smaller; its
+    /// contents are undefined (not zeroed).
     pub(super) fn scratch(&self, len: usize) -> Result<u64> {
         let mut slot = self.scratch.lock().unwrap_or_else(PoisonError::into_inner);
         if slot.as_ref().is_none_or(|s| s.len() < len) {
-            *slot = Some(
-                self.stream
-                    .alloc_zeros::<f32>(len.max(1))
-                    .map_err(driver_err("cuMemAlloc"))?,
-            );
+            // SAFETY: the only user is attention (cuda/attention.rs), which writes every
+            // scratch element before reading it, in stream order. Forward: split_heads
+            // writes q, k, v; scores writes att (not the scratch); weighted_values reads v
+            // and att and writes y (beta = 0: C is not read); merge_heads reads y. Backward:
+            // split_heads writes q, k, v and y (dout); d_values reads y, att, writes dv;
+            // d_weights reads y, v, writes the scores region; attention_softmax_backward
+            // reads and rewrites it; d_queries, d_keys read it with k, q and write dq, dk;
+            // merge_heads reads dq, dk, dv. attention_gemm's tests run these steps on a
+            // scratch of NaN, which any read-before-write would carry into the results.
+            // f32 has no invalid bit patterns.
+            let fresh = unsafe { self.stream.alloc::<f32>(len.max(1)) };
+            *slot = Some(fresh.map_err(driver_err("cuMemAlloc"))?);
         }
         match slot.as_mut() {
             Some(s) => Ok(s.device_ptr_mut(&self.stream).0),

@@ -7,7 +7,7 @@ use std::ffi::c_void;
 use cudarc::cublas;
 use cudarc::cublas::sys::{cublasComputeType_t, cublasGemmAlgo_t, cublasOperation_t, cudaDataType};
 
-use super::attention_gemm::{AttentionScratch, BatchedCall, Region};
+use super::attention_gemm::{BatchedCall, Place};
 use super::backend::CudaBackend;
 use super::gemm::{GemmCall, GemmMath, Operand};
 use crate::{GptError, Result};
@@ -54,17 +54,18 @@ impl CudaBackend {
         self.record(result);
     }
 
-    /// Enqueues one of attention's batched products on the regions of the attention scratch
-    /// at `base`, laid out by `layout`, in the backend's math mode.
-    pub(super) fn gemm_batched(&self, call: &BatchedCall, layout: &AttentionScratch, base: u64) {
+    /// Enqueues one of attention's batched products in the backend's math mode, `at` giving
+    /// each operand's device address (the attention scratch's regions, the caller's att).
+    pub(super) fn gemm_batched(&self, call: &BatchedCall, at: impl Fn(Place) -> u64) {
         if let Err(e) = self.bind_context() {
             self.record(Err(e));
             return;
         }
-        let at = |r: Region| base + 4 * layout.offset(r) as u64;
-        // SAFETY: attention_gemm maps the checked shape to products that stay inside the
-        // regions of a scratch of layout.len f32, which the caller allocated at base; all
-        // are f32; alpha and beta are host f32; the handle is bound to self.stream.
+        // SAFETY: attention_gemm maps the checked shape to products whose matrices stay
+        // inside their buffers (the regions of the caller's scratch of layout.len f32, or
+        // att of B*T*NH*T f32, whose length the caller asserted) from the places `at`
+        // resolves, and whose C entries do not overlap; all are f32; alpha and beta are host
+        // f32; the handle is bound to self.stream.
         let result = unsafe {
             cublas::result::gemm_strided_batched_ex(
                 *self.blas.handle(),
