@@ -331,7 +331,7 @@ fn bias_backward_is_the_chunked_order_and_deterministic() {
 }
 
 #[test]
-fn matmul_matches_cpu_within_tolerance_and_dbias_bitwise() {
+fn matmul_matches_cpu_within_tolerance_and_dbias_in_the_chunked_order() {
     let Some(g) = gpu("matmul") else { return };
     // fp32 products of K <= 40 terms of order 1, summed in another order: 1e-4 absolute.
     matmul_case(g, GemmMath::Exact, 1e-4, 0.0);
