@@ -88,14 +88,16 @@ impl CudaBackend {
                 words: words.map_err(driver_err("cuMemcpyHtoDAsync"))?,
             })
         });
+        let mut kept = self
+            .reductions
+            .groups
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        // An earlier upload's groups go even when these failed (the device check would
+        // reject them anyway).
+        kept.retain(|k| k.ids_addr != dst.addr());
         match result {
             Ok(up) => {
-                let mut kept = self
-                    .reductions
-                    .groups
-                    .lock()
-                    .unwrap_or_else(PoisonError::into_inner);
-                kept.retain(|k| k.ids_addr != up.ids_addr);
                 if kept.len() == GROUPS_KEPT {
                     kept.pop_front();
                 }
