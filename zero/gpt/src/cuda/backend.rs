@@ -26,6 +26,7 @@ use super::device::{DeviceIds, DeviceSlice};
 use super::gemm::GemmMath;
 use super::geometry::{self as geo, Geometry};
 use super::probe;
+use super::reductions::ReductionScratch;
 use super::registry::KernelRegistry;
 use crate::{GptError, Result};
 
@@ -62,6 +63,8 @@ pub struct CudaBackend {
     pub(super) math: GemmMath,
     /// The attention scratch (`attention_gemm::AttentionScratch`), grown on demand.
     scratch: Mutex<Option<CudaSlice<f32>>>,
+    /// The column reductions' partials and the grouped token ids (`reductions`).
+    pub(super) reductions: ReductionScratch,
     /// The first launch error since the last `synchronize`.
     first_error: Mutex<Option<GptError>>,
 }
@@ -108,6 +111,7 @@ impl CudaBackend {
             kernels,
             math: GemmMath::default(),
             scratch: Mutex::new(None),
+            reductions: ReductionScratch::default(),
             first_error: Mutex::new(None),
         })
     }

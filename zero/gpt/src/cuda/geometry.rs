@@ -20,6 +20,11 @@ pub const SOFTMAX_ROWS_PER_BLOCK: u32 = 8;
 pub const CROSSENTROPY_ROWS_PER_BLOCK: u32 = 4;
 /// CUDA's limit on `gridDim.x`.
 pub const MAX_GRID_X: usize = (1 << 31) - 1;
+/// Rows each thread of a column reduction's first stage sums (one chunk). Fixed, so the
+/// order of the additions, and with it the result, depends only on the shape.
+pub const COLUMN_CHUNK_ROWS: usize = 64;
+/// Columns per block of a column reduction's first stage: 8 warps, each 32 adjacent columns.
+pub const COLUMN_BLOCK: u32 = 256;
 
 /// A 1-D launch: `grid` blocks of `block` threads with `shared_bytes` of dynamic shared memory.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -116,6 +121,62 @@ pub fn attention_softmax_rows(
     warp_per_row(kernel, rows, SOFTMAX_ROWS_PER_BLOCK)
 }
 
+/// The two launches of a deterministic column reduction over a (rows, cols) matrix.
+///
+/// Stage 1 (`partials`): block `k * col_blocks + cb` sums, for the [`COLUMN_BLOCK`] columns
+/// `cb * 256 ..`, rows `k * COLUMN_CHUNK_ROWS ..` of chunk `k`, one thread per column, into
+/// `partials[k * cols + j]`; `col_blocks = ceil(cols / 256)`. Stage 2 (`finish`): one thread
+/// per column adds the `chunks` partials in chunk order. Empty when there are no rows or no
+/// columns (the `+=` then leaves the gradient as it is, as the CPU does).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ColumnReduce {
+    /// Stage 1: `col_blocks * chunks` blocks of [`COLUMN_BLOCK`] threads.
+    pub partials: Geometry,
+    /// Stage 2: one thread per column.
+    pub finish: Geometry,
+    /// Row chunks: ceil(rows / [`COLUMN_CHUNK_ROWS`]).
+    pub chunks: usize,
+    /// f32 partial sums one reduced quantity needs: `chunks * cols`.
+    pub partials_len: usize,
+}
+
+/// The geometry of a column reduction of `rows` x `cols`, overflow-checked.
+pub fn column_reduce(kernel: &'static str, rows: usize, cols: usize) -> Result<ColumnReduce> {
+    if rows == 0 || cols == 0 {
+        let none = Geometry {
+            grid: 0,
+            block: COLUMN_BLOCK,
+            shared_bytes: 0,
+        };
+        return Ok(ColumnReduce {
+            partials: none,
+            finish: none,
+            chunks: 0,
+            partials_len: 0,
+        });
+    }
+    let chunks = rows.div_ceil(COLUMN_CHUNK_ROWS);
+    let col_blocks = cols.div_ceil(COLUMN_BLOCK as usize);
+    let partials = blocks(
+        kernel,
+        checked_product(kernel, "partial blocks", &[col_blocks, chunks])?,
+        1,
+        COLUMN_BLOCK,
+    )?;
+    Ok(ColumnReduce {
+        partials,
+        finish: per_element(kernel, cols)?,
+        chunks,
+        partials_len: checked_product(kernel, "partials", &[chunks, cols])?,
+    })
+}
+
+/// `encoder_backward_wte_grouped`: one block of [`ELEMENTWISE_BLOCK`] threads per distinct
+/// token, the threads over channels.
+pub fn block_per_group(kernel: &'static str, groups: usize) -> Result<Geometry> {
+    blocks(kernel, groups, 1, ELEMENTWISE_BLOCK)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -151,6 +212,47 @@ mod tests {
         assert_eq!(g.grid, 4 * 12 * 1024 / 8);
         let g = attention_softmax_rows("attention_softmax_backward", 1, 1, 9).unwrap();
         assert_eq!(g.grid, 2);
+    }
+
+    #[test]
+    fn column_reduce_covers_every_column_of_every_chunk_once() {
+        for (rows, cols) in [(1, 1), (64, 256), (65, 257), (16 * 1024, 3 * 768), (33, 24)] {
+            let g = column_reduce("bias_backward", rows, cols).unwrap();
+            let (chunks, col_blocks) = (rows.div_ceil(64), cols.div_ceil(256));
+            assert_eq!(g.chunks, chunks);
+            // Block k * col_blocks + cb covers columns cb*256.. of chunk k: each (chunk,
+            // column) pair exactly once, and the last chunk holds the leftover rows.
+            let mut seen = vec![0u8; chunks * cols];
+            for block in 0..g.partials.grid as usize {
+                let (k, cb) = (block / col_blocks, block % col_blocks);
+                for tid in 0..g.partials.block as usize {
+                    let j = cb * 256 + tid;
+                    if j < cols {
+                        seen[k * cols + j] += 1;
+                    }
+                }
+            }
+            assert!(seen.iter().all(|&s| s == 1), "{rows}x{cols}");
+            assert_eq!(g.partials_len, chunks * cols);
+            assert!(covers(g.finish, cols, 256));
+            assert!((chunks - 1) * COLUMN_CHUNK_ROWS < rows && rows <= chunks * 64);
+        }
+        // GPT-2 124M, B = 16, T = 1024, the widest bias (4C): 3,145,728 bytes of partials.
+        let g = column_reduce("bias_backward", 16 * 1024, 4 * 768).unwrap();
+        assert_eq!((g.chunks, 4 * g.partials_len), (256, 3_145_728));
+        let empty = column_reduce("bias_backward", 0, 768).unwrap();
+        assert!(empty.partials.is_empty() && empty.finish.is_empty());
+        assert_eq!(empty.partials_len, 0);
+    }
+
+    #[test]
+    fn column_reduce_and_groups_past_cuda_limits_are_errors() {
+        assert!(column_reduce("k", usize::MAX, usize::MAX).is_err());
+        // 2^31 blocks of partials: one past gridDim.x.
+        assert!(column_reduce("k", (MAX_GRID_X + 1) * 64, 1).is_err());
+        assert!(column_reduce("k", MAX_GRID_X * 64, 1).is_ok());
+        assert!(block_per_group("k", MAX_GRID_X + 1).is_err());
+        assert_eq!(block_per_group("k", 5).unwrap().grid, 5);
     }
 
     #[test]

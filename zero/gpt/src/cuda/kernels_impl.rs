@@ -33,6 +33,7 @@ impl Backend for CudaBackend {
     }
     fn upload_ids(&self, dst: &mut DeviceIds, src: &[u32]) {
         self.upload(dst, src);
+        self.remember_groups(dst, src);
     }
     fn fill(&self, out: &mut DeviceSlice, value: f32) {
         self.memset(out, value);
@@ -86,13 +87,7 @@ impl Backend for CudaBackend {
             &[("b", b), ("t", t), ("c", c)],
         );
         self.launch(k, geo::per_element_of(k, &[t, c]), args);
-        let k = "encoder_backward_wte";
-        let args = with_dims(
-            k,
-            vec![addr(dwte), addr(dout), ids(tokens)],
-            &[("n", b * t), ("c", c)],
-        );
-        self.launch(k, geo::per_element(k, c), args);
+        self.encoder_backward_wte(dwte, dout, tokens, b * t, c);
     }
 
     fn layernorm_forward(
@@ -156,20 +151,7 @@ impl Backend for CudaBackend {
             geo::layernorm_rows(k, n),
             with_dims(k, bufs, &[("n", n), ("c", c)]),
         );
-        let k = "layernorm_backward_params";
-        let bufs = vec![
-            addr(dweight),
-            addr(dbias),
-            addr(dout),
-            addr(inp),
-            addr(mean),
-            addr(rstd),
-        ];
-        self.launch(
-            k,
-            geo::per_element(k, c),
-            with_dims(k, bufs, &[("n", n), ("c", c)]),
-        );
+        self.layernorm_backward_params(dweight, dbias, [dout, inp, mean, rstd], n, c);
     }
 
     fn matmul_forward(
@@ -251,9 +233,7 @@ impl Backend for CudaBackend {
         }
         if let Some(dbias) = dbias {
             assert_eq!(dbias.len(), oc);
-            let k = "bias_backward";
-            let args = with_dims(k, vec![addr(dbias), addr(dout)], &[("n", n), ("oc", oc)]);
-            self.launch(k, geo::per_element(k, oc), args);
+            self.bias_backward(dbias, dout, n, oc);
         }
     }
 

@@ -10,9 +10,11 @@
 //! every kernel with its geometry and its numerical contract against the CPU kernel.
 
 pub mod attention_gemm;
+pub mod column_sums;
 pub mod gemm;
 pub mod geometry;
 pub mod sources;
+pub mod token_groups;
 
 #[cfg(feature = "cuda")]
 mod attention;
@@ -28,6 +30,8 @@ mod kernels_impl;
 mod memory;
 #[cfg(feature = "cuda")]
 pub mod probe;
+#[cfg(feature = "cuda")]
+mod reductions;
 #[cfg(feature = "cuda")]
 pub mod registry;
 

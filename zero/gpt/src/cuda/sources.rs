@@ -34,6 +34,8 @@ pub const SOURCES: &[KernelSource] = &[
         functions: &[
             "encoder_forward",
             "encoder_backward_wpe",
+            "encoder_backward_wte_check",
+            "encoder_backward_wte_grouped",
             "encoder_backward_wte",
         ],
     },
@@ -43,13 +45,18 @@ pub const SOURCES: &[KernelSource] = &[
         functions: &[
             "layernorm_forward",
             "layernorm_backward_input",
-            "layernorm_backward_params",
+            "layernorm_backward_params_partials",
+            "layernorm_backward_params_finish",
         ],
     },
     KernelSource {
         name: "matmul.cu",
         text: include_str!("kernels/matmul.cu"),
-        functions: &["bias_broadcast", "bias_backward"],
+        functions: &[
+            "bias_broadcast",
+            "bias_backward_partials",
+            "bias_backward_finish",
+        ],
     },
     KernelSource {
         name: "attention.cu",

@@ -69,3 +69,26 @@ __device__ __forceinline__ float zr_warp_max(float x) {
     for (int off = 16; off > 0; off >>= 1) x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, off));
     return x;
 }
+
+// Column reductions (bias_backward, layernorm_backward_params): the first stage's block
+// `k * col_blocks + cb` covers columns cb * 256 + threadIdx.x of row chunk k; each thread
+// sums its column over rows [row0, row_end) in row order. Returns false for threads past the
+// last column. geometry.rs's column_reduce computes the grid from the same rule.
+__device__ __forceinline__ bool zr_column_chunk(u32 n, u32 cols, u32 chunk_rows, u64* col,
+                                                u64* row0, u64* row_end, u64* chunk) {
+    u64 col_blocks = ((u64)cols + blockDim.x - 1) / blockDim.x;
+    *chunk = blockIdx.x / col_blocks;
+    *col = (blockIdx.x % col_blocks) * blockDim.x + threadIdx.x;
+    *row0 = *chunk * chunk_rows;
+    u64 end = *row0 + chunk_rows;
+    *row_end = end < n ? end : n;
+    return *col < cols;
+}
+
+// The second stage: Σ_k partials[k * cols + col] for k = 0..chunks in chunk order, from 0.
+__device__ __forceinline__ float zr_sum_chunks(const float* partials, u32 chunks, u32 cols,
+                                               u64 col) {
+    float s = 0.0f;
+    for (u64 k = 0; k < chunks; k++) s += partials[k * cols + col];
+    return s;
+}

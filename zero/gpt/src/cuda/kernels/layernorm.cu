@@ -62,22 +62,40 @@ extern "C" __global__ void layernorm_backward_input(float* dinp, const float* do
     }
 }
 
-// dweight (C,) += Σ_rows norm * dout; dbias (C,) += Σ_rows dout, rows in order.
-// Geometry: one thread per channel, block 256, grid ceil(C / 256); each walks all N rows.
-// Contract: the CPU's per-element additions in its row order, with the same saved mean and
-// rstd: bitwise.
-extern "C" __global__ void layernorm_backward_params(float* dweight, float* dbias,
-                                                     const float* dout, const float* inp,
-                                                     const float* mean, const float* rstd,
-                                                     u32 n, u32 c) {
-    u64 j = (u64)blockIdx.x * blockDim.x + threadIdx.x;
-    if (j >= c) return;
-    float dw = dweight[j], db = dbias[j];
-    for (u64 row = 0; row < n; row++) {
+// dweight (C,) += Σ_rows norm * dout; dbias (C,) += Σ_rows dout, in two stages as
+// bias_backward (matmul.cu): layernorm_backward_params_partials writes partials (2, chunks, C)
+// (dweight's, then dbias's), each chunk's column sums from 0 in row order, with the CPU's
+// term (inp - mean) * rstd * dout; layernorm_backward_params_finish adds per channel the
+// partials in chunk order and that total into dweight and dbias.
+// Geometry: geometry.rs's column_reduce (stage 1 ceil(C / 256) * chunks blocks of 256, stage
+// 2 one thread per channel).
+// Contract: with the same saved mean and rstd, the same bits as the CPU emulation of the
+// chunked order (cuda::column_sums), within 1e-5 * (|initial| + Σ|term|) of the CPU kernel;
+// deterministic from run to run.
+extern "C" __global__ void layernorm_backward_params_partials(float* partials,
+                                                              const float* dout,
+                                                              const float* inp,
+                                                              const float* mean,
+                                                              const float* rstd, u32 n, u32 c,
+                                                              u32 chunk_rows) {
+    u64 j, row0, row_end, chunk;
+    if (!zr_column_chunk(n, c, chunk_rows, &j, &row0, &row_end, &chunk)) return;
+    float dw = 0.0f, db = 0.0f;
+    for (u64 row = row0; row < row_end; row++) {
         float g = dout[row * c + j];
         dw += (inp[row * c + j] - mean[row]) * rstd[row] * g;
         db += g;
     }
-    dweight[j] = dw;
-    dbias[j] = db;
+    u64 chunks = ((u64)n + chunk_rows - 1) / chunk_rows;
+    partials[chunk * c + j] = dw;
+    partials[(chunks + chunk) * c + j] = db;
+}
+
+extern "C" __global__ void layernorm_backward_params_finish(float* dweight, float* dbias,
+                                                            const float* partials, u32 chunks,
+                                                            u32 c) {
+    u64 j = (u64)blockIdx.x * blockDim.x + threadIdx.x;
+    if (j >= c) return;
+    dweight[j] += zr_sum_chunks(partials, chunks, c, j);
+    dbias[j] += zr_sum_chunks(partials + (u64)chunks * c, chunks, c, j);
 }
