@@ -122,23 +122,25 @@ run() {
     export ZERO_GPT_REQUIRE_GPU=1 ZERO_GPT_REQUIRE_NVRTC=1 ZERO_COMM_REQUIRE_GPU=1 RUST_BACKTRACE=1
     local failed=0
     : >"$OUT/summary.txt"
+    # Every step has its own timeout (150 s a test binary or training run, 120 s a bench), so
+    # one hang costs that step, not the device tool's whole 600 s call.
     for t in "${ALL_TESTS[@]}"; do
         local rc=0
-        (cd "$OUT" && timeout 300 "$bin/$t" --test-threads 1 --nocapture) >"$OUT/$t.log" 2>&1 || rc=$?
+        (cd "$OUT" && timeout 150 "$bin/$t" --test-threads 1 --nocapture) >"$OUT/$t.log" 2>&1 || rc=$?
         echo "$t: exit $rc ($(grep -E '^test result' "$OUT/$t.log" | tail -n 1))" | tee -a "$OUT/summary.txt"
         [ "$rc" -eq 0 ] || failed=1
     done
     # nccl-tests' all_reduce_perf beside ours: one rank (torchrun's variables), 1 KiB to 1 GiB.
     local rc=0
     RANK=0 WORLD_SIZE=1 LOCAL_RANK=0 MASTER_ADDR=127.0.0.1 MASTER_PORT=29517 \
-        timeout 300 "$bin/zero-bench" all_reduce --backend nccl -b 1K -e 1G -f 4 -n 20 -w 5 \
+        timeout 120 "$bin/zero-bench" all_reduce --backend nccl -b 1K -e 1G -f 4 -n 20 -w 5 \
         >"$OUT/zero-bench-nccl.log" 2>&1 || rc=$?
     echo "zero-bench --backend nccl: exit $rc ($(grep -E '^# Avg bus' "$OUT/zero-bench-nccl.log" || tail -n 1 "$OUT/zero-bench-nccl.log"))" |
         tee -a "$OUT/summary.txt"
     [ "$rc" -eq 0 ] || failed=1
     # The device-local backend: 4 rank threads sharing the GPU, the same table.
     rc=0
-    timeout 300 "$bin/zero-bench" all_reduce --device cuda --ranks 4 -b 1K -e 1G -f 4 -n 20 -w 5 \
+    timeout 120 "$bin/zero-bench" all_reduce --device cuda --ranks 4 -b 1K -e 1G -f 4 -n 20 -w 5 \
         >"$OUT/zero-bench-device-local.log" 2>&1 || rc=$?
     echo "zero-bench --device cuda --ranks 4: exit $rc ($(grep -E '^# Avg bus' "$OUT/zero-bench-device-local.log" || tail -n 1 "$OUT/zero-bench-device-local.log"))" |
         tee -a "$OUT/summary.txt"
@@ -181,7 +183,7 @@ train_runs() {
 train_one() {
     local name="$1" bin="$2" rc=0
     shift 2
-    (cd "$OUT" && timeout 240 "$bin/zero-train" "$@" --metrics "$OUT/$name.jsonl") \
+    (cd "$OUT" && timeout 150 "$bin/zero-train" "$@" --metrics "$OUT/$name.jsonl") \
         >"$OUT/$name.log" 2>&1 || rc=$?
     local line
     line=$(python3 - "$OUT/$name.jsonl" "$OUT/$name.log" <<'PY' 2>&1
