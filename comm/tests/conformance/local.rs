@@ -25,26 +25,7 @@ fn run_case(n: usize, case: conformance::Case) -> Vec<String> {
     })
 }
 
-macro_rules! local_cases {
-    ($($name:ident),* $(,)?) => {$(
-        #[test]
-        fn $name() {
-            let case = conformance::CASES
-                .iter()
-                .find(|(n, _)| *n == stringify!($name))
-                .map(|&(_, f)| f)
-                .expect("a case of that name");
-            for n in 1..=4 {
-                let failures = run_case(n, case);
-                assert!(failures.is_empty(), "{} ranks: {failures:#?}", n);
-            }
-        }
-    )*
-        const STAMPED: &[&str] = &[$(stringify!($name)),*];
-    };
-}
-
-local_cases!(
+stamp_cases!(
     all_reduce,
     reduce_scatter,
     all_gather,

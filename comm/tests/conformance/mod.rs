@@ -18,6 +18,29 @@ macro_rules! ensure {
     };
 }
 
+/// Stamps one `#[test]` per named case, each running `run_case(n, case)` (a function the
+/// including test binary defines, returning the failures) on groups of 1..=4 ranks, and
+/// `STAMPED`, the names in order, for a test that the list matches [`CASES`].
+#[allow(unused_macros, reason = "the MPI binary runs the cases its own way")]
+macro_rules! stamp_cases {
+    ($($name:ident),* $(,)?) => {$(
+        #[test]
+        fn $name() {
+            let case = $crate::conformance::CASES
+                .iter()
+                .find(|(n, _)| *n == stringify!($name))
+                .map(|&(_, f)| f)
+                .expect("a case of that name");
+            for n in 1..=4 {
+                let failures = run_case(n, case);
+                assert!(failures.is_empty(), "{} ranks: {failures:#?}", n);
+            }
+        }
+    )*
+        const STAMPED: &[&str] = &[$(stringify!($name)),*];
+    };
+}
+
 mod cases;
 mod data;
 

@@ -109,15 +109,8 @@ fn copy_loop(
     done: &Sender<Done<Buffer>>,
 ) {
     for job in jobs {
-        let (segment, mut slot, fetch) = match job {
-            Job::ToHost { segment, slot } => (segment, slot, None),
-            Job::ToSlot {
-                segment,
-                slot,
-                fetch,
-            } => (segment, slot, Some(fetch)),
-            #[cfg(test)]
-            Job::Panic => panic!("a copy job panicked (injected by a test)"),
+        let Some((segment, mut slot, fetch)) = job.into_parts() else {
+            panic!("a copy job panicked (injected by a test)");
         };
         let result = match hosts.get_mut(segment) {
             Some(host) => copy(host, slot.floats_mut(), fetch.is_none()),

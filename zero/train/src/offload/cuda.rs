@@ -185,15 +185,8 @@ impl Copier for StreamCopier {
     }
 
     fn send(&mut self, job: Job<DeviceSlot>) -> Result<(), String> {
-        let (segment, slot, fetch) = match job {
-            Job::ToHost { segment, slot } => (segment, slot, None),
-            Job::ToSlot {
-                segment,
-                slot,
-                fetch,
-            } => (segment, slot, Some(fetch)),
-            #[cfg(test)]
-            Job::Panic => return Err("a copy job panicked (injected by a test)".into()),
+        let Some((segment, slot, fetch)) = job.into_parts() else {
+            return Err("a copy job panicked (injected by a test)".into());
         };
         self.enqueue(segment, &slot, fetch.is_none())?;
         self.queued.push_back(Done {

@@ -25,6 +25,25 @@ pub(crate) enum Job<S> {
     Panic,
 }
 
+/// A job's copy: its segment, its slot, and the fetch's id (`None` for a copy to host).
+pub(crate) type Parts<S> = (usize, S, Option<u64>);
+
+impl<S> Job<S> {
+    /// The copy this job asks for; `None` for the test's injected failure.
+    pub(crate) fn into_parts(self) -> Option<Parts<S>> {
+        match self {
+            Job::ToHost { segment, slot } => Some((segment, slot, None)),
+            Job::ToSlot {
+                segment,
+                slot,
+                fetch,
+            } => Some((segment, slot, Some(fetch))),
+            #[cfg(test)]
+            Job::Panic => None,
+        }
+    }
+}
+
 /// A completed job (or, on a GPU, one ordered on its copy stream), handing its slot back.
 #[derive(Debug)]
 pub(crate) struct Done<S> {

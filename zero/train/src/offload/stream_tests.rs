@@ -71,14 +71,8 @@ impl Copier for SimStreams {
     }
 
     fn send(&mut self, job: Job<SimSlot>) -> Result<(), String> {
-        let (segment, mut slot, fetch) = match job {
-            Job::ToHost { segment, slot } => (segment, slot, None),
-            Job::ToSlot {
-                segment,
-                slot,
-                fetch,
-            } => (segment, slot, Some(fetch)),
-            Job::Panic => return Err("injected".into()),
+        let Some((segment, mut slot, fetch)) = job.into_parts() else {
+            return Err("injected".into());
         };
         self.copy_stream
             .push_back((segment, slot.id, fetch.is_none()));
