@@ -33,15 +33,81 @@ pub enum Backend {
     Nccl,
 }
 
-/// Where the model's kernels run.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ValueEnum)]
-#[serde(rename_all = "lowercase")]
+/// Where the model's kernels run, as `--device` spells it: `cpu`, `cuda` or `cuda:N`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Device {
     /// The host's cores.
     Cpu,
-    /// CUDA: the ranks of this process share GPU 0 (local backend), or one GPU per rank
-    /// (nccl backend); feature `cuda`.
-    Cuda,
+    /// CUDA (feature `cuda`): GPU N when given; otherwise the ranks of this process share GPU
+    /// 0 (local backend), or each process drives the GPU of its local rank (nccl backend).
+    Cuda(Option<usize>),
+}
+
+impl Device {
+    /// True for `cuda` and `cuda:N`.
+    #[must_use]
+    pub fn is_cuda(self) -> bool {
+        matches!(self, Self::Cuda(_))
+    }
+
+    /// The GPU asked for by `cuda:N`, else `default` (GPU 0, or the local rank).
+    #[must_use]
+    pub fn ordinal_or(self, default: usize) -> usize {
+        match self {
+            Self::Cuda(Some(n)) => n,
+            _ => default,
+        }
+    }
+}
+
+/// Most GPUs one machine is taken to have (an ordinal past it is a typo).
+const MAX_GPU_ORDINAL: usize = 1 << 16;
+
+impl std::str::FromStr for Device {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<Self, String> {
+        let bad = || format!("{text:?} is not a device: expected cpu, cuda or cuda:N");
+        match text.trim() {
+            "cpu" => Ok(Self::Cpu),
+            "cuda" => Ok(Self::Cuda(None)),
+            other => {
+                let digits = other.strip_prefix("cuda:").ok_or_else(bad)?;
+                if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+                    return Err(bad());
+                }
+                match digits.parse::<usize>() {
+                    Ok(n) if n < MAX_GPU_ORDINAL => Ok(Self::Cuda(Some(n))),
+                    _ => Err(format!(
+                        "{text:?}: the GPU ordinal must be below {MAX_GPU_ORDINAL}"
+                    )),
+                }
+            }
+        }
+    }
+}
+
+impl std::fmt::Display for Device {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Cpu => f.write_str("cpu"),
+            Self::Cuda(None) => f.write_str("cuda"),
+            Self::Cuda(Some(n)) => write!(f, "cuda:{n}"),
+        }
+    }
+}
+
+impl Serialize for Device {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+impl<'de> Deserialize<'de> for Device {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let text = String::deserialize(d)?;
+        text.parse().map_err(serde::de::Error::custom)
+    }
 }
 
 /// Storage precision of parameters and gradients.
@@ -99,8 +165,9 @@ pub struct TrainConfig {
     /// Collective backend.
     #[arg(long, value_enum, default_value_t = Backend::Local)]
     pub backend: Backend,
-    /// Compute device.
-    #[arg(long, value_enum, default_value_t = Device::Cpu)]
+    /// Compute device: cpu, cuda (the local backend's ranks share GPU 0; under nccl each
+    /// process drives its local rank's GPU) or cuda:N (GPU N).
+    #[arg(long, default_value = "cpu")]
     pub device: Device,
     /// Seconds a rank waits for its peers (to join, or at a collective) before failing.
     #[arg(long, allow_negative_numbers = true, default_value_t = 600)]

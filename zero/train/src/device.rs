@@ -34,7 +34,7 @@ pub(crate) enum RankDevice {
 pub(crate) fn rank_devices(cfg: &TrainConfig, ranks: usize) -> Result<Vec<RankDevice>, TrainError> {
     match cfg.device {
         Device::Cpu => Ok((0..ranks).map(|_| RankDevice::Cpu).collect()),
-        Device::Cuda => {
+        Device::Cuda(_) => {
             refuse_unsupported_on_gpu(cfg)?;
             gpu_ranks(cfg, ranks)
         }
@@ -73,7 +73,7 @@ pub(crate) fn refuse_unsupported_on_gpu(cfg: &TrainConfig) -> Result<(), TrainEr
 /// # Errors
 /// [`TrainError::Unsupported`] naming the missing flag or feature; the missing library.
 pub(crate) fn nccl_prerequisites(cfg: &TrainConfig) -> Result<(), TrainError> {
-    if cfg.device != Device::Cuda {
+    if !cfg.device.is_cuda() {
         return Err(TrainError::Unsupported(
             "--backend nccl needs --device cuda: NCCL moves GPU memory (on the CPU use \
              --backend local, tcp or mpi)"
@@ -105,7 +105,8 @@ fn gpu_ranks(_cfg: &TrainConfig, _ranks: usize) -> Result<Vec<RankDevice>, Train
 #[cfg(feature = "cuda")]
 fn gpu_ranks(cfg: &TrainConfig, ranks: usize) -> Result<Vec<RankDevice>, TrainError> {
     let math = cuda::gemm_math(cfg.precision.into());
-    let ranks = cuda::ranks(ranks, cfg.comm_config()?, math)?;
+    let ordinal = cfg.device.ordinal_or(0);
+    let ranks = cuda::ranks(ordinal, ranks, cfg.comm_config()?, math)?;
     Ok(ranks
         .into_iter()
         .map(|r| RankDevice::Cuda(Box::new(r)))
@@ -132,7 +133,8 @@ pub(crate) fn nccl_rank(
     };
     zero_comm::bootstrap::broadcast_id(control, &mut id, 0)?;
     let (rank, size) = (control.rank(), control.size());
-    let rank = cuda::CudaRank::nccl(local_rank, id, rank, size, config, math)?;
+    let ordinal = cfg.device.ordinal_or(local_rank);
+    let rank = cuda::CudaRank::nccl(ordinal, id, rank, size, config, math)?;
     Ok(RankDevice::Cuda(Box::new(rank)))
 }
 
@@ -148,9 +150,6 @@ pub mod cuda {
     use zero_comm::device_local::cuda::CudaOps;
     use zero_comm::device_local::DeviceLocalComm;
     use zero_gpt::cuda::{CudaBackend, GemmMath};
-
-    /// The GPU every rank of a device-local process shares.
-    const SHARED_ORDINAL: usize = 0;
 
     /// What one rank computes with on the GPU, every part of it `Send`: the engine's ops are
     /// built in the rank's thread by [`CudaRank::into_parts`]. The model's kernels, the
@@ -248,18 +247,19 @@ pub mod cuda {
         }
     }
 
-    /// `n` ranks on GPU 0, each to be moved into its own thread: the model's backend (its
+    /// `n` ranks on GPU `ordinal`, each to be moved into its own thread: the model's backend (its
     /// products in `math` mode), the engine's kernels and a device-local peer.
     ///
     /// # Errors
     /// A missing CUDA library or GPU (named), kernel compilation or stream creation errors.
     pub fn ranks(
+        ordinal: usize,
         n: usize,
         config: zero_comm::Config,
         math: GemmMath,
     ) -> Result<Vec<CudaRank>, TrainError> {
         let backends = (0..n)
-            .map(|_| Ok(CudaBackend::on_default_stream(SHARED_ORDINAL)?.with_gemm_math(math)))
+            .map(|_| Ok(CudaBackend::on_default_stream(ordinal)?.with_gemm_math(math)))
             .collect::<Result<Vec<_>, TrainError>>()?;
         let Some(first) = backends.first() else {
             return Ok(Vec::new());
@@ -272,8 +272,8 @@ pub mod cuda {
             .map(|(backend, comm)| {
                 Ok(CudaRank {
                     backend,
-                    kernels: CudaKernels::new(SHARED_ORDINAL)?,
-                    ordinal: SHARED_ORDINAL,
+                    kernels: CudaKernels::new(ordinal)?,
+                    ordinal,
                     peers: Peers::DeviceLocal(comm),
                 })
             })

@@ -3,7 +3,7 @@
 //! ZeRO engine over its own part of every global batch.
 
 use super::bridge::Placement;
-use super::config::{Backend, Device, TrainConfig};
+use super::config::{Backend, TrainConfig};
 use super::device::{nccl_prerequisites, rank_devices, refuse_unsupported_on_gpu, RankDevice};
 use super::error::TrainError;
 use super::launch;
@@ -160,7 +160,7 @@ impl RankGroup {
         // Refusals come before joining, so no process waits for peers that already failed.
         if cfg.backend == Backend::Nccl {
             nccl_prerequisites(cfg)?;
-        } else if cfg.device == Device::Cuda {
+        } else if cfg.device.is_cuda() {
             refuse_unsupported_on_gpu(cfg)?;
         }
         let joined = launch::join(cfg.backend, config)?;

@@ -97,7 +97,7 @@ fn rank_run<B: Placement>(
 /// `world` rank threads on GPU 0; rank 0's [`Run`], or `None` (skipped) without a GPU.
 fn gpu_run(world: usize, placed: ActivationPlacement) -> Option<Run> {
     let math = zero_gpt::cuda::GemmMath::Exact; // the model in f32 here
-    let devices: Vec<CudaRank> = match ranks(world, zero_comm::Config::default(), math) {
+    let devices: Vec<CudaRank> = match ranks(0, world, zero_comm::Config::default(), math) {
         Ok(devices) => devices,
         Err(e) if std::env::var("ZERO_GPT_REQUIRE_GPU").as_deref() != Ok("1") => {
             eprintln!("cuda_offload: skipped: {e}");

@@ -86,7 +86,7 @@ fn cpu_run(world: usize, config: EngineConfig) -> Run {
 fn gpu_run(world: usize, config: EngineConfig) -> Option<Run> {
     use zero_train::device::cuda::{gemm_math, ranks};
     let math = gemm_math(config.precision);
-    let devices = match ranks(world, zero_comm::Config::default(), math) {
+    let devices = match ranks(0, world, zero_comm::Config::default(), math) {
         Ok(devices) => devices,
         Err(e) if std::env::var("ZERO_GPT_REQUIRE_GPU").as_deref() != Ok("1") => {
             eprintln!("cuda_stages: skipped: {e}");

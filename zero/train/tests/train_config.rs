@@ -5,6 +5,7 @@ use clap::Parser;
 use proptest::prelude::*;
 use std::path::{Path, PathBuf};
 use zero::ZeroStage;
+use zero_train::config::Device;
 use zero_train::validate::{MAX_BATCH_TOKENS, MAX_RANKS};
 use zero_train::{ByteSize, ConfigError, TrainArgs, TrainConfig};
 
@@ -144,6 +145,29 @@ fn an_uneven_batch_is_refused_with_the_arithmetic() {
     .unwrap_err();
     assert!(err.to_string().contains("4 x world_size 2 = 8"), "{err}");
     assert!(err.to_string().contains("--batch-size"), "{err}");
+}
+
+#[test]
+fn devices_name_a_gpu_by_ordinal_in_flags_and_files() {
+    let flag = |v: &str| resolve(&["--device", v]).map(|c| c.device);
+    assert_eq!(flag("cpu").unwrap(), Device::Cpu);
+    assert_eq!(flag("cuda").unwrap(), Device::Cuda(None));
+    assert_eq!(flag("cuda:3").unwrap(), Device::Cuda(Some(3)));
+    let file = TomlFile::new("device-ordinal", "device = \"cuda:1\"\n");
+    let from_file = resolve(&["--config", file.path().to_str().unwrap()]).unwrap();
+    assert_eq!(from_file.device, Device::Cuda(Some(1)));
+    for bad in [
+        "cuda:",
+        "cuda:-1",
+        "cuda:+1",
+        "cuda:1x",
+        "gpu:0",
+        "cuda:65536",
+        "cuda:99999999999999999999",
+    ] {
+        let err = parse(&["--device", bad]).err().unwrap().to_string();
+        assert!(err.contains("--device"), "{bad}: {err}");
+    }
 }
 
 #[test]
