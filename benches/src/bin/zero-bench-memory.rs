@@ -79,6 +79,7 @@ fn fits(args: &Args, model: &GptConfig, stage: ZeroStage, every: Option<usize>) 
         placement: ActivationPlacement {
             checkpoint_every: every,
             offload: false,
+            backend_scratch: 0, // the CPU backend's
         },
         shape: default_shape(args.ranks, stage, Precision::Fp32),
     };
@@ -120,6 +121,7 @@ fn train(
     let placement = ActivationPlacement {
         checkpoint_every: every,
         offload: false,
+        backend_scratch: 0, // the CPU backend's
     };
     let engine_config = EngineConfig {
         stage,

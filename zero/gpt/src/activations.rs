@@ -24,7 +24,7 @@ mod sizes;
 pub(crate) use kept::Kept;
 pub use kept::{check_call as check_kept_call, KeptInputs};
 pub(crate) use sizes::Sizes;
-pub use sizes::{activation_buffers, activation_bytes, BUFFER_NAMES, KEPT_INPUTS};
+pub use sizes::{activation_buffers, activation_bytes, BACKEND_SCRATCH, BUFFER_NAMES, KEPT_INPUTS};
 
 /// Names of a layer region's views, in buffer order (the output `res3` last).
 pub const LAYER_VIEWS: [&str; 15] = [

@@ -37,6 +37,7 @@ pub use crate::views::View;
 pub use cpu::CpuBackend;
 
 use crate::activations::Buffer;
+use crate::config::GptConfig;
 use crate::error::Result;
 
 /// The kernels a GPT-2 forward and backward pass needs.
@@ -68,6 +69,28 @@ pub trait Backend {
     /// A backend that must copy `x` to the host reports a failed copy or an earlier failed
     /// launch; the CPU never fails.
     fn mean(&self, x: &Self::Slice) -> Result<f32>;
+
+    /// f32 elements of scratch this backend's kernels use, beyond their arguments, in one
+    /// forward and backward of a (B, T) batch of `config`'s model: 0 unless a backend needs
+    /// some (the CPU kernels need none). [`crate::Activations`] takes that much with its
+    /// buffers and hands it over ([`Backend::provide_scratch`]), so whoever supplies the
+    /// activations' memory supplies and counts the scratch too.
+    ///
+    /// # Errors
+    /// A shape the backend cannot run.
+    fn scratch_len(&self, _config: &GptConfig, _b: usize, _t: usize) -> Result<usize> {
+        Ok(0)
+    }
+    /// Hands the backend `scratch` (contents unspecified) to use for its kernels' scratch in
+    /// place of memory of its own, from now on; a backend that needs none drops it.
+    fn provide_scratch(&self, scratch: Buffer<Self::Slice>) {
+        drop(scratch);
+    }
+    /// Bytes of scratch the backend holds outside what was provided: what it allocated
+    /// itself because no scratch, or too small a one, was provided (0 on the CPU).
+    fn scratch_outside_bytes(&self) -> u64 {
+        0
+    }
 
     /// `out (B,T,C) = wte[tokens] + wpe[t]`.
     fn encoder_forward(

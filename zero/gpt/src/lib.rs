@@ -41,7 +41,7 @@ mod views;
 
 pub use activations::{
     activation_buffers, activation_bytes, check_kept_call, ActivationMemory, Activations, Buffer,
-    KeptInputs, BUFFER_NAMES, GRAD_VIEWS, HEAD_VIEWS, KEPT_INPUTS, LAYER_VIEWS,
+    KeptInputs, BACKEND_SCRATCH, BUFFER_NAMES, GRAD_VIEWS, HEAD_VIEWS, KEPT_INPUTS, LAYER_VIEWS,
 };
 pub use backend::{Backend, CpuBackend, View};
 pub use config::{pad_vocab, GptConfig, GPT2_VOCAB_SIZE, PRESET_NAMES, VOCAB_PAD_MULTIPLE};

@@ -386,7 +386,8 @@ fn attention_case(mut g: Gpu, math: GemmMath, tol: [f32; 3]) {
         nh,
     );
     let gatt = g.down(&gatt);
-    assert_close("out", &g.down(&gout), &out, tol[0], 0.0);
+    let first_out = g.down(&gout);
+    assert_close("out", &first_out, &out, tol[0], 0.0);
     assert_close("att", &gatt, &att, tol[1], 0.0);
     assert_close("dqkv", &g.down(&gdqkv), &dqkv, tol[2], 0.0);
     // Masked entries are exact zeros, as on the CPU.
@@ -394,6 +395,19 @@ fn attention_case(mut g: Gpu, math: GemmMath, tol: [f32; 3]) {
         let ti = (i / nh) % t;
         assert!(row[ti + 1..].iter().all(|&w| w == 0.0), "att row {i}");
     }
+    // No scratch was provided: the backend allocated attention's own, 4 * (7*B*T*C +
+    // B*NH*T*T) bytes, and counts it. Once one is provided, that goes and the same forward
+    // gives the same bits in the provided one.
+    let layout = 4 * (7 * b * t * c + b * nh * t * t) as u64;
+    assert_eq!(g.0.scratch_outside_bytes(), layout);
+    g.0.provide_scratch(g.0.alloc(layout as usize / 4).unwrap());
+    assert_eq!(g.0.scratch_outside_bytes(), 0);
+    let mut gout = g.up(&vec![f32::NAN; b * t * c]);
+    let mut gatt = g.up(&vec![f32::NAN; b * t * nh * t]);
+    let (out_view, att_view) = (view_mut(&g, &mut gout), view_mut(&g, &mut gatt));
+    g.0.attention_forward(out_view, att_view, view(&g, &gqkv), b, t, c, nh);
+    assert_bitwise("out, provided scratch", &g.down(&gout), &first_out);
+    assert_eq!(g.0.scratch_outside_bytes(), 0);
 }
 
 #[test]

@@ -10,7 +10,7 @@
 
 use cudarc::driver::CudaSlice;
 use zero_gpt::cuda::{CudaBackend, DeviceSlice};
-use zero_gpt::{init_params, Gpt, GptConfig};
+use zero_gpt::{init_params, Backend, Gpt, GptConfig};
 
 const B: usize = 2;
 const T: usize = 8;
@@ -88,6 +88,9 @@ fn the_model_on_the_gpu_matches_the_cpu_model() {
                 .expect("gpu step")
         };
         model.backend().synchronize().expect("kernels ran");
+        // The activations provided the kernels' scratch: attention and the reductions
+        // allocated nothing of their own.
+        assert_eq!(model.backend().scratch_outside_bytes(), 0);
         assert!(
             (loss - want).abs() <= 1e-4 * want.abs(),
             "loss {loss} vs {want}, every {every:?}"

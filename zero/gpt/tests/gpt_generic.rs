@@ -1,6 +1,7 @@
 //! The model generic over its backend: a backend of another type that wraps the CPU kernels
 //! and counts every call gives `Gpt::new`'s losses and gradients to the bit, and its counts
-//! show every kernel and memory operation of a step went through the trait.
+//! show every kernel and memory operation of a step went through the trait; declaring a
+//! kernel scratch, it is handed one by the activations before it runs anything.
 //!
 //! Legend: L layers, B batch, T sequence.
 
@@ -10,19 +11,37 @@
 use std::collections::BTreeMap;
 use std::sync::Mutex;
 
-use zero_gpt::{init_params, Backend, Buffer, CpuBackend, Gpt, GptConfig};
+use zero_gpt::{
+    init_params, Activations, Backend, Buffer, CpuBackend, Gpt, GptConfig, GptError,
+    BACKEND_SCRATCH,
+};
 
 const B: usize = 2;
 const T: usize = 8;
 
-/// The CPU kernels behind a different type, counting calls by method name.
+/// The CPU kernels behind a different type, counting calls by method name; it may declare
+/// a kernel scratch, which it then checks it was given before any call but `alloc`.
 #[derive(Debug, Default)]
 struct Counting {
     calls: Mutex<BTreeMap<&'static str, usize>>,
+    /// f32 elements of scratch declared ([`Backend::scratch_len`]); 0 for none.
+    scratch: usize,
+    /// The length of the scratch provided, once it was.
+    provided: Mutex<Option<usize>>,
 }
 
 impl Counting {
+    fn with_scratch(scratch: usize) -> Self {
+        Self {
+            scratch,
+            ..Self::default()
+        }
+    }
     fn hit(&self, name: &'static str) {
+        if self.scratch > 0 && name != "alloc" {
+            let provided = *self.provided.lock().unwrap();
+            assert_eq!(provided, Some(self.scratch), "{name} before the scratch");
+        }
         *self.calls.lock().unwrap().entry(name).or_default() += 1;
     }
     fn count(&self, name: &str) -> usize {
@@ -60,6 +79,13 @@ impl Backend for Counting {
     fn mean(&self, x: &[f32]) -> zero_gpt::Result<f32> {
         self.hit("mean");
         CpuBackend.mean(x)
+    }
+    fn scratch_len(&self, _: &GptConfig, _: usize, _: usize) -> zero_gpt::Result<usize> {
+        Ok(self.scratch)
+    }
+    fn provide_scratch(&self, scratch: Buffer) {
+        *self.provided.lock().unwrap() = Some(scratch.floats().len());
+        self.hit("provide_scratch");
     }
     counted! {
         upload_ids(dst: &mut [u32], src: &[u32]);
@@ -225,6 +251,69 @@ fn logits_come_from_the_backend_memory_as_on_the_cpu() {
         0,
         "no loss without targets"
     );
+}
+
+/// Scratch this test backend declares, in f32 elements (any non-zero length).
+const SCRATCH: usize = 37;
+
+#[test]
+fn a_declared_scratch_is_asked_for_first_and_provided_before_anything_runs() {
+    let model = Gpt::with_backend(GptConfig::tiny(), Counting::with_scratch(SCRATCH)).unwrap();
+    let mut asked = Vec::new();
+    let alloc = |index, len| {
+        asked.push((index, len));
+        model.backend().alloc(len)
+    };
+    // Every call the construction makes (the buffers' fills) checks the scratch came first.
+    Activations::with_backend_memory(model.backend(), model.config(), B, T, None, alloc, None)
+        .unwrap();
+    assert_eq!(asked.len(), 7, "six buffers and the scratch: {asked:?}");
+    assert_eq!(asked[0], (BACKEND_SCRATCH, SCRATCH));
+    assert!(asked[1..].iter().all(|&(index, _)| index < BACKEND_SCRATCH));
+    assert_eq!(model.backend().count("provide_scratch"), 1);
+    // A whole step on fresh activations, every kernel checking: the CPU model's bits.
+    let (losses, grads) = counting_step(&model, Some(1));
+    let (want_losses, want_grads) = cpu_step(Some(1));
+    assert_eq!(bits(&losses), bits(&want_losses));
+    assert!(grads
+        .iter()
+        .zip(&want_grads)
+        .all(|(g, w)| bits(g) == bits(w)));
+    assert_eq!(model.backend().count("provide_scratch"), 2);
+}
+
+#[test]
+fn a_scratch_of_another_length_is_refused() {
+    let model = Gpt::with_backend(GptConfig::tiny(), Counting::with_scratch(SCRATCH)).unwrap();
+    let short = |index, len| {
+        model
+            .backend()
+            .alloc(len - usize::from(index == BACKEND_SCRATCH))
+    };
+    let err =
+        Activations::with_backend_memory(model.backend(), model.config(), B, T, None, short, None)
+            .unwrap_err();
+    assert!(
+        matches!(err, GptError::SizeMismatch { what: "backend scratch", expected: SCRATCH, got } if got == SCRATCH - 1),
+        "{err}"
+    );
+    assert_eq!(model.backend().count("provide_scratch"), 0);
+}
+
+#[test]
+fn the_cpu_backend_declares_no_scratch() {
+    let model = Gpt::new(GptConfig::tiny()).unwrap();
+    assert_eq!(
+        model.backend().scratch_len(model.config(), B, T).unwrap(),
+        0
+    );
+    let mut asked = Vec::new();
+    let alloc = |index, len| {
+        asked.push(index);
+        CpuBackend.alloc(len)
+    };
+    Activations::with_backend_memory(&CpuBackend, model.config(), B, T, None, alloc, None).unwrap();
+    assert_eq!(asked, [0, 1, 2, 3, 4, 5]);
 }
 
 /// `Gpt<CudaBackend>` and its activations in device memory; skips without a driver (a

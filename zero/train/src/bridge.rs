@@ -23,7 +23,8 @@ pub use schedule::gpt_schedule;
 use zero::{Engine, EngineConfig, EngineOps, UnitSpec};
 use zero_alloc::DEFAULT_ALIGNMENT;
 use zero_gpt::{
-    activation_buffers, Activations, Gpt, GptConfig, GptError, ParamLayout, UnitKind, KEPT_INPUTS,
+    activation_buffers, Activations, Backend, Gpt, GptConfig, GptError, ParamLayout, UnitKind,
+    KEPT_INPUTS,
 };
 
 /// Why a GPT micro-step failed.
@@ -105,9 +106,30 @@ pub struct ActivationPlacement {
     /// The kept block inputs live in pinned host memory, staged through
     /// [`crate::offload::STAGING_SLOTS`] inputs in the rank's arena.
     pub offload: bool,
+    /// f32 elements of the model backend's kernel scratch ([`Backend::scratch_len`]), lent
+    /// from the arena with the activations: 0 on the CPU; set by
+    /// [`ActivationPlacement::with_scratch_of`].
+    pub backend_scratch: usize,
 }
 
 impl ActivationPlacement {
+    /// This placement with the scratch `backend` needs for (B, T) batches of `config`.
+    ///
+    /// # Errors
+    /// A batch shape the backend refuses.
+    pub fn with_scratch_of<B: Backend>(
+        self,
+        backend: &B,
+        config: &GptConfig,
+        b: usize,
+        t: usize,
+    ) -> Result<Self, GptError> {
+        Ok(Self {
+            backend_scratch: backend.scratch_len(config, b, t)?,
+            ..self
+        })
+    }
+
     /// Kept inputs exist (checkpointing on) and are offloaded.
     fn offloads(self) -> bool {
         self.offload && self.checkpoint_every.is_some()
@@ -116,8 +138,10 @@ impl ActivationPlacement {
 
 /// Bytes the activations of one (B, T) micro-batch take in a rank's arena: the model's
 /// buffers ([`zero_gpt::activation_buffers`]), with offload the staging slots in place of the
-/// kept inputs, each rounded up to the arena's alignment: exactly what [`arena_activations`]
-/// lends. What [`EngineConfig::activation_bytes`](zero::EngineConfig) declares.
+/// kept inputs, and the backend's kernel scratch (`placement.backend_scratch`), each rounded
+/// up to the arena's alignment: exactly what [`arena_activations`] lends when the placement
+/// was made [`with_scratch_of`](ActivationPlacement::with_scratch_of) the model's backend.
+/// What [`EngineConfig::activation_bytes`](zero::EngineConfig) declares.
 ///
 /// # Errors
 /// A batch shape the model refuses.
@@ -131,7 +155,7 @@ pub fn activation_arena_bytes(
     let aligned = |len: usize| (len as u64 * 4).div_ceil(align) * align;
     let buffers = activation_buffers(config, b, t, placement.checkpoint_every)?;
     let (segments, input_len) = kept_shape(config, b, t, buffers[KEPT_INPUTS]);
-    Ok(buffers
+    let model_buffers: u64 = buffers
         .iter()
         .enumerate()
         .map(|(i, &len)| match i {
@@ -140,7 +164,8 @@ pub fn activation_arena_bytes(
             }
             _ => aligned(len),
         })
-        .sum())
+        .sum();
+    Ok(model_buffers + aligned(placement.backend_scratch))
 }
 
 /// (segments, N*C) of kept inputs of `kept_len` floats.
@@ -151,9 +176,11 @@ fn kept_shape(config: &GptConfig, b: usize, t: usize, kept_len: usize) -> (usize
 }
 
 /// Activations whose every buffer is a block of `engine`'s arena, lent for good: the arena
-/// holds, caps and counts them with the model states; with `placement.offload`, the kept
-/// block inputs go to pinned host memory through staging slots of the arena
-/// ([`crate::offload`]). (The model takes its memory from a caller-supplied allocator and
+/// holds, caps and counts them with the model states, and the backend's kernel scratch
+/// ([`zero_gpt::BACKEND_SCRATCH`], handed to the backend by the model); with
+/// `placement.offload`, the kept block inputs go to pinned host memory through staging
+/// slots of the arena ([`crate::offload`]). The scratch lent is what the backend asks for:
+/// a plan whose `placement.backend_scratch` is smaller makes the engine refuse the loan. (The model takes its memory from a caller-supplied allocator and
 /// knows no arena; the engine lends blocks and knows no model: this glue is the one place
 /// that knows both.)
 ///

@@ -332,11 +332,13 @@ impl TrainConfig {
             .then_some(self.checkpoint_every)
     }
 
-    /// Where the activations live: checkpointing, and the kept inputs offloaded or not.
+    /// Where the activations live: checkpointing, and the kept inputs offloaded or not (no
+    /// backend scratch: see [`ActivationPlacement::with_scratch_of`](crate::bridge::ActivationPlacement::with_scratch_of)).
     pub fn activation_placement(&self) -> crate::bridge::ActivationPlacement {
         crate::bridge::ActivationPlacement {
             checkpoint_every: self.checkpoint_every(),
             offload: self.offload_activations,
+            backend_scratch: 0,
         }
     }
 

@@ -9,6 +9,7 @@
 //! (`scripts/gpu-check.sh run` sets it). Not yet run on a GPU.
 
 use zero::{EngineConfig, EngineOps, ZeroStage};
+use zero_gpt::cuda::CudaBackend;
 use zero_gpt::{init_unit, Gpt, GptConfig, Rng};
 use zero_train::bridge::{
     activation_arena_bytes, arena_activations, gpt_engine_on, micro_step, ActivationPlacement,
@@ -30,6 +31,7 @@ fn placement(every: usize, offload: bool) -> ActivationPlacement {
     ActivationPlacement {
         checkpoint_every: Some(every),
         offload,
+        backend_scratch: 0, // set per rank by `rank_run`
     }
 }
 
@@ -61,6 +63,9 @@ fn rank_run<B: Placement>(
     let layout = model.layout().clone();
     let world = comm.size();
     let rows = ROWS / world;
+    let placed = placed
+        .with_scratch_of(model.backend(), &cfg, rows, T)
+        .unwrap();
     let config = EngineConfig {
         stage: ZeroStage::Zero3,
         activation_bytes: activation_arena_bytes(&cfg, rows, T, placed).unwrap(),
@@ -147,7 +152,17 @@ fn offload_on_the_gpu_changes_no_bit_and_lends_what_the_plan_says() {
             assert_eq!(kept.offloaded, 0, "{what}");
             for (run, offload) in [(&kept, false), (&offloaded, true)] {
                 let rows = ROWS / world;
-                let plan = activation_arena_bytes(&cfg, rows, T, placement(every, offload));
+                let placed = ActivationPlacement {
+                    backend_scratch: CudaBackend::scratch_elements(
+                        rows,
+                        T,
+                        cfg.channels,
+                        cfg.num_heads,
+                    )
+                    .unwrap(),
+                    ..placement(every, offload)
+                };
+                let plan = activation_arena_bytes(&cfg, rows, T, placed);
                 assert_eq!(run.arena_taken, plan.unwrap(), "{what}, offload {offload}");
             }
             let saved = (segments - segments.min(2)) * input;

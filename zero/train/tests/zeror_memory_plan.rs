@@ -107,6 +107,7 @@ fn placed(checkpoint_every: Option<usize>, offload: bool) -> ActivationPlacement
     ActivationPlacement {
         checkpoint_every,
         offload,
+        backend_scratch: 0, // the CPU backend's
     }
 }
 

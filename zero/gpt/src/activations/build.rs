@@ -5,7 +5,7 @@
 
 use super::{
     Activations, Buffer, GptConfig, GptError, Kept, KeptInputs, Progress, Result, Sizes,
-    KEPT_INPUTS,
+    BACKEND_SCRATCH, KEPT_INPUTS,
 };
 use crate::backend::{Backend, CpuBackend, View};
 
@@ -95,7 +95,10 @@ impl<B: Backend> Activations<B> {
 
     /// The general constructor: every buffer from `alloc` (as [`Activations::with_memory`]),
     /// zeroed and filled by `backend`'s kernels; the kept block inputs in `kept`, or in a
-    /// buffer from `alloc` when `None` (as [`Activations::with_kept_inputs`]).
+    /// buffer from `alloc` when `None` (as [`Activations::with_kept_inputs`]). When the
+    /// backend's kernels need scratch ([`Backend::scratch_len`] is not 0), `alloc` is asked
+    /// for it first, with index [`BACKEND_SCRATCH`], and that buffer goes to the backend
+    /// ([`Backend::provide_scratch`]) before the backend runs anything.
     ///
     /// # Errors
     /// As [`Activations::with_kept_inputs`].
@@ -109,6 +112,21 @@ impl<B: Backend> Activations<B> {
         kept: Option<Box<dyn KeptInputs<B::Slice>>>,
     ) -> std::result::Result<Self, E> {
         let sizes = Sizes::new(config, b, t, every)?;
+        // Handed over before the backend runs anything, the fills below included; not
+        // zeroed (the backend writes its scratch before reading it).
+        let scratch_len = backend.scratch_len(config, b, t)?;
+        if scratch_len > 0 {
+            let scratch = alloc(BACKEND_SCRATCH, scratch_len)?;
+            if scratch.floats().len() != scratch_len {
+                return Err(GptError::SizeMismatch {
+                    what: "backend scratch",
+                    expected: scratch_len,
+                    got: scratch.floats().len(),
+                }
+                .into());
+            }
+            backend.provide_scratch(scratch);
+        }
         let mut take = |index: usize, len: usize| -> std::result::Result<Buffer<B::Slice>, E> {
             let mut buf = alloc(index, len)?;
             if buf.floats().len() != len {
@@ -142,6 +160,7 @@ impl<B: Backend> Activations<B> {
         let grad = take(2, grad)?;
         let mut dlosses = take(3, n)?;
         backend.fill(dlosses.floats_mut(), 1.0 / n as f32);
+        let (tokens, targets) = (take(4, n)?, take(5, n)?);
         Ok(Self {
             b,
             t,
@@ -158,8 +177,8 @@ impl<B: Backend> Activations<B> {
             valid_segment: None,
             recompute_next: None,
             dlosses,
-            tokens: take(4, n)?,
-            targets: take(5, n)?,
+            tokens,
+            targets,
             progress: Progress::Empty,
         })
     }

@@ -133,6 +133,12 @@ pub const BUFFER_NAMES: [&str; 6] = [
 /// (offloaded to pinned host memory).
 pub const KEPT_INPUTS: usize = 1;
 
+/// The index the allocator of [`Activations::with_memory`](crate::Activations::with_memory)
+/// is called with, after the [`BUFFER_NAMES`], for the backend's kernel scratch
+/// ([`Backend::scratch_len`](crate::Backend::scratch_len) elements), asked for only when
+/// that is not 0 (never on the CPU).
+pub const BACKEND_SCRATCH: usize = BUFFER_NAMES.len();
+
 /// Elements (4 bytes each) of every activation buffer for one (B, T) micro-batch of
 /// `config`, in [`BUFFER_NAMES`] order: what [`Activations::with_memory`](crate::Activations::with_memory) asks for.
 ///

@@ -37,8 +37,9 @@ impl Plan {
 }
 
 impl CudaBackend {
-    /// The shape's plan, the scratch grown to its layout; `None` (error recorded) when the
-    /// shape is too large or the scratch cannot be allocated.
+    /// The shape's plan over a scratch of its layout's length (`CudaBackend::scratch`: the
+    /// provided one, else the backend's own); `None` (error recorded) when the shape is too
+    /// large or the scratch cannot be allocated.
     fn plan(&self, att: u64, (b, t, c, nh): (usize, usize, usize, usize)) -> Option<Plan> {
         let plan = AttentionShape::new(b, t, c, nh).and_then(|shape| {
             let layout = AttentionScratch::new(shape)?;

@@ -22,13 +22,14 @@ use cudarc::driver::{
     CudaContext, CudaSlice, CudaStream, DevicePtrMut, LaunchConfig, PushKernelArg,
 };
 
+use super::attention_gemm::{AttentionScratch, AttentionShape};
 use super::device::{DeviceIds, DeviceSlice};
 use super::gemm::GemmMath;
 use super::geometry::{self as geo, Geometry};
 use super::probe;
-use super::reductions::ReductionScratch;
+use super::reductions::{self, ReductionScratch};
 use super::registry::KernelRegistry;
-use crate::{GptError, Result};
+use crate::{Buffer, GptError, Result};
 
 /// One kernel argument, by value (the launch passes the address of each).
 #[derive(Debug, Clone, Copy)]
@@ -61,9 +62,9 @@ pub struct CudaBackend {
     kernels: Arc<KernelRegistry>,
     /// How every matrix product of this backend is computed.
     pub(super) math: GemmMath,
-    /// The attention scratch (`attention_gemm::AttentionScratch`), grown on demand.
-    scratch: Mutex<Option<CudaSlice<f32>>>,
-    /// The column reductions' partials and the grouped token ids (`reductions`).
+    /// The kernels' scratch: attention's regions and the column reductions' partials.
+    scratch: Mutex<Scratch>,
+    /// The grouped token ids (`reductions`).
     pub(super) reductions: ReductionScratch,
     /// The first launch error since the last `synchronize`.
     first_error: Mutex<Option<GptError>>,
@@ -110,7 +111,7 @@ impl CudaBackend {
             blas,
             kernels,
             math: GemmMath::default(),
-            scratch: Mutex::new(None),
+            scratch: Mutex::new(Scratch::default()),
             reductions: ReductionScratch::default(),
             first_error: Mutex::new(None),
         })
@@ -151,9 +152,7 @@ impl CudaBackend {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .take();
-        self.stream
-            .synchronize()
-            .map_err(driver_err("cuStreamSynchronize"))?;
+        self.synchronize_stream()?;
         first.map_or(Ok(()), Err)
     }
 
@@ -207,29 +206,90 @@ impl CudaBackend {
         self.record(result);
     }
 
-    /// The address of a scratch buffer of at least `len` f32, grown when smaller; its
-    /// contents are undefined (not zeroed).
+    /// The address of the kernels' scratch, at least `len` f32: the provided buffer when it
+    /// is that long, else memory of the backend's own, grown when smaller. Contents are
+    /// undefined (not zeroed).
+    ///
+    /// Attention and the column reductions both use it from element 0: each writes every
+    /// element it reads within one method call, and the stream runs one call after another,
+    /// so neither's contents outlive its call. Rejected: disjoint regions, which would add
+    /// the partials (3 MB at GPT-2 124M, B = 16, T = 1024) to the peak for nothing.
     pub(super) fn scratch(&self, len: usize) -> Result<u64> {
         let mut slot = self.scratch.lock().unwrap_or_else(PoisonError::into_inner);
-        if slot.as_ref().is_none_or(|s| s.len() < len) {
-            // SAFETY: the only user is attention (cuda/attention.rs), which writes every
-            // scratch element before reading it, in stream order. Forward: split_heads
-            // writes q, k, v; scores writes att (not the scratch); weighted_values reads v
-            // and att and writes y (beta = 0: C is not read); merge_heads reads y. Backward:
-            // split_heads writes q, k, v and y (dout); d_values reads y, att, writes dv;
-            // d_weights reads y, v, writes the scores region; attention_softmax_backward
-            // reads and rewrites it; d_queries, d_keys read it with k, q and write dq, dk;
-            // merge_heads reads dq, dk, dv. attention_gemm's tests run these steps on a
-            // scratch of NaN, which any read-before-write would carry into the results.
+        if let Some(provided) = slot.provided.as_mut() {
+            if provided.floats().len() >= len {
+                return Ok(provided.floats_mut().addr());
+            }
+        }
+        if slot.own.as_ref().is_none_or(|s| s.len() < len) {
+            // SAFETY: the users are attention (cuda/attention.rs) and the column reductions
+            // (cuda/reductions.rs), which write every scratch element before reading it, in
+            // stream order. Forward: split_heads writes q, k, v; scores writes att (not the
+            // scratch); weighted_values reads v and att and writes y (beta = 0: C is not
+            // read); merge_heads reads y. Backward: split_heads writes q, k, v and y (dout);
+            // d_values reads y, att, writes dv; d_weights reads y, v, writes the scores
+            // region; attention_softmax_backward reads and rewrites it; d_queries, d_keys
+            // read it with k, q and write dq, dk; merge_heads reads dq, dk, dv.
+            // attention_gemm's tests run these steps on a scratch of NaN, which any
+            // read-before-write would carry into the results. A reduction's first stage
+            // writes partials (quantities, chunks, cols) whole and its second reads them.
             // f32 has no invalid bit patterns.
             let fresh = unsafe { self.stream.alloc::<f32>(len.max(1)) };
-            *slot = Some(fresh.map_err(driver_err("cuMemAlloc"))?);
+            slot.own = Some(fresh.map_err(driver_err("cuMemAlloc"))?);
         }
-        match slot.as_mut() {
+        match slot.own.as_mut() {
             Some(s) => Ok(s.device_ptr_mut(&self.stream).0),
             None => unreachable!("filled above"),
         }
     }
+
+    /// f32 elements of scratch a forward and backward of (B, T) with `c` channels and `nh`
+    /// heads uses: the larger of attention's layout and the widest column reduction's
+    /// partials (the two share the scratch, [`CudaBackend::scratch`]).
+    ///
+    /// # Errors
+    /// [`GptError::LaunchTooLarge`] for a shape whose scratch or launches do not fit.
+    pub fn scratch_elements(b: usize, t: usize, c: usize, nh: usize) -> Result<usize> {
+        if b == 0 || t == 0 || c == 0 {
+            return Ok(0); // attention and the reductions launch nothing
+        }
+        let attention = AttentionScratch::new(AttentionShape::new(b, t, c, nh)?)?.len;
+        let n = geo::checked_product("scratch", "B*T", &[b, t])?;
+        Ok(attention.max(reductions::widest_partials(n, c)?))
+    }
+
+    /// Takes `scratch` as the kernels' scratch from now on; memory of the backend's own is
+    /// freed once the stream has finished with it.
+    pub(super) fn take_scratch(&self, scratch: Buffer<DeviceSlice>) {
+        let mut slot = self.scratch.lock().unwrap_or_else(PoisonError::into_inner);
+        // The buffer being replaced may still be read by queued kernels: wait for them
+        // before it goes (a provided one returns to its owner, who may hand it out again).
+        if slot.provided.is_some() {
+            self.record(self.synchronize_stream());
+        }
+        slot.provided = Some(scratch);
+        slot.own = None;
+    }
+
+    /// Bytes of scratch allocated by the backend itself (see [`CudaBackend::scratch`]).
+    pub(super) fn own_scratch_bytes(&self) -> u64 {
+        let slot = self.scratch.lock().unwrap_or_else(PoisonError::into_inner);
+        slot.own.as_ref().map_or(0, |s| 4 * s.len() as u64)
+    }
+
+    fn synchronize_stream(&self) -> Result<()> {
+        self.stream
+            .synchronize()
+            .map_err(driver_err("cuStreamSynchronize"))
+    }
+}
+
+/// The kernels' scratch: a buffer the caller provided ([`crate::Backend::provide_scratch`])
+/// and the backend's own memory, used only when none, or too small a one, was provided.
+#[derive(Debug, Default)]
+struct Scratch {
+    provided: Option<Buffer<DeviceSlice>>,
+    own: Option<CudaSlice<f32>>,
 }
 
 /// `head` followed by the u32 dimension arguments `named` of `kernel`, or the first
@@ -243,4 +303,30 @@ pub(super) fn with_dims(
         head.push(Arg::U32(geo::as_u32(kernel, what, v)?));
     }
     Ok(head)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::CudaBackend;
+
+    #[test]
+    fn the_scratch_is_attentions_layout_at_gpt2_shapes() {
+        // 7 (B,NH,T,hs) regions and one (B,NH,T,T), by the formula: 4 * (7*B*T*C + B*NH*T*T)
+        // bytes, 1,157,627,904 at GPT-2 124M, B = 16, T = 1024.
+        for (b, t, c, nh) in [(16, 1024, 768, 12), (4, 64, 32, 2), (1, 1, 8, 1)] {
+            let want = 7 * b * t * c + b * nh * t * t;
+            assert_eq!(CudaBackend::scratch_elements(b, t, c, nh).unwrap(), want);
+        }
+        assert_eq!(
+            4 * CudaBackend::scratch_elements(16, 1024, 768, 12).unwrap(),
+            1_157_627_904
+        );
+    }
+
+    #[test]
+    fn no_rows_need_no_scratch_and_an_overflowing_shape_is_an_error() {
+        assert_eq!(CudaBackend::scratch_elements(0, 1024, 768, 12).unwrap(), 0);
+        assert_eq!(CudaBackend::scratch_elements(16, 0, 768, 12).unwrap(), 0);
+        assert!(CudaBackend::scratch_elements(usize::MAX, 1024, 768, 12).is_err());
+    }
 }

@@ -13,7 +13,7 @@ use super::gemm;
 use super::geometry as geo;
 use super::memory::DeviceBuffer;
 use crate::Backend;
-use crate::{Buffer, Result};
+use crate::{Buffer, GptConfig, Result};
 
 impl Backend for CudaBackend {
     type Slice = DeviceSlice;
@@ -43,6 +43,15 @@ impl Backend for CudaBackend {
     }
     fn mean(&self, x: &DeviceSlice) -> Result<f32> {
         self.mean_on_host(x)
+    }
+    fn scratch_len(&self, config: &GptConfig, b: usize, t: usize) -> Result<usize> {
+        Self::scratch_elements(b, t, config.channels, config.num_heads)
+    }
+    fn provide_scratch(&self, scratch: Buffer<DeviceSlice>) {
+        self.take_scratch(scratch);
+    }
+    fn scratch_outside_bytes(&self) -> u64 {
+        self.own_scratch_bytes()
     }
 
     fn encoder_forward(

@@ -5,10 +5,11 @@
 //!
 //! Legend: N = B*T rows, C channels, OC output channels, U distinct tokens.
 //!
-//! Scratch, owned by the backend and kept: one f32 partials buffer grown to the largest
-//! reduction asked for, `chunks * max(OC, 2C)` floats with chunks = ceil(N / 64)
-//! (3,145,728 bytes for GPT-2 124M at B = 16, T = 1024: OC = 4C = 3072); and the groups of
-//! the last [`GROUPS_KEPT`] id uploads, `2 + 2N + 2U` u32 each.
+//! Scratch: the partials live in the backend's kernel scratch (`CudaBackend::scratch`,
+//! shared with attention), `chunks * max(OC, 2C)` floats with chunks = ceil(N / 64)
+//! ([`widest_partials`]: 3,145,728 bytes for GPT-2 124M at B = 16, T = 1024, OC = 4C =
+//! 3072). Owned by the backend and kept outside that scratch: the groups of the last
+//! [`GROUPS_KEPT`] id uploads, `2 + 2N + 2U` u32 each.
 
 use std::collections::VecDeque;
 use std::sync::{Mutex, PoisonError};
@@ -33,34 +34,42 @@ struct UploadedGroups {
     words: CudaSlice<u32>,
 }
 
-/// The reductions' device scratch (see the module comment for its bytes).
+/// The token groups the reductions keep on the device (see the module comment).
 #[derive(Debug, Default)]
 pub(super) struct ReductionScratch {
-    partials: Mutex<Option<CudaSlice<f32>>>,
     groups: Mutex<VecDeque<UploadedGroups>>,
 }
 
-impl CudaBackend {
-    /// The address of the partials scratch, at least `len` f32, grown when smaller.
-    fn partials(&self, len: usize) -> Result<u64> {
-        let mut slot = self
-            .reductions
-            .partials
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        if slot.as_ref().is_none_or(|s| s.len() < len) {
-            let grown = self.stream().alloc_zeros::<f32>(len.max(1));
-            *slot = Some(grown.map_err(driver_err("cuMemAlloc"))?);
-        }
-        match slot.as_mut() {
-            Some(s) => Ok(s.device_ptr_mut(self.stream()).0),
-            None => unreachable!("filled above"),
-        }
-    }
+/// f32 partials the widest column reductions of a GPT-2 pass over `n` rows of `c` channels
+/// need: the fc bias's (4C columns, one quantity) and LayerNorm's parameters' (C columns,
+/// two quantities), by the geometry [`CudaBackend::bias_backward`] and
+/// [`CudaBackend::layernorm_backward_params`] launch with.
+///
+/// # Errors
+/// [`crate::GptError::LaunchTooLarge`] when a reduction's geometry overflows.
+pub(super) fn widest_partials(n: usize, c: usize) -> Result<usize> {
+    let fc = geo::checked_product("bias_backward_partials", "4C", &[4, c])?;
+    let bias = partials_len("bias_backward_partials", n, fc, 1)?;
+    let layernorm = partials_len("layernorm_backward_params_partials", n, c, 2)?;
+    Ok(bias.max(layernorm))
+}
 
+/// f32 partials of a column reduction of (rows, cols) computing `quantities` sums per
+/// column.
+fn partials_len(
+    kernel: &'static str,
+    rows: usize,
+    cols: usize,
+    quantities: usize,
+) -> Result<usize> {
+    let plan = geo::column_reduce(kernel, rows, cols)?;
+    geo::checked_product(kernel, "partials", &[quantities, plan.partials_len])
+}
+
+impl CudaBackend {
     /// The launches of a column reduction of (rows, cols) computing `quantities` sums per
-    /// column, and the partials scratch grown to `quantities * chunks * cols`; None when
-    /// there is nothing to reduce.
+    /// column, and the address of `quantities * chunks * cols` partials in the backend's
+    /// scratch; None when there is nothing to reduce.
     fn plan_with_partials(
         &self,
         kernel: &'static str,
@@ -72,8 +81,8 @@ impl CudaBackend {
         if plan.partials.is_empty() {
             return Ok(None);
         }
-        let len = geo::checked_product(kernel, "partials", &[quantities, plan.partials_len])?;
-        Ok(Some((plan, Arg::U64(self.partials(len)?))))
+        let len = partials_len(kernel, rows, cols, quantities)?;
+        Ok(Some((plan, Arg::U64(self.scratch(len)?))))
     }
 
     /// Groups `src` (just uploaded into `dst`) by token and uploads the groups, replacing
@@ -214,5 +223,19 @@ impl CudaBackend {
             with_dims(k2, args, &dims),
         );
         fallback(words + (WordLayout::FLAG * 4) as u64);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::widest_partials;
+
+    #[test]
+    fn the_widest_partials_are_the_fc_bias() {
+        // ceil(N/64) chunks of 4C columns (LayerNorm's 2 x C is narrower): 3,145,728 bytes
+        // at GPT-2 124M, B = 16, T = 1024.
+        assert_eq!(4 * widest_partials(16 * 1024, 768).unwrap(), 3_145_728);
+        assert_eq!(widest_partials(65, 8).unwrap(), 2 * 32);
+        assert_eq!(widest_partials(0, 8).unwrap(), 0);
     }
 }

@@ -1,7 +1,7 @@
 //! The rank's engine as the run's flags configure it, and the start-up refusal of a memory cap
 //! below the plan.
 
-use crate::bridge::{activation_arena_bytes, gpt_engine_on, Placement};
+use crate::bridge::{activation_arena_bytes, gpt_engine_on, ActivationPlacement, Placement};
 use crate::error::TrainError;
 use crate::memory_fit::MemoryQuery;
 use crate::run::Shared;
@@ -18,6 +18,11 @@ pub(super) fn build_engine<B: Placement>(
     ops: EngineOps,
 ) -> Result<Engine, TrainError> {
     let cfg = shared.cfg;
+    let (b, t) = (cfg.micro_batch_size, cfg.seq_len);
+    // The backend's kernel scratch is lent with the activations (`arena_activations`).
+    let placement =
+        cfg.activation_placement()
+            .with_scratch_of(model.backend(), &shared.model, b, t)?;
     let engine_config = EngineConfig {
         stage: cfg.zero_stage,
         precision: cfg.precision.into(),
@@ -31,18 +36,14 @@ pub(super) fn build_engine<B: Placement>(
         },
         memory_limit: cfg.memory_limit.map(|m| m.0),
         defragment: !cfg.no_defragment,
-        activation_bytes: activation_arena_bytes(
-            &shared.model,
-            cfg.micro_batch_size,
-            cfg.seq_len,
-            cfg.activation_placement(),
-        )?,
+        activation_bytes: activation_arena_bytes(&shared.model, b, t, placement)?,
     };
     engine_config.adam.validate()?;
     if let Some(limit) = engine_config.memory_limit {
         refuse_what_cannot_fit(
             shared,
             &engine_config,
+            placement,
             (comm.size(), comm.staging_rule()),
             limit,
         )?;
@@ -72,6 +73,7 @@ pub(super) fn build_engine<B: Placement>(
 fn refuse_what_cannot_fit(
     shared: &Shared<'_>,
     engine_config: &EngineConfig,
+    placement: ActivationPlacement,
     (world, staging): (usize, zero_comm::StagingRule),
     limit: u64,
 ) -> Result<(), TrainError> {
@@ -80,7 +82,7 @@ fn refuse_what_cannot_fit(
         model: shared.model,
         micro_batch: cfg.micro_batch_size,
         seq_len: cfg.seq_len,
-        placement: cfg.activation_placement(),
+        placement,
         shape: PlanShape {
             world,
             stage: engine_config.stage,
