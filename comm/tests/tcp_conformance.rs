@@ -53,20 +53,7 @@ fn run_case(n: usize, case: conformance::Case) -> Vec<String> {
         .collect()
 }
 
-stamp_cases!(
-    all_reduce,
-    reduce_scatter,
-    all_gather,
-    broadcast,
-    reduce,
-    barrier,
-    split_grid,
-    split_key_order,
-    async_in_issue_order,
-    async_matches_blocking,
-    bitwise_rank_order,
-    bad_arguments,
-);
+stamp_every_case!();
 
 #[test]
 fn every_case_is_stamped_out() {

@@ -41,6 +41,27 @@ macro_rules! stamp_cases {
     };
 }
 
+/// [`stamp_cases!`] over every case of [`CASES`], by name (the list the `STAMPED` test checks).
+#[allow(unused_macros, reason = "the MPI binary runs the cases its own way")]
+macro_rules! stamp_every_case {
+    () => {
+        stamp_cases!(
+            all_reduce,
+            reduce_scatter,
+            all_gather,
+            broadcast,
+            reduce,
+            barrier,
+            split_grid,
+            split_key_order,
+            async_in_issue_order,
+            async_matches_blocking,
+            bitwise_rank_order,
+            bad_arguments,
+        );
+    };
+}
+
 mod cases;
 mod data;
 
