@@ -20,6 +20,9 @@ pub enum DType {
 }
 
 impl DType {
+    /// Every type, in declaration order (their wire codes are their indices here).
+    pub const ALL: [DType; 3] = [DType::F32, DType::Bf16, DType::F16];
+
     /// Bytes per element.
     pub const fn size(self) -> usize {
         match self {

@@ -23,6 +23,18 @@ pub enum OpKind {
 }
 
 impl OpKind {
+    /// Every kind, in declaration order: the codes the MPI descriptor check and the TCP wire
+    /// format give them are their indices here.
+    pub const ALL: [OpKind; 7] = [
+        OpKind::AllReduce,
+        OpKind::ReduceScatter,
+        OpKind::AllGather,
+        OpKind::Broadcast,
+        OpKind::Reduce,
+        OpKind::Barrier,
+        OpKind::Split,
+    ];
+
     /// The snake_case name used by `zero-bench` and in messages.
     pub const fn name(self) -> &'static str {
         match self {

@@ -20,6 +20,9 @@ pub enum ReduceOp {
 }
 
 impl ReduceOp {
+    /// Every operator, in declaration order (their wire codes are their indices here).
+    pub const ALL: [ReduceOp; 4] = [ReduceOp::Sum, ReduceOp::Avg, ReduceOp::Max, ReduceOp::Min];
+
     /// The nccl-tests name (`sum`, `avg`, `max`, `min`).
     pub const fn name(self) -> &'static str {
         match self {

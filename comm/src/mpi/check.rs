@@ -6,17 +6,9 @@ use crate::dtype::DType;
 use crate::op::{OpDesc, OpKind};
 use crate::reduce_op::ReduceOp;
 
-const KINDS: [OpKind; 7] = [
-    OpKind::AllReduce,
-    OpKind::ReduceScatter,
-    OpKind::AllGather,
-    OpKind::Broadcast,
-    OpKind::Reduce,
-    OpKind::Barrier,
-    OpKind::Split,
-];
-const DTYPES: [DType; 3] = [DType::F32, DType::Bf16, DType::F16];
-const OPS: [ReduceOp; 4] = [ReduceOp::Sum, ReduceOp::Avg, ReduceOp::Max, ReduceOp::Min];
+const KINDS: [OpKind; 7] = OpKind::ALL;
+const DTYPES: [DType; 3] = DType::ALL;
+const OPS: [ReduceOp; 4] = ReduceOp::ALL;
 const NONE: u64 = u64::MAX;
 
 /// Words per encoded descriptor.

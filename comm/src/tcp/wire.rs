@@ -18,17 +18,9 @@ pub(crate) const MAX_ERROR_BYTES: usize = 1024;
 /// "No root" / "no value" on the wire.
 const NONE: u32 = u32::MAX;
 
-const KINDS: [OpKind; 7] = [
-    OpKind::AllReduce,
-    OpKind::ReduceScatter,
-    OpKind::AllGather,
-    OpKind::Broadcast,
-    OpKind::Reduce,
-    OpKind::Barrier,
-    OpKind::Split,
-];
-const DTYPES: [DType; 3] = [DType::F32, DType::Bf16, DType::F16];
-const OPS: [ReduceOp; 4] = [ReduceOp::Sum, ReduceOp::Avg, ReduceOp::Max, ReduceOp::Min];
+const KINDS: [OpKind; 7] = OpKind::ALL;
+const DTYPES: [DType; 3] = DType::ALL;
+const OPS: [ReduceOp; 4] = ReduceOp::ALL;
 
 /// Whether a frame carries data or a failure.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
