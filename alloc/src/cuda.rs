@@ -10,6 +10,7 @@ use cudarc::driver::{
 };
 
 use crate::error::{AllocError, Result};
+use crate::libraries::CudaLibrary;
 
 /// Maps a driver error to the crate error, keeping the CUDA code in the message.
 pub(crate) fn cuda_err(what: &'static str) -> impl Fn(DriverError) -> AllocError {
@@ -22,10 +23,7 @@ pub(crate) fn cuda_err(what: &'static str) -> impl Fn(DriverError) -> AllocError
 /// Opens the context of `ordinal`, after checking the driver library exists (cudarc panics
 /// when it does not).
 pub(crate) fn context(ordinal: usize) -> Result<Arc<CudaContext>> {
-    // SAFETY: only probes for the shared library; no CUDA state is touched.
-    if !unsafe { sys::is_culib_present() } {
-        return Err(AllocError::CudaUnavailable);
-    }
+    CudaLibrary::Driver.require()?;
     CudaContext::new(ordinal).map_err(cuda_err("CudaContext::new"))
 }
 

@@ -126,9 +126,14 @@ pub enum AllocError {
         /// The device asked for.
         device: Device,
     },
-    /// The CUDA driver library could not be found at run time.
-    #[error("CUDA driver library not found (is an NVIDIA driver installed?)")]
-    CudaUnavailable,
+    /// A CUDA library could not be found at run time.
+    #[error("CUDA unavailable: {library}: {reason}")]
+    CudaUnavailable {
+        /// The missing library (`"libcuda"`, `"libnvrtc"`, ...).
+        library: &'static str,
+        /// Why, and how to provide it.
+        reason: &'static str,
+    },
     /// A CUDA driver call failed.
     #[error("CUDA error during {what}: {message}")]
     Cuda {
@@ -136,6 +141,16 @@ pub enum AllocError {
         what: &'static str,
         /// The driver's message, code included.
         message: String,
+    },
+    /// NVRTC rejected a kernel program.
+    #[error("NVRTC could not compile {program} for {arch}: {log}")]
+    Nvrtc {
+        /// The program's file name.
+        program: &'static str,
+        /// The target architecture (`"sm_90"`, or the default target).
+        arch: &'static str,
+        /// The compiler's log.
+        log: String,
     },
 }
 

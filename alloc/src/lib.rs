@@ -27,6 +27,10 @@
 //! println!("{oom}"); // request, capacity, holes, fragmentation
 //! # Ok::<(), AllocError>(())
 //! ```
+//!
+//! With the feature `cuda`, arenas hold CUDA device memory too, `CudaLibrary` checks for
+//! the CUDA libraries before cudarc loads them, and [`nvrtc`] compiles and caches the
+//! workspace's run-time-compiled kernels per device.
 #![warn(missing_docs)]
 
 mod arena;
@@ -38,7 +42,10 @@ mod error;
 mod free_list;
 mod handle;
 mod lend;
+#[cfg(feature = "cuda")]
+mod libraries;
 mod memory;
+pub mod nvrtc;
 mod offload;
 mod pinned;
 mod stats;
@@ -55,6 +62,8 @@ pub use handle::{Block, Handle};
 pub use lend::Lent;
 #[cfg(feature = "cuda")]
 pub use lend::LentDevice;
+#[cfg(feature = "cuda")]
+pub use libraries::CudaLibrary;
 pub use offload::{offload_double_buffered, Chunk, CopyEngine, Transfer};
 pub use pinned::PinnedBuffer;
 pub use stats::{human_bytes, Stats};

@@ -9,7 +9,7 @@ use zero_alloc::{AllocError, Arena, ArenaConfig, CopyEngine, Device, PinnedBuffe
 fn cuda_arena(capacity: usize) -> Option<Arena> {
     match Arena::new(ArenaConfig::new(capacity).device(Device::Cuda(0))) {
         Ok(arena) => Some(arena),
-        Err(AllocError::CudaUnavailable) => None,
+        Err(AllocError::CudaUnavailable { .. }) => None,
         Err(AllocError::Cuda { message, .. }) if message.contains("NO_DEVICE") => None,
         Err(other) => panic!("unexpected error opening a CUDA arena: {other}"),
     }

@@ -31,12 +31,11 @@ pub fn run_device_local(cfg: &BenchConfig, report: &mut dyn FnMut(&Row)) -> Resu
     let call = cfg.call().ok_or_else(|| CommError::InvalidArgument {
         what: format!("{} has no data to benchmark", cfg.op),
     })?;
-    // SAFETY: only probes for the shared library; cudarc panics when it is missing.
-    if !unsafe { cudarc::driver::sys::is_culib_present() } {
-        return Err(CommError::InvalidArgument {
-            what: "--device cuda: no CUDA driver (libcuda.so.1) on this machine".into(),
-        });
-    }
+    zero_alloc::CudaLibrary::Driver
+        .require()
+        .map_err(|e| CommError::InvalidArgument {
+            what: format!("--device cuda: {e}"),
+        })?;
     let ctx = CudaContext::new(0).map_err(cuda("cuCtxCreate"))?;
     let devices = create(&ctx, cfg.ranks, zero_comm::Config::default())?;
     let hosts = zero_comm::local::create(cfg.ranks)?;

@@ -3,12 +3,12 @@
 
 #![cfg(feature = "cuda")]
 
-use zero_comm::device_local::cuda::{compile_reduce_kernel, REDUCE_KERNELS};
+use zero_comm::device_local::cuda::{REDUCE_KERNELS, REDUCE_PROGRAM};
 
 #[test]
 fn the_reduction_kernel_compiles_for_sm_80_and_sm_90() {
-    let ptx = match compile_reduce_kernel(Some("sm_80")) {
-        Ok(_) => ["sm_80", "sm_90"].map(|a| (a, compile_reduce_kernel(Some(a)))),
+    let ptx = match REDUCE_PROGRAM.compile(Some("sm_80")) {
+        Ok(_) => ["sm_80", "sm_90"].map(|a| (a, REDUCE_PROGRAM.compile(Some(a)))),
         Err(e) => {
             assert!(
                 std::env::var("ZERO_GPT_REQUIRE_NVRTC").as_deref() != Ok("1"),

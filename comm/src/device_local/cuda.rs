@@ -2,14 +2,14 @@
 //! over cudarc device buffers. Every rank's stream belongs to the same context, so a device
 //! address published by one rank thread is valid in the others. Not yet run on a GPU.
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex, OnceLock, PoisonError};
+use std::sync::Arc;
 
 use cudarc::driver::{
     result, CudaContext, CudaEvent, CudaFunction, CudaStream, DevicePtr, DevicePtrMut, DeviceRepr,
     LaunchConfig, PushKernelArg,
 };
-use cudarc::nvrtc::{self, CompileOptions, Ptx};
+use zero_alloc::nvrtc::{KernelSet, LoadedKernels, Program, BITWISE_OPTIONS};
+use zero_alloc::AllocError;
 
 use super::{create_with_ops, DeviceLocalComm, DeviceOps, RawBuf};
 use crate::communicator::Collective;
@@ -26,6 +26,19 @@ pub const REDUCE_KERNELS: [&str; 3] = [
     "device_local_reduce_bf16",
     "device_local_reduce_f16",
 ];
+/// [`REDUCE_SOURCE`] as the NVRTC program zero-alloc compiles (its arithmetic is spelled
+/// with rounding intrinsics; the options state the IEEE defaults all the same).
+pub const REDUCE_PROGRAM: Program = Program {
+    name: "reduce.cu",
+    prelude: "",
+    text: REDUCE_SOURCE,
+    functions: &REDUCE_KERNELS,
+    options: BITWISE_OPTIONS,
+};
+static REDUCE_SET: KernelSet = KernelSet {
+    name: "zero-comm device_local",
+    programs: &[REDUCE_PROGRAM],
+};
 /// Most ranks the kernel reads (`DEVICE_LOCAL_MAX_RANKS` in the source).
 pub const MAX_RANKS: usize = 16;
 const THREADS: u32 = 256;
@@ -49,69 +62,33 @@ fn driver(call: &'static str) -> impl Fn(cudarc::driver::DriverError) -> CommErr
     }
 }
 
-/// Compiles [`REDUCE_SOURCE`] to PTX for `arch` (`None`: NVRTC's default).
-///
-/// # Errors
-/// [`CommError::Unavailable`] when NVRTC is missing or the source does not compile (with
-/// the compiler's log).
-pub fn compile_reduce_kernel(arch: Option<&'static str>) -> Result<Ptx> {
-    // SAFETY: only tries to dlopen NVRTC's file names; calls no symbol.
-    if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
-        return Err(CommError::Unavailable {
-            backend: "device_local",
-            why: "NVRTC not found: put the nvidia-cuda-nvrtc wheel's lib on LD_LIBRARY_PATH".into(),
-        });
-    }
-    let opts = CompileOptions {
-        arch,
-        name: Some("reduce.cu".into()),
-        ..CompileOptions::default()
-    };
-    nvrtc::compile_ptx_with_opts(REDUCE_SOURCE, opts).map_err(|e| CommError::Unavailable {
+/// zero-alloc's CUDA setup errors (a missing library, NVRTC's log, a module the driver
+/// refused) as `Unavailable`, keeping zero-alloc's message.
+fn setup(e: AllocError) -> CommError {
+    CommError::Unavailable {
         backend: "device_local",
-        why: format!("NVRTC could not compile reduce.cu for {arch:?}: {e:?}"),
-    })
-}
-
-fn arch_for(major: i32, minor: i32) -> Option<&'static str> {
-    Some(match (major, minor) {
-        (8, 0) => "sm_80",
-        (8, 6) => "sm_86",
-        (8, 9) => "sm_89",
-        (9, 0) => "sm_90",
-        _ => return None,
-    })
-}
-
-/// The three kernels loaded on `ctx`'s device, compiled on first use in the process.
-fn kernels(ctx: &Arc<CudaContext>) -> Result<Arc<[CudaFunction; 3]>> {
-    static CACHE: OnceLock<Mutex<HashMap<usize, Arc<[CudaFunction; 3]>>>> = OnceLock::new();
-    // Nothing is inserted before a build completes, so a poisoned map is still consistent.
-    let mut cache = CACHE
-        .get_or_init(Mutex::default)
-        .lock()
-        .unwrap_or_else(PoisonError::into_inner);
-    if let Some(found) = cache.get(&ctx.ordinal()) {
-        return Ok(Arc::clone(found));
+        why: e.to_string(),
     }
-    let (major, minor) = ctx
-        .compute_capability()
-        .map_err(driver("cuDeviceGetAttribute"))?;
-    let module = ctx
-        .load_module(compile_reduce_kernel(arch_for(major, minor))?)
-        .map_err(driver("cuModuleLoadData"))?;
-    let load = |name| {
-        module
-            .load_function(name)
-            .map_err(driver("cuModuleGetFunction"))
+}
+
+/// The three kernels loaded on `ctx`'s device (compiled on first use in the process), in
+/// [`REDUCE_KERNELS`]' order.
+fn kernels(ctx: &Arc<CudaContext>) -> Result<Arc<[CudaFunction; 3]>> {
+    let loaded = LoadedKernels::for_context(ctx, &REDUCE_SET).map_err(setup)?;
+    let get = |name| {
+        loaded
+            .get(name)
+            .cloned()
+            .ok_or_else(|| CommError::Unavailable {
+                backend: "device_local",
+                why: format!("reduce.cu has no kernel {name}"),
+            })
     };
-    let built = Arc::new([
-        load(REDUCE_KERNELS[0])?,
-        load(REDUCE_KERNELS[1])?,
-        load(REDUCE_KERNELS[2])?,
-    ]);
-    cache.insert(ctx.ordinal(), Arc::clone(&built));
-    Ok(built)
+    Ok(Arc::new([
+        get(REDUCE_KERNELS[0])?,
+        get(REDUCE_KERNELS[1])?,
+        get(REDUCE_KERNELS[2])?,
+    ]))
 }
 
 /// [`DeviceOps`] on one rank's stream.

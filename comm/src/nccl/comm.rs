@@ -6,7 +6,7 @@ use std::rc::Rc;
 use std::sync::Arc;
 
 use cudarc::driver::{CudaContext, CudaSlice, CudaStream};
-use cudarc::nccl::{result, sys};
+use cudarc::nccl::result;
 
 use super::ffi::{driver_error, nccl_error};
 use super::group::Group;
@@ -32,20 +32,9 @@ pub(super) fn unavailable(why: impl Into<String>) -> CommError {
 /// # Errors
 /// [`CommError::Unavailable`] saying what is missing.
 pub fn available() -> Result<()> {
-    // SAFETY: only tries to load the library; no CUDA function is called.
-    if !unsafe { cudarc::driver::sys::is_culib_present() } {
-        return Err(unavailable(
-            "the CUDA driver library (libcuda.so) was not found: no NVIDIA driver here",
-        ));
-    }
-    // SAFETY: as above, for NCCL.
-    if !unsafe { sys::is_culib_present() } {
-        return Err(unavailable(
-            "libnccl.so was not found on the library path (where only libnccl.so.2 exists, as \
-             in pip's nvidia-nccl-cu* wheels, put a libnccl.so symlink to it in a folder on \
-             LD_LIBRARY_PATH)",
-        ));
-    }
+    use zero_alloc::CudaLibrary::{Driver, Nccl};
+    zero_alloc::CudaLibrary::require_all(&[Driver, Nccl])
+        .map_err(|e| unavailable(e.to_string()))?;
     match CudaContext::device_count() {
         Ok(n) if n > 0 => Ok(()),
         Ok(_) => Err(unavailable("the CUDA driver sees no GPU")),
@@ -137,8 +126,8 @@ mod tests {
     use crate::bootstrap::LaunchEnv;
 
     fn libraries_present() -> bool {
-        // SAFETY: see above.
-        unsafe { cudarc::driver::sys::is_culib_present() && sys::is_culib_present() }
+        use zero_alloc::CudaLibrary::{Driver, Nccl};
+        Driver.is_present() && Nccl.is_present()
     }
 
     fn assert_unavailable(r: Result<impl std::fmt::Debug>) {

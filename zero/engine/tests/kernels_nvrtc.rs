@@ -6,11 +6,12 @@
 
 #![cfg(feature = "cuda")]
 
-use zero::kernels::cuda::{compile_engine_kernels, require_nvrtc, CI_ARCHS, ENGINE_KERNELS};
-use zero::Error;
+use zero::kernels::cuda::{ENGINE_KERNELS, ENGINE_PROGRAM};
+use zero_alloc::nvrtc::CI_ARCHS;
+use zero_alloc::{AllocError, CudaLibrary};
 
 fn nvrtc_or_skip(test: &str) -> bool {
-    let Err(why) = require_nvrtc() else {
+    let Err(why) = CudaLibrary::Nvrtc.require() else {
         return true;
     };
     assert!(
@@ -39,7 +40,7 @@ fn the_engine_source_compiles_for_every_ci_arch_with_exactly_the_listed_kernels(
     let mut listed: Vec<String> = ENGINE_KERNELS.iter().map(|s| (*s).to_string()).collect();
     listed.sort_unstable();
     for &arch in CI_ARCHS {
-        let ptx = match compile_engine_kernels(Some(arch)) {
+        let ptx = match ENGINE_PROGRAM.compile(Some(arch)) {
             Ok(ptx) => ptx.to_src(),
             Err(e) => panic!("{e}"),
         };
@@ -67,7 +68,7 @@ fn compiled_element_wise_kernels_use_no_fused_multiply_add() {
     }
     // --fmad=false is what makes the element-wise kernels bitwise with the host: a fused
     // a * b + c in f32 would show up as fma.rn.f32 in the PTX.
-    let ptx = match compile_engine_kernels(Some("sm_90")) {
+    let ptx = match ENGINE_PROGRAM.compile(Some("sm_90")) {
         Ok(ptx) => ptx.to_src(),
         Err(e) => panic!("{e}"),
     };
@@ -80,10 +81,10 @@ fn an_unknown_architecture_is_an_error_with_the_compiler_log_not_a_panic() {
     if !nvrtc_or_skip("an_unknown_architecture_is_an_error") {
         return;
     }
-    match compile_engine_kernels(Some("sm_1")) {
-        Err(Error::Device { op, message }) => {
-            assert!(op.contains("NVRTC"), "{op}");
-            assert!(message.contains("sm_1"), "{message}");
+    match ENGINE_PROGRAM.compile(Some("sm_1")) {
+        Err(AllocError::Nvrtc { program, arch, log }) => {
+            assert_eq!((program, arch), ("engine.cu", "sm_1"));
+            assert!(!log.is_empty());
         }
         other => panic!("expected an NVRTC error, got {other:?}"),
     }

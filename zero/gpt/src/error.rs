@@ -1,7 +1,8 @@
 //! Errors of the GPT model.
 //!
-//! zero-gpt's own error enum: the crate depends on none of the project's crates, so its callers
-//! (zero-train) wrap it in their own errors and keep the structured fields.
+//! zero-gpt's own error enum: its callers (zero-train) wrap it in their own errors and keep
+//! the structured fields. The only crate of the project it uses is zero-alloc, for the CUDA
+//! library checks and the NVRTC kernel cache; their errors arrive here through `From`.
 
 /// Everything the model can reject: a bad configuration, buffers of the wrong size, token ids
 /// out of range, and unit calls made out of order.
@@ -127,3 +128,25 @@ pub enum GptError {
 
 /// Result alias of the `gpt` module.
 pub type Result<T, E = GptError> = std::result::Result<T, E>;
+
+impl From<zero_alloc::AllocError> for GptError {
+    fn from(e: zero_alloc::AllocError) -> Self {
+        use zero_alloc::AllocError;
+        match e {
+            AllocError::CudaUnavailable { library, reason } => Self::CudaUnavailable {
+                library,
+                reason: reason.to_string(),
+            },
+            AllocError::Nvrtc { program, arch, log } => Self::Nvrtc {
+                source_name: program,
+                arch,
+                log,
+            },
+            AllocError::Cuda { what, message } => Self::Cuda { op: what, message },
+            other => Self::Cuda {
+                op: "zero-alloc",
+                message: other.to_string(),
+            },
+        }
+    }
+}

@@ -6,9 +6,9 @@
 
 #![cfg(feature = "cuda")]
 
-use zero_gpt::cuda::probe::Library;
-use zero_gpt::cuda::registry::compile;
-use zero_gpt::cuda::sources::{KernelSource, CI_ARCHS, SOURCES};
+use zero_alloc::nvrtc::{Program, BITWISE_OPTIONS};
+use zero_alloc::{AllocError, CudaLibrary as Library};
+use zero_gpt::cuda::sources::{CI_ARCHS, COMMON, SOURCES};
 use zero_gpt::GptError;
 
 fn nvrtc_or_skip(test: &str) -> bool {
@@ -36,7 +36,7 @@ fn every_kernel_source_compiles_for_every_ci_arch() {
     let mut kernels = 0;
     for &arch in CI_ARCHS {
         for src in SOURCES {
-            let ptx = match compile(src, Some(arch)) {
+            let ptx = match src.compile(Some(arch)) {
                 Ok(ptx) => ptx.to_src(),
                 Err(e) => panic!("{e}"),
             };
@@ -69,18 +69,16 @@ fn a_source_that_does_not_compile_returns_the_compiler_log() {
     if !nvrtc_or_skip("a_source_that_does_not_compile_returns_the_compiler_log") {
         return;
     }
-    let broken = KernelSource {
+    let broken = Program {
         name: "broken.cu",
+        prelude: COMMON,
         text: "extern \"C\" __global__ void broken(float* x) { x[0] = undefined_name; }\n",
         functions: &["broken"],
+        options: BITWISE_OPTIONS,
     };
-    match compile(&broken, Some("sm_90")) {
-        Err(GptError::Nvrtc {
-            source_name,
-            arch,
-            log,
-        }) => {
-            assert_eq!((source_name, arch), ("broken.cu", "sm_90"));
+    match broken.compile(Some("sm_90")) {
+        Err(AllocError::Nvrtc { program, arch, log }) => {
+            assert_eq!((program, arch), ("broken.cu", "sm_90"));
             assert!(log.contains("undefined_name"), "{log}");
         }
         other => panic!("expected an NVRTC error, got {other:?}"),

@@ -21,20 +21,17 @@
 mod ops;
 mod source;
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex, OnceLock, PoisonError};
+use std::sync::Arc;
 
 use cudarc::driver::PushKernelArg;
-use cudarc::driver::{CudaContext, CudaFunction, CudaStream, DriverError, LaunchConfig};
-use zero_alloc::{Arena, Device};
+use cudarc::driver::{CudaContext, CudaStream, DriverError, LaunchConfig};
+use zero_alloc::nvrtc::LoadedKernels;
+use zero_alloc::{AllocError, Arena, CudaLibrary, Device};
 
 use super::Span;
 use crate::error::{Error, Result};
 
-pub use source::{
-    arch_for, compile_engine_kernels, require_nvrtc, CI_ARCHS, ENGINE_KERNELS, ENGINE_SOURCE,
-    NVRTC_OPTIONS,
-};
+pub use source::{ENGINE_KERNELS, ENGINE_KERNEL_SET, ENGINE_PROGRAM, ENGINE_SOURCE};
 
 /// The engine's kernels on CUDA device `ordinal`: one per [`super::Kernels`] method and
 /// storage type, compiled once per process and device.
@@ -42,7 +39,7 @@ pub use source::{
 pub struct CudaKernels {
     ordinal: usize,
     stream: Arc<CudaStream>,
-    functions: Arc<HashMap<&'static str, CudaFunction>>,
+    functions: Arc<LoadedKernels>,
 }
 
 /// Maps a driver error to [`Error::Device`] naming the call.
@@ -50,6 +47,23 @@ fn driver(op: &'static str) -> impl Fn(DriverError) -> Error {
     move |e| Error::Device {
         op,
         message: format!("{e:?}"),
+    }
+}
+
+/// zero-alloc's CUDA setup errors (a missing library, NVRTC's log, a refused module) as
+/// [`Error::Device`] naming what failed; anything else stays a memory error.
+fn setup(e: AllocError) -> Error {
+    match e {
+        AllocError::CudaUnavailable { library, reason } => Error::Device {
+            op: library,
+            message: reason.to_string(),
+        },
+        AllocError::Nvrtc { program, arch, log } => Error::Device {
+            op: "NVRTC compile",
+            message: format!("{program} for {arch}: {log}"),
+        },
+        AllocError::Cuda { what, message } => Error::Device { op: what, message },
+        other => Error::Alloc(other),
     }
 }
 
@@ -68,18 +82,9 @@ impl CudaKernels {
     /// [`Error::Device`] naming `libcuda` or `libnvrtc` when missing (never a panic), a
     /// driver error (no such device), or NVRTC's log.
     pub fn new(ordinal: usize) -> Result<Self> {
-        // SAFETY: is_culib_present only tries to dlopen the driver's file names and drops
-        // each handle; it calls no symbol of the library.
-        if !unsafe { cudarc::driver::sys::is_culib_present() } {
-            return Err(Error::Device {
-                op: "load libcuda",
-                message: "no NVIDIA driver is installed (libcuda.so / libcuda.so.1 not found)"
-                    .to_string(),
-            });
-        }
-        require_nvrtc()?;
+        CudaLibrary::require_all(&[CudaLibrary::Driver, CudaLibrary::Nvrtc]).map_err(setup)?;
         let ctx = CudaContext::new(ordinal).map_err(driver("cuDevicePrimaryCtxRetain"))?;
-        let functions = functions_for(&ctx)?;
+        let functions = LoadedKernels::for_context(&ctx, &ENGINE_KERNEL_SET).map_err(setup)?;
         Ok(Self {
             ordinal,
             stream: ctx.default_stream(),
@@ -177,34 +182,4 @@ fn same_len(kernel: &'static str, a: Span, b: Span) -> Result<()> {
             message: format!("ranges of {} and {} elements", a.len, b.len),
         })
     }
-}
-
-/// The kernels loaded on `ctx`'s device, compiled for its architecture on first use.
-fn functions_for(ctx: &Arc<CudaContext>) -> Result<Arc<HashMap<&'static str, CudaFunction>>> {
-    type Loaded = Arc<HashMap<&'static str, CudaFunction>>;
-    static CACHE: OnceLock<Mutex<HashMap<usize, Loaded>>> = OnceLock::new();
-    // Nothing is inserted before a build completes, so a poisoned map is still consistent.
-    let mut cache = CACHE
-        .get_or_init(Mutex::default)
-        .lock()
-        .unwrap_or_else(PoisonError::into_inner);
-    if let Some(found) = cache.get(&ctx.ordinal()) {
-        return Ok(Arc::clone(found));
-    }
-    let (major, minor) = ctx
-        .compute_capability()
-        .map_err(driver("cuDeviceGetAttribute"))?;
-    let module = ctx
-        .load_module(compile_engine_kernels(arch_for(major, minor))?)
-        .map_err(driver("cuModuleLoadData"))?;
-    let mut functions = HashMap::new();
-    for &name in ENGINE_KERNELS {
-        let f = module
-            .load_function(name)
-            .map_err(driver("cuModuleGetFunction"))?;
-        functions.insert(name, f);
-    }
-    let built = Arc::new(functions);
-    cache.insert(ctx.ordinal(), Arc::clone(&built));
-    Ok(built)
 }

@@ -26,10 +26,10 @@ use super::attention_gemm::{AttentionScratch, AttentionShape};
 use super::device::{DeviceIds, DeviceSlice};
 use super::gemm::GemmMath;
 use super::geometry::{self as geo, Geometry};
-use super::probe;
 use super::reductions::{self, ReductionScratch};
-use super::registry::KernelRegistry;
+use super::sources::KERNELS;
 use crate::{Buffer, GptError, Result};
+use zero_alloc::nvrtc::LoadedKernels;
 
 /// One kernel argument, by value (the launch passes the address of each).
 #[derive(Debug, Clone, Copy)]
@@ -59,7 +59,7 @@ pub(super) fn driver_err(op: &'static str) -> impl Fn(cudarc::driver::DriverErro
 pub struct CudaBackend {
     stream: Arc<CudaStream>,
     pub(super) blas: CudaBlas,
-    kernels: Arc<KernelRegistry>,
+    kernels: Arc<LoadedKernels>,
     /// How every matrix product of this backend is computed.
     pub(super) math: GemmMath,
     /// The kernels' scratch: attention's regions and the column reductions' partials.
@@ -94,7 +94,7 @@ impl CudaBackend {
     }
 
     fn build(ordinal: usize, default_stream: bool) -> Result<Self> {
-        probe::require_backend_libraries()?;
+        super::available()?;
         let ctx = CudaContext::new(ordinal).map_err(driver_err("cuCtxCreate"))?;
         let stream = if default_stream {
             ctx.default_stream()
@@ -105,7 +105,7 @@ impl CudaBackend {
             op: "cublasCreate",
             message: format!("{e:?}"),
         })?;
-        let kernels = KernelRegistry::for_context(&ctx)?;
+        let kernels = LoadedKernels::for_context(&ctx, &KERNELS)?;
         Ok(Self {
             stream,
             blas,
@@ -182,7 +182,10 @@ impl CudaBackend {
             if g.is_empty() {
                 return Ok(());
             }
-            let f = self.kernels.get(name);
+            let f = self.kernels.get(name).ok_or_else(|| GptError::Cuda {
+                op: "kernel lookup",
+                message: format!("no kernel named {name} in sources::SOURCES"),
+            })?;
             let mut builder = self.stream.launch_builder(f);
             for a in &args {
                 match a {

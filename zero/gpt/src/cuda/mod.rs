@@ -29,11 +29,7 @@ mod kernels_impl;
 #[cfg(feature = "cuda")]
 mod memory;
 #[cfg(feature = "cuda")]
-pub mod probe;
-#[cfg(feature = "cuda")]
 mod reductions;
-#[cfg(feature = "cuda")]
-pub mod registry;
 
 #[cfg(feature = "cuda")]
 pub use backend::CudaBackend;
@@ -51,7 +47,8 @@ pub use memory::DeviceBuffer;
 pub fn available() -> crate::Result<()> {
     #[cfg(feature = "cuda")]
     {
-        probe::require_backend_libraries()
+        use zero_alloc::CudaLibrary::{Cublas, Driver, Nvrtc};
+        zero_alloc::CudaLibrary::require_all(&[Driver, Cublas, Nvrtc]).map_err(Into::into)
     }
     #[cfg(not(feature = "cuda"))]
     {

@@ -1,116 +1,96 @@
-//! The CUDA C kernel sources, compiled at run time by NVRTC, and the options they need.
+//! The CUDA C kernel sources, compiled at run time by NVRTC (through zero-alloc's
+//! [`zero_alloc::nvrtc`], which also caches them per device), and the options they need.
 //!
 //! Each `.cu` file under `kernels/` is one NVRTC program: [`COMMON`] (exp, tanh, the 16-lane
 //! dot product and warp reductions shared by all) is prepended to it, since NVRTC sees no
 //! file system. Every kernel is `extern "C"`, so its PTX entry has the name listed here.
 
+pub use zero_alloc::nvrtc::{declared_kernels, CI_ARCHS};
+use zero_alloc::nvrtc::{KernelSet, Program, BITWISE_OPTIONS};
+
 /// Text prepended to every source (`kernels/common.cuh`).
 pub const COMMON: &str = include_str!("kernels/common.cuh");
 
-/// One NVRTC program: a `.cu` file and the kernels it defines.
-#[derive(Debug, Clone, Copy)]
-pub struct KernelSource {
-    /// The file name under `src/cuda/kernels/`.
-    pub name: &'static str,
-    /// The file's text (without [`COMMON`]).
-    pub text: &'static str,
-    /// The `extern "C" __global__` functions it defines, in file order.
-    pub functions: &'static [&'static str],
-}
-
-impl KernelSource {
-    /// The full program NVRTC compiles: [`COMMON`] then the file.
-    #[must_use]
-    pub fn program(&self) -> String {
-        format!("{COMMON}\n{}", self.text)
+/// One `kernels/*.cu` file, compiled after [`COMMON`] with [`BITWISE_OPTIONS`] (which the
+/// kernels whose contract against their CPU twin is bitwise need).
+const fn source(
+    name: &'static str,
+    text: &'static str,
+    functions: &'static [&'static str],
+) -> Program {
+    Program {
+        name,
+        prelude: COMMON,
+        text,
+        functions,
+        options: BITWISE_OPTIONS,
     }
 }
 
-/// Every kernel source of the backend.
-pub const SOURCES: &[KernelSource] = &[
-    KernelSource {
-        name: "encoder.cu",
-        text: include_str!("kernels/encoder.cu"),
-        functions: &[
+/// Every kernel of the backend, as zero-alloc compiles and caches them per device.
+pub static KERNELS: KernelSet = KernelSet {
+    name: "zero-gpt",
+    programs: SOURCES,
+};
+
+/// Every kernel source of the backend; each `functions` list is in file order.
+pub const SOURCES: &[Program] = &[
+    source(
+        "encoder.cu",
+        include_str!("kernels/encoder.cu"),
+        &[
             "encoder_forward",
             "encoder_backward_wpe",
             "encoder_backward_wte_check",
             "encoder_backward_wte_grouped",
             "encoder_backward_wte",
         ],
-    },
-    KernelSource {
-        name: "layernorm.cu",
-        text: include_str!("kernels/layernorm.cu"),
-        functions: &[
+    ),
+    source(
+        "layernorm.cu",
+        include_str!("kernels/layernorm.cu"),
+        &[
             "layernorm_forward",
             "layernorm_backward_input",
             "layernorm_backward_params_partials",
             "layernorm_backward_params_finish",
         ],
-    },
-    KernelSource {
-        name: "matmul.cu",
-        text: include_str!("kernels/matmul.cu"),
-        functions: &[
+    ),
+    source(
+        "matmul.cu",
+        include_str!("kernels/matmul.cu"),
+        &[
             "bias_broadcast",
             "bias_backward_partials",
             "bias_backward_finish",
         ],
-    },
-    KernelSource {
-        name: "attention.cu",
-        text: include_str!("kernels/attention.cu"),
-        functions: &[
+    ),
+    source(
+        "attention.cu",
+        include_str!("kernels/attention.cu"),
+        &[
             "attention_split_heads",
             "attention_merge_heads",
             "attention_softmax_forward",
             "attention_softmax_backward",
         ],
-    },
-    KernelSource {
-        name: "gelu.cu",
-        text: include_str!("kernels/gelu.cu"),
-        functions: &["gelu_forward", "gelu_backward"],
-    },
-    KernelSource {
-        name: "residual.cu",
-        text: include_str!("kernels/residual.cu"),
-        functions: &["residual_forward", "residual_backward"],
-    },
-    KernelSource {
-        name: "cross_entropy.cu",
-        text: include_str!("kernels/cross_entropy.cu"),
-        functions: &["crossentropy_forward", "crossentropy_backward"],
-    },
+    ),
+    source(
+        "gelu.cu",
+        include_str!("kernels/gelu.cu"),
+        &["gelu_forward", "gelu_backward"],
+    ),
+    source(
+        "residual.cu",
+        include_str!("kernels/residual.cu"),
+        &["residual_forward", "residual_backward"],
+    ),
+    source(
+        "cross_entropy.cu",
+        include_str!("kernels/cross_entropy.cu"),
+        &["crossentropy_forward", "crossentropy_backward"],
+    ),
 ];
-
-/// Architectures CI compiles every source for: A100 (sm_80) and H100/H200 (sm_90).
-pub const CI_ARCHS: &[&str] = &["sm_80", "sm_90"];
-
-/// NVRTC options of every program. `--fmad=false` stops the compiler from fusing a * b + c
-/// into one rounding, which the CPU (Rust never contracts) does not do: without it no kernel
-/// could match its CPU twin bit for bit. Division and square root stay IEEE (NVRTC's
-/// default, stated so that a changed default cannot change results), denormals kept.
-pub const NVRTC_OPTIONS: &[&str] = &[
-    "--fmad=false",
-    "--prec-div=true",
-    "--prec-sqrt=true",
-    "--ftz=false",
-];
-
-/// The kernel names a source defines, read from its text: each `extern "C" __global__ void
-/// NAME(`. Used to check [`KernelSource::functions`] against the file.
-#[must_use]
-pub fn declared_kernels(text: &str) -> Vec<&str> {
-    const MARK: &str = "extern \"C\" __global__ void ";
-    text.match_indices(MARK)
-        .filter_map(|(at, _)| {
-            let rest = &text[at + MARK.len()..];
-            rest.find('(').map(|end| rest[..end].trim())
-        })
-        .collect()
-}
 
 #[cfg(test)]
 mod tests {

@@ -1,10 +1,9 @@
-//! The CUDA C source of [`super::CudaKernels`], its kernel names, NVRTC options and launch
-//! geometry, and its compilation by NVRTC (which runs on a host without a GPU).
+//! The CUDA C source of [`super::CudaKernels`], its kernel names, its NVRTC program (compiled
+//! by zero-alloc's [`zero_alloc::nvrtc`], which runs on a host without a GPU) and its launch
+//! geometry.
 
-use cudarc::nvrtc::{self, CompileError, CompileOptions, Ptx};
+use zero_alloc::nvrtc::{KernelSet, Program, BITWISE_OPTIONS};
 use zero_comm::DType;
-
-use crate::error::{Error, Result};
 
 /// The program NVRTC compiles (`kernels/cuda/engine.cu`).
 pub const ENGINE_SOURCE: &str = include_str!("engine.cu");
@@ -30,18 +29,22 @@ pub const ENGINE_KERNELS: &[&str] = &[
     "adamw_update",
 ];
 
-/// Architectures CI compiles the source for: A100 (sm_80) and H100/H200 (sm_90).
-pub const CI_ARCHS: &[&str] = &["sm_80", "sm_90"];
+/// [`ENGINE_SOURCE`] as the NVRTC program zero-alloc compiles: [`BITWISE_OPTIONS`] keep
+/// `a * b + c` two roundings, as Rust computes it, so element-wise kernels give the host's
+/// bits.
+pub const ENGINE_PROGRAM: Program = Program {
+    name: "engine.cu",
+    prelude: "",
+    text: ENGINE_SOURCE,
+    functions: ENGINE_KERNELS,
+    options: BITWISE_OPTIONS,
+};
 
-/// NVRTC options. `--fmad=false` keeps `a * b + c` two roundings, as Rust computes it, so
-/// element-wise kernels give the host's bits; division and square root stay IEEE and
-/// denormals are kept (NVRTC's defaults, stated so a changed default cannot change results).
-pub const NVRTC_OPTIONS: &[&str] = &[
-    "--fmad=false",
-    "--prec-div=true",
-    "--prec-sqrt=true",
-    "--ftz=false",
-];
+/// The engine's kernels, as zero-alloc compiles and caches them per device.
+pub static ENGINE_KERNEL_SET: KernelSet = KernelSet {
+    name: "zero-engine",
+    programs: &[ENGINE_PROGRAM],
+};
 
 /// Threads per block of every kernel (`ZE_BLOCK` in the source).
 pub const BLOCK: u32 = 256;
@@ -66,67 +69,6 @@ pub fn typed(kernel: &str, dtype: DType) -> String {
         DType::F16 => "f16",
     };
     format!("{kernel}_{suffix}")
-}
-
-/// Ok when NVRTC can be loaded, else an error naming it (cudarc panics on first use of a
-/// missing library, so every entry point asks first).
-///
-/// # Errors
-/// [`Error::Device`] naming `libnvrtc`.
-pub fn require_nvrtc() -> Result<()> {
-    // SAFETY: is_culib_present only tries to dlopen NVRTC's file names and drops each
-    // handle; it calls no symbol of the library.
-    if unsafe { cudarc::nvrtc::sys::is_culib_present() } {
-        return Ok(());
-    }
-    Err(Error::Device {
-        op: "load libnvrtc",
-        message: "NVRTC not found (libnvrtc.so): install the CUDA toolkit or the \
-                  nvidia-cuda-nvrtc-cu12 wheel and put its lib folder on LD_LIBRARY_PATH"
-            .to_string(),
-    })
-}
-
-/// Compiles [`ENGINE_SOURCE`] to PTX for `arch` (`None`: NVRTC's default target).
-///
-/// # Errors
-/// [`Error::Device`] when NVRTC is missing, or with the compiler's log when the source does
-/// not compile.
-pub fn compile_engine_kernels(arch: Option<&'static str>) -> Result<Ptx> {
-    require_nvrtc()?;
-    let opts = CompileOptions {
-        arch,
-        options: NVRTC_OPTIONS.iter().map(|s| (*s).to_string()).collect(),
-        name: Some("engine.cu".to_string()),
-        ..CompileOptions::default()
-    };
-    nvrtc::compile_ptx_with_opts(ENGINE_SOURCE, opts).map_err(|e| Error::Device {
-        op: "NVRTC compile of engine.cu",
-        message: format!(
-            "for {}: {}",
-            arch.unwrap_or("the default target"),
-            match e {
-                CompileError::CompileError { log, .. } => log.to_string_lossy().into_owned(),
-                other => format!("{other:?}"),
-            }
-        ),
-    })
-}
-
-/// The `sm_XY` name NVRTC takes for compute capability (major, minor) among those known
-/// here; `None` (NVRTC's default target, JIT-compiled by the driver) otherwise.
-#[must_use]
-pub fn arch_for(major: i32, minor: i32) -> Option<&'static str> {
-    Some(match (major, minor) {
-        (7, 5) => "sm_75",
-        (8, 0) => "sm_80",
-        (8, 6) => "sm_86",
-        (8, 9) => "sm_89",
-        (9, 0) => "sm_90",
-        (10, 0) => "sm_100",
-        (12, 0) => "sm_120",
-        _ => return None,
-    })
 }
 
 #[cfg(test)]
