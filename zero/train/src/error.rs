@@ -111,6 +111,26 @@ pub enum TrainError {
         /// What does not match.
         reason: String,
     },
+    /// With no `--memory-limit`, the ranks of this process need more host memory than the
+    /// machine has available.
+    #[error(
+        "this run needs {} per rank ({per_rank} bytes: model states, transient unit buffers \
+         and activations) x {ranks} rank(s) in this process, more than the {} this machine has \
+         available (MemAvailable); {hint}. --memory-limit SIZE sets each rank's arena \
+         explicitly (a cap above the machine is taken as asked)",
+        zero_alloc::human_bytes(*per_rank),
+        zero_alloc::human_bytes(*available)
+    )]
+    HostMemory {
+        /// Bytes one rank's arena needs.
+        per_rank: u64,
+        /// Ranks in this process.
+        ranks: usize,
+        /// Bytes the machine has available.
+        available: u64,
+        /// A stage and options that fit, or what the leanest needs.
+        hint: String,
+    },
     /// A file (the metrics log) could not be created or written.
     #[error(transparent)]
     Io(#[from] IoError),

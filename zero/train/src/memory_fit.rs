@@ -95,3 +95,36 @@ pub fn default_shape(world: usize, stage: ZeroStage, precision: Precision) -> Pl
         staging: zero_comm::StagingRule::None,
     }
 }
+
+/// The memory this machine can give without swapping (`MemAvailable` of `/proc/meminfo`),
+/// or `None` where that cannot be read (not Linux, a malformed line).
+#[must_use]
+pub fn host_available_bytes() -> Option<u64> {
+    mem_available(&std::fs::read_to_string("/proc/meminfo").ok()?)
+}
+
+/// `MemAvailable` of a `/proc/meminfo` text, in bytes.
+fn mem_available(meminfo: &str) -> Option<u64> {
+    let line = meminfo
+        .lines()
+        .find_map(|l| l.strip_prefix("MemAvailable:"))?;
+    let kib: u64 = line.trim().strip_suffix("kB")?.trim().parse().ok()?;
+    kib.checked_mul(1024)
+}
+
+#[cfg(test)]
+mod host_tests {
+    use super::mem_available;
+
+    #[test]
+    fn mem_available_reads_the_kib_line_and_refuses_what_it_cannot_read() {
+        let text = "MemTotal:       24596396 kB\nMemFree:  100 kB\nMemAvailable:   23000000 kB\n";
+        assert_eq!(mem_available(text), Some(23_000_000 * 1024));
+        assert_eq!(mem_available("MemTotal: 5 kB\n"), None);
+        assert_eq!(mem_available("MemAvailable: lots kB\n"), None);
+        assert_eq!(
+            mem_available("MemAvailable: 18446744073709551615 kB\n"),
+            None
+        );
+    }
+}

@@ -282,3 +282,17 @@ fn nccl_under_a_torchrun_style_launch_checks_the_gpu_before_waiting_for_peers() 
     };
     assert!(stderr.contains(needle), "no {needle:?} in:\n{stderr}");
 }
+
+#[test]
+fn a_model_larger_than_the_machine_is_refused_at_start_up_not_killed_mid_run() {
+    if !Path::new("/proc/meminfo").exists() {
+        println!("skipped: no /proc/meminfo, so the host check cannot run here");
+        return;
+    }
+    // 12 C^2 weights per layer at C = 2^20: hundreds of TiB, more than any CI machine.
+    let dir = TempDir::new("host_memory");
+    corpus(&dir.0);
+    let args = with(tiny_args(&dir.0), &["--dim", "1048576", "--steps", "1"]);
+    refused(&args, "MemAvailable");
+    refused(&args, "--memory-limit");
+}

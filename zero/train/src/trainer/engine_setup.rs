@@ -1,9 +1,10 @@
-//! The rank's engine as the run's flags configure it, and the start-up refusal of a memory cap
-//! below the plan.
+//! The rank's engine as the run's flags configure it, and the start-up refusal of a plan above
+//! the memory cap, or above the machine's available memory when no cap is given.
 
 use crate::bridge::{activation_arena_bytes, gpt_engine_on, ActivationPlacement, Placement};
+use crate::config::{Backend, Device};
 use crate::error::TrainError;
-use crate::memory_fit::MemoryQuery;
+use crate::memory_fit::{host_available_bytes, MemoryQuery};
 use crate::run::Shared;
 use zero::optim::AdamW;
 use zero::{Engine, EngineConfig, EngineOps, PlanShape};
@@ -39,14 +40,25 @@ pub(super) fn build_engine<B: Placement>(
         activation_bytes: activation_arena_bytes(&shared.model, b, t, placement)?,
     };
     engine_config.adam.validate()?;
-    if let Some(limit) = engine_config.memory_limit {
-        refuse_what_cannot_fit(
-            shared,
-            &engine_config,
-            placement,
-            (comm.size(), comm.staging_rule()),
-            limit,
-        )?;
+    let query = memory_query(
+        shared,
+        &engine_config,
+        placement,
+        (comm.size(), comm.staging_rule()),
+    );
+    match engine_config.memory_limit {
+        Some(limit) => refuse_above_the_cap(&query, limit)?,
+        // A host arena reserves its plan without committing it, so a plan larger than the
+        // machine would end in the OOM killer mid-run instead of an error here.
+        None if cfg.device == Device::Cpu => {
+            let ranks_here = if cfg.backend == Backend::Local {
+                comm.size()
+            } else {
+                1
+            };
+            refuse_above_the_host(&query, ranks_here, host_available_bytes())?;
+        }
+        None => {}
     }
     let (gcfg, layout) = (shared.model, model.layout());
     let mut init_err = None;
@@ -68,17 +80,15 @@ pub(super) fn build_engine<B: Placement>(
     }
 }
 
-/// Refuses at start-up a cap below the plan (model states, transient unit buffers and
-/// activations), naming the bytes needed and a stage and options that fit.
-fn refuse_what_cannot_fit(
+/// The plan's query for this run's engine on a `world` of ranks staging as `staging`.
+fn memory_query(
     shared: &Shared<'_>,
     engine_config: &EngineConfig,
     placement: ActivationPlacement,
     (world, staging): (usize, zero_comm::StagingRule),
-    limit: u64,
-) -> Result<(), TrainError> {
+) -> MemoryQuery {
     let cfg = shared.cfg;
-    let query = MemoryQuery {
+    MemoryQuery {
         model: shared.model,
         micro_batch: cfg.micro_batch_size,
         seq_len: cfg.seq_len,
@@ -93,16 +103,44 @@ fn refuse_what_cannot_fit(
             activation_bytes: engine_config.activation_bytes,
             staging,
         },
-    };
+    }
+}
+
+/// Refuses at start-up a cap below the plan (model states, transient unit buffers and
+/// activations), naming the bytes needed and a stage and options that fit.
+fn refuse_above_the_cap(query: &MemoryQuery, limit: u64) -> Result<(), TrainError> {
     let needed = query.plan()?.total();
     if needed <= limit {
         return Ok(());
     }
     Err(zero::Error::DoesNotFit {
-        stage: engine_config.stage,
+        stage: query.shape.stage,
         needed,
         limit,
         hint: query.what_fits(limit),
     }
     .into())
+}
+
+/// Refuses at start-up, with no cap given, a plan whose `ranks_here` host arenas need more
+/// than the machine's `available` memory (unknown: no check), naming a stage that fits.
+fn refuse_above_the_host(
+    query: &MemoryQuery,
+    ranks_here: usize,
+    available: Option<u64>,
+) -> Result<(), TrainError> {
+    let Some(available) = available else {
+        return Ok(());
+    };
+    let per_rank = query.plan()?.total();
+    let ranks = u64::try_from(ranks_here).unwrap_or(u64::MAX);
+    if per_rank.saturating_mul(ranks) <= available {
+        return Ok(());
+    }
+    Err(TrainError::HostMemory {
+        per_rank,
+        ranks: ranks_here,
+        available,
+        hint: query.what_fits(available / ranks.max(1)),
+    })
 }
