@@ -124,14 +124,30 @@ fn config(a: &Args) -> Result<BenchConfig, String> {
             )
         }
     }
-    if a.root >= a.ranks.max(1) {
+    let refusals = [
+        (a.ranks == 0, "--ranks must be at least 1".to_string()),
+        (
+            a.min_bytes > a.max_bytes,
+            format!(
+                "-b {} is above -e {}: the sizes run from -b up to -e",
+                a.min_bytes, a.max_bytes
+            ),
+        ),
+        (a.factor == 0, "-f must be at least 1".to_string()),
+        (
+            a.iters == 0,
+            "-n must be at least 1 (a time per iteration needs one timed iteration)".to_string(),
+        ),
+        (a.check > 1, format!("-c is 0 or 1, not {}", a.check)),
+    ];
+    if let Some((_, why)) = refusals.into_iter().find(|(bad, _)| *bad) {
+        return Err(why);
+    }
+    if a.root >= a.ranks {
         return Err(format!(
             "root {} is not a rank of {} ranks",
             a.root, a.ranks
         ));
-    }
-    if a.ranks == 0 || a.min_bytes > a.max_bytes || a.factor == 0 || a.check > 1 {
-        return Err("need --ranks >= 1, -b <= -e, -f >= 1 and -c 0 or 1".into());
     }
     Ok(BenchConfig {
         op,
@@ -440,5 +456,36 @@ fn nccl_main(args: Args) -> ExitCode {
     match config(&args) {
         Ok(_) => fail("--backend nccl is not in this build", 2),
         Err(e) => fail(e, 2),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn refusal(flags: &[&str]) -> String {
+        let argv = ["zero-bench", "all_reduce"].iter().chain(flags);
+        let args = Args::try_parse_from(argv).expect("flags parse");
+        config(&args).expect_err("refused")
+    }
+
+    #[test]
+    fn each_impossible_flag_is_refused_by_name() {
+        assert!(refusal(&["-n", "0"]).starts_with("-n must be"));
+        assert!(refusal(&["-b", "64K", "-e", "1K"]).contains("-b 65536 is above -e 1024"));
+        assert!(refusal(&["-f", "0"]).starts_with("-f must be"));
+        assert!(refusal(&["-c", "2"]).starts_with("-c is 0 or 1"));
+        assert!(refusal(&["--ranks", "0"]).starts_with("--ranks must be"));
+        assert!(refusal(&["--ranks", "2", "-r", "2"]).contains("root 2 is not a rank of 2"));
+    }
+
+    #[test]
+    fn nccl_tests_defaults_are_accepted() {
+        let args = Args::try_parse_from(["zero-bench", "all_reduce"]).expect("parse");
+        let cfg = config(&args).expect("valid");
+        assert_eq!(
+            (cfg.min_bytes, cfg.max_bytes, cfg.iters),
+            (32 << 20, 32 << 20, 20)
+        );
     }
 }
