@@ -22,6 +22,7 @@ use zero_train::bridge::{
     activation_arena_bytes, arena_activations, gpt_engine, micro_step, ActivationPlacement,
 };
 use zero_train::memory_fit::{default_shape, MemoryQuery};
+use zero_train::validate::{MAX_LAYERS_OR_HEADS, MAX_RANKS, MAX_WIDTH};
 
 /// The largest GPT each ZeRO stage trains under a per-rank memory cap (fp32, local ranks;
 /// sizes in bytes with K/M/G = powers of 1024).
@@ -63,7 +64,11 @@ struct Row {
     step_ratio: Option<f64>,
 }
 
+/// The searched model, or `None` past zero-train's limits (which bound every search).
 fn gpt(args: &Args, layers: usize, width: usize) -> Option<GptConfig> {
+    if layers > MAX_LAYERS_OR_HEADS || width > MAX_WIDTH {
+        return None;
+    }
     GptConfig::new(args.seq_len, args.vocab, layers, (width / 64).max(1), width).ok()
 }
 
@@ -89,18 +94,22 @@ fn fits(args: &Args, model: &GptConfig, stage: ZeroStage, every: Option<usize>) 
 }
 
 /// The largest `x >= lo` with `ok(x)`, by doubling then bisection; `None` if not even `lo`.
-fn search(lo: usize, step: usize, ok: impl Fn(usize) -> bool) -> Option<usize> {
-    if !ok(lo * step) {
+/// A doubling that would overflow stops the search where it is.
+fn search(lo: usize, ok: impl Fn(usize) -> bool) -> Option<usize> {
+    if !ok(lo) {
         return None;
     }
-    let (mut good, mut bad) = (lo, lo * 2);
-    while ok(bad * step) {
-        good = bad;
-        bad *= 2;
-    }
+    let mut good = lo;
+    let mut bad = loop {
+        match good.checked_mul(2) {
+            Some(next) if ok(next) => good = next,
+            Some(next) => break next,
+            None => return Some(good),
+        }
+    };
     while bad - good > 1 {
         let mid = good + (bad - good) / 2;
-        if ok(mid * step) {
+        if ok(mid) {
             good = mid;
         } else {
             bad = mid;
@@ -178,7 +187,7 @@ fn largest(
     shape: impl Fn(usize) -> Option<GptConfig>,
 ) -> Option<(GptConfig, Option<u64>)> {
     let ok = |x: usize| shape(x).is_some_and(|m| fits(args, &m, stage, every));
-    let mut x = search(1, 1, ok)?;
+    let mut x = search(1, ok)?;
     while x >= 1 {
         let model = shape(x)?;
         if args.plan_only {
@@ -219,9 +228,30 @@ fn table(args: &Args, title: &str, shape: impl Fn(usize) -> Option<GptConfig> + 
     print_rows(args, title, &rows);
 }
 
+/// Why `args` cannot run, naming the first flag out of range.
+fn refusal(args: &Args) -> Option<String> {
+    let ranges = [
+        ("--ranks", args.ranks, MAX_RANKS),
+        ("--layers", args.layers, MAX_LAYERS_OR_HEADS),
+        ("--width", args.width, MAX_WIDTH),
+        ("--seq-len", args.seq_len, MAX_WIDTH),
+        ("--micro-batch", args.micro_batch, MAX_WIDTH),
+        ("--vocab", args.vocab, MAX_WIDTH),
+    ];
+    for (flag, value, hi) in ranges {
+        if !(1..=hi).contains(&value) {
+            return Some(format!("{flag} {value}: expected 1 to {hi}"));
+        }
+    }
+    (args.width % 64 != 0).then(|| format!("--width {}: expected a multiple of 64", args.width))
+}
+
 fn print_rows(args: &Args, title: &str, rows: &[Row]) {
     let mib = |b: u64| b as f64 / (1024.0 * 1024.0);
     println!("# {title}");
+    if rows.is_empty() {
+        println!("nothing fits the cap: not even the smallest model of this search, at any stage");
+    }
     println!("stage | checkpointing | L | C | parameters | vs stage 0 | peak/rank (MiB) | step time vs stage 0");
     let p0 = rows.first().map_or(1, |r| params(&r.model)) as f64;
     for r in rows {
@@ -238,6 +268,15 @@ fn print_rows(args: &Args, title: &str, rows: &[Row]) {
             r.step_ratio.map_or("-".into(), |x| format!("{x:.2}x")),
         );
     }
+    if rows
+        .iter()
+        .any(|r| r.model.num_layers == MAX_LAYERS_OR_HEADS || r.model.channels + 64 > MAX_WIDTH)
+    {
+        println!(
+            "# rows at L={MAX_LAYERS_OR_HEADS} or C near {MAX_WIDTH} stopped at zero-train's \
+             limits, not at the cap"
+        );
+    }
     println!(
         "# N_d={} cap {:.0} MiB/rank, fp32, T={} B={} V={}\n",
         args.ranks,
@@ -250,8 +289,8 @@ fn print_rows(args: &Args, title: &str, rows: &[Row]) {
 
 fn main() -> ExitCode {
     let args = Args::parse();
-    if args.ranks == 0 || args.width % 64 != 0 || args.width == 0 || args.layers == 0 {
-        eprintln!("--ranks and --layers must be at least 1, --width a positive multiple of 64");
+    if let Some(why) = refusal(&args) {
+        eprintln!("zero-bench-memory: {why}");
         return ExitCode::FAILURE;
     }
     let width = args.width;
@@ -263,4 +302,23 @@ fn main() -> ExitCode {
         gpt(&args, layers, 64 * w)
     });
     ExitCode::SUCCESS
+}
+
+#[cfg(test)]
+mod tests {
+    use super::search;
+
+    #[test]
+    fn search_finds_the_last_x_a_linear_scan_accepts() {
+        for limit in [1_usize, 2, 3, 7, 8, 9, 100, 1023, 1024, 1025] {
+            let linear = (1..=4096).take_while(|&x| x <= limit).last();
+            assert_eq!(search(1, |x| x <= limit), linear, "limit {limit}");
+        }
+        assert_eq!(search(1, |_| false), None);
+    }
+
+    #[test]
+    fn a_search_that_never_fails_stops_before_overflowing() {
+        assert_eq!(search(1, |_| true), Some(1 << (usize::BITS - 1)));
+    }
 }
