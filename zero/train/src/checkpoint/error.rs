@@ -187,6 +187,15 @@ pub enum Error {
         #[source]
         source: SafetensorsError,
     },
+    /// A model file that starts like neither format `--init-from` and `export` read.
+    #[error(
+        "{path}: neither an llm.c model.bin (first word 20240326) nor a safetensors file (an \
+         8-byte little-endian header length of at most 100000000, then a JSON object)"
+    )]
+    UnknownModelFile {
+        /// The file.
+        path: PathBuf,
+    },
     /// Buffers whose sizes do not fit the model shape.
     #[error("{what}: expected {expected} elements, got {got}")]
     ShapeMismatch {

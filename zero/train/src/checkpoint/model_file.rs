@@ -10,6 +10,7 @@ use zero_gpt::GptConfig;
 use super::error::{Error, Result};
 use super::hf_import::{read_safetensors, safetensors_config};
 use super::llmc::{LlmcCheckpoint, LLMC_MAGIC};
+use super::safetensors::MAX_HEADER_BYTES;
 use crate::error::IoError;
 
 /// The formats `--init-from` reads.
@@ -22,11 +23,13 @@ pub enum ModelFileFormat {
 }
 
 impl ModelFileFormat {
-    /// The format of the file at `path`: llm.c when its first word is llm.c's magic, else
-    /// safetensors (whose reader then checks the header).
+    /// The format of the file at `path`, from its first bytes: llm.c when its first word is
+    /// llm.c's magic; safetensors when a header length the reader accepts is followed by
+    /// `{`, or when the file is too short to tell (the reader then names what is missing).
     ///
     /// # Errors
-    /// [`Error::Io`] when the file cannot be opened or read.
+    /// [`Error::Io`] when the file cannot be opened or read; [`Error::UnknownModelFile`]
+    /// when it starts like neither.
     pub fn detect(path: &Path) -> Result<Self> {
         let io = |op| {
             move |source| {
@@ -37,15 +40,27 @@ impl ModelFileFormat {
                 })
             }
         };
-        let mut word = [0u8; 4];
+        let mut start = [0u8; 9];
         let mut file = File::open(path).map_err(io("open"))?;
-        let got = crate::fsio::read_up_to(&mut file, &mut word).map_err(io("read"))?;
-        let is_llmc = got == 4 && i32::from_le_bytes(word) == LLMC_MAGIC;
-        Ok(if is_llmc {
-            Self::Llmc
-        } else {
-            Self::Safetensors
+        let got = crate::fsio::read_up_to(&mut file, &mut start).map_err(io("read"))?;
+        Self::from_start(&start[..got]).ok_or_else(|| Error::UnknownModelFile {
+            path: path.to_path_buf(),
         })
+    }
+
+    /// The format of a file whose first bytes (up to 9) are `start`, if either.
+    fn from_start(start: &[u8]) -> Option<Self> {
+        let word = |at: usize, n: usize| start.get(at..at + n);
+        if word(0, 4).is_some_and(|w| w == LLMC_MAGIC.to_le_bytes()) {
+            return Some(Self::Llmc);
+        }
+        let Some(len_and_brace) = word(0, 9) else {
+            return Some(Self::Safetensors);
+        };
+        let mut len = [0u8; 8];
+        len.copy_from_slice(&len_and_brace[..8]);
+        let plausible = u64::from_le_bytes(len) <= MAX_HEADER_BYTES && len_and_brace[8] == b'{';
+        plausible.then_some(Self::Safetensors)
     }
 }
 
@@ -72,5 +87,34 @@ pub fn read_model_file(path: &Path, n_head: Option<usize>) -> Result<(GptConfig,
             Ok((ckpt.shape().config(), ckpt.to_units()?))
         }
         ModelFileFormat::Safetensors => read_safetensors(path, n_head),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::ModelFileFormat;
+
+    #[test]
+    fn the_first_bytes_tell_the_formats_apart_and_refuse_anything_else() {
+        let llmc = 20_240_326_i32.to_le_bytes();
+        assert_eq!(
+            ModelFileFormat::from_start(&llmc),
+            Some(ModelFileFormat::Llmc)
+        );
+        let mut st = 2_u64.to_le_bytes().to_vec();
+        st.push(b'{');
+        assert_eq!(
+            ModelFileFormat::from_start(&st),
+            Some(ModelFileFormat::Safetensors)
+        );
+        // Too short to tell: the safetensors reader reports the truncation.
+        assert_eq!(
+            ModelFileFormat::from_start(b"ab"),
+            Some(ModelFileFormat::Safetensors)
+        );
+        assert_eq!(ModelFileFormat::from_start(b"root:x:0:0"), None);
+        let mut huge = (100_000_001_u64).to_le_bytes().to_vec();
+        huge.push(b'{');
+        assert_eq!(ModelFileFormat::from_start(&huge), None);
     }
 }
