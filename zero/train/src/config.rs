@@ -239,8 +239,9 @@ pub struct TrainConfig {
     /// its `latest` file names, else its highest complete step).
     #[arg(long)]
     pub resume: Option<PathBuf>,
-    /// Model file to start from instead of a random init: an llm.c float32 model.bin or a
-    /// Hugging Face GPT-2 safetensors file (config.json beside it); the shape comes from the file.
+    /// Model file to start from instead of a random init: an llm.c float32 model.bin, a
+    /// Hugging Face GPT-2 safetensors file or a sharded one's model.safetensors.index.json
+    /// (config.json beside it), or a Hugging Face model folder; the shape comes from the file.
     #[arg(long)]
     pub init_from: Option<PathBuf>,
     /// Write the final parameters as an llm.c float32 checkpoint.

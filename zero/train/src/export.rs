@@ -12,8 +12,8 @@ use clap::{Args, ValueEnum};
 use zero_gpt::GptConfig;
 
 use crate::checkpoint::{
-    export_safetensors, read_model_file, resolve_state_dir, write_hf_config, LlmcCheckpoint,
-    ModelShape, SafetensorsDtype, ShardedReader,
+    export_safetensors, locate_model_file, read_model_file, resolve_state_dir, write_hf_config,
+    LlmcCheckpoint, ModelShape, SafetensorsDtype, ShardedReader,
 };
 use crate::error::{IoError, TrainError};
 
@@ -38,8 +38,9 @@ pub enum ExportDtype {
 /// `zero-train export`'s flags.
 #[derive(Debug, Clone, Args)]
 pub struct ExportArgs {
-    /// A training state (`step-NNNNNN` folder or the --save directory), an llm.c model.bin
-    /// or a GPT-2 safetensors file.
+    /// A training state (`step-NNNNNN` folder or the --save directory), an llm.c model.bin,
+    /// a GPT-2 safetensors file, a sharded one's `model.safetensors.index.json`, or a Hugging
+    /// Face model folder holding either.
     #[arg(long)]
     pub from: PathBuf,
     /// The file to write.
@@ -69,8 +70,8 @@ pub fn export(args: &ExportArgs) -> Result<GptConfig, TrainError> {
     }
     if !args.from.exists() {
         return Err(TrainError::Export(format!(
-            "--from {}: no such file or folder (a training state, an llm.c model.bin or a \
-             safetensors file)",
+            "--from {}: no such file or folder (a training state, an llm.c model.bin, a \
+             safetensors file or index, or a Hugging Face model folder)",
             args.from.display()
         )));
     }
@@ -83,7 +84,7 @@ pub fn export(args: &ExportArgs) -> Result<GptConfig, TrainError> {
             })
         })?;
     }
-    if args.from.is_dir() {
+    if args.from.is_dir() && locate_model_file(&args.from).is_err() {
         let state = ShardedReader::open(resolve_state_dir(&args.from)?)?;
         let model = state_model(&state, &args.from)?;
         let units = StateUnits::new(&state, &model);

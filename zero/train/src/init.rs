@@ -1,6 +1,6 @@
-//! `--init-from`: start training from another tool's model file (llm.c's `model.bin` or a
-//! Hugging Face GPT-2 safetensors file). The file brings its own shape; shape flags, when
-//! typed, must agree with it.
+//! `--init-from`: start training from another tool's model file (llm.c's `model.bin`, a
+//! Hugging Face GPT-2 safetensors file, sharded or not, or a Hugging Face model folder). The
+//! file brings its own shape; shape flags, when typed, must agree with it.
 
 use std::path::Path;
 

@@ -1,6 +1,9 @@
 //! Hugging Face GPT-2 safetensors: export and import against independent readers and
 //! writers written here (serde_json for the header, bytes by hand), and the errors.
 
+mod common;
+use common::model_units;
+
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
@@ -44,26 +47,6 @@ fn temp_dir(name: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("zero-st-{name}-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     dir
-}
-
-/// Units with distinct, arbitrary values everywhere but the padded vocabulary rows.
-fn model_units(cfg: &GptConfig, seed: u32) -> Vec<Vec<f32>> {
-    let layout = ParamLayout::new(cfg);
-    let mut k = seed;
-    let mut units: Vec<Vec<f32>> = layout
-        .unit_lens()
-        .iter()
-        .map(|&n| {
-            (0..n)
-                .map(|_| {
-                    k = k.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
-                    f32::from_bits((k >> 9) | 0x3f00_0000) - 1.25
-                })
-                .collect()
-        })
-        .collect();
-    units[0][cfg.vocab_size * cfg.channels..cfg.padded_vocab_size * cfg.channels].fill(0.0);
-    units
 }
 
 /// An independent safetensors reader: name -> (dtype, shape, raw bytes).

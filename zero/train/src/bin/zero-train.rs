@@ -97,9 +97,21 @@ fn main() -> ExitCode {
                     zero_train::config::Backend::Local => format!("{} ranks", cfg.world_size),
                     _ => "ranks from the launcher".to_string(),
                 };
+                // The shape the run builds: the preset's, flags applied, or the --init-from
+                // file's (an unreadable file is reported by `train`).
+                let name = match &cfg.init_from {
+                    Some(path) => format!("from {}", path.display()),
+                    None => cfg.model.clone(),
+                };
+                let shape = cfg.model_config().map_or(String::new(), |m| {
+                    format!(
+                        " (L {}, C {}, NH {}, V {})",
+                        m.num_layers, m.channels, m.num_heads, m.vocab_size
+                    )
+                });
                 eprintln!(
-                    "zero-train: model {} | ZeRO stage {} | {ranks} | global batch {} x {} tokens | {} steps",
-                    cfg.model, cfg.zero_stage as u8, cfg.batch_size, cfg.seq_len, cfg.steps
+                    "zero-train: model {name}{shape} | ZeRO stage {} | {ranks} | global batch {} x {} tokens | {} steps",
+                    cfg.zero_stage as u8, cfg.batch_size, cfg.seq_len, cfg.steps
                 );
                 train(&cfg).map(|_| ()).map_err(|e| e.to_string())
             }),

@@ -145,6 +145,13 @@ pub enum SafetensorsError {
          file, or pass it (zero-train: --heads N)"
     )]
     MissingHeads,
+    /// A sharded checkpoint's `model.safetensors.index.json` that does not parse, names a
+    /// shard outside its folder, or disagrees with the shards' headers.
+    #[error("index: {reason}")]
+    BadIndex {
+        /// What is wrong.
+        reason: String,
+    },
     /// A `config.json` that does not parse or disagrees with the tensors.
     #[error("config.json: {reason}")]
     BadConfig {
@@ -194,6 +201,15 @@ pub enum Error {
     )]
     UnknownModelFile {
         /// The file.
+        path: PathBuf,
+    },
+    /// A folder given as a model file that holds no Hugging Face model.
+    #[error(
+        "{path}: a folder without model.safetensors.index.json or model.safetensors (what a \
+         Hugging Face model folder holds)"
+    )]
+    NoModelInFolder {
+        /// The folder.
         path: PathBuf,
     },
     /// Buffers whose sizes do not fit the model shape.

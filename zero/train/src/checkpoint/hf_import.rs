@@ -52,8 +52,11 @@ pub fn read_safetensors(
 pub fn safetensors_config(path: impl AsRef<Path>, n_head: Option<usize>) -> Result<GptConfig> {
     with_file(path.as_ref(), |r, len, dims| {
         let header = read_header(r, len)?;
-        let entries = gpt_entries(header.entries)?;
-        Ok(infer_config(&entries, n_head.or(dims.n_head), dims)?)
+        Ok(infer_config_of(
+            located(header.entries, 0),
+            n_head.or(dims.n_head),
+            dims,
+        )?)
     })
 }
 
@@ -63,24 +66,34 @@ fn with_file<T>(
     path: &Path,
     read: impl FnOnce(&mut BufReader<File>, u64, HfDims) -> Result<T, ReadFail>,
 ) -> Result<T> {
-    let fail = |source| Error::Safetensors {
-        path: path.to_path_buf(),
-        source,
-    };
+    let dims = sidecar_dims(path)?;
+    let (mut reader, len) = open(path)?;
+    read(&mut reader, len, dims).map_err(|e| file_error(path, e))
+}
+
+/// The dimensions the `config.json` beside `path` states (none when there is no such file).
+///
+/// # Errors
+/// [`Error::Io`] when it exists but cannot be read; [`SafetensorsError::BadConfig`] when
+/// it does not parse.
+pub(super) fn sidecar_dims(path: &Path) -> Result<HfDims> {
     let config_path = path.with_file_name("config.json");
-    let dims = match std::fs::read(&config_path) {
-        Ok(text) => {
-            parse_hf_dims(&text).map_err(|reason| fail(SafetensorsError::BadConfig { reason }))?
-        }
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => HfDims::default(),
-        Err(source) => {
-            return Err(Error::Io(IoError {
-                op: "read",
-                path: config_path,
-                source,
-            }))
-        }
-    };
+    match std::fs::read(&config_path) {
+        Ok(text) => parse_hf_dims(&text).map_err(|reason| Error::Safetensors {
+            path: path.to_path_buf(),
+            source: SafetensorsError::BadConfig { reason },
+        }),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(HfDims::default()),
+        Err(source) => Err(Error::Io(IoError {
+            op: "read",
+            path: config_path,
+            source,
+        })),
+    }
+}
+
+/// `path` opened for buffered reading, and its length.
+pub(super) fn open(path: &Path) -> Result<(BufReader<File>, u64)> {
     let io = |op| {
         move |source| {
             Error::Io(IoError {
@@ -92,10 +105,22 @@ fn with_file<T>(
     };
     let file = File::open(path).map_err(io("open"))?;
     let len = file.metadata().map_err(io("stat"))?.len();
-    read(&mut BufReader::new(file), len, dims).map_err(|e| match e {
-        ReadFail::Io(source) => io("read")(source),
-        ReadFail::Format(source) => fail(source),
-    })
+    Ok((BufReader::new(file), len))
+}
+
+/// A read failure of the file at `path` as the module's error, naming the file.
+pub(super) fn file_error(path: &Path, e: ReadFail) -> Error {
+    match e {
+        ReadFail::Io(source) => Error::Io(IoError {
+            op: "read",
+            path: path.to_path_buf(),
+            source,
+        }),
+        ReadFail::Format(source) => Error::Safetensors {
+            path: path.to_path_buf(),
+            source,
+        },
+    }
 }
 
 /// [`read_safetensors`] on bytes in memory, with the head count given (the fuzz target's
@@ -111,14 +136,7 @@ pub fn read_safetensors_bytes(bytes: &[u8], n_head: usize) -> Result<(GptConfig,
         Some(n_head),
         HfDims::default(),
     )
-    .map_err(|e| match e {
-        ReadFail::Io(source) => Error::Io(IoError {
-            op: "read",
-            path,
-            source,
-        }),
-        ReadFail::Format(source) => Error::Safetensors { path, source },
-    })
+    .map_err(|e| file_error(&path, e))
 }
 
 fn read_model<R: Read + Seek>(
@@ -128,50 +146,128 @@ fn read_model<R: Read + Seek>(
     dims: HfDims,
 ) -> Result<(GptConfig, Vec<Vec<f32>>), ReadFail> {
     let header = read_header(r, len)?;
-    let entries = gpt_entries(header.entries)?;
-    let config = infer_config(&entries, n_head.or(dims.n_head), dims)?;
+    let mut parts = [Part {
+        reader: r,
+        data_start: header.data_start,
+    }];
+    assemble(
+        &mut parts,
+        located(header.entries, 0),
+        n_head.or(dims.n_head),
+        dims,
+    )
+    .map_err(|e| match e {
+        AssembleFail::Model(e) => ReadFail::Format(e),
+        AssembleFail::File(_, e) => e,
+    })
+}
+
+/// Where one tensor's bytes are: which of the model's files (its index in the parts), and
+/// its entry in that file's header.
+#[derive(Debug, Clone)]
+pub(super) struct Located {
+    pub(super) file: usize,
+    pub(super) entry: Entry,
+}
+
+/// The entries of file `file`'s header, located.
+pub(super) fn located(entries: HashMap<String, Entry>, file: usize) -> HashMap<String, Located> {
+    entries
+        .into_iter()
+        .map(|(name, entry)| (name, Located { file, entry }))
+        .collect()
+}
+
+/// One file of a model, open: its reader and where its data starts.
+pub(super) struct Part<R> {
+    pub(super) reader: R,
+    pub(super) data_start: u64,
+}
+
+/// What failed while assembling a model: the tensors as a whole, or one file's bytes.
+pub(super) enum AssembleFail {
+    Model(SafetensorsError),
+    File(usize, ReadFail),
+}
+
+/// The model the located tensors describe, read into unit buffers in the model's layout
+/// (the padded vocabulary rows zero), after checking every tensor (present, shape, none
+/// extra) and before allocating any unit.
+pub(super) fn assemble<R: Read + Seek>(
+    parts: &mut [Part<R>],
+    raw: HashMap<String, Located>,
+    heads: Option<usize>,
+    dims: HfDims,
+) -> Result<(GptConfig, Vec<Vec<f32>>), AssembleFail> {
+    let entries = gpt_entries(raw).map_err(AssembleFail::Model)?;
+    let config = infer_config(&entries, heads, dims).map_err(AssembleFail::Model)?;
     let tensors = hf_tensors(&config);
-    for t in &tensors {
-        let e = entries
-            .get(&t.name)
-            .ok_or_else(|| SafetensorsError::MissingTensor {
-                tensor: t.name.clone(),
-            })?;
-        if e.shape != t.shape {
-            return Err(SafetensorsError::WrongShape {
-                tensor: t.name.clone(),
-                expected: t.shape.clone(),
-                got: e.shape.clone(),
-            }
-            .into());
-        }
-    }
-    if let Some(extra) = entries
-        .keys()
-        .find(|n| !tensors.iter().any(|t| &t.name == *n))
-    {
-        return Err(SafetensorsError::UnexpectedTensor {
-            tensor: extra.clone(),
-        }
-        .into());
-    }
-    // Every tensor's bytes were checked to lie in the file without overlap, so the units
-    // (these tensors plus at most 127 padded rows) are bounded by the file's size.
+    check_tensors(&entries, &tensors).map_err(AssembleFail::Model)?;
+    // Every tensor's bytes were checked to lie in its file without overlap, so the units
+    // (these tensors plus at most 127 padded rows) are bounded by the files' sizes.
     let mut units: Vec<Vec<f32>> = ParamLayout::new(&config)
         .unit_lens()
         .into_iter()
         .map(|n| vec![0.0; n])
         .collect();
     for t in &tensors {
-        if let (Some(e), Some(unit)) = (entries.get(&t.name), units.get_mut(t.unit)) {
-            read_tensor(r, header.data_start, e, t, unit)?;
-        }
+        let (Some(at), Some(unit)) = (entries.get(&t.name), units.get_mut(t.unit)) else {
+            continue;
+        };
+        let fail = |e| AssembleFail::File(at.file, e);
+        let files = parts.len();
+        let part = parts.get_mut(at.file).ok_or_else(|| {
+            fail(ReadFail::Format(SafetensorsError::BadEntry {
+                tensor: t.name.clone(),
+                reason: format!("in file {} of {files}", at.file),
+            }))
+        })?;
+        read_tensor(&mut part.reader, part.data_start, &at.entry, t, unit).map_err(fail)?;
     }
     Ok((config, units))
 }
 
+/// The model the located tensors describe, from their names and shapes alone.
+pub(super) fn infer_config_of(
+    raw: HashMap<String, Located>,
+    heads: Option<usize>,
+    dims: HfDims,
+) -> Result<GptConfig, SafetensorsError> {
+    infer_config(&gpt_entries(raw)?, heads, dims)
+}
+
+/// Every tensor of the model present with its shape, and nothing else.
+fn check_tensors(
+    entries: &HashMap<String, Located>,
+    tensors: &[HfTensor],
+) -> Result<(), SafetensorsError> {
+    for t in tensors {
+        let e = entries
+            .get(&t.name)
+            .ok_or_else(|| SafetensorsError::MissingTensor {
+                tensor: t.name.clone(),
+            })?;
+        if e.entry.shape != t.shape {
+            return Err(SafetensorsError::WrongShape {
+                tensor: t.name.clone(),
+                expected: t.shape.clone(),
+                got: e.entry.shape.clone(),
+            });
+        }
+    }
+    match entries
+        .keys()
+        .find(|n| !tensors.iter().any(|t| &t.name == *n))
+    {
+        Some(extra) => Err(SafetensorsError::UnexpectedTensor {
+            tensor: extra.clone(),
+        }),
+        None => Ok(()),
+    }
+}
+
 /// The GPT-2 entries under their prefixed names, without the ignored buffers.
-fn gpt_entries(raw: HashMap<String, Entry>) -> Result<HashMap<String, Entry>, SafetensorsError> {
+fn gpt_entries<V>(raw: HashMap<String, V>) -> Result<HashMap<String, V>, SafetensorsError> {
     let mut out = HashMap::with_capacity(raw.len());
     for (name, entry) in raw {
         let bare = name.strip_prefix(PREFIX).unwrap_or(&name);
@@ -197,13 +293,13 @@ fn gpt_entries(raw: HashMap<String, Entry>) -> Result<HashMap<String, Entry>, Sa
 
 /// The model the tensors describe, checked against `config.json`'s dimensions.
 fn infer_config(
-    entries: &HashMap<String, Entry>,
+    entries: &HashMap<String, Located>,
     heads: Option<usize>,
     dims: HfDims,
 ) -> Result<GptConfig, SafetensorsError> {
     let two_d = |name: &str| -> Result<(usize, usize), SafetensorsError> {
         let full = format!("{PREFIX}{name}");
-        match entries.get(&full).map(|e| &e.shape[..]) {
+        match entries.get(&full).map(|e| &e.entry.shape[..]) {
             None => Err(SafetensorsError::MissingTensor { tensor: full }),
             Some(&[a, b]) => Ok((a, b)),
             Some(other) => Err(SafetensorsError::BadEntry {
@@ -255,7 +351,7 @@ fn infer_config(
 }
 
 /// L: one past the highest `h.N`, once every layer below it is seen to exist.
-fn count_layers(entries: &HashMap<String, Entry>) -> Result<usize, SafetensorsError> {
+fn count_layers<V>(entries: &HashMap<String, V>) -> Result<usize, SafetensorsError> {
     let indices: std::collections::BTreeSet<usize> = entries
         .keys()
         .filter_map(|n| {

@@ -5,7 +5,8 @@
 //!   from this crate's per-unit layout ([`ModelShape::unit_sizes`]).
 //! - [`export_safetensors`] / [`read_safetensors`]: one safetensors file with the names and
 //!   layouts of Hugging Face's GPT-2 checkpoint (plus [`write_hf_config`] for its
-//!   `config.json`), written one unit at a time.
+//!   `config.json`), written one unit at a time; [`read_sharded_safetensors`] reads HF's
+//!   sharded form (`model.safetensors.index.json` and its shard files).
 //! - The sharded training state the trainer saves and resumes ([`PieceWriter`],
 //!   [`publish`], [`ShardedReader`]): one piece file per rank plus a manifest, readable at
 //!   any world size and stage.
@@ -30,6 +31,7 @@ mod error;
 mod hf;
 mod hf_export;
 mod hf_import;
+mod hf_sharded;
 mod layout;
 mod llmc;
 mod llmc_stream;
@@ -43,10 +45,11 @@ pub use error::{Error, FormatError, Result, SafetensorsError};
 pub use hf::hf_config_json;
 pub use hf_export::{export_safetensors, write_hf_config, SafetensorsDtype};
 pub use hf_import::{read_safetensors, read_safetensors_bytes, safetensors_config};
+pub use hf_sharded::{read_sharded_safetensors, sharded_safetensors_config, HF_INDEX_FILE};
 pub use layout::{LlmcTensor, ModelShape};
 pub use llmc::{LlmcCheckpoint, LLMC_HEADER_BYTES, LLMC_MAGIC, LLMC_VERSION};
 pub use llmc_stream::LlmcStreamWriter;
-pub use model_file::{model_file_config, read_model_file, ModelFileFormat};
+pub use model_file::{locate_model_file, model_file_config, read_model_file, ModelFileFormat};
 pub use sharded::{
     complete_states, partial_dir, piece_file_name, resolve_state_dir, step_dir, Partitioning,
     Piece, PieceFile, ShardedManifest, UnitPartition, LATEST, MANIFEST, SHARDED_FORMAT,

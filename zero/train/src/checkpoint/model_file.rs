@@ -1,14 +1,16 @@
-//! A model file from another tool, told apart by its first bytes: llm.c's `model.bin`
-//! (header magic 20240326) or a Hugging Face GPT-2 safetensors file. Either brings its own
-//! shape, so `--init-from` needs no shape flags.
+//! A model file from another tool: llm.c's `model.bin` (header magic 20240326) or a Hugging
+//! Face GPT-2 safetensors file, told apart by their first bytes; HF's sharded form, named by
+//! its `model.safetensors.index.json`; or a Hugging Face model folder holding either. Each
+//! brings its own shape, so `--init-from` needs no shape flags.
 
 use std::fs::File;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use zero_gpt::GptConfig;
 
 use super::error::{Error, Result};
 use super::hf_import::{read_safetensors, safetensors_config};
+use super::hf_sharded::{read_sharded_safetensors, sharded_safetensors_config, HF_INDEX_FILE};
 use super::llmc::{LlmcCheckpoint, LLMC_MAGIC};
 use super::safetensors::MAX_HEADER_BYTES;
 use crate::error::IoError;
@@ -20,6 +22,8 @@ pub enum ModelFileFormat {
     Llmc,
     /// A safetensors file with Hugging Face GPT-2 names.
     Safetensors,
+    /// Hugging Face's sharded safetensors: an `*.index.json` file and the shards it names.
+    ShardedSafetensors,
 }
 
 impl ModelFileFormat {
@@ -64,29 +68,61 @@ impl ModelFileFormat {
     }
 }
 
-/// The model the file at `path` holds, from its header alone. `n_head` is used for a
-/// safetensors file without a `config.json` beside it (llm.c's header has its own).
+/// The file `path` names and its format: in a folder, its [`HF_INDEX_FILE`] or else its
+/// `model.safetensors`; a file named `*.index.json` is a sharded index; any other file is
+/// told by its first bytes.
+///
+/// # Errors
+/// [`Error::NoModelInFolder`], and as [`ModelFileFormat::detect`].
+pub fn locate_model_file(path: &Path) -> Result<(PathBuf, ModelFileFormat)> {
+    if path.is_dir() {
+        let candidates = [
+            (HF_INDEX_FILE, ModelFileFormat::ShardedSafetensors),
+            ("model.safetensors", ModelFileFormat::Safetensors),
+        ];
+        return candidates
+            .into_iter()
+            .map(|(name, format)| (path.join(name), format))
+            .find(|(file, _)| file.is_file())
+            .ok_or_else(|| Error::NoModelInFolder {
+                path: path.to_path_buf(),
+            });
+    }
+    let name = path.file_name().map(|n| n.to_string_lossy());
+    if name.is_some_and(|n| n.ends_with(".index.json")) {
+        return Ok((path.to_path_buf(), ModelFileFormat::ShardedSafetensors));
+    }
+    Ok((path.to_path_buf(), ModelFileFormat::detect(path)?))
+}
+
+/// The model the file at `path` ([`locate_model_file`]) holds, from its headers alone.
+/// `n_head` is used for a safetensors file without a `config.json` beside it (llm.c's
+/// header has its own).
 ///
 /// # Errors
 /// The reader's errors, naming the file (and the tensor where one is at fault).
 pub fn model_file_config(path: &Path, n_head: Option<usize>) -> Result<GptConfig> {
-    match ModelFileFormat::detect(path)? {
-        ModelFileFormat::Llmc => Ok(LlmcCheckpoint::read_shape(path)?.config()),
-        ModelFileFormat::Safetensors => safetensors_config(path, n_head),
+    let (file, format) = locate_model_file(path)?;
+    match format {
+        ModelFileFormat::Llmc => Ok(LlmcCheckpoint::read_shape(&file)?.config()),
+        ModelFileFormat::Safetensors => safetensors_config(&file, n_head),
+        ModelFileFormat::ShardedSafetensors => sharded_safetensors_config(&file, n_head),
     }
 }
 
-/// The model and its parameters in unit layout, from either format.
+/// The model and its parameters in unit layout, from any of the formats.
 ///
 /// # Errors
 /// As [`model_file_config`], and for the data: truncated files, wrong lengths.
 pub fn read_model_file(path: &Path, n_head: Option<usize>) -> Result<(GptConfig, Vec<Vec<f32>>)> {
-    match ModelFileFormat::detect(path)? {
+    let (file, format) = locate_model_file(path)?;
+    match format {
         ModelFileFormat::Llmc => {
-            let ckpt = LlmcCheckpoint::load(path)?;
+            let ckpt = LlmcCheckpoint::load(&file)?;
             Ok((ckpt.shape().config(), ckpt.to_units()?))
         }
-        ModelFileFormat::Safetensors => read_safetensors(path, n_head),
+        ModelFileFormat::Safetensors => read_safetensors(&file, n_head),
+        ModelFileFormat::ShardedSafetensors => read_sharded_safetensors(&file, n_head),
     }
 }
 

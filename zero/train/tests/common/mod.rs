@@ -1,8 +1,10 @@
-//! Helpers shared by zero-train's integration tests: a temporary folder and token files.
+//! Helpers shared by zero-train's integration tests: a temporary folder, token files and
+//! model parameters.
 // Each test binary compiles this module and uses part of it.
 #![allow(dead_code)]
 
 use std::path::{Path, PathBuf};
+use zero_gpt::{GptConfig, ParamLayout};
 use zero_train::data::TokenFile;
 
 /// A fresh folder under the system's temporary directory, removed on drop.
@@ -48,4 +50,24 @@ pub fn learnable_corpus(dir: &Path) {
         })
         .collect();
     write_corpus(dir, &tokens, 4_000, 100);
+}
+
+/// Units with distinct, arbitrary values everywhere but the padded vocabulary rows.
+pub fn model_units(cfg: &GptConfig, seed: u32) -> Vec<Vec<f32>> {
+    let layout = ParamLayout::new(cfg);
+    let mut k = seed;
+    let mut units: Vec<Vec<f32>> = layout
+        .unit_lens()
+        .iter()
+        .map(|&n| {
+            (0..n)
+                .map(|_| {
+                    k = k.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+                    f32::from_bits((k >> 9) | 0x3f00_0000) - 1.25
+                })
+                .collect()
+        })
+        .collect();
+    units[0][cfg.vocab_size * cfg.channels..cfg.padded_vocab_size * cfg.channels].fill(0.0);
+    units
 }

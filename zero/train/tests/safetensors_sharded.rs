@@ -1,0 +1,169 @@
+//! Hugging Face's sharded safetensors (`model.safetensors.index.json` plus shard files): a
+//! model exported as one file is cut into shards here, by hand (serde_json and byte copies,
+//! no code of the crate's readers), and must read back as the units it was made from; an
+//! index that disagrees with its shards is refused by name.
+
+mod common;
+use common::{model_units, TempDir};
+
+use std::path::Path;
+
+use serde_json::json;
+use zero_gpt::GptConfig;
+use zero_train::checkpoint::{
+    export_safetensors, model_file_config, read_model_file, write_hf_config, Error,
+    SafetensorsDtype, SafetensorsError,
+};
+
+/// The tensors of a one-file safetensors: (name, header entry without offsets, bytes).
+fn tensors_of(path: &Path) -> Vec<(String, serde_json::Value, Vec<u8>)> {
+    let bytes = std::fs::read(path).unwrap();
+    let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+    let header: serde_json::Value = serde_json::from_slice(&bytes[8..8 + n]).unwrap();
+    let data = &bytes[8 + n..];
+    let mut out: Vec<_> = header
+        .as_object()
+        .unwrap()
+        .iter()
+        .filter(|(name, _)| *name != "__metadata__")
+        .map(|(name, v)| {
+            let [b, e]: [usize; 2] = serde_json::from_value(v["data_offsets"].clone()).unwrap();
+            let entry = json!({"dtype": v["dtype"], "shape": v["shape"]});
+            (name.clone(), entry, data[b..e].to_vec())
+        })
+        .collect();
+    out.sort_by(|a, b| a.0.cmp(&b.0));
+    out
+}
+
+/// Writes `tensors` as one safetensors file.
+fn write_shard(path: &Path, tensors: &[&(String, serde_json::Value, Vec<u8>)]) {
+    let mut header = serde_json::Map::new();
+    let mut at = 0;
+    for (name, entry, data) in tensors {
+        let mut e = entry.clone();
+        e["data_offsets"] = json!([at, at + data.len()]);
+        header.insert(name.clone(), e);
+        at += data.len();
+    }
+    let text = serde_json::to_vec(&header).unwrap();
+    let mut out = (text.len() as u64).to_le_bytes().to_vec();
+    out.extend(text);
+    tensors.iter().for_each(|t| out.extend(&t.2));
+    std::fs::write(path, out).unwrap();
+}
+
+/// The tiny model exported to `dir/whole.safetensors`, then cut into `shards` files in `dir`
+/// (tensor k into shard k % shards) with HF's index and config.json; returns its units.
+fn sharded_model(dir: &Path, shards: usize) -> (GptConfig, Vec<Vec<f32>>) {
+    let cfg = GptConfig::tiny();
+    let units = model_units(&cfg, 5);
+    let whole = dir.join("whole.safetensors");
+    export_safetensors(&cfg, units.iter(), SafetensorsDtype::F32, &whole).unwrap();
+    write_hf_config(&cfg, SafetensorsDtype::F32, dir.join("config.json")).unwrap();
+    let tensors = tensors_of(&whole);
+    std::fs::remove_file(&whole).unwrap();
+    let name = |s: usize| format!("model-{:05}-of-{shards:05}.safetensors", s + 1);
+    let mut weight_map = serde_json::Map::new();
+    for s in 0..shards {
+        let mine: Vec<_> = tensors.iter().skip(s).step_by(shards).collect();
+        write_shard(&dir.join(name(s)), &mine);
+        for t in mine {
+            weight_map.insert(t.0.clone(), json!(name(s)));
+        }
+    }
+    let index = json!({"metadata": {"total_size": 0}, "weight_map": weight_map});
+    std::fs::write(dir.join("model.safetensors.index.json"), index.to_string()).unwrap();
+    (cfg, units)
+}
+
+fn bits(units: &[Vec<f32>]) -> Vec<Vec<u32>> {
+    units
+        .iter()
+        .map(|u| u.iter().map(|x| x.to_bits()).collect())
+        .collect()
+}
+
+fn edit_index(dir: &Path, edit: impl FnOnce(&mut serde_json::Value)) {
+    let path = dir.join("model.safetensors.index.json");
+    let mut index: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+    edit(&mut index);
+    std::fs::write(path, index.to_string()).unwrap();
+}
+
+fn index_error(dir: &Path) -> String {
+    match read_model_file(&dir.join("model.safetensors.index.json"), None) {
+        Err(Error::Safetensors {
+            source: SafetensorsError::BadIndex { reason },
+            ..
+        }) => reason,
+        other => panic!("expected a bad index, got {other:?}"),
+    }
+}
+
+#[test]
+fn a_sharded_checkpoint_reads_back_bit_exact_from_its_index_or_its_folder() {
+    for shards in [1, 2, 3] {
+        let dir = TempDir::new(&format!("sharded-{shards}"));
+        let (cfg, units) = sharded_model(&dir.0, shards);
+        let index = dir.0.join("model.safetensors.index.json");
+        for path in [index.as_path(), dir.0.as_path()] {
+            let (got_cfg, got) = read_model_file(path, None).unwrap();
+            assert_eq!(got_cfg, cfg, "{shards} shards from {}", path.display());
+            assert_eq!(bits(&got), bits(&units), "{shards} shards");
+            assert_eq!(model_file_config(path, None).unwrap(), cfg);
+        }
+    }
+}
+
+#[test]
+fn an_index_that_disagrees_with_its_shards_is_refused_by_name() {
+    let dir = TempDir::new("sharded-bad");
+    sharded_model(&dir.0, 2);
+    let first = "model-00001-of-00002.safetensors";
+    let second = "model-00002-of-00002.safetensors";
+    let tensor = "transformer.wte.weight";
+    // Mapped to the other shard: the shard that holds it says so.
+    edit_index(&dir.0, |i| {
+        let home = i["weight_map"][tensor].as_str().unwrap().to_string();
+        let other = if home == first { second } else { first };
+        i["weight_map"][tensor] = json!(other);
+    });
+    let why = index_error(&dir.0);
+    assert!(why.contains(tensor), "{why}");
+    // Not mapped at all.
+    edit_index(&dir.0, |i| {
+        i["weight_map"].as_object_mut().unwrap().remove(tensor);
+    });
+    assert!(index_error(&dir.0).contains("maps nowhere"));
+    // A shard outside the folder.
+    edit_index(&dir.0, |i| {
+        i["weight_map"][tensor] = json!("../escape.safetensors")
+    });
+    assert!(index_error(&dir.0).contains("not a file name"));
+    // Not an index.
+    std::fs::write(dir.0.join("model.safetensors.index.json"), "[1, 2]").unwrap();
+    assert!(index_error(&dir.0).contains("weight_map"));
+}
+
+#[test]
+fn a_missing_shard_names_the_shard_file() {
+    let dir = TempDir::new("sharded-missing");
+    sharded_model(&dir.0, 2);
+    let gone = dir.0.join("model-00002-of-00002.safetensors");
+    std::fs::remove_file(&gone).unwrap();
+    match read_model_file(&dir.0, None) {
+        Err(Error::Io(e)) => assert!(e.to_string().contains("model-00002-of-00002")),
+        other => panic!("expected an I/O error naming the shard, got {other:?}"),
+    }
+}
+
+#[test]
+fn a_folder_without_a_model_is_refused_by_name() {
+    let dir = TempDir::new("sharded-empty");
+    assert!(matches!(
+        read_model_file(&dir.0, None),
+        Err(Error::NoModelInFolder { .. })
+    ));
+}
