@@ -16,7 +16,7 @@
 # results. Tests run with ZERO_GPT_REQUIRE_GPU=1 (a missing GPU fails instead of skipping).
 # Under $OUT (default target/gpu-check): summary.txt (one line a step, written as it ends:
 # passed / FAILED / TIMED OUT / NOT RUN, and the figures), progress.txt (each step's start,
-# for a run cut short), one log per step, nvidia-smi.txt, libs.txt, env.txt.
+# for a run cut short), one log per step, nvidia-smi.txt, gpu-usage.csv, libs.txt, env.txt.
 # Exit status: 0 when every step passed.
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
@@ -162,7 +162,7 @@ for path in sorted({p for p in maps if p.startswith("/") and ".so" in p
 PY
 }
 
-stamp() { echo "+$SECONDS s"; }
+stamp() { echo "+$SECONDS s ($(date -u +%H:%M:%S))"; }
 note() { echo "$*" | tee -a "$OUT/summary.txt"; }
 
 # Runs step $1 with its log in $OUT/$1.log, in $OUT, for at most $2 seconds, cut to what the
@@ -221,7 +221,9 @@ bench_step() {
 run() {
     set +e # every step runs whatever the earlier ones did
     BIN="$here"
-    [ -x "$BIN/${TESTS[0]}" ] || BIN="$here/../gpu-bin"
+    [ -f "$BIN/${TESTS[0]}" ] || BIN="$here/../gpu-bin"
+    # A copy that lost the executable bits must not fail every step.
+    chmod u+x "$BIN"/zero-* "${ALL_TESTS[@]/#/$BIN/}" 2>/dev/null
     OUT="${OUT:-target/gpu-check}"
     mkdir -p "$OUT"
     OUT="$(cd "$OUT" && pwd)"
@@ -246,6 +248,11 @@ run() {
     export NCCL_DEBUG="${NCCL_DEBUG:-WARN}"
     { env | grep -E '^(LD_LIBRARY_PATH|CUDA|CUBLAS|NCCL|ZERO)' | sort; ldd --version 2>&1 | head -n 1; } \
         >"$OUT/env.txt"
+    # The GPU's memory and load every second through the whole run (gpu-usage.csv; the
+    # times match progress.txt's); it also keeps the driver initialised between the steps.
+    nvidia-smi --query-gpu=timestamp,memory.used,utilization.gpu,power.draw --format=csv -l 1 \
+        >"$OUT/gpu-usage.csv" 2>&1 &
+    local sampler=$!
     step preflight 20 "$BIN/zero-train" --version
     note "preflight (zero-train --version runs here): $STEP_HOW"
     # Most valuable first: a timeout late in the list still leaves the proofs before it.
@@ -268,6 +275,7 @@ run() {
     test_step nvrtc_compile 45
     test_step kernels_nvrtc 30
     test_step device_local_nvrtc 30
+    kill "$sampler" 2>/dev/null
     note "gpu-check: finished at $(stamp), $([ "$FAILED" -eq 0 ] && echo 'every step passed' || echo 'SOME STEPS FAILED'); logs in $OUT"
     return "$FAILED"
 }
