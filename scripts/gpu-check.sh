@@ -143,7 +143,12 @@ link_libs() {
         [ "$lib" = cublas ] && PREFERRED_DIR="$(dirname "$found")"
         case ":$path:" in *":$(dirname "$found"):"*) ;; *) path="$path:$(dirname "$found")" ;; esac
     done
-    export LD_LIBRARY_PATH="$links$path${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+    # An inherited toolkit stubs folder would give cudarc the stub libcuda.so (every call
+    # then fails with CUDA_ERROR_STUB_LIBRARY): dropped.
+    local inherited
+    inherited=$(printf '%s' "${LD_LIBRARY_PATH:-}" | tr ':' '\n' | grep -v -e '/stubs/*$' -e '^$' |
+        paste -sd ':' -)
+    export LD_LIBRARY_PATH="$links$path${inherited:+:$inherited}"
     echo "LD_LIBRARY_PATH=$LD_LIBRARY_PATH"
     echo "libcuda (driver): $(ldconfig -p 2>/dev/null | grep -E 'libcuda\.so' | tr -s ' \t' ' ' | paste -sd ';' -)"
     # What cudarc's first candidates resolve to, in a process started with this environment.
@@ -312,7 +317,8 @@ later_train_runs() {
     train_one smoke-offload 60 "${smoke[@]}" --activation-checkpointing --offload-activations
 }
 
-# GPT-2 124M at stages 1 and 2 with four ranks: peak memory per rank at every stage.
+# GPT-2 124M at stages 1 and 2 with four ranks (peak memory per rank at every stage), then
+# stage 0 at micro-batch 32 (is a larger micro-batch faster, and does it fit).
 gpt2_more_stages() {
     [ -f "$BIN/data/train.bin" ] || return
     local stage
@@ -320,6 +326,8 @@ gpt2_more_stages() {
         train_one "gpt2-stage$stage-n4" 90 "${GPT2[@]}" --world-size 4 --zero-stage "$stage" \
             --micro-batch-size 4 --batch-size 16
     done
+    train_one gpt2-stage0-n1-mb32 90 "${GPT2[@]}" --world-size 1 --zero-stage 0 \
+        --micro-batch-size 32 --batch-size 32
 }
 
 # zero-train run $1 (limit $2 s, flags $3...) on the GPU; its metrics summarised in summary.txt.
