@@ -118,6 +118,39 @@ find_lib() {
     echo "$best"
 }
 
+# NVRTC's PTX is JIT-compiled by the driver, which refuses PTX from a newer CUDA than its own
+# (a 13.0 driver and a 13.1 NVRTC: CUDA_ERROR_UNSUPPORTED_PTX_VERSION on every kernel). Of
+# the libnvrtc.so.N* files in the folders $@, the newest the driver supports (its CUDA version
+# from cuDriverGetVersion, or DRIVER_CUDA_VERSION, such as 13.0); the versions go to stderr.
+pick_nvrtc() {
+    local driver="${DRIVER_CUDA_VERSION:-}" d f v
+    if [ -z "$driver" ]; then
+        driver=$(timeout 20 python3 -c 'import ctypes
+v = ctypes.c_int()
+ctypes.CDLL("libcuda.so.1").cuDriverGetVersion(ctypes.byref(v))
+print(f"{v.value // 1000}.{v.value % 1000 // 10}")' 2>/dev/null)
+    fi
+    echo "driver CUDA version: ${driver:-unknown}" >&2
+    for d in "$@"; do
+        for f in "$d"/libnvrtc.so.[0-9]*; do
+            [ -e "$f" ] || continue
+            # One process per file: two libnvrtc.so.13 files share a soname.
+            v=$(timeout 20 python3 -c 'import ctypes, sys
+a, b = ctypes.c_int(), ctypes.c_int()
+ctypes.CDLL(sys.argv[1]).nvrtcVersion(ctypes.byref(a), ctypes.byref(b))
+print(f"{a.value}.{b.value}")' "$f" 2>/dev/null)
+            echo "NVRTC ${v:-unreadable}: $f" >&2
+            [ -n "$v" ] && echo "$v $f"
+        done
+    done | python3 -c 'import sys
+driver = sys.argv[1]
+key = lambda v: tuple(int(x) for x in v.split("."))
+found = [line.split(" ", 1) for line in sys.stdin.read().splitlines()]
+fits = [(v, f) for v, f in found if not driver or key(v) <= key(driver)]
+best = max(fits, key=lambda vf: key(vf[0]), default=None)
+print(best[1] if best else "")' "$driver"
+}
+
 # cudarc (built with cuda-12080) dlopens, for each library, lib$X.so, then ... lib$X.so.12,
 # .so.11, .so.10, .so.9, .so.1 (cudarc/src/lib.rs, get_lib_name_candidates): the driver's
 # libcuda.so.1 is found as it is; CUDA 13's libcublas.so.13, libcublasLt.so.13,
@@ -133,7 +166,9 @@ link_libs() {
     CUDA_MAJOR=13 PREFERRED_DIR=""
     local path=""
     for lib in cublas cublasLt nvrtc nccl; do
-        found=$(find_lib "$lib" "${dirs[@]}")
+        found=""
+        [ "$lib" = nvrtc ] && found=$(pick_nvrtc "${dirs[@]}")
+        [ -n "$found" ] || found=$(find_lib "$lib" "${dirs[@]}")
         if [ -z "$found" ]; then
             echo "lib$lib.so: NOT FOUND"
             continue
