@@ -298,7 +298,7 @@ run() {
     step preflight 20 "$BIN/zero-train" --version
     note "preflight (zero-train --version runs here): $STEP_HOW"
     # Most valuable first: a timeout late in the list still leaves the proofs before it.
-    # Limits are ~3x the expected time on an H200 (docs/gpu.md), cut to the budget left.
+    # Limits are about 3x the expected time on an H200, cut to the budget left.
     test_step cuda_kernels 60
     test_step cuda_model 45
     test_step kernels_cuda 45
