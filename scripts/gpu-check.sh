@@ -9,7 +9,7 @@
 # `build` compiles the CUDA test binaries (cargo test --release --no-run --features cuda, for
 # -p zero-gpt, -p zero-comm, -p zero and -p zero-train) and zero-train and zero-bench, strips
 # them into the git-ignored gpu-bin/ with a copy of this script and of the Shakespeare token
-# files (data/shakespeare, from scripts/train.sh). `run` makes the CUDA 13 libraries loadable
+# files (data/shakespeare, prepared when missing). `run` makes the CUDA 13 libraries loadable
 # by cudarc (link_libs), then runs the steps most valuable first, each with its own time limit
 # cut to what the whole run's budget (GPU_CHECK_BUDGET_S, default 540 s: the device tool allows
 # 600 s a command) has left, so a hang costs one step and the steps before it keep their
@@ -62,10 +62,16 @@ for line in sys.stdin:
     strip -o "$bin/zero-bench" "$target/release/zero-bench"
     strip -o "$bin/zero-train" "$target/release/zero-train"
     mkdir -p "$bin/data"
-    if [ -f data/shakespeare/train.bin ] && [ -f data/shakespeare/val.bin ]; then
-        cp data/shakespeare/train.bin data/shakespeare/val.bin "$bin/data/"
-    else
-        echo "gpu-check: no data/shakespeare token files (run bash scripts/train.sh once): the zero-train runs will be skipped" >&2
+    local data=data/shakespeare
+    if [ ! -f "$data/train.bin" ] || [ ! -f "$data/val.bin" ]; then
+        # Without them every zero-train run (the GPT-2 figures among them) is skipped.
+        echo "gpu-check: preparing $data (fetch-shakespeare.sh, zero-train prepare)" >&2
+        { bash scripts/fetch-shakespeare.sh "$data" &&
+            "$target/release/zero-train" prepare --text "$data"/texts/*.txt --out "$data"; } ||
+            echo "gpu-check: WARNING: no $data token files: the zero-train runs will be skipped" >&2
+    fi
+    if [ -f "$data/train.bin" ] && [ -f "$data/val.bin" ]; then
+        cp "$data/train.bin" "$data/val.bin" "$bin/data/"
     fi
     cp "$here/gpu-check.sh" "$bin/gpu-check.sh"
     du -sh "$bin"/*
