@@ -9,12 +9,15 @@
 # `build` compiles the CUDA test binaries (cargo test --release --no-run --features cuda, for
 # -p zero-gpt, -p zero-comm, -p zero and -p zero-train) and zero-train and zero-bench, strips
 # them into the git-ignored gpu-bin/ with a copy of this script and of the Shakespeare token
-# files (data/shakespeare, from scripts/train.sh). `run` makes the
-# CUDA 13 libraries loadable by cudarc (built with cuda-12080, it looks for libX.so and
-# libX.so.12: a folder of libX.so -> libX.so.13 symlinks goes first on LD_LIBRARY_PATH),
-# then runs every test binary with ZERO_GPT_REQUIRE_GPU=1 (a missing GPU fails instead of
-# skipping) and writes one log per binary, nvidia-smi's report and summary.txt under $OUT
-# (default target/gpu-check). Exit status: 0 when every binary passed.
+# files (data/shakespeare, prepared when missing). `run` makes the CUDA 13 libraries loadable
+# by cudarc (link_libs), then runs the steps most valuable first, each with its own time limit
+# cut to what the whole run's budget (GPU_CHECK_BUDGET_S, default 540 s: the device tool allows
+# 600 s a command) has left, so a hang costs one step and the steps before it keep their
+# results. Tests run with ZERO_GPT_REQUIRE_GPU=1 (a missing GPU fails instead of skipping).
+# Under $OUT (default target/gpu-check): summary.txt (one line a step, written as it ends:
+# passed / FAILED / TIMED OUT / NOT RUN, and the figures), progress.txt (each step's start,
+# for a run cut short), one log per step, nvidia-smi.txt, gpu-usage.csv, libs.txt, env.txt.
+# Exit status: 0 when every step passed.
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 mode="${1:-}"
@@ -59,20 +62,31 @@ for line in sys.stdin:
     strip -o "$bin/zero-bench" "$target/release/zero-bench"
     strip -o "$bin/zero-train" "$target/release/zero-train"
     mkdir -p "$bin/data"
-    if [ -f data/shakespeare/train.bin ] && [ -f data/shakespeare/val.bin ]; then
-        cp data/shakespeare/train.bin data/shakespeare/val.bin "$bin/data/"
-    else
-        echo "gpu-check: no data/shakespeare token files (run bash scripts/train.sh once): the zero-train runs will be skipped" >&2
+    local data=data/shakespeare
+    if [ ! -f "$data/train.bin" ] || [ ! -f "$data/val.bin" ]; then
+        # Without them every zero-train run (the GPT-2 figures among them) is skipped.
+        echo "gpu-check: preparing $data (fetch-shakespeare.sh, zero-train prepare)" >&2
+        { bash scripts/fetch-shakespeare.sh "$data" &&
+            "$target/release/zero-train" prepare --text "$data"/texts/*.txt --out "$data"; } ||
+            echo "gpu-check: WARNING: no $data token files: the zero-train runs will be skipped" >&2
+    fi
+    if [ -f "$data/train.bin" ] && [ -f "$data/val.bin" ]; then
+        cp "$data/train.bin" "$data/val.bin" "$bin/data/"
     fi
     cp "$here/gpu-check.sh" "$bin/gpu-check.sh"
     du -sh "$bin"/*
     echo "gpu-check: built into $bin/; on the GPU machine run: bash gpu-bin/gpu-check.sh run"
 }
 
-# Folders that may hold the CUDA 13 user-space libraries: the Python wheels' nvidia/*/lib,
-# then the toolkit.
+# Folders that may hold the CUDA user-space libraries, best first: the Python wheels'
+# nvidia/*/lib (CUDA 13's wheels put cuBLAS and NVRTC in nvidia/cu13/lib, NCCL in
+# nvidia/nccl/lib) as every Python on the machine sees them, the usual site-packages globs
+# (for a Python that is not on PATH), then the toolkit and the system folder.
 lib_dirs() {
-    python3 - <<'PY' 2>/dev/null || true
+    local py
+    for py in python3 python /opt/conda/bin/python /usr/bin/python3; do
+        command -v "$py" >/dev/null 2>&1 || continue
+        timeout 20 "$py" - <<'PY' 2>/dev/null || true
 import glob, os
 try:
     import nvidia
@@ -82,152 +96,388 @@ try:
 except ImportError:
     pass
 PY
-    for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib /usr/lib/x86_64-linux-gnu; do
+    done
+    local d
+    for d in /usr/local/lib/python3*/*-packages/nvidia/*/lib /usr/lib/python3/dist-packages/nvidia/*/lib \
+        /opt/conda/lib/python3*/site-packages/nvidia/*/lib /opt/*/lib/python3*/site-packages/nvidia/*/lib \
+        "$HOME"/.local/lib/python3*/site-packages/nvidia/*/lib /usr/local/cuda/lib64 \
+        /usr/local/cuda/targets/x86_64-linux/lib /usr/local/cuda-1[0-9]*/lib64 /usr/lib/x86_64-linux-gnu; do
         [ -d "$d" ] && echo "$d"
     done
 }
 
-link_libs() {
-    local links="$1"
-    mkdir -p "$links"
-    local dirs
-    mapfile -t dirs < <(lib_dirs)
-    for lib in cublas cublasLt nvrtc nccl; do
-        local found=""
-        for d in "${dirs[@]}"; do
-            found=$(ls "$d/lib$lib.so".[0-9]* 2>/dev/null | sort -V | tail -n 1 || true)
-            [ -n "$found" ] && break
+# The first lib$1.so.N* in the folders $2... (folder order, then name order), preferring major $CUDA_MAJOR (cuBLAS, NVRTC) and
+# the folder where an earlier library was found ($PREFERRED_DIR), so cuBLAS and cuBLASLt come
+# from one install.
+find_lib() {
+    local name="$1" d f best="" best_rank=9
+    shift
+    for d in "$@"; do
+        for f in "$d/lib$name.so".[0-9]*; do
+            [ -e "$f" ] || continue
+            local rank=3
+            case "$f" in *".so.$CUDA_MAJOR"*) rank=1 ;; esac
+            [ "$d" = "${PREFERRED_DIR:-}" ] && rank=$((rank - 1))
+            if [ "$rank" -lt "$best_rank" ]; then best="$f" best_rank=$rank; fi
         done
-        if [ -n "$found" ]; then
-            ln -sf "$found" "$links/lib$lib.so"
-            echo "lib$lib.so -> $found"
-            LD_LIBRARY_PATH="$(dirname "$found"):${LD_LIBRARY_PATH:-}"
-        else
-            echo "lib$lib.so: not found in ${dirs[*]}"
-        fi
     done
-    export LD_LIBRARY_PATH="$links:${LD_LIBRARY_PATH:-}"
+    echo "$best"
+}
+
+# NVRTC's PTX is JIT-compiled by the driver, which refuses PTX from a newer CUDA than its own
+# (a 13.0 driver and a 13.1 NVRTC: CUDA_ERROR_UNSUPPORTED_PTX_VERSION on every kernel). Of
+# the libnvrtc.so.N* files in the folders $@, the newest the driver supports (its CUDA version
+# from cuDriverGetVersion, or DRIVER_CUDA_VERSION, such as 13.0); the versions go to stderr.
+pick_nvrtc() {
+    local driver="${DRIVER_CUDA_VERSION:-}" d f v
+    if [ -z "$driver" ]; then
+        driver=$(timeout 20 python3 -c 'import ctypes
+v = ctypes.c_int()
+ctypes.CDLL("libcuda.so.1").cuDriverGetVersion(ctypes.byref(v))
+print(f"{v.value // 1000}.{v.value % 1000 // 10}")' 2>/dev/null)
+    fi
+    echo "driver CUDA version: ${driver:-unknown}" >&2
+    for d in "$@"; do
+        for f in "$d"/libnvrtc.so.[0-9]*; do
+            [ -e "$f" ] || continue
+            # One process per file: two libnvrtc.so.13 files share a soname.
+            v=$(timeout 20 python3 -c 'import ctypes, sys
+a, b = ctypes.c_int(), ctypes.c_int()
+ctypes.CDLL(sys.argv[1]).nvrtcVersion(ctypes.byref(a), ctypes.byref(b))
+print(f"{a.value}.{b.value}")' "$f" 2>/dev/null)
+            echo "NVRTC ${v:-unreadable}: $f" >&2
+            [ -n "$v" ] && echo "$v $f"
+        done
+    done | python3 -c 'import sys
+driver = sys.argv[1]
+key = lambda v: tuple(int(x) for x in v.split("."))
+found = [line.split(" ", 1) for line in sys.stdin.read().splitlines()]
+fits = [(v, f) for v, f in found if not driver or key(v) <= key(driver)]
+best = max(fits, key=lambda vf: key(vf[0]), default=None)
+print(best[1] if best else "")' "$driver"
+}
+
+# cudarc (built with cuda-12080) dlopens, for each library, lib$X.so, then ... lib$X.so.12,
+# .so.11, .so.10, .so.9, .so.1 (cudarc/src/lib.rs, get_lib_name_candidates): the driver's
+# libcuda.so.1 is found as it is; CUDA 13's libcublas.so.13, libcublasLt.so.13,
+# libnvrtc.so.13 and NCCL's libnccl.so.2 are not. A folder of lib$X.so -> real file links goes
+# first on LD_LIBRARY_PATH, then the real files' folders (for their own dependencies, such as
+# NVRTC's libnvrtc-builtins, and cuBLAS's cuBLASLt).
+link_libs() {
+    local links="$1" dirs lib found
+    rm -rf "$links"
+    mkdir -p "$links"
+    mapfile -t dirs < <(lib_dirs | awk '!seen[$0]++')
+    echo "searched: ${dirs[*]}"
+    CUDA_MAJOR=13 PREFERRED_DIR=""
+    local path=""
+    for lib in cublas cublasLt nvrtc nccl; do
+        found=""
+        [ "$lib" = nvrtc ] && found=$(pick_nvrtc "${dirs[@]}")
+        [ -n "$found" ] || found=$(find_lib "$lib" "${dirs[@]}")
+        if [ -z "$found" ]; then
+            echo "lib$lib.so: NOT FOUND"
+            continue
+        fi
+        ln -sf "$found" "$links/lib$lib.so"
+        echo "lib$lib.so -> $found"
+        [ "$lib" = cublas ] && PREFERRED_DIR="$(dirname "$found")"
+        case ":$path:" in *":$(dirname "$found"):"*) ;; *) path="$path:$(dirname "$found")" ;; esac
+    done
+    # An inherited toolkit stubs folder would give cudarc the stub libcuda.so (every call
+    # then fails with CUDA_ERROR_STUB_LIBRARY): dropped.
+    local inherited
+    inherited=$(printf '%s' "${LD_LIBRARY_PATH:-}" | tr ':' '\n' | grep -v -e '/stubs/*$' -e '^$' |
+        paste -sd ':' -)
+    export LD_LIBRARY_PATH="$links$path${inherited:+:$inherited}"
+    echo "LD_LIBRARY_PATH=$LD_LIBRARY_PATH"
+    echo "libcuda (driver): $(ldconfig -p 2>/dev/null | grep -E 'libcuda\.so' | tr -s ' \t' ' ' | paste -sd ';' -)"
+    # What cudarc's first candidates resolve to, in a process started with this environment.
+    timeout 30 python3 - <<'PY' || echo "dlopen check failed to run"
+import ctypes
+for name in ["libcuda.so", "libcuda.so.1", "libcublas.so", "libcublasLt.so", "libnvrtc.so", "libnccl.so"]:
+    try:
+        ctypes.CDLL(name)
+        print(f"dlopen {name}: ok")
+    except OSError as e:
+        print(f"dlopen {name}: FAILED: {e}")
+maps = open("/proc/self/maps").read().split()
+for path in sorted({p for p in maps if p.startswith("/") and ".so" in p
+                    and any(k in p for k in ("cuda", "cublas", "nvrtc", "nccl"))}):
+    print("  loaded", path)
+PY
+}
+
+stamp() { echo "+$SECONDS s ($(date -u +%H:%M:%S))"; }
+note() { echo "$*" | tee -a "$OUT/summary.txt"; }
+
+# Runs step $1 with its log in $OUT/$1.log, in $OUT, for at most $2 seconds, cut to what the
+# whole run's budget has left. Sets STEP_RC (124 or 137: timed out, 125: not run) and
+# STEP_HOW (passed / FAILED / TIMED OUT / NOT RUN, with the seconds taken).
+step() {
+    local name="$1" limit="$2" left start
+    shift 2
+    left=$((BUDGET_S - SECONDS - 15))
+    if [ "$left" -lt 20 ]; then
+        STEP_RC=125 STEP_HOW="NOT RUN (the ${BUDGET_S} s budget is spent)" FAILED=1
+        echo "$(stamp) $name: not run" >>"$OUT/progress.txt"
+        return 125
+    fi
+    [ "$limit" -le "$left" ] || limit=$left
+    echo "$(stamp) $name: started (limit $limit s)" >>"$OUT/progress.txt"
+    start=$SECONDS
+    STEP_RC=0
+    (cd "$OUT" && exec timeout -k 10 "$limit" "$@") >"$OUT/$name.log" 2>&1 || STEP_RC=$?
+    local took=$((SECONDS - start))
+    case "$STEP_RC" in
+        0) STEP_HOW="passed in $took s" ;;
+        124 | 137) STEP_HOW="TIMED OUT after $took s (limit $limit s)" ;;
+        *) STEP_HOW="FAILED, exit $STEP_RC, after $took s" ;;
+    esac
+    echo "$(stamp) $name: $STEP_HOW" >>"$OUT/progress.txt"
+    if [ "$STEP_RC" -ne 0 ]; then
+        FAILED=1
+        STEP_HOW="$STEP_HOW (log ends: $(tail -c 2000 "$OUT/$name.log" | tr '\r' '\n' |
+            grep -v '^[[:space:]]*$' | tail -n 1 | cut -c 1-200))"
+    fi
+    return "$STEP_RC"
+}
+
+# Test binary $1 (limit $2 s; more harness flags, such as a filter, in $4...) as step $3
+# (default $1): its verdict, the harness's result line and the names of failed tests.
+test_step() {
+    local t="$1" limit="$2" name="${3:-$1}"
+    shift 3 2>/dev/null || shift $#
+    step "$name" "$limit" "$BIN/$t" --test-threads 1 --nocapture "$@"
+    local result failed
+    result=$(grep -E '^test result' "$OUT/$name.log" 2>/dev/null | tail -n 1)
+    failed=$(grep -E '^test .* \.\.\. FAILED$' "$OUT/$name.log" 2>/dev/null |
+        sed -E 's/^test (.*) \.\.\. FAILED$/\1/' | paste -sd ' ' -)
+    note "test $name: $STEP_HOW${result:+; $result}${failed:+; failed: $failed}"
+}
+
+# A zero-bench run: its verdict and the table's closing line.
+bench_step() {
+    local name="$1" limit="$2"
+    shift 2
+    step "$name" "$limit" "$@"
+    local avg
+    avg=$(grep -E '^# Avg bus' "$OUT/$name.log" 2>/dev/null || tail -n 1 "$OUT/$name.log" 2>/dev/null)
+    note "$name: $STEP_HOW; $avg (table in $name.log)"
 }
 
 run() {
-    local bin="$here"
-    [ -x "$bin/${TESTS[0]}" ] || bin="$here/../gpu-bin"
+    set +e # every step runs whatever the earlier ones did
+    BIN="$here"
+    [ -f "$BIN/${TESTS[0]}" ] || BIN="$here/../gpu-bin"
+    # A copy that lost the executable bits must not fail every step.
+    chmod u+x "$BIN"/zero-* "${ALL_TESTS[@]/#/$BIN/}" 2>/dev/null
     OUT="${OUT:-target/gpu-check}"
     mkdir -p "$OUT"
     OUT="$(cd "$OUT" && pwd)"
+    BUDGET_S="${GPU_CHECK_BUDGET_S:-540}"
+    FAILED=0
+    : >"$OUT/summary.txt"
+    : >"$OUT/progress.txt"
     { nvidia-smi || echo "nvidia-smi failed"; } >"$OUT/nvidia-smi.txt" 2>&1
-    # Not in a subshell: link_libs exports LD_LIBRARY_PATH for the tests below.
-    link_libs "$OUT/cuda-libs" >"$OUT/libs.txt" 2>&1
+    local gpu
+    gpu=$(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null |
+        head -n 1)
+    note "gpu-check run $(date -u '+%Y-%m-%d %H:%M:%S UTC'), budget ${BUDGET_S} s; GPU: ${gpu:-none (nvidia-smi.txt)}"
+    # Not in a subshell: link_libs exports LD_LIBRARY_PATH for the steps below.
+    link_libs "${TMPDIR:-/tmp}/zero-gpu-check-libs" >"$OUT/libs.txt" 2>&1
     cat "$OUT/libs.txt"
     export ZERO_GPT_REQUIRE_GPU=1 ZERO_GPT_REQUIRE_NVRTC=1 ZERO_COMM_REQUIRE_GPU=1 RUST_BACKTRACE=1
-    local failed=0
-    : >"$OUT/summary.txt"
-    # Every step has its own timeout (150 s a test binary or training run, 120 s a bench), so
-    # one hang costs that step, not the device tool's whole 600 s call.
-    for t in "${ALL_TESTS[@]}"; do
-        local rc=0
-        (cd "$OUT" && timeout 150 "$bin/$t" --test-threads 1 --nocapture) >"$OUT/$t.log" 2>&1 || rc=$?
-        echo "$t: exit $rc ($(grep -E '^test result' "$OUT/$t.log" | tail -n 1))" | tee -a "$OUT/summary.txt"
-        [ "$rc" -eq 0 ] || failed=1
-    done
-    # nccl-tests' all_reduce_perf beside ours: one rank (torchrun's variables), 1 KiB to 1 GiB.
-    local rc=0
-    RANK=0 WORLD_SIZE=1 LOCAL_RANK=0 MASTER_ADDR=127.0.0.1 MASTER_PORT=29517 \
-        timeout 120 "$bin/zero-bench" all_reduce --backend nccl -b 1K -e 1G -f 4 -n 20 -w 5 \
-        >"$OUT/zero-bench-nccl.log" 2>&1 || rc=$?
-    echo "zero-bench --backend nccl: exit $rc ($(grep -E '^# Avg bus' "$OUT/zero-bench-nccl.log" || tail -n 1 "$OUT/zero-bench-nccl.log"))" |
-        tee -a "$OUT/summary.txt"
-    [ "$rc" -eq 0 ] || failed=1
-    # The device-local backend: 4 rank threads sharing the GPU, the same table.
-    rc=0
-    timeout 120 "$bin/zero-bench" all_reduce --device cuda --ranks 4 -b 1K -e 1G -f 4 -n 20 -w 5 \
-        >"$OUT/zero-bench-device-local.log" 2>&1 || rc=$?
-    echo "zero-bench --device cuda --ranks 4: exit $rc ($(grep -E '^# Avg bus' "$OUT/zero-bench-device-local.log" || tail -n 1 "$OUT/zero-bench-device-local.log"))" |
-        tee -a "$OUT/summary.txt"
-    [ "$rc" -eq 0 ] || failed=1
-    train_runs "$bin" || failed=1
-    echo "gpu-check: logs in $OUT"
-    return "$failed"
+    # cuBLAS is bitwise reproducible run to run only with a fixed workspace configuration
+    # (cuBLAS docs, "Results reproducibility"); the stage tests compare runs bit for bit.
+    export CUBLAS_WORKSPACE_CONFIG="${CUBLAS_WORKSPACE_CONFIG:-:4096:8}"
+    # One node: NCCL's bootstrap on loopback, no InfiniBand probing; its warnings in the logs.
+    export NCCL_SOCKET_IFNAME="${NCCL_SOCKET_IFNAME:-lo}" NCCL_IB_DISABLE="${NCCL_IB_DISABLE:-1}"
+    export NCCL_DEBUG="${NCCL_DEBUG:-WARN}"
+    { env | grep -E '^(LD_LIBRARY_PATH|CUDA|CUBLAS|NCCL|ZERO)' | sort; ldd --version 2>&1 | head -n 1; } \
+        >"$OUT/env.txt"
+    # The GPU's memory and load every second through the whole run (gpu-usage.csv; the
+    # times match progress.txt's); it also keeps the driver initialised between the steps.
+    nvidia-smi --query-gpu=timestamp,memory.used,utilization.gpu,power.draw --format=csv -l 1 \
+        >"$OUT/gpu-usage.csv" 2>&1 &
+    local sampler=$!
+    step preflight 20 "$BIN/zero-train" --version
+    note "preflight (zero-train --version runs here): $STEP_HOW"
+    # Most valuable first: a timeout late in the list still leaves the proofs before it.
+    # Limits are about 3x the expected time on an H200, cut to the budget left.
+    test_step cuda_kernels 60
+    test_step cuda_model 45
+    test_step kernels_cuda 45
+    # The join-timeout test waits out its 5 s timeout: a step of its own, so a hang in NCCL's
+    # abort costs that step only.
+    local never_joins=a_group_whose_peer_never_joins_fails_within_its_timeout
+    test_step nccl_device 60 nccl_device --skip "$never_joins"
+    test_step nccl_device 45 nccl_device-peer-never-joins --exact "$never_joins"
+    test_step device_local_cuda 60
+    test_step cuda_stages 150
+    train_runs
+    bench_step zero-bench-nccl 90 env RANK=0 WORLD_SIZE=1 LOCAL_RANK=0 MASTER_ADDR=127.0.0.1 \
+        MASTER_PORT=29517 "$BIN/zero-bench" all_reduce --backend nccl -b 1K -e 1G -f 4 -n 20 -w 5
+    test_step cuda_offload 90
+    test_step gpt_generic 60
+    later_train_runs
+    bench_step zero-bench-device-local 90 "$BIN/zero-bench" all_reduce --device cuda --ranks 4 \
+        -b 1K -e 1G -f 4 -n 20 -w 5
+    gpt2_more_stages
+    test_step nvrtc_compile 45
+    test_step kernels_nvrtc 30
+    test_step device_local_nvrtc 30
+    kill "$sampler" 2>/dev/null
+    note "gpu-check: finished at $(stamp), $([ "$FAILED" -eq 0 ] && echo 'every step passed' || echo 'SOME STEPS FAILED'); logs in $OUT"
+    return "$FAILED"
 }
 
-# zero-train --device cuda: a smoke run of the default model at N_d = 2, stage 3 (and one with
-# its activation checkpoints offloaded to pinned host memory), then GPT-2
-# 124M (bf16, T = 1024) at stage 0 with one rank and at stage 3 with four ranks on the GPU,
-# each with its tokens/s, MFU and peak arena bytes per rank in summary.txt.
+# zero-train --device cuda, in order of value: the engine over NCCL (one rank, torchrun's
+# variables, control traffic over TCP) beside the device-local backend at the same world size,
+# their losses compared; then GPT-2 124M (bf16, T = 1024, 8 steps) at stage 0 with one rank
+# and at stage 3 with four ranks on the GPU, the same 16 sequences a step.
+TORCHRUN_ONE=(env RANK=0 WORLD_SIZE=1 LOCAL_RANK=0 MASTER_ADDR=127.0.0.1 MASTER_PORT=29518)
+GPT2=(--model gpt2 --seq-len 1024 --precision bf16 --steps 8 --warmup-steps 0)
+
 train_runs() {
-    local bin="$1" failed=0
-    if [ ! -f "$bin/data/train.bin" ]; then
-        echo "zero-train --device cuda: skipped (no token files in $bin/data)" | tee -a "$OUT/summary.txt"
-        return 0
+    if [ ! -f "$BIN/data/train.bin" ]; then
+        note "zero-train --device cuda: NOT RUN (no token files in $BIN/data)"
+        return
     fi
-    local common=(--device cuda --data "$bin/data" --eval-every 0 --sample-tokens 0)
-    train_one smoke "$bin" "${common[@]}" --world-size 2 --zero-stage 3 --steps 20 || failed=1
-    train_one smoke-offload "$bin" "${common[@]}" --world-size 2 --zero-stage 3 --steps 20 \
-        --activation-checkpointing --offload-activations || failed=1
-    # The engine over NCCL (one rank, torchrun's variables, control traffic over TCP) against
-    # the device-local backend at the same world size: the losses side by side.
     local n1=(--world-size 1 --zero-stage 2 --steps 10)
-    train_one device-local-n1 "$bin" "${common[@]}" "${n1[@]}" || failed=1
-    RANK=0 WORLD_SIZE=1 LOCAL_RANK=0 MASTER_ADDR=127.0.0.1 MASTER_PORT=29518 \
-        train_one nccl-n1 "$bin" "${common[@]}" "${n1[@]}" --backend nccl || failed=1
-    compare_losses device-local-n1 nccl-n1 || failed=1
-    local gpt2=(--model gpt2 --seq-len 1024 --precision bf16 --steps 8 --warmup-steps 0)
-    train_one gpt2-stage0-n1 "$bin" "${common[@]}" "${gpt2[@]}" --world-size 1 --zero-stage 0 \
-        --micro-batch-size 16 --batch-size 16 || failed=1
-    train_one gpt2-stage3-n4 "$bin" "${common[@]}" "${gpt2[@]}" --world-size 4 --zero-stage 3 \
-        --micro-batch-size 4 --batch-size 16 || failed=1
-    return "$failed"
+    train_one device-local-n1 45 "${n1[@]}"
+    train_one nccl-n1 60 "${n1[@]}" --backend nccl
+    compare_losses device-local-n1 nccl-n1
+    train_one gpt2-stage0-n1 120 "${GPT2[@]}" --world-size 1 --zero-stage 0 \
+        --micro-batch-size 16 --batch-size 16
+    train_one gpt2-stage3-n4 120 "${GPT2[@]}" --world-size 4 --zero-stage 3 \
+        --micro-batch-size 4 --batch-size 16
+    compare_step_times gpt2-stage0-n1 gpt2-stage3-n4
 }
 
-# One zero-train run named $1; its metrics summarised (steps after the first two).
+# The default model at N_d = 2, stage 3, 20 steps, and the same with its activation
+# checkpoints offloaded to pinned host memory.
+later_train_runs() {
+    [ -f "$BIN/data/train.bin" ] || return
+    local smoke=(--world-size 2 --zero-stage 3 --steps 20)
+    train_one smoke 60 "${smoke[@]}"
+    train_one smoke-offload 60 "${smoke[@]}" --activation-checkpointing --offload-activations
+}
+
+# GPT-2 124M at stages 1 and 2 with four ranks (peak memory per rank at every stage), then
+# stage 0 at micro-batch 32 (is a larger micro-batch faster, and does it fit).
+gpt2_more_stages() {
+    [ -f "$BIN/data/train.bin" ] || return
+    local stage
+    for stage in 1 2; do
+        train_one "gpt2-stage$stage-n4" 90 "${GPT2[@]}" --world-size 4 --zero-stage "$stage" \
+            --micro-batch-size 4 --batch-size 16
+    done
+    train_one gpt2-stage0-n1-mb32 90 "${GPT2[@]}" --world-size 1 --zero-stage 0 \
+        --micro-batch-size 32 --batch-size 32
+}
+
+# zero-train run $1 (limit $2 s, flags $3...) on the GPU; its metrics summarised in summary.txt.
 train_one() {
-    local name="$1" bin="$2" rc=0
+    local name="$1" limit="$2"
     shift 2
-    (cd "$OUT" && timeout 150 "$bin/zero-train" "$@" --metrics "$OUT/$name.jsonl") \
-        >"$OUT/$name.log" 2>&1 || rc=$?
+    local launch=()
+    case " $* " in *" --backend nccl "*) launch=("${TORCHRUN_ONE[@]}") ;; esac
+    rm -f "$OUT/$name.jsonl"
+    step "$name" "$limit" "${launch[@]}" "$BIN/zero-train" --device cuda --data "$BIN/data" \
+        --eval-every 0 --sample-tokens 0 "$@" --metrics "$OUT/$name.jsonl"
     local line
-    line=$(python3 - "$OUT/$name.jsonl" "$OUT/$name.log" <<'PY' 2>&1
+    line=$(timeout 30 python3 - "$OUT/$name.jsonl" "$name" "${GPU_PEAK_FLOPS:-989.4e12}" <<'PY' 2>&1
 import json, os, sys
-if not os.path.exists(sys.argv[1]):
-    log = open(sys.argv[2]).read().strip().splitlines()
-    print("no metrics: " + (log[-1] if log else "empty log")); sys.exit(0)
-rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
+path, name, peak_flops = sys.argv[1], sys.argv[2], float(sys.argv[3])
+rows = []
+if os.path.exists(path):
+    for line in open(path):
+        try:
+            rows.append(json.loads(line))
+        except ValueError:
+            pass  # a line cut by a timeout
 steps = [r for r in rows if "tokens_per_s" in r]
 if not steps:
-    print("no steps"); sys.exit(0)
-tail = steps[2:] or steps
+    print("no steps recorded")
+    sys.exit(0)
+tail = steps[2:] or steps  # the first steps pay for NVRTC, cuBLAS heuristics, arena growth
 tok = sum(r["tokens_per_s"] for r in tail) / len(tail)
-# GPT-2 124M (llm.c's count: 6N + 6LCT FLOPs per token) over the H200's dense bf16 peak.
-L, C, T, V = 12, 768, 1024, 50257
-N = V * C + T * C + L * (12 * C * C + 13 * C) + 2 * C
-mfu = tok * (6 * N + 6 * L * C * T) / 989.4e12
-peak = max(r.get("peak_bytes", 0) for r in steps)
-print(f"first loss {steps[0]['loss']:.4f}, last {steps[-1]['loss']:.4f}, {tok:.0f} tok/s, "
-      f"step {tail[-1]['step_ms']:.0f} ms, MFU {100 * mfu:.1f}% (if GPT-2 124M), "
-      f"peak arena {peak / 2**20:.0f} MiB")
+step_ms = sum(r["step_ms"] for r in tail) / len(tail)
+text = (f"{len(steps)} steps, loss {steps[0]['loss']:.4f} -> {steps[-1]['loss']:.4f}, "
+        f"{tok:.0f} tok/s, {step_ms:.1f} ms/step (mean of steps {tail[0]['step']}-{tail[-1]['step']})")
+summary = next((r for r in rows if r.get("summary")), None)
+if name.startswith("gpt2"):
+    # llm.c's count: 6N + 6LCT FLOPs per token, GPT-2 124M's L, C, T, over the dense bf16 peak.
+    L, C, T = 12, 768, 1024
+    n = summary["num_params"] if summary else 50304 * C + T * C + L * (12 * C * C + 13 * C) + 2 * C
+    mfu = tok * (6 * n + 6 * L * C * T) / peak_flops
+    text += f", MFU {100 * mfu:.1f}% (N = {n}, peak {peak_flops / 1e12:.1f} TFLOP/s)"
+if summary:
+    peaks = ", ".join(f"r{r['rank']} {r['peak_bytes'] / 2**20:.0f}" for r in summary["ranks"])
+    text += f", peak arena MiB per rank: {peaks}"
+else:
+    text += f", peak arena rank 0: {max(r.get('peak_bytes', 0) for r in steps) / 2**20:.0f} MiB (no summary line)"
+print(text)
 PY
 )
-    echo "zero-train $name: exit $rc ($line)" | tee -a "$OUT/summary.txt"
-    return "$rc"
+    note "zero-train $name: $STEP_HOW; $line"
 }
 
-# The losses of runs $1 and $2, step by step; fails unless every pair is within 1e-5 relative.
+# The losses of runs $1 and $2, step by step: equal within 1e-5 relative, or the check fails.
 compare_losses() {
-    python3 - "$OUT/$1.jsonl" "$OUT/$2.jsonl" <<'PY' 2>&1 | tee -a "$OUT/summary.txt"
+    local line rc=0
+    line=$(timeout 30 python3 - "$OUT/$1.jsonl" "$OUT/$2.jsonl" <<'PY' 2>&1
 import json, os, sys
 def losses(path):
-    if not os.path.exists(path):
-        return []
-    return [json.loads(l)["loss"] for l in open(path) if '"tokens_per_s"' in l]
+    out = []
+    if os.path.exists(path):
+        for line in open(path):
+            try:
+                r = json.loads(line)
+            except ValueError:
+                continue
+            if "tokens_per_s" in r:
+                out.append(r["loss"])
+    return out
 a, b = losses(sys.argv[1]), losses(sys.argv[2])
+if not a or not b:
+    print(f"not compared: {len(a)} and {len(b)} steps recorded")
+    sys.exit(1)
 worst = max((abs(x - y) / max(abs(x), 1e-30) for x, y in zip(a, b)), default=float("inf"))
 same = len(a) == len(b) > 0 and worst <= 1e-5
-print(f"losses {os.path.basename(sys.argv[1])} vs {os.path.basename(sys.argv[2])}: "
-      f"{len(a)} and {len(b)} steps, worst relative difference {worst:.3g}: "
+print(f"{len(a)} and {len(b)} steps, worst relative difference {worst:.3g}: "
       f"{'equal within 1e-5' if same else 'DIFFERENT'}")
 sys.exit(0 if same else 1)
 PY
-    return "${PIPESTATUS[0]}"
+) || rc=$?
+    [ "$rc" -eq 0 ] || FAILED=1
+    note "losses $1 vs $2: $line"
+}
+
+# Stage 3 at N_d = 4 against stage 0's step time (issue target: within 30%).
+compare_step_times() {
+    local line
+    line=$(timeout 30 python3 - "$OUT/$1.jsonl" "$OUT/$2.jsonl" <<'PY' 2>&1
+import json, os, sys
+def mean_step_ms(path):
+    rows = []
+    if os.path.exists(path):
+        for line in open(path):
+            try:
+                rows.append(json.loads(line))
+            except ValueError:
+                pass
+    ms = [r["step_ms"] for r in rows if "step_ms" in r][2:]
+    return sum(ms) / len(ms) if ms else None
+a, b = mean_step_ms(sys.argv[1]), mean_step_ms(sys.argv[2])
+if a is None or b is None:
+    print("not comparable (a run has fewer than 3 steps)")
+else:
+    print(f"{b:.1f} ms / {a:.1f} ms = {b / a:.2f}x (target: at most 1.30x)")
+PY
+)
+    note "step time $2 / $1: $line"
 }
 
 case "$mode" in

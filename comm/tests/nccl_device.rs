@@ -2,17 +2,20 @@
 //! result and NCCL's in-place layouts, f32 and bf16, plus split and barrier. With one rank each
 //! collective's expected value is written out here (a sum, max, min or average over one rank is
 //! the input; a gather or scatter is a copy), so a wrong pointer, offset or dtype shows.
+//! The failure that one GPU can show: a group whose other rank never joins fails within its
+//! timeout instead of hanging.
 //!
 //! Without a GPU or NCCL every test prints that it skipped; `ZERO_COMM_REQUIRE_GPU=1` (set by
 //! scripts/gpu-check.sh) turns that into a failure. Nothing here has run on a GPU yet.
 #![cfg(feature = "cuda")]
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use cudarc::driver::{CudaSlice, CudaStream};
 use half::bf16;
 use zero_comm::nccl::{self, NcclComm};
-use zero_comm::{Config, ReduceOp};
+use zero_comm::{CommError, Config, ReduceOp};
 
 /// A world-size-1 communicator on GPU 0, or `None` (after saying why) where none can be had.
 fn single_rank() -> Option<NcclComm> {
@@ -140,4 +143,26 @@ fn split_and_barrier_work_at_world_size_one() {
     assert_eq!((sub.rank(), sub.size()), (0, 1));
     sub.barrier().unwrap();
     comm.barrier().unwrap();
+}
+
+/// Rank 0 of a group of 2 whose rank 1 never starts (one GPU is enough): creating the
+/// communicator fails with the join timeout, naming the rank and the missing peers, and NCCL
+/// stays usable after the abort. scripts/gpu-check.sh runs it in a step of its own, since it
+/// waits out the timeout.
+#[test]
+fn a_group_whose_peer_never_joins_fails_within_its_timeout() {
+    let Some(working) = single_rank() else { return };
+    drop(working);
+    let id = nccl::new_id().expect("unique id");
+    let config = Config::with_timeout(Duration::from_secs(5));
+    match NcclComm::from_id(&id, 0, 2, 0, config) {
+        Err(CommError::Unavailable { why, .. }) => assert!(
+            why.contains("rank 0 of 2") && why.contains("not every rank joined"),
+            "{why}"
+        ),
+        Err(e) => panic!("expected the join timeout, got {e}"),
+        Ok(_) => panic!("a group of 2 formed with one rank"),
+    }
+    let again = single_rank().expect("NCCL after an aborted creation");
+    again.barrier().unwrap();
 }

@@ -1,7 +1,8 @@
 //! ZeRO stages on one GPU (feature `cuda`): N_d = 1, 2 and 4 ranks as threads sharing GPU 0,
 //! the tiny GPT on `CudaBackend`, the engine's states in CUDA arenas, device-local
-//! collectives. Every stage gives stage 0's losses and parameters to the bit, and the run
-//! follows the CPU run of the same configuration within the kernels' stated tolerances.
+//! collectives, in fp32, bf16 and fp16. Every stage gives stage 0's losses and parameters to
+//! the bit, and the run follows the CPU run of the same configuration within the kernels'
+//! stated tolerances.
 //!
 //! Without a driver it prints why it skips and passes, unless `ZERO_GPT_REQUIRE_GPU=1`
 //! (`scripts/gpu-check.sh run` sets it). Not yet run on a GPU.
@@ -119,39 +120,67 @@ fn bits(run: &Run) -> Vec<u32> {
         .collect()
 }
 
-/// Largest |a - b| / (1 + |b|) over losses and parameters.
-fn max_rel(a: &Run, b: &Run) -> f32 {
-    let xs = a.losses.iter().chain(a.params.iter().flatten());
-    let ys = b.losses.iter().chain(b.params.iter().flatten());
-    xs.zip(ys)
-        .map(|(x, y)| (x - y).abs() / (1.0 + y.abs()))
-        .fold(0.0, f32::max)
+/// How `gpu` follows `cpu`: the largest loss difference, and the fraction of parameters
+/// further than `tolerance` and the largest parameter difference, each |a - b| / (1 + |b|).
+fn follows(gpu: &Run, cpu: &Run, tolerance: f32) -> (f32, f64, f32) {
+    let rel = |(x, y): (&f32, &f32)| (x - y).abs() / (1.0 + y.abs());
+    let loss = gpu
+        .losses
+        .iter()
+        .zip(&cpu.losses)
+        .map(rel)
+        .fold(0.0, f32::max);
+    let params = gpu.params.iter().flatten().zip(cpu.params.iter().flatten());
+    let (mut beyond, mut total, mut worst) = (0usize, 0usize, 0f32);
+    for d in params.map(rel) {
+        beyond += usize::from(d > tolerance);
+        total += 1;
+        worst = worst.max(d);
+    }
+    (loss, beyond as f64 / total.max(1) as f64, worst)
+}
+
+/// The GPU-vs-CPU tolerance of a precision. cuBLAS sums in another order than the CPU matmul
+/// (docs/gpu.md); at bf16 the products round their inputs to bf16 on tensor cores, at fp16 to
+/// TF32 (the trainer's `gemm_math`).
+fn tolerance(precision: Precision) -> f32 {
+    match precision {
+        Precision::Fp32 => 2e-3,
+        Precision::Bf16 | Precision::Fp16 => 3e-2,
+    }
 }
 
 #[test]
 fn stages_on_one_gpu_give_the_same_bits_and_follow_the_cpu() {
-    for precision in [Precision::Fp32, Precision::Bf16] {
+    for precision in [Precision::Fp32, Precision::Bf16, Precision::Fp16] {
         for world in [1, 2, 4] {
             let Some(reference) = gpu_run(world, config(ZeroStage::Zero0, precision)) else {
                 return;
             };
             let what = format!("{precision:?} N_d={world}");
             let cpu = cpu_run(world, config(ZeroStage::Zero0, precision));
-            // cuBLAS sums in another order than the CPU matmul (docs/gpu.md), and at bf16 the
-            // products round their inputs to bf16 on tensor cores (the trainer's `gemm_math`):
-            // a tolerance.
-            let tolerance = if precision == Precision::Fp32 {
-                2e-3
-            } else {
-                3e-2
-            };
-            let rel = max_rel(&reference, &cpu);
-            assert!(rel < tolerance, "{what}: GPU vs CPU differ by {rel}");
+            // Losses follow the CPU within the tolerance. Parameters are not held element by
+            // element: AdamW's first steps move each parameter by about lr whatever its
+            // gradient's size, so a gradient within rounding of zero can take the other sign
+            // on the GPU and move that one parameter 2 lr away. Such parameters are rare; a
+            // wrong kernel or a wrong wiring moves far more than 1% of them.
+            let tol = tolerance(precision);
+            let (loss, beyond, worst) = follows(&reference, &cpu, tol);
+            assert!(loss < tol, "{what}: GPU vs CPU losses differ by {loss}");
+            assert!(
+                beyond <= 0.01,
+                "{what}: {:.2}% of the parameters differ from the CPU's by more than {tol}",
+                100.0 * beyond
+            );
             for stage in [ZeroStage::Zero1, ZeroStage::Zero2, ZeroStage::Zero3] {
                 let run = gpu_run(world, config(stage, precision)).unwrap();
                 assert!(bits(&run) == bits(&reference), "{what}: {stage} vs stage 0");
             }
-            eprintln!("cuda_stages: {what}: stages 0-3 equal to the bit; GPU vs CPU {rel:.2e}");
+            eprintln!(
+                "cuda_stages: {what}: stages 0-3 equal to the bit; GPU vs CPU: losses {loss:.2e}, \
+                 parameters beyond {tol}: {:.3}%, largest {worst:.2e}",
+                100.0 * beyond
+            );
         }
     }
 }
