@@ -96,18 +96,18 @@ fn checked<T: Round + DeviceRepr>(
     (count, in_place, lens): (usize, bool, (usize, usize)),
 ) -> Result<f32, CommError> {
     let (rank, n) = (dev.rank(), cfg.ranks);
-    let len = bufs.0.len();
-    let (mut hs, mut hr) = (vec![T::default(); len], vec![T::default(); len]);
+    // Only the first `count` elements are filled, used and checked.
+    let (mut hs, mut hr) = (vec![T::default(); count], vec![T::default(); count]);
     fill::<T>(cfg.op, rank, n, count, in_place, &mut hs, &mut hr);
     stream
-        .memcpy_htod(&hs, bufs.0)
+        .memcpy_htod(&hs, &mut bufs.0.slice_mut(..count))
         .map_err(cuda("cuMemcpyHtoD"))?;
     stream
-        .memcpy_htod(&hr, bufs.1)
+        .memcpy_htod(&hr, &mut bufs.1.slice_mut(..count))
         .map_err(cuda("cuMemcpyHtoD"))?;
     launch(dev, call, in_place, (&*bufs.0, &mut *bufs.1), lens)?;
     stream
-        .memcpy_dtoh(&*bufs.1, &mut hr)
+        .memcpy_dtoh(&bufs.1.slice(..count), &mut hr)
         .map_err(cuda("cuMemcpyDtoH"))?;
     stream.synchronize().map_err(cuda("cuStreamSynchronize"))?;
     Ok(wrong::<T>(cfg, rank, count, in_place, &hr) as f32)

@@ -127,15 +127,16 @@ fn rank_main<T: Round + DeviceRepr + ValidAsZeroBits>(
                     &mut host_send,
                     &mut host_recv,
                 );
+                // Only the first `count` elements are filled, used and checked.
                 stream
-                    .memcpy_htod(&host_send, &mut send)
+                    .memcpy_htod(&host_send[..count], &mut send.slice_mut(..count))
                     .map_err(cuda("cuMemcpyHtoD"))?;
                 stream
-                    .memcpy_htod(&host_recv, &mut recv)
+                    .memcpy_htod(&host_recv[..count], &mut recv.slice_mut(..count))
                     .map_err(cuda("cuMemcpyHtoD"))?;
                 launch(comm, call, in_place, (&send, &mut recv), lens)?.wait()?;
                 stream
-                    .memcpy_dtoh(&recv, &mut host_recv)
+                    .memcpy_dtoh(&recv.slice(..count), &mut host_recv[..count])
                     .map_err(cuda("cuMemcpyDtoH"))?;
                 stream.synchronize().map_err(cuda("cuStreamSynchronize"))?;
                 m[p][1] = wrong::<T>(cfg, rank, count, in_place, &host_recv) as f32;
