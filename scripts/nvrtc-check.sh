@@ -29,6 +29,7 @@ fi
 export LD_LIBRARY_PATH="$lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 # The test fails instead of skipping when it cannot load NVRTC: here it must compile.
 export ZERO_GPT_REQUIRE_NVRTC=1
+cargo test -p zero-alloc --features cuda --test nvrtc -- --nocapture --test-threads 1
 cargo test -p zero-gpt --features cuda --test nvrtc_compile -- --nocapture --test-threads 1
 cargo test -p zero-comm --features cuda --test device_local_nvrtc -- --nocapture --test-threads 1
 cargo test -p zero --features cuda --test kernels_nvrtc -- --nocapture --test-threads 1

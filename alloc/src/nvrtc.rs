@@ -11,6 +11,8 @@
 //! program for [`CI_ARCHS`] on a machine without one.
 
 #[cfg(feature = "cuda")]
+mod cubin;
+#[cfg(feature = "cuda")]
 mod load;
 
 #[cfg(feature = "cuda")]

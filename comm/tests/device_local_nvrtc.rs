@@ -35,3 +35,25 @@ fn the_reduction_kernel_compiles_for_sm_80_and_sm_90() {
         }
     }
 }
+
+#[test]
+fn the_reduction_kernel_assembles_to_a_cubin_for_sm_80_and_sm_90() {
+    for arch in ["sm_80", "sm_90"] {
+        let cubin = match REDUCE_PROGRAM.compile_cubin(arch) {
+            Ok(cubin) => cubin,
+            Err(e) => {
+                assert!(
+                    std::env::var("ZERO_GPT_REQUIRE_NVRTC").as_deref() != Ok("1"),
+                    "ZERO_GPT_REQUIRE_NVRTC=1 but {e}"
+                );
+                println!("cubin: skipped: {e}");
+                return;
+            }
+        };
+        assert_eq!(&cubin[..4], b"\x7fELF", "{arch}: not an ELF image");
+        for k in REDUCE_KERNELS {
+            let found = cubin.windows(k.len()).any(|w| w == k.as_bytes());
+            assert!(found, "{arch}: no symbol {k}");
+        }
+    }
+}

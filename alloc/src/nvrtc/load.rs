@@ -44,8 +44,9 @@ pub struct LoadedKernels {
 }
 
 impl LoadedKernels {
-    /// The kernels of `set` on `ctx`'s device: compiled for its architecture and loaded on
-    /// first use in the process, shared afterwards.
+    /// The kernels of `set` on `ctx`'s device: compiled for its architecture (a CUBIN when
+    /// [`arch_for`] knows it, else PTX) and loaded on first use in the process, shared
+    /// afterwards.
     ///
     /// # Errors
     /// As [`Program::compile`], or [`AllocError::Cuda`] when the driver refuses a module or
@@ -74,8 +75,14 @@ impl LoadedKernels {
         let arch = arch_for(major, minor);
         let mut functions = HashMap::new();
         for program in set.programs {
+            // A known architecture gets its machine code (no JIT, no driver-version trap:
+            // `cubin`); an unknown one PTX for the driver to JIT.
+            let image = match arch {
+                Some(arch) => Ptx::from_binary(program.compile_cubin(arch)?),
+                None => program.compile(None)?,
+            };
             let module = ctx
-                .load_module(program.compile(arch)?)
+                .load_module(image)
                 .map_err(cuda_err("cuModuleLoadData"))?;
             for &name in program.functions {
                 let f = module

@@ -89,3 +89,21 @@ fn an_unknown_architecture_is_an_error_with_the_compiler_log_not_a_panic() {
         other => panic!("expected an NVRTC error, got {other:?}"),
     }
 }
+
+#[test]
+fn the_engine_source_assembles_to_a_cubin_with_every_kernel_for_every_ci_arch() {
+    if !nvrtc_or_skip("the_engine_source_assembles_to_a_cubin") {
+        return;
+    }
+    for &arch in CI_ARCHS {
+        let cubin = match ENGINE_PROGRAM.compile_cubin(arch) {
+            Ok(cubin) => cubin,
+            Err(e) => panic!("{e}"),
+        };
+        assert_eq!(&cubin[..4], b"\x7fELF", "{arch}: not an ELF image");
+        for k in ENGINE_KERNELS {
+            let found = cubin.windows(k.len()).any(|w| w == k.as_bytes());
+            assert!(found, "{arch}: no symbol {k}");
+        }
+    }
+}

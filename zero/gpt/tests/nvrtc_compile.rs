@@ -109,3 +109,36 @@ fn the_backend_names_the_missing_library_instead_of_panicking() {
         ));
     }
 }
+
+/// True when `bytes` holds `needle`.
+fn contains(bytes: &[u8], needle: &str) -> bool {
+    bytes.windows(needle.len()).any(|w| w == needle.as_bytes())
+}
+
+#[test]
+fn every_kernel_source_assembles_to_a_cubin_for_every_ci_arch() {
+    if !nvrtc_or_skip("every_kernel_source_assembles_to_a_cubin_for_every_ci_arch") {
+        return;
+    }
+    for &arch in CI_ARCHS {
+        for src in SOURCES {
+            let cubin = match src.compile_cubin(arch) {
+                Ok(cubin) => cubin,
+                Err(e) => panic!("{e}"),
+            };
+            assert_eq!(
+                &cubin[..4],
+                b"\x7fELF",
+                "{} for {arch}: not an ELF image",
+                src.name
+            );
+            for f in src.functions {
+                assert!(
+                    contains(&cubin, f),
+                    "{} for {arch}: no symbol {f}",
+                    src.name
+                );
+            }
+        }
+    }
+}

@@ -1,0 +1,71 @@
+//! zero-alloc's NVRTC compiles (no GPU needed): PTX and CUBIN of a small program, and a
+//! program that does not compile returns the compiler's log. Without NVRTC the tests print
+//! why they skipped, unless `ZERO_GPT_REQUIRE_NVRTC=1` (scripts/nvrtc-check.sh).
+#![cfg(feature = "cuda")]
+
+use zero_alloc::nvrtc::{Program, BITWISE_OPTIONS, CI_ARCHS};
+use zero_alloc::{AllocError, CudaLibrary};
+
+fn nvrtc_or_skip(test: &str) -> bool {
+    let Err(why) = CudaLibrary::Nvrtc.require() else {
+        return true;
+    };
+    assert!(
+        std::env::var("ZERO_GPT_REQUIRE_NVRTC").as_deref() != Ok("1"),
+        "ZERO_GPT_REQUIRE_NVRTC=1 but {why}"
+    );
+    println!("{test}: skipped: {why}");
+    false
+}
+
+const SCALE: Program = Program {
+    name: "scale.cu",
+    prelude: "#define FACTOR 3.0f\n",
+    text: "extern \"C\" __global__ void scale(float* x, unsigned n) {\n\
+           unsigned i = blockIdx.x * blockDim.x + threadIdx.x;\n\
+           if (i < n) x[i] *= FACTOR;\n}\n",
+    functions: &["scale"],
+    options: BITWISE_OPTIONS,
+};
+
+#[test]
+fn a_program_compiles_to_ptx_and_to_a_cubin_for_every_ci_arch() {
+    if !nvrtc_or_skip("a_program_compiles_to_ptx_and_to_a_cubin") {
+        return;
+    }
+    for &arch in CI_ARCHS {
+        let ptx = SCALE.compile(Some(arch)).unwrap().to_src();
+        assert!(ptx.contains(&format!(".target {arch}")), "{ptx}");
+        assert!(ptx.contains(".entry scale("), "{ptx}");
+        // The prelude's FACTOR reached the compiler: 3.0f is 0x40400000.
+        assert!(ptx.contains("0f40400000"), "{ptx}");
+        let cubin = SCALE.compile_cubin(arch).unwrap();
+        assert_eq!(&cubin[..4], b"\x7fELF");
+        assert!(cubin.windows(5).any(|w| w == b"scale"));
+    }
+}
+
+#[test]
+fn a_program_that_does_not_compile_returns_the_log_for_ptx_and_cubin() {
+    if !nvrtc_or_skip("a_program_that_does_not_compile_returns_the_log") {
+        return;
+    }
+    let broken = Program {
+        text: "extern \"C\" __global__ void broken(float* x) { x[0] = undefined_name; }\n",
+        name: "broken.cu",
+        functions: &["broken"],
+        ..SCALE
+    };
+    for result in [
+        broken.compile(Some("sm_90")).map(|_| ()),
+        broken.compile_cubin("sm_90").map(|_| ()),
+    ] {
+        match result {
+            Err(AllocError::Nvrtc { program, arch, log }) => {
+                assert_eq!((program, arch), ("broken.cu", "sm_90"));
+                assert!(log.contains("undefined_name"), "{log}");
+            }
+            other => panic!("expected an NVRTC error, got {other:?}"),
+        }
+    }
+}
