@@ -120,7 +120,7 @@ fn open_shards(index: &Path) -> Result<Shards> {
     Ok(shards)
 }
 
-/// The index's `weight_map`: tensor name to shard file name, each a plain file name.
+/// The `weight_map` of the index file at `index` ([`parse_hf_index`]).
 fn read_weight_map(index: &Path) -> Result<HashMap<String, String>> {
     let io = |op| {
         move |source| {
@@ -137,19 +137,30 @@ fn read_weight_map(index: &Path) -> Result<HashMap<String, String>> {
         .take(MAX_HEADER_BYTES + 1)
         .read_to_end(&mut text)
         .map_err(io("read"))?;
+    parse_hf_index(&text).map_err(|source| index_error(index, source))
+}
+
+/// The `weight_map` of an index's bytes: tensor name to shard file name, each shard a plain
+/// file name (no separator, not `.` or `..`), the text at most 100 MB (the fuzz target's
+/// entry point).
+///
+/// # Errors
+/// [`SafetensorsError::BadIndex`] saying what is wrong.
+pub fn parse_hf_index(text: &[u8]) -> Result<HashMap<String, String>, SafetensorsError> {
+    let bad = |reason: String| SafetensorsError::BadIndex { reason };
     if text.len() as u64 > MAX_HEADER_BYTES {
-        let why = format!("longer than {MAX_HEADER_BYTES} bytes");
-        return Err(bad_index(index, why));
+        return Err(bad(format!("longer than {MAX_HEADER_BYTES} bytes")));
     }
     #[derive(serde::Deserialize)]
     struct IndexFile {
         weight_map: HashMap<String, String>,
     }
-    let parsed: IndexFile = serde_json::from_slice(&text)
-        .map_err(|e| bad_index(index, format!("not a weight_map index: {e}")))?;
-    if let Some(bad) = parsed.weight_map.values().find(|s| !is_plain_file_name(s)) {
-        let why = format!("shard {bad:?} is not a file name in the index's folder");
-        return Err(bad_index(index, why));
+    let parsed: IndexFile =
+        serde_json::from_slice(text).map_err(|e| bad(format!("not a weight_map index: {e}")))?;
+    if let Some(name) = parsed.weight_map.values().find(|s| !is_plain_file_name(s)) {
+        return Err(bad(format!(
+            "shard {name:?} is not a file name in the index's folder"
+        )));
     }
     Ok(parsed.weight_map)
 }

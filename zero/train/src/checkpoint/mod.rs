@@ -45,7 +45,9 @@ pub use error::{Error, FormatError, Result, SafetensorsError};
 pub use hf::hf_config_json;
 pub use hf_export::{export_safetensors, write_hf_config, SafetensorsDtype};
 pub use hf_import::{read_safetensors, read_safetensors_bytes, safetensors_config};
-pub use hf_sharded::{read_sharded_safetensors, sharded_safetensors_config, HF_INDEX_FILE};
+pub use hf_sharded::{
+    parse_hf_index, read_sharded_safetensors, sharded_safetensors_config, HF_INDEX_FILE,
+};
 pub use layout::{LlmcTensor, ModelShape};
 pub use llmc::{LlmcCheckpoint, LLMC_HEADER_BYTES, LLMC_MAGIC, LLMC_VERSION};
 pub use llmc_stream::LlmcStreamWriter;
