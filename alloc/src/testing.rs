@@ -188,115 +188,129 @@ impl Harness {
     ///
     /// A description of the violated rule.
     pub fn apply(&mut self, op: Op) -> Result<(), String> {
+        // A pick among no blocks is a no-op.
+        let among = |pick: usize, n: usize| pick.checked_rem(n);
         match op {
             Op::Alloc(bytes) => self.alloc(bytes, false),
             Op::AllocHigh(bytes) => self.alloc(bytes, true),
-            Op::Free(pick) => {
-                let Some(i) = pick.checked_rem(self.live.len()) else {
-                    return Ok(());
-                };
-                let result = self.arena.free(self.live[i].handle);
-                if self.live[i].pins > 0 {
-                    return expect_err(
-                        result,
-                        |e| matches!(e, AllocError::Pinned { .. }),
-                        "free of a pinned block",
-                    );
-                }
-                result.map_err(|e| format!("free failed: {e}"))?;
-                let gone = self.live.swap_remove(i);
-                self.dead.push(gone.handle);
-                self.expect.frees += 1;
-                Ok(())
-            }
+            Op::Free(pick) => among(pick, self.live.len()).map_or(Ok(()), |i| self.free(i)),
             Op::FreeStale(pick) => {
-                let Some(i) = pick.checked_rem(self.dead.len()) else {
-                    return Ok(());
-                };
-                let result = self.arena.free(self.dead[i]);
-                expect_err(
-                    result,
-                    |e| matches!(e, AllocError::StaleHandle { .. }),
-                    "double free",
-                )
+                among(pick, self.dead.len()).map_or(Ok(()), |i| self.free_stale(i))
             }
             Op::Write(pick, seed) => {
-                let Some(i) = pick.checked_rem(self.live.len()) else {
-                    return Ok(());
-                };
-                self.write(i, seed)
+                among(pick, self.live.len()).map_or(Ok(()), |i| self.write(i, seed))
             }
             Op::WriteAt(pick, seed) => {
-                let Some(i) = pick.checked_rem(self.live.len()) else {
-                    return Ok(());
-                };
-                self.write_at(i, seed)
+                among(pick, self.live.len()).map_or(Ok(()), |i| self.write_at(i, seed))
             }
-            Op::Defragment => {
-                let report = self
-                    .arena
-                    .defragment()
-                    .map_err(|e| format!("defragment failed: {e}"))?;
-                self.expect.defrags += 1;
-                let moved = self.refresh_after_defrag()?;
-                if moved != report.bytes_moved {
-                    return Err(format!(
-                        "report says {} bytes moved, blocks moved {moved}",
-                        report.bytes_moved
-                    ));
-                }
-                // Holes left before pinned blocks: every unpinned block past one is too big for it.
-                for (hole_at, hole) in self.model_holes() {
-                    let fits = self
-                        .live
-                        .iter()
-                        .find(|b| b.pins == 0 && b.offset > hole_at && b.size <= hole);
-                    if let (Some(b), true) = (fits, hole_at + hole < self.capacity()) {
-                        return Err(format!(
-                            "block {b:?} fits the hole ({hole_at}, {hole}) before it"
-                        ));
-                    }
-                }
-                let stats = self.arena.stats();
-                if self.live.iter().all(|b| b.pins == 0) && stats.largest_free != stats.total_free {
-                    return Err(format!(
-                        "after defragment, largest free {} != total free {}",
-                        stats.largest_free, stats.total_free
-                    ));
-                }
-                Ok(())
-            }
-            Op::Pin(pick) => {
-                let Some(i) = pick.checked_rem(self.live.len()) else {
-                    return Ok(());
-                };
-                self.arena
-                    .pin(self.live[i].handle)
-                    .map_err(|e| format!("pin failed: {e}"))?;
-                self.live[i].pins += 1;
-                Ok(())
-            }
-            Op::Unpin(pick) => {
-                let Some(i) = pick.checked_rem(self.live.len()) else {
-                    return Ok(());
-                };
-                let result = self.arena.unpin(self.live[i].handle);
-                if self.live[i].pins == 0 {
-                    return expect_err(
-                        result,
-                        |e| matches!(e, AllocError::NotPinned { .. }),
-                        "unpin of unpinned block",
-                    );
-                }
-                result.map_err(|e| format!("unpin failed: {e}"))?;
-                self.live[i].pins -= 1;
-                Ok(())
-            }
+            Op::Defragment => self.defragment(),
+            Op::Pin(pick) => among(pick, self.live.len()).map_or(Ok(()), |i| self.pin(i)),
+            Op::Unpin(pick) => among(pick, self.live.len()).map_or(Ok(()), |i| self.unpin(i)),
             Op::ResetPeak => {
                 self.arena.reset_peak();
                 self.expect.peak = self.allocated();
                 Ok(())
             }
+        }
+    }
+
+    fn free(&mut self, i: usize) -> Result<(), String> {
+        let result = self.arena.free(self.live[i].handle);
+        if self.live[i].pins > 0 {
+            return expect_err(
+                result,
+                |e| matches!(e, AllocError::Pinned { .. }),
+                "free of a pinned block",
+            );
+        }
+        result.map_err(|e| format!("free failed: {e}"))?;
+        let gone = self.live.swap_remove(i);
+        self.dead.push(gone.handle);
+        self.expect.frees += 1;
+        Ok(())
+    }
+
+    fn free_stale(&mut self, i: usize) -> Result<(), String> {
+        let result = self.arena.free(self.dead[i]);
+        expect_err(
+            result,
+            |e| matches!(e, AllocError::StaleHandle { .. }),
+            "double free",
+        )
+    }
+
+    fn pin(&mut self, i: usize) -> Result<(), String> {
+        self.arena
+            .pin(self.live[i].handle)
+            .map_err(|e| format!("pin failed: {e}"))?;
+        self.live[i].pins += 1;
+        Ok(())
+    }
+
+    fn unpin(&mut self, i: usize) -> Result<(), String> {
+        let result = self.arena.unpin(self.live[i].handle);
+        if self.live[i].pins == 0 {
+            return expect_err(
+                result,
+                |e| matches!(e, AllocError::NotPinned { .. }),
+                "unpin of unpinned block",
+            );
+        }
+        result.map_err(|e| format!("unpin failed: {e}"))?;
+        self.live[i].pins -= 1;
+        Ok(())
+    }
+
+    /// Defragments, then checks the report, that no unpinned block could have moved into a
+    /// hole before it, and that with nothing pinned the free space is one hole.
+    fn defragment(&mut self) -> Result<(), String> {
+        let report = self
+            .arena
+            .defragment()
+            .map_err(|e| format!("defragment failed: {e}"))?;
+        self.expect.defrags += 1;
+        let moved = self.refresh_after_defrag()?;
+        if moved != report.bytes_moved {
+            return Err(format!(
+                "report says {} bytes moved, blocks moved {moved}",
+                report.bytes_moved
+            ));
+        }
+        // Holes left before pinned blocks: every unpinned block past one is too big for it.
+        for (hole_at, hole) in self.model_holes() {
+            let fits = self
+                .live
+                .iter()
+                .find(|b| b.pins == 0 && b.offset > hole_at && b.size <= hole);
+            if let (Some(b), true) = (fits, hole_at + hole < self.capacity()) {
+                return Err(format!(
+                    "block {b:?} fits the hole ({hole_at}, {hole}) before it"
+                ));
+            }
+        }
+        let stats = self.arena.stats();
+        if self.live.iter().all(|b| b.pins == 0) && stats.largest_free != stats.total_free {
+            return Err(format!(
+                "after defragment, largest free {} != total free {}",
+                stats.largest_free, stats.total_free
+            ));
+        }
+        Ok(())
+    }
+
+    /// The model's placement of `size` bytes: (offset, hole) by best fit, or at the end of
+    /// the highest hole for `high`; `None` when no hole is large enough.
+    fn predicted_place(&self, size: usize, high: bool) -> Option<(usize, usize)> {
+        let fitting = self
+            .model_holes()
+            .into_iter()
+            .filter(|&(_, hole)| hole >= size);
+        if high {
+            fitting
+                .max_by_key(|&(offset, _)| offset)
+                .map(|(offset, hole)| (offset + hole - size, hole))
+        } else {
+            fitting.min_by_key(|&(offset, hole)| (hole, offset))
         }
     }
 
@@ -309,18 +323,7 @@ impl Harness {
                 "overflowing size",
             );
         };
-        let fitting = self
-            .model_holes()
-            .into_iter()
-            .filter(|&(_, hole)| hole >= size);
-        // Best fit: the smallest hole's start; high: the end of the highest hole.
-        let best = if high {
-            fitting
-                .max_by_key(|&(offset, _)| offset)
-                .map(|(offset, hole)| (offset + hole - size, hole))
-        } else {
-            fitting.min_by_key(|&(offset, hole)| (hole, offset))
-        };
+        let best = self.predicted_place(size, high);
         let total_free = self.capacity() - self.allocated();
         let defrags =
             best.is_none() && self.arena.config().defragment_on_fragmentation && total_free >= size;
@@ -334,42 +337,7 @@ impl Harness {
             self.refresh_after_defrag()?;
         }
         match result {
-            Ok(handle) => {
-                let block = self
-                    .arena
-                    .block(handle)
-                    .map_err(|e| format!("fresh handle unresolvable: {e}"))?;
-                match best {
-                    Some((offset, _)) if block.offset != offset => {
-                        return Err(format!(
-                            "placed at {} but the placement rule says {offset}",
-                            block.offset
-                        ))
-                    }
-                    None if !defrags => {
-                        return Err("allocation succeeded with no hole large enough".into())
-                    }
-                    _ => {}
-                }
-                if (block.len, block.size) != (bytes, size) {
-                    return Err(format!(
-                        "block {block:?} for a request of {bytes} ({size} rounded)"
-                    ));
-                }
-                self.live.push(Shadow {
-                    handle,
-                    offset: block.offset,
-                    len: bytes,
-                    size,
-                    pins: 0,
-                    bytes: self.has_memory.then(Vec::new),
-                });
-                self.expect.allocs += 1;
-                self.expect.peak = self.expect.peak.max(self.allocated());
-                self.expect.reserved = self.expect.reserved.max(block.offset + size);
-                let seed = self.expect.allocs as u8;
-                self.write(self.live.len() - 1, seed)
-            }
+            Ok(handle) => self.allocated_as_predicted(handle, (bytes, size), best, defrags),
             Err(AllocError::OutOfMemory {
                 requested,
                 rounded,
@@ -398,6 +366,50 @@ impl Harness {
             }
             Err(e) => Err(format!("alloc({bytes}) failed with {e}")),
         }
+    }
+
+    /// Checks a fresh block against the prediction, records it in the model, and fills it.
+    fn allocated_as_predicted(
+        &mut self,
+        handle: Handle,
+        (bytes, size): (usize, usize),
+        best: Option<(usize, usize)>,
+        defragmented: bool,
+    ) -> Result<(), String> {
+        let block = self
+            .arena
+            .block(handle)
+            .map_err(|e| format!("fresh handle unresolvable: {e}"))?;
+        match best {
+            Some((offset, _)) if block.offset != offset => {
+                return Err(format!(
+                    "placed at {} but the placement rule says {offset}",
+                    block.offset
+                ))
+            }
+            None if !defragmented => {
+                return Err("allocation succeeded with no hole large enough".into())
+            }
+            _ => {}
+        }
+        if (block.len, block.size) != (bytes, size) {
+            return Err(format!(
+                "block {block:?} for a request of {bytes} ({size} rounded)"
+            ));
+        }
+        self.live.push(Shadow {
+            handle,
+            offset: block.offset,
+            len: bytes,
+            size,
+            pins: 0,
+            bytes: self.has_memory.then(Vec::new),
+        });
+        self.expect.allocs += 1;
+        self.expect.peak = self.expect.peak.max(self.allocated());
+        self.expect.reserved = self.expect.reserved.max(block.offset + size);
+        let seed = self.expect.allocs as u8;
+        self.write(self.live.len() - 1, seed)
     }
 
     fn write(&mut self, i: usize, seed: u8) -> Result<(), String> {
