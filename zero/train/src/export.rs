@@ -84,8 +84,15 @@ pub fn export(args: &ExportArgs) -> Result<GptConfig, TrainError> {
             })
         })?;
     }
-    if args.from.is_dir() && locate_model_file(&args.from).is_err() {
-        let state = ShardedReader::open(resolve_state_dir(&args.from)?)?;
+    // A folder is a training state first; else a Hugging Face model folder; else the
+    // training state's error, which says what a state folder needs.
+    let state_dir = args.from.is_dir().then(|| resolve_state_dir(&args.from));
+    let state_dir = match state_dir {
+        Some(Err(_)) if locate_model_file(&args.from).is_ok() => None,
+        other => other.transpose()?,
+    };
+    if let Some(dir) = state_dir {
+        let state = ShardedReader::open(dir)?;
         let model = state_model(&state, &args.from)?;
         let units = StateUnits::new(&state, &model);
         write(args, &model, units)?;

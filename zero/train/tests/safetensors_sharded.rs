@@ -167,3 +167,22 @@ fn a_folder_without_a_model_is_refused_by_name() {
         Err(Error::NoModelInFolder { .. })
     ));
 }
+
+#[test]
+fn export_converts_a_sharded_hugging_face_folder_to_llmc_bit_exact() {
+    use zero_train::checkpoint::LlmcCheckpoint;
+    use zero_train::export::{export, ExportArgs, ExportDtype, ExportFormat};
+    let dir = TempDir::new("sharded-export");
+    let (cfg, units) = sharded_model(&dir.0, 2);
+    let to = dir.0.join("out").join("model.bin");
+    let args = ExportArgs {
+        from: dir.0.clone(),
+        to: to.clone(),
+        format: ExportFormat::Llmc,
+        dtype: ExportDtype::Fp32,
+        heads: None,
+    };
+    assert_eq!(export(&args).unwrap(), cfg);
+    let written = LlmcCheckpoint::load(&to).unwrap();
+    assert_eq!(bits(&written.to_units().unwrap()), bits(&units));
+}
