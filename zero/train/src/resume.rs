@@ -117,7 +117,10 @@ pub fn load_state(
         .map_err(|e| bad(format!("no model shape in the state ({e})")))?;
     if saved != *model {
         return Err(bad(format!(
-            "it holds a model of shape {saved:?}, this run builds {model:?}"
+            "it holds {}, this run builds {}; resume with the saving run's shape flags ({})",
+            shape_text(&saved),
+            shape_text(model),
+            saved_shape_flags(&meta["config"])
         )));
     }
     let reader = load_sharded(&state_dir, engine)?;
@@ -164,4 +167,59 @@ pub fn verify_state(dir: &Path) -> Result<(PathBuf, u64), TrainError> {
     let reader = ShardedReader::open(&state_dir)?;
     reader.verify()?;
     Ok((state_dir, reader.manifest().step))
+}
+
+/// A model's shape as the flags name it.
+fn shape_text(m: &GptConfig) -> String {
+    format!(
+        "L {}, NH {}, C {}, V {}, context {}",
+        m.num_layers, m.num_heads, m.channels, m.vocab_size, m.max_seq_len
+    )
+}
+
+/// The flags that gave the saving run (`config` of its manifest) its model shape.
+fn saved_shape_flags(config: &serde_json::Value) -> String {
+    let keys = [
+        ("init_from", "--init-from"),
+        ("model", "--model"),
+        ("layers", "--layers"),
+        ("heads", "--heads"),
+        ("dim", "--dim"),
+        ("vocab", "--vocab"),
+        ("seq_len", "--seq-len"),
+    ];
+    let flags: Vec<String> = keys
+        .iter()
+        .filter_map(|(key, flag)| match &config[key] {
+            serde_json::Value::String(v) => Some(format!("{flag} {v}")),
+            serde_json::Value::Number(v) => Some(format!("{flag} {v}")),
+            _ => None,
+        })
+        .collect();
+    if flags.is_empty() {
+        "the state records none".to_string()
+    } else {
+        flags.join(" ")
+    }
+}
+
+#[cfg(test)]
+mod shape_flag_tests {
+    use super::saved_shape_flags;
+
+    #[test]
+    fn the_saving_runs_shape_flags_are_named_and_nulls_skipped() {
+        let config = serde_json::json!({
+            "model": "tiny", "layers": null, "heads": 2, "dim": null, "vocab": null,
+            "seq_len": 8, "init_from": null, "lr": 0.001
+        });
+        assert_eq!(
+            saved_shape_flags(&config),
+            "--model tiny --heads 2 --seq-len 8"
+        );
+        assert_eq!(
+            saved_shape_flags(&serde_json::Value::Null),
+            "the state records none"
+        );
+    }
 }
