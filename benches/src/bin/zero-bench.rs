@@ -83,6 +83,13 @@ struct Args {
     /// Number of ranks (threads) on the local backend.
     #[arg(long, default_value_t = 2)]
     ranks: usize,
+    /// GPUs per thread (nccl-tests' -g): 1 only; more GPUs are more processes (mpirun or
+    /// torchrun's variables with --backend nccl).
+    #[arg(short = 'g', long = "ngpus", default_value_t = 1)]
+    ngpus: usize,
+    /// Threads per process (nccl-tests' -t): 1 only (the local backend's threads are --ranks).
+    #[arg(short = 't', long = "nthreads", default_value_t = 1)]
+    nthreads: usize,
     /// Backend.
     #[arg(long, value_enum, default_value = "local")]
     backend: Backend,
@@ -139,6 +146,21 @@ fn config(a: &Args) -> Result<BenchConfig, String> {
             "-n must be at least 1 (a time per iteration needs one timed iteration)".to_string(),
         ),
         (a.check > 1, format!("-c is 0 or 1, not {}", a.check)),
+        (
+            a.ngpus != 1,
+            format!(
+                "-g {}: one GPU per process here; run one process per GPU (mpirun, or \
+                 torchrun's variables with --backend nccl)",
+                a.ngpus
+            ),
+        ),
+        (
+            a.nthreads != 1,
+            format!(
+                "-t {}: one thread per process here (the local backend's ranks are --ranks)",
+                a.nthreads
+            ),
+        ),
     ];
     if let Some((_, why)) = refusals.into_iter().find(|(bad, _)| *bad) {
         return Err(why);
@@ -477,11 +499,14 @@ mod tests {
         assert!(refusal(&["-c", "2"]).starts_with("-c is 0 or 1"));
         assert!(refusal(&["--ranks", "0"]).starts_with("--ranks must be"));
         assert!(refusal(&["--ranks", "2", "-r", "2"]).contains("root 2 is not a rank of 2"));
+        assert!(refusal(&["-g", "8"]).starts_with("-g 8: one GPU per process"));
+        assert!(refusal(&["-t", "2"]).starts_with("-t 2: one thread per process"));
     }
 
     #[test]
     fn nccl_tests_defaults_are_accepted() {
-        let args = Args::try_parse_from(["zero-bench", "all_reduce"]).expect("parse");
+        let args = Args::try_parse_from(["zero-bench", "all_reduce", "-g", "1", "-t", "1"])
+            .expect("parse");
         let cfg = config(&args).expect("valid");
         assert_eq!(
             (cfg.min_bytes, cfg.max_bytes, cfg.iters),
