@@ -191,10 +191,8 @@ impl Engine {
             let piece = Span::new(staged, layout.segment(bucket, j));
             let at = policy.grad_index(rank, j, bucket.offset);
             let acc = Span::new(grads, at..at + bucket.len);
-            let overflow = self
-                .kernels
+            self.kernels
                 .accumulate(&mut self.arena, S::DTYPE, acc, piece)?;
-            self.overflow |= overflow;
             Ok(())
         });
         self.arena.free(staged)?;

@@ -140,8 +140,6 @@ pub struct Engine {
     /// Bytes lent to the model for good ([`Engine::lend_f32`]), within the declared
     /// [`EngineConfig::activation_bytes`].
     pub(crate) lent_bytes: u64,
-    /// An inf or NaN reached this rank's reduced gradients since the last step.
-    pub(crate) overflow: bool,
 }
 
 impl Engine {
@@ -256,7 +254,6 @@ impl Engine {
             in_flight: VecDeque::new(),
             scaler: LossScaler::for_precision(config.precision),
             lent_bytes: 0,
-            overflow: false,
         })
     }
 

@@ -24,7 +24,7 @@ impl EngineOps {
     pub fn host() -> Self {
         Self {
             device: Device::Cpu,
-            kernels: Box::new(HostKernels),
+            kernels: Box::new(HostKernels::default()),
             collectives: Box::new(HostCollectives),
         }
     }

@@ -178,11 +178,21 @@ pub trait Kernels: Send + Debug {
         factor: f32,
     ) -> Result<()>;
 
-    /// `acc[i] = round(f32(acc[i]) + f32(x[i]))`; returns whether any `x[i]` is inf or NaN.
+    /// `acc[i] = round(f32(acc[i]) + f32(x[i]))`, noting for [`Kernels::take_overflow`]
+    /// whether any `x[i]` is inf or NaN. Nothing waits for the note: on a device it stays
+    /// there until taken.
     ///
     /// # Errors
     /// As [`Kernels::fill_zero`].
-    fn accumulate(&self, arena: &mut Arena, dtype: DType, acc: Span, x: Span) -> Result<bool>;
+    fn accumulate(&self, arena: &mut Arena, dtype: DType, acc: Span, x: Span) -> Result<()>;
+
+    /// Whether any [`Kernels::accumulate`] since the last call saw an inf or NaN; clears the
+    /// note. On a device this waits for the work queued before it, so the engine asks once a
+    /// step and only where the answer is used (fp16's loss scaling).
+    ///
+    /// # Errors
+    /// As [`Kernels::fill_zero`].
+    fn take_overflow(&self, arena: &mut Arena) -> Result<bool>;
 
     /// `sum + Σ f64(f32(src[i]) * factor)^2`, added in index order in f64.
     ///

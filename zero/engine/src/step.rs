@@ -104,7 +104,8 @@ impl Engine {
 
     /// Agrees across ranks whether any rank saw an inf or NaN since the last step.
     fn any_rank_overflowed(&mut self) -> Result<bool> {
-        let mut flag = [if self.overflow { 1.0f32 } else { 0.0 }];
+        let local = self.kernels.take_overflow(&mut self.arena)?;
+        let mut flag = [if local { 1.0f32 } else { 0.0 }];
         self.comm.all_reduce_in_place(&mut flag, ReduceOp::Max)?;
         Ok(flag[0] > 0.0)
     }
@@ -117,7 +118,6 @@ impl Engine {
             self.kernels.fill_zero(&mut self.arena, dtype, all)?;
         }
         self.micro_steps = 0;
-        self.overflow = false;
         Ok(())
     }
 
@@ -154,7 +154,6 @@ impl Engine {
             }
         }
         self.micro_steps = 0;
-        self.overflow = false;
         Ok(())
     }
 

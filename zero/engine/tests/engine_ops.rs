@@ -5,7 +5,7 @@
 //! protocol for ranks sharing one GPU, here on host memory) train to the same bits as the
 //! host communicator.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use half::{bf16, f16};
@@ -33,8 +33,9 @@ const ADD_SQUARES: usize = 5;
 const ACCUMULATE: usize = 4;
 const WIDEN: usize = 2;
 
+/// Counts its calls; its own overflow note.
 #[derive(Debug)]
-struct Naive(Arc<Counts>);
+struct Naive(Arc<Counts>, AtomicBool);
 
 /// A storage element, converted by the `half` crate (not by the engine's code).
 trait El: bytemuck::Pod {
@@ -160,13 +161,7 @@ impl Kernels for Naive {
         Ok(())
     }
 
-    fn accumulate(
-        &self,
-        arena: &mut Arena,
-        dtype: DType,
-        acc: Span,
-        x: Span,
-    ) -> Result<bool, Error> {
+    fn accumulate(&self, arena: &mut Arena, dtype: DType, acc: Span, x: Span) -> Result<(), Error> {
         self.count(ACCUMULATE);
         let add = read_as(arena, dtype, x);
         let sum: Vec<f32> = read_as(arena, dtype, acc)
@@ -175,7 +170,14 @@ impl Kernels for Naive {
             .map(|(a, b)| a + b)
             .collect();
         write_as(arena, dtype, acc, &sum);
-        Ok(add.iter().any(|x| !x.is_finite()))
+        if add.iter().any(|x| !x.is_finite()) {
+            self.1.store(true, Ordering::Relaxed);
+        }
+        Ok(())
+    }
+
+    fn take_overflow(&self, _arena: &mut Arena) -> Result<bool, Error> {
+        Ok(self.1.swap(false, Ordering::Relaxed))
     }
 
     fn add_squares(
@@ -269,8 +271,8 @@ fn train(world: usize, config: EngineConfig, variant: &Variant) -> (Vec<Vec<f32>
             .into_iter()
             .map(|comm| {
                 let kernels: Box<dyn Kernels> = match &variant.naive {
-                    Some(counts) => Box::new(Naive(Arc::clone(counts))),
-                    None => Box::new(zero::HostKernels),
+                    Some(counts) => Box::new(Naive(Arc::clone(counts), AtomicBool::new(false))),
+                    None => Box::new(zero::HostKernels::default()),
                 };
                 let peer = device_local.next().unwrap();
                 let device_local = variant.device_local;

@@ -118,7 +118,7 @@ impl Pair {
                 .collect()
         };
         let (hs, ds) = (spans(|b| b.0), spans(|b| b.1));
-        let on_host = f(&HostKernels, &mut self.host, &hs).unwrap();
+        let on_host = f(&HostKernels::default(), &mut self.host, &hs).unwrap();
         let on_dev = f(cuda, &mut self.dev, &ds).unwrap();
         (on_host, on_dev)
     }
@@ -201,7 +201,10 @@ fn accumulate_matches_the_host_and_flags_exactly_the_non_finite_inputs() {
             }
             p.block(dtype.size(), &encode(dtype, &rng.values(N)));
             p.block(dtype.size(), &encode(dtype, &x));
-            let (host, dev) = p.run(&cuda, N, |k, a, sp| k.accumulate(a, dtype, sp[0], sp[1]));
+            let (host, dev) = p.run(&cuda, N, |k, a, sp| {
+                k.accumulate(a, dtype, sp[0], sp[1])?;
+                k.take_overflow(a)
+            });
             assert_eq!(host, bad.is_some(), "{dtype:?} {bad:?}: host flag");
             assert_eq!(dev, host, "{dtype:?} {bad:?}: overflow flag");
             if !bad.is_some_and(f32::is_nan) {

@@ -3,8 +3,9 @@
 //!
 //! Ordering: every copy, fill and launch goes to the context's default stream, the stream a
 //! zero-alloc CUDA arena orders its own copies and defragmentation moves on, so stream order
-//! alone sequences them; the host waits only where a result comes back (accumulate's
-//! overflow flag, add_squares' sum).
+//! alone sequences them; the host waits only where a result comes back (add_squares' sum,
+//! and `take_overflow`, which the engine calls once a step for fp16 only: `accumulate`
+//! notes an inf or NaN on the device without a wait).
 //!
 //! Contracts against [`super::HostKernels`]:
 //! - fill_zero, copy: `cuMemsetD8Async` / `cuMemcpyDtoDAsync`: bitwise.
@@ -21,10 +22,10 @@
 mod ops;
 mod source;
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use cudarc::driver::PushKernelArg;
-use cudarc::driver::{CudaContext, CudaStream, DriverError, LaunchConfig};
+use cudarc::driver::{CudaContext, CudaSlice, CudaStream, DriverError, LaunchConfig};
 use zero_alloc::nvrtc::LoadedKernels;
 use zero_alloc::{AllocError, Arena, CudaLibrary, Device};
 
@@ -40,6 +41,11 @@ pub struct CudaKernels {
     ordinal: usize,
     stream: Arc<CudaStream>,
     functions: Arc<LoadedKernels>,
+    /// The overflow note: `accumulate` sets it to 1 on the device, `take_overflow` reads
+    /// and clears it (one host wait per step, and only for fp16).
+    overflow: Mutex<CudaSlice<u32>>,
+    /// `overflow`'s device address (fixed for its lifetime).
+    overflow_at: u64,
 }
 
 /// Maps a driver error to [`Error::Device`] naming the call.
@@ -85,10 +91,15 @@ impl CudaKernels {
         CudaLibrary::require_all(&[CudaLibrary::Driver, CudaLibrary::Nvrtc]).map_err(setup)?;
         let ctx = CudaContext::new(ordinal).map_err(driver("cuDevicePrimaryCtxRetain"))?;
         let functions = LoadedKernels::for_context(&ctx, &ENGINE_KERNEL_SET).map_err(setup)?;
+        let stream = ctx.default_stream();
+        let overflow = stream.alloc_zeros::<u32>(1).map_err(driver("cuMemAlloc"))?;
+        let overflow_at = ops::device_address(&overflow, &stream);
         Ok(Self {
             ordinal,
-            stream: ctx.default_stream(),
+            stream,
             functions,
+            overflow: Mutex::new(overflow),
+            overflow_at,
         })
     }
 

@@ -1,6 +1,8 @@
 //! [`Kernels`] on host arenas: loops over arena views, the reference for every other
 //! implementation.
 
+use std::sync::atomic::{AtomicBool, Ordering};
+
 use zero_alloc::Arena;
 use zero_comm::{DType, Element};
 
@@ -11,8 +13,11 @@ use crate::error::{Error, Result};
 use crate::precision::{accumulate, any_non_finite, narrow, widen, with_dtype, Store};
 
 /// The engine's passes as host loops over arena views.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct HostKernels;
+#[derive(Debug, Default)]
+pub struct HostKernels {
+    /// Whether an `accumulate` saw an inf or NaN since the last `take_overflow`.
+    overflow: AtomicBool,
+}
 
 impl Kernels for HostKernels {
     fn name(&self) -> &'static str {
@@ -70,15 +75,23 @@ impl Kernels for HostKernels {
         Ok(())
     }
 
-    fn accumulate(&self, arena: &mut Arena, dtype: DType, acc: Span, x: Span) -> Result<bool> {
+    fn accumulate(&self, arena: &mut Arena, dtype: DType, acc: Span, x: Span) -> Result<()> {
         same_len("accumulate", acc, x)?;
-        Ok(with_dtype!(dtype, S => {
+        let overflow = with_dtype!(dtype, S => {
             let mut views = arena.views();
             let piece = part("accumulate", views.get::<S>(x.block)?, x)?;
             let overflow = any_non_finite(piece);
             accumulate(part_mut("accumulate", views.get_mut::<S>(acc.block)?, acc)?, piece);
             overflow
-        }))
+        });
+        if overflow {
+            self.overflow.store(true, Ordering::Relaxed);
+        }
+        Ok(())
+    }
+
+    fn take_overflow(&self, _arena: &mut Arena) -> Result<bool> {
+        Ok(self.overflow.swap(false, Ordering::Relaxed))
     }
 
     fn add_squares(

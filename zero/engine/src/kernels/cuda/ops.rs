@@ -2,6 +2,7 @@
 //! addresses and enqueues one copy, fill or launch per pass on the arena's stream.
 
 use std::ops::Range;
+use std::sync::PoisonError;
 
 use cudarc::driver::result as cu;
 use zero_alloc::Arena;
@@ -91,24 +92,29 @@ impl Kernels for CudaKernels {
         self.launch(&typed("narrow", dtype), grid(src.len, MAX_BLOCKS), &args)
     }
 
-    fn accumulate(&self, arena: &mut Arena, dtype: DType, acc: Span, x: Span) -> Result<bool> {
+    fn accumulate(&self, arena: &mut Arena, dtype: DType, acc: Span, x: Span) -> Result<()> {
         same_len("accumulate", acc, x)?;
         self.check_arena("accumulate", arena)?;
         let to = self.address(arena, "accumulate", acc, dtype.size())?;
         let from = self.address(arena, "accumulate", x, dtype.size())?;
-        let flag = self
-            .stream
-            .alloc_zeros::<u32>(1)
-            .map_err(driver("cuMemAlloc"))?;
-        let flag_at = device_address(&flag, &self.stream);
+        // The kernel only ever writes 1 into the note, so launches need no order among them.
         let args = [
             Arg::U64(to),
             Arg::U64(from),
-            Arg::U64(flag_at),
+            Arg::U64(self.overflow_at),
             count(x.len),
         ];
-        self.launch(&typed("accumulate", dtype), grid(x.len, MAX_BLOCKS), &args)?;
-        let host = self.read_back(&flag)?;
+        self.launch(&typed("accumulate", dtype), grid(x.len, MAX_BLOCKS), &args)
+    }
+
+    fn take_overflow(&self, arena: &mut Arena) -> Result<bool> {
+        self.check_arena("take_overflow", arena)?;
+        let mut note = self.overflow.lock().unwrap_or_else(PoisonError::into_inner);
+        let host = self.read_back(&note)?;
+        // Ordered after the read above on the same stream, before any later accumulate.
+        self.stream
+            .memset_zeros(&mut *note)
+            .map_err(driver("cuMemsetD8Async"))?;
         Ok(host.first().is_some_and(|&f| f != 0))
     }
 
@@ -228,7 +234,7 @@ fn owned_segments(
 }
 
 /// The device address of a scratch allocation made on `stream`.
-fn device_address<T>(
+pub(super) fn device_address<T>(
     buf: &cudarc::driver::CudaSlice<T>,
     stream: &std::sync::Arc<cudarc::driver::CudaStream>,
 ) -> u64 {
