@@ -75,6 +75,7 @@ impl DeviceRegion {
             dst < src && src + len <= self.len,
             "device move out of range"
         );
+        self.bind()?;
         let step = src - dst;
         let mut done = 0;
         while done < len {
@@ -95,9 +96,20 @@ impl DeviceRegion {
         Ok(())
     }
 
+    /// Makes the region's context current on the calling thread: the raw driver calls below
+    /// act on the current context, and an arena may be used from a thread that never bound
+    /// it.
+    fn bind(&self) -> Result<()> {
+        self.stream
+            .context()
+            .bind_to_thread()
+            .map_err(cuda_err("bind_to_thread"))
+    }
+
     /// Copies host bytes into the region at `offset` and waits.
     pub(crate) fn write(&self, offset: usize, src: &[u8]) -> Result<()> {
         assert!(offset + src.len() <= self.len, "device write out of range");
+        self.bind()?;
         // SAFETY: the destination range is inside the allocation (asserted); the copy is
         // synchronous so `src` outlives it.
         unsafe { cu::memcpy_htod_sync(self.base + offset as u64, src) }
@@ -107,6 +119,7 @@ impl DeviceRegion {
     /// Copies bytes at `offset` to the host and waits.
     pub(crate) fn read(&self, offset: usize, dst: &mut [u8]) -> Result<()> {
         assert!(offset + dst.len() <= self.len, "device read out of range");
+        self.bind()?;
         self.synchronize()?;
         // SAFETY: the source range is inside the allocation (asserted); the copy is
         // synchronous so `dst` outlives it.
@@ -124,10 +137,7 @@ impl DeviceRegion {
         to_host: bool,
     ) -> Result<()> {
         assert!(offset + len <= self.len, "device copy out of range");
-        self.stream
-            .context()
-            .bind_to_thread()
-            .map_err(cuda_err("bind_to_thread"))?;
+        self.bind()?;
         // Moves by a defragmentation are ordered on the arena stream; wait for them first.
         self.synchronize()?;
         let dev = self.base + offset as u64;

@@ -1,6 +1,9 @@
 //! What each rank thread of this process computes on: the host; or (feature `cuda`, with
 //! `--device cuda`) one GPU that every rank of the process shares, each rank with its own
-//! stream, its own arena on the GPU and zero-comm's device-local collectives between them;
+//! arena on the GPU and zero-comm's device-local collectives between them (each rank's
+//! collectives on a stream of its own; every rank's model kernels, engine kernels and arena
+//! copies on the context's one default stream, so the ranks' compute runs one after another
+//! and an arena's synchronisation waits for every rank's queued work);
 //! or (feature `cuda`, `--backend nccl --device cuda`, one process per GPU) the GPU of this
 //! process's local rank, with NCCL between the processes and the launcher's host communicator
 //! (TCP under torchrun, MPI under `mpirun`: `crate::launch`) for the engine's control traffic.

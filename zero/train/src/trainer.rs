@@ -196,6 +196,7 @@ impl<'a, B: Placement> Trainer<'a, B> {
             .comm()
             .all_reduce_in_place(&mut loss, ReduceOp::Avg)?;
         let report = self.engine.step(lr)?;
+        self.model.backend().finish_step()?;
         self.count_traffic(traffic_before, sent_before);
         let secs = began.elapsed().as_secs_f64();
         self.out.losses.push(loss[0]);

@@ -102,6 +102,9 @@ impl Placement for WithScratch {
     fn to_host<'v>(&self, view: &'v [f32]) -> Result<Cow<'v, [f32]>, GptError> {
         CpuBackend.to_host(view)
     }
+    fn finish_step(&self) -> Result<(), GptError> {
+        CpuBackend.finish_step()
+    }
     fn offloaded_kept(
         &self,
         engine: &mut Engine,

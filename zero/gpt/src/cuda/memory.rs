@@ -64,11 +64,20 @@ impl ActivationMemory<DeviceSlice> for DeviceBuffer {
 }
 
 impl CudaBackend {
+    /// Makes the backend's context current on the calling thread (the raw driver calls
+    /// below act on the current context); a failure is recorded and returns false.
+    fn bound(&self) -> bool {
+        let r = self.stream().context().bind_to_thread();
+        let ok = r.is_ok();
+        self.record(r.map_err(driver_err("cuCtxSetCurrent")));
+        ok
+    }
+
     /// `dst = src`, host ids to the device. The driver copies pageable `src` to staging
     /// memory before returning, so `src` may be dropped right after.
     pub(super) fn upload(&self, dst: &mut DeviceIds, src: &[u32]) {
         assert_eq!(dst.len(), src.len(), "token ids to upload");
-        if src.is_empty() {
+        if src.is_empty() || !self.bound() {
             return;
         }
         // SAFETY: dst is a view of src.len() live device u32s (asserted), unique by its
@@ -79,7 +88,7 @@ impl CudaBackend {
 
     /// `out[i] = value`, as a 32-bit pattern.
     pub(super) fn memset(&self, out: &mut DeviceSlice, value: f32) {
-        if out.is_empty() {
+        if out.is_empty() || !self.bound() {
             return;
         }
         let stream = self.stream().cu_stream();
@@ -92,7 +101,7 @@ impl CudaBackend {
     /// `dst = src` on the device.
     pub(super) fn copy_on_device(&self, dst: &mut DeviceSlice, src: &DeviceSlice) {
         assert_eq!(dst.len(), src.len(), "device copy");
-        if src.is_empty() {
+        if src.is_empty() || !self.bound() {
             return;
         }
         let bytes = 4 * src.len();
@@ -115,7 +124,7 @@ impl CudaBackend {
     /// A failed copy or an earlier failed launch (see `synchronize`).
     pub fn to_host(&self, x: &DeviceSlice) -> Result<Vec<f32>> {
         let mut host = vec![0f32; x.len()];
-        if !host.is_empty() {
+        if !host.is_empty() && self.bound() {
             // SAFETY: x is a view of host.len() live device f32s; the copy is queued on
             // self.stream after the kernels that wrote x, and a copy into pageable memory
             // returns only once it is complete.

@@ -42,6 +42,14 @@ pub trait Placement: Backend + Sized {
     /// A failed copy, or an earlier failed kernel launch.
     fn to_host<'v>(&self, view: &'v Self::Slice) -> Result<Cow<'v, [f32]>, GptError>;
 
+    /// Waits for every kernel launched so far (the engine's update included: they share the
+    /// stream) and returns the first launch error since the last wait, so a step's time is
+    /// its own and a failed launch in the last step's backward is not lost.
+    ///
+    /// # Errors
+    /// An earlier failed kernel launch, or a failed wait.
+    fn finish_step(&self) -> Result<(), GptError>;
+
     /// Kept block inputs in pinned host memory, staged through `segments` x `input_len`
     /// floats of the arena ([`crate::offload`]); the copies are ordered after the work of
     /// `self`, the model's backend.
@@ -78,6 +86,10 @@ impl Placement for CpuBackend {
 
     fn to_host<'v>(&self, view: &'v [f32]) -> Result<Cow<'v, [f32]>, GptError> {
         Ok(Cow::Borrowed(view))
+    }
+
+    fn finish_step(&self) -> Result<(), GptError> {
+        Ok(())
     }
 
     fn offloaded_kept(
@@ -166,6 +178,10 @@ mod cuda {
 
         fn to_host<'v>(&self, view: &'v DeviceSlice) -> Result<Cow<'v, [f32]>, GptError> {
             Ok(Cow::Owned(CudaBackend::to_host(self, view)?))
+        }
+
+        fn finish_step(&self) -> Result<(), GptError> {
+            self.synchronize()
         }
 
         fn offloaded_kept(
