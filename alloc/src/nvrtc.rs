@@ -14,9 +14,14 @@
 mod cubin;
 #[cfg(feature = "cuda")]
 mod load;
+#[cfg(feature = "cuda")]
+mod test_support;
 
 #[cfg(feature = "cuda")]
 pub use load::LoadedKernels;
+#[cfg(feature = "cuda")]
+#[doc(hidden)]
+pub use test_support::nvrtc_or_skip;
 
 /// Architectures CI compiles every program for: A100 (sm_80) and H100/H200 (sm_90).
 pub const CI_ARCHS: &[&str] = &["sm_80", "sm_90"];

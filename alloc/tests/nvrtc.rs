@@ -3,20 +3,8 @@
 //! why they skipped, unless `ZERO_GPT_REQUIRE_NVRTC=1` (scripts/nvrtc-check.sh).
 #![cfg(feature = "cuda")]
 
-use zero_alloc::nvrtc::{Program, BITWISE_OPTIONS, CI_ARCHS};
-use zero_alloc::{AllocError, CudaLibrary};
-
-fn nvrtc_or_skip(test: &str) -> bool {
-    let Err(why) = CudaLibrary::Nvrtc.require() else {
-        return true;
-    };
-    assert!(
-        std::env::var("ZERO_GPT_REQUIRE_NVRTC").as_deref() != Ok("1"),
-        "ZERO_GPT_REQUIRE_NVRTC=1 but {why}"
-    );
-    println!("{test}: skipped: {why}");
-    false
-}
+use zero_alloc::nvrtc::{nvrtc_or_skip, Program, BITWISE_OPTIONS, CI_ARCHS};
+use zero_alloc::AllocError;
 
 const SCALE: Program = Program {
     name: "scale.cu",

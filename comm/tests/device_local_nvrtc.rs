@@ -1,25 +1,19 @@
-//! Compiles the device-local reduction kernel with NVRTC for sm_80 and sm_90 (no GPU needed).
-//! Without NVRTC it prints why it skipped, unless `ZERO_GPT_REQUIRE_NVRTC=1`.
+//! Compiles the device-local reduction kernel with NVRTC for the CI architectures, to PTX and
+//! to a CUBIN (no GPU needed). Without NVRTC it prints why it skipped, unless
+//! `ZERO_GPT_REQUIRE_NVRTC=1`.
 
 #![cfg(feature = "cuda")]
 
+use zero_alloc::nvrtc::{nvrtc_or_skip, CI_ARCHS};
 use zero_comm::device_local::cuda::{REDUCE_KERNELS, REDUCE_PROGRAM};
 
 #[test]
-fn the_reduction_kernel_compiles_for_sm_80_and_sm_90() {
-    let ptx = match REDUCE_PROGRAM.compile(Some("sm_80")) {
-        Ok(_) => ["sm_80", "sm_90"].map(|a| (a, REDUCE_PROGRAM.compile(Some(a)))),
-        Err(e) => {
-            assert!(
-                std::env::var("ZERO_GPT_REQUIRE_NVRTC").as_deref() != Ok("1"),
-                "ZERO_GPT_REQUIRE_NVRTC=1 but {e}"
-            );
-            println!("the_reduction_kernel_compiles_for_sm_80_and_sm_90: skipped: {e}");
-            return;
-        }
-    };
-    for (arch, result) in ptx {
-        let src = match result {
+fn the_reduction_kernel_compiles_for_every_ci_arch() {
+    if !nvrtc_or_skip("the_reduction_kernel_compiles_for_every_ci_arch") {
+        return;
+    }
+    for &arch in CI_ARCHS {
+        let src = match REDUCE_PROGRAM.compile(Some(arch)) {
             Ok(p) => p.to_src(),
             Err(e) => panic!("{arch}: {e}"),
         };
@@ -37,18 +31,14 @@ fn the_reduction_kernel_compiles_for_sm_80_and_sm_90() {
 }
 
 #[test]
-fn the_reduction_kernel_assembles_to_a_cubin_for_sm_80_and_sm_90() {
-    for arch in ["sm_80", "sm_90"] {
+fn the_reduction_kernel_assembles_to_a_cubin_for_every_ci_arch() {
+    if !nvrtc_or_skip("the_reduction_kernel_assembles_to_a_cubin") {
+        return;
+    }
+    for &arch in CI_ARCHS {
         let cubin = match REDUCE_PROGRAM.compile_cubin(arch) {
             Ok(cubin) => cubin,
-            Err(e) => {
-                assert!(
-                    std::env::var("ZERO_GPT_REQUIRE_NVRTC").as_deref() != Ok("1"),
-                    "ZERO_GPT_REQUIRE_NVRTC=1 but {e}"
-                );
-                println!("cubin: skipped: {e}");
-                return;
-            }
+            Err(e) => panic!("{arch}: {e}"),
         };
         assert_eq!(&cubin[..4], b"\x7fELF", "{arch}: not an ELF image");
         for k in REDUCE_KERNELS {

@@ -7,20 +7,8 @@
 #![cfg(feature = "cuda")]
 
 use zero::kernels::cuda::{ENGINE_KERNELS, ENGINE_PROGRAM};
-use zero_alloc::nvrtc::CI_ARCHS;
-use zero_alloc::{AllocError, CudaLibrary};
-
-fn nvrtc_or_skip(test: &str) -> bool {
-    let Err(why) = CudaLibrary::Nvrtc.require() else {
-        return true;
-    };
-    assert!(
-        std::env::var("ZERO_GPT_REQUIRE_NVRTC").as_deref() != Ok("1"),
-        "ZERO_GPT_REQUIRE_NVRTC=1 but {why}"
-    );
-    println!("{test}: skipped: {why}");
-    false
-}
+use zero_alloc::nvrtc::{nvrtc_or_skip, CI_ARCHS};
+use zero_alloc::AllocError;
 
 /// The names after each `.entry` of a PTX text, in order.
 fn ptx_entries(ptx: &str) -> Vec<String> {

@@ -6,27 +6,10 @@
 
 #![cfg(feature = "cuda")]
 
-use zero_alloc::nvrtc::{Program, BITWISE_OPTIONS};
+use zero_alloc::nvrtc::{nvrtc_or_skip, Program, BITWISE_OPTIONS};
 use zero_alloc::{AllocError, CudaLibrary as Library};
 use zero_gpt::cuda::sources::{CI_ARCHS, COMMON, SOURCES};
 use zero_gpt::GptError;
-
-fn nvrtc_or_skip(test: &str) -> bool {
-    if Library::Nvrtc.is_present() {
-        return true;
-    }
-    let why = Library::Nvrtc
-        .require()
-        .err()
-        .map(|e| e.to_string())
-        .unwrap_or_default();
-    assert!(
-        std::env::var("ZERO_GPT_REQUIRE_NVRTC").as_deref() != Ok("1"),
-        "ZERO_GPT_REQUIRE_NVRTC=1 but {why}"
-    );
-    println!("{test}: skipped: {why}");
-    false
-}
 
 #[test]
 fn every_kernel_source_compiles_for_every_ci_arch() {
