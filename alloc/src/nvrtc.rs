@@ -21,7 +21,7 @@ mod test_support;
 pub use load::LoadedKernels;
 #[cfg(feature = "cuda")]
 #[doc(hidden)]
-pub use test_support::nvrtc_or_skip;
+pub use test_support::{check_cubin, nvrtc_or_skip};
 
 /// Architectures CI compiles every program for: A100 (sm_80) and H100/H200 (sm_90).
 pub const CI_ARCHS: &[&str] = &["sm_80", "sm_90"];

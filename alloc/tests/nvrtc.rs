@@ -3,7 +3,7 @@
 //! why they skipped, unless `ZERO_GPT_REQUIRE_NVRTC=1` (scripts/nvrtc-check.sh).
 #![cfg(feature = "cuda")]
 
-use zero_alloc::nvrtc::{nvrtc_or_skip, Program, BITWISE_OPTIONS, CI_ARCHS};
+use zero_alloc::nvrtc::{check_cubin, nvrtc_or_skip, Program, BITWISE_OPTIONS, CI_ARCHS};
 use zero_alloc::AllocError;
 
 const SCALE: Program = Program {
@@ -30,6 +30,12 @@ fn a_program_compiles_to_ptx_and_to_a_cubin_for_every_ci_arch() {
         let cubin = SCALE.compile_cubin(arch).unwrap();
         assert_eq!(&cubin[..4], b"\x7fELF");
         assert!(cubin.windows(5).any(|w| w == b"scale"));
+        assert_eq!(check_cubin(&cubin, &["scale"]), Ok(()));
+        assert_eq!(
+            check_cubin(&cubin, &["absent"]),
+            Err("no symbol absent".into())
+        );
+        assert!(check_cubin(b"PTX", &[]).is_err());
     }
 }
 

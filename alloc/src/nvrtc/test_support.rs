@@ -21,3 +21,20 @@ pub fn nvrtc_or_skip(test: &str) -> bool {
     println!("{test}: skipped: {why}");
     false
 }
+
+/// Checks a CUBIN from [`super::Program::compile_cubin`] the way the NVRTC tests do: an ELF
+/// image that holds every name of `kernels` (its symbol table spells them out).
+///
+/// # Errors
+/// What is missing.
+#[doc(hidden)]
+pub fn check_cubin(cubin: &[u8], kernels: &[&str]) -> Result<(), String> {
+    if !cubin.starts_with(b"\x7fELF") {
+        return Err("not an ELF image".into());
+    }
+    let holds = |name: &str| cubin.windows(name.len()).any(|w| w == name.as_bytes());
+    match kernels.iter().find(|k| !holds(k)) {
+        Some(k) => Err(format!("no symbol {k}")),
+        None => Ok(()),
+    }
+}

@@ -6,7 +6,7 @@
 
 #![cfg(feature = "cuda")]
 
-use zero_alloc::nvrtc::{nvrtc_or_skip, Program, BITWISE_OPTIONS};
+use zero_alloc::nvrtc::{check_cubin, nvrtc_or_skip, Program, BITWISE_OPTIONS};
 use zero_alloc::{AllocError, CudaLibrary as Library};
 use zero_gpt::cuda::sources::{CI_ARCHS, COMMON, SOURCES};
 use zero_gpt::GptError;
@@ -93,11 +93,6 @@ fn the_backend_names_the_missing_library_instead_of_panicking() {
     }
 }
 
-/// True when `bytes` holds `needle`.
-fn contains(bytes: &[u8], needle: &str) -> bool {
-    bytes.windows(needle.len()).any(|w| w == needle.as_bytes())
-}
-
 #[test]
 fn every_kernel_source_assembles_to_a_cubin_for_every_ci_arch() {
     if !nvrtc_or_skip("every_kernel_source_assembles_to_a_cubin_for_every_ci_arch") {
@@ -109,18 +104,8 @@ fn every_kernel_source_assembles_to_a_cubin_for_every_ci_arch() {
                 Ok(cubin) => cubin,
                 Err(e) => panic!("{e}"),
             };
-            assert_eq!(
-                &cubin[..4],
-                b"\x7fELF",
-                "{} for {arch}: not an ELF image",
-                src.name
-            );
-            for f in src.functions {
-                assert!(
-                    contains(&cubin, f),
-                    "{} for {arch}: no symbol {f}",
-                    src.name
-                );
+            if let Err(why) = check_cubin(&cubin, src.functions) {
+                panic!("{} for {arch}: {why}", src.name);
             }
         }
     }
