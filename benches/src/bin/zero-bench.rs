@@ -17,6 +17,7 @@ use zero_benches::collective::{bus_factor, run, run_on, BenchConfig, Measurement
 use zero_benches::memcpy::memcpy_bandwidth;
 use zero_benches::size::parse_size;
 use zero_comm::{DType, OpKind, ReduceOp};
+use zero_train::memory_fit::host_available_bytes;
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
 #[value(rename_all = "snake_case")]
@@ -381,6 +382,10 @@ fn main() -> ExitCode {
         Ok(c) => c,
         Err(e) => return fail(e, 2),
     };
+    let ranks_here = if world.is_none() { cfg.ranks } else { 1 };
+    if let Err(e) = fits_host(&cfg, ranks_here, host_available_bytes()) {
+        return fail(e, 2);
+    }
     let memcpy = (!args.no_memcpy && world.is_none()).then(|| {
         let bytes = usize::try_from(cfg.max_bytes)
             .unwrap_or(usize::MAX)
@@ -398,6 +403,27 @@ fn main() -> ExitCode {
         return fail(e, 1);
     }
     table.footer()
+}
+
+/// Refuses a run whose host buffers (a send and a receive buffer of `-e` bytes for each of
+/// `ranks_here` ranks) need more than the machine's `available` memory (unknown: no check),
+/// before any is allocated.
+fn fits_host(cfg: &BenchConfig, ranks_here: usize, available: Option<u64>) -> Result<(), String> {
+    let Some(available) = available else {
+        return Ok(());
+    };
+    let ranks = u64::try_from(ranks_here).unwrap_or(u64::MAX);
+    let needed = cfg.max_bytes.saturating_mul(2).saturating_mul(ranks);
+    if needed <= available {
+        return Ok(());
+    }
+    Err(format!(
+        "-e {} needs {} of host memory (a send and a receive buffer for each of {ranks_here} \
+         rank(s)), more than the {} this machine has available: lower -e",
+        cfg.max_bytes,
+        zero_alloc::human_bytes(needed),
+        zero_alloc::human_bytes(available)
+    ))
 }
 
 /// This process's NCCL rank: torchrun's variables when `RANK` is set, else MPI's world
@@ -501,6 +527,18 @@ mod tests {
         assert!(refusal(&["--ranks", "2", "-r", "2"]).contains("root 2 is not a rank of 2"));
         assert!(refusal(&["-g", "8"]).starts_with("-g 8: one GPU per process"));
         assert!(refusal(&["-t", "2"]).starts_with("-t 2: one thread per process"));
+    }
+
+    #[test]
+    fn buffers_larger_than_the_machine_are_refused_before_allocating() {
+        let args = Args::try_parse_from(["zero-bench", "all_reduce", "-e", "1G"]).expect("parse");
+        let cfg = config(&args).expect("valid");
+        // 2 ranks x 2 buffers x 1 GiB = 4 GiB.
+        assert!(fits_host(&cfg, 2, Some(4 << 30)).is_ok());
+        let why = fits_host(&cfg, 2, Some((4 << 30) - 1)).expect_err("refused");
+        assert!(why.starts_with("-e 1073741824 needs 4.00 GiB"), "{why}");
+        assert!(fits_host(&cfg, usize::MAX, Some(u64::MAX - 1)).is_err());
+        assert!(fits_host(&cfg, 2, None).is_ok());
     }
 
     #[test]
