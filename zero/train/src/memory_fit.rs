@@ -96,6 +96,16 @@ pub fn default_shape(world: usize, stage: ZeroStage, precision: Precision) -> Pl
     }
 }
 
+/// Processes a launcher started on this host (torchrun's `LOCAL_WORLD_SIZE`, OpenMPI's
+/// `OMPI_COMM_WORLD_LOCAL_SIZE`), read through `var`; `None` when neither is set to a count
+/// from 1 to 1024.
+pub fn launcher_local_size(var: impl Fn(&str) -> Option<String>) -> Option<usize> {
+    ["LOCAL_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE"]
+        .into_iter()
+        .filter_map(|name| var(name)?.trim().parse::<usize>().ok())
+        .find(|n| (1..=crate::validate::MAX_RANKS).contains(n))
+}
+
 /// The memory this machine can give without swapping (`MemAvailable` of `/proc/meminfo`),
 /// or `None` where that cannot be read (not Linux, a malformed line).
 #[must_use]
@@ -115,6 +125,35 @@ fn mem_available(meminfo: &str) -> Option<u64> {
 #[cfg(test)]
 mod host_tests {
     use super::mem_available;
+
+    #[test]
+    fn the_launchers_local_size_is_read_and_nonsense_ignored() {
+        use super::launcher_local_size;
+        let env = |pairs: &'static [(&'static str, &'static str)]| {
+            move |k: &str| {
+                pairs
+                    .iter()
+                    .find(|(n, _)| *n == k)
+                    .map(|(_, v)| (*v).to_string())
+            }
+        };
+        assert_eq!(
+            launcher_local_size(env(&[("LOCAL_WORLD_SIZE", "8")])),
+            Some(8)
+        );
+        const OMPI: &[(&str, &str)] = &[("OMPI_COMM_WORLD_LOCAL_SIZE", " 4 ")];
+        assert_eq!(launcher_local_size(env(OMPI)), Some(4));
+        assert_eq!(launcher_local_size(env(&[("LOCAL_WORLD_SIZE", "0")])), None);
+        assert_eq!(
+            launcher_local_size(env(&[("LOCAL_WORLD_SIZE", "lots")])),
+            None
+        );
+        assert_eq!(
+            launcher_local_size(env(&[("LOCAL_WORLD_SIZE", "99999")])),
+            None
+        );
+        assert_eq!(launcher_local_size(env(&[])), None);
+    }
 
     #[test]
     fn mem_available_reads_the_kib_line_and_refuses_what_it_cannot_read() {

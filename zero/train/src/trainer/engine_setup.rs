@@ -4,7 +4,7 @@
 use crate::bridge::{activation_arena_bytes, gpt_engine_on, ActivationPlacement, Placement};
 use crate::config::{Backend, Device};
 use crate::error::TrainError;
-use crate::memory_fit::{host_available_bytes, MemoryQuery};
+use crate::memory_fit::{host_available_bytes, launcher_local_size, MemoryQuery};
 use crate::run::Shared;
 use zero::optim::AdamW;
 use zero::{Engine, EngineConfig, EngineOps, PlanShape};
@@ -51,10 +51,12 @@ pub(super) fn build_engine<B: Placement>(
         // A host arena reserves its plan without committing it, so a plan larger than the
         // machine would end in the OOM killer mid-run instead of an error here.
         None if cfg.device == Device::Cpu => {
+            // The ranks whose host arenas share this machine: this process's threads, or
+            // the processes the launcher started here.
             let ranks_here = if cfg.backend == Backend::Local {
                 comm.size()
             } else {
-                1
+                launcher_local_size(|k| std::env::var(k).ok()).unwrap_or(1)
             };
             refuse_above_the_host(&query, ranks_here, host_available_bytes())?;
         }
@@ -122,8 +124,9 @@ fn refuse_above_the_cap(query: &MemoryQuery, limit: u64) -> Result<(), TrainErro
     .into())
 }
 
-/// Refuses at start-up, with no cap given, a plan whose `ranks_here` host arenas need more
-/// than the machine's `available` memory (unknown: no check), naming a stage that fits.
+/// Refuses at start-up, with no cap given, a plan whose `ranks_here` host arenas (all of one
+/// size: data parallelism) need more than the machine's `available` memory (unknown: no
+/// check), naming a stage that fits.
 fn refuse_above_the_host(
     query: &MemoryQuery,
     ranks_here: usize,
