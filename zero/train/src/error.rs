@@ -111,22 +111,24 @@ pub enum TrainError {
         /// What does not match.
         reason: String,
     },
-    /// With no `--memory-limit`, the ranks of this process need more host memory than the
-    /// machine has available.
+    /// With no `--memory-limit`, the ranks that share one memory (host RAM, or a GPU) need
+    /// more of it than there is.
     #[error(
         "this run needs {} per rank ({per_rank} bytes: model states, transient unit buffers \
-         and activations) x {ranks} rank(s) in this process, more than the {} this machine has \
-         available (MemAvailable); {hint}. --memory-limit SIZE sets each rank's arena \
-         explicitly (a cap above the machine is taken as asked)",
+         and activations) x {ranks} rank(s) sharing {memory}, which is {}; {hint}. \
+         --memory-limit SIZE sets each rank's arena explicitly (a cap above it is taken as \
+         asked)",
         zero_alloc::human_bytes(*per_rank),
         zero_alloc::human_bytes(*available)
     )]
-    HostMemory {
+    MachineMemory {
         /// Bytes one rank's arena needs.
         per_rank: u64,
-        /// Ranks in this process.
+        /// Ranks drawing on the memory.
         ranks: usize,
-        /// Bytes the machine has available.
+        /// Which memory: the host's available memory, or a GPU's.
+        memory: &'static str,
+        /// Its bytes.
         available: u64,
         /// A stage and options that fit, or what the leanest needs.
         hint: String,

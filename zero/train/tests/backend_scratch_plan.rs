@@ -105,6 +105,9 @@ impl Placement for WithScratch {
     fn finish_step(&self) -> Result<(), GptError> {
         CpuBackend.finish_step()
     }
+    fn memory_budget(&self) -> Option<(&'static str, u64)> {
+        CpuBackend.memory_budget()
+    }
     fn offloaded_kept(
         &self,
         engine: &mut Engine,

@@ -50,6 +50,10 @@ pub trait Placement: Backend + Sized {
     /// An earlier failed kernel launch, or a failed wait.
     fn finish_step(&self) -> Result<(), GptError>;
 
+    /// The memory this backend's arenas draw from, for the start-up check when no
+    /// `--memory-limit` is given: what it is, and its bytes; `None` where it cannot be told.
+    fn memory_budget(&self) -> Option<(&'static str, u64)>;
+
     /// Kept block inputs in pinned host memory, staged through `segments` x `input_len`
     /// floats of the arena ([`crate::offload`]); the copies are ordered after the work of
     /// `self`, the model's backend.
@@ -90,6 +94,11 @@ impl Placement for CpuBackend {
 
     fn finish_step(&self) -> Result<(), GptError> {
         Ok(())
+    }
+
+    fn memory_budget(&self) -> Option<(&'static str, u64)> {
+        let available = crate::memory_fit::host_available_bytes()?;
+        Some(("this machine's available memory (MemAvailable)", available))
     }
 
     fn offloaded_kept(
@@ -182,6 +191,13 @@ mod cuda {
 
         fn finish_step(&self) -> Result<(), GptError> {
             self.synchronize()
+        }
+
+        fn memory_budget(&self) -> Option<(&'static str, u64)> {
+            // The whole GPU: the context, cuBLAS and NVRTC's modules also take some, so
+            // this catches plans that cannot fit at all, not the last few hundred MB.
+            let total = self.stream().context().total_mem().ok()?;
+            Some(("the GPU's total memory", total as u64))
         }
 
         fn offloaded_kept(

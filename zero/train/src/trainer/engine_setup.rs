@@ -4,7 +4,7 @@
 use crate::bridge::{activation_arena_bytes, gpt_engine_on, ActivationPlacement, Placement};
 use crate::config::{Backend, Device};
 use crate::error::TrainError;
-use crate::memory_fit::{host_available_bytes, launcher_local_size, MemoryQuery};
+use crate::memory_fit::{launcher_local_size, MemoryQuery};
 use crate::run::Shared;
 use zero::optim::AdamW;
 use zero::{Engine, EngineConfig, EngineOps, PlanShape};
@@ -49,18 +49,12 @@ pub(super) fn build_engine<B: Placement>(
     match engine_config.memory_limit {
         Some(limit) => refuse_above_the_cap(&query, limit)?,
         // A host arena reserves its plan without committing it, so a plan larger than the
-        // machine would end in the OOM killer mid-run instead of an error here.
-        None if cfg.device == Device::Cpu => {
-            // The ranks whose host arenas share this machine: this process's threads, or
-            // the processes the launcher started here.
-            let ranks_here = if cfg.backend == Backend::Local {
-                comm.size()
-            } else {
-                launcher_local_size(|k| std::env::var(k).ok()).unwrap_or(1)
-            };
-            refuse_above_the_host(&query, ranks_here, host_available_bytes())?;
+        // machine would end in the OOM killer mid-run; on a GPU, in an allocation failure
+        // that names no stage that fits.
+        None => {
+            let ranks = ranks_sharing_memory(cfg.backend, cfg.device, comm.size());
+            refuse_above_the_budget(&query, ranks, model.backend().memory_budget())?;
         }
-        None => {}
     }
     let (gcfg, layout) = (shared.model, model.layout());
     let mut init_err = None;
@@ -124,15 +118,26 @@ fn refuse_above_the_cap(query: &MemoryQuery, limit: u64) -> Result<(), TrainErro
     .into())
 }
 
-/// Refuses at start-up, with no cap given, a plan whose `ranks_here` host arenas (all of one
-/// size: data parallelism) need more than the machine's `available` memory (unknown: no
-/// check), naming a stage that fits.
-fn refuse_above_the_host(
+/// The ranks whose arenas draw on one memory: the local backend's threads (host RAM, or
+/// the one GPU they share); else one process's rank on a GPU of its own, or on the CPU the
+/// processes the launcher started on this host.
+fn ranks_sharing_memory(backend: Backend, device: Device, comm_size: usize) -> usize {
+    match (backend, device) {
+        (Backend::Local, _) => comm_size,
+        (_, Device::Cpu) => launcher_local_size(|k| std::env::var(k).ok()).unwrap_or(1),
+        (_, Device::Cuda(_)) => 1,
+    }
+}
+
+/// Refuses at start-up, with no cap given, a plan whose `ranks_here` arenas (all of one
+/// size: data parallelism) need more than the `budget` they draw on (unknown: no check),
+/// naming a stage that fits.
+fn refuse_above_the_budget(
     query: &MemoryQuery,
     ranks_here: usize,
-    available: Option<u64>,
+    budget: Option<(&'static str, u64)>,
 ) -> Result<(), TrainError> {
-    let Some(available) = available else {
+    let Some((memory, available)) = budget else {
         return Ok(());
     };
     let per_rank = query.plan()?.total();
@@ -140,9 +145,10 @@ fn refuse_above_the_host(
     if per_rank.saturating_mul(ranks) <= available {
         return Ok(());
     }
-    Err(TrainError::HostMemory {
+    Err(TrainError::MachineMemory {
         per_rank,
         ranks: ranks_here,
+        memory,
         available,
         hint: query.what_fits(available / ranks.max(1)),
     })
