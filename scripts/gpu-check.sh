@@ -324,6 +324,7 @@ run() {
     bench_step zero-bench-device-local 90 "$BIN/zero-bench" all_reduce --device cuda --ranks 4 \
         -b 1K -e 1G -f 4 -n 20 -w 5
     gpt2_more_stages
+    expect_memory_refusal
     test_step nvrtc_compile 45
     test_step kernels_nvrtc 30
     test_step device_local_nvrtc 30
@@ -375,6 +376,27 @@ gpt2_more_stages() {
     done
     train_one gpt2-stage0-n1-mb32 90 "${GPT2[@]}" --world-size 1 --zero-stage 0 \
         --micro-batch-size 32 --batch-size 32
+}
+
+# GPT-2 XL at stage 0 on 8 ranks sharing the GPU plans far beyond its memory (16 bytes a
+# parameter, 1.56 B parameters, per rank): zero-train must refuse at start-up, naming the GPU's
+# memory and what fits, instead of failing in an allocation. Passes only on that refusal.
+expect_memory_refusal() {
+    [ -f "$BIN/data/train.bin" ] || return
+    local failed_before=$FAILED name=gpu-memory-refusal
+    step "$name" 60 "$BIN/zero-train" --device cuda --data "$BIN/data" --model gpt2-xl \
+        --seq-len 1024 --world-size 8 --zero-stage 0 --micro-batch-size 1 --batch-size 8 \
+        --steps 1 --eval-every 0 --sample-tokens 0
+    local log="$OUT/$name.log" hint
+    if [ "$STEP_RC" -ne 0 ] && [ "$STEP_RC" -ne 124 ] && [ "$STEP_RC" -ne 137 ] &&
+        [ "$STEP_RC" -ne 125 ] && grep -q "the GPU's total memory" "$log"; then
+        FAILED=$failed_before
+        hint=$(grep -o "[^;]*; [^.]*fits[^.]*" "$log" | head -n 1 | sed 's/.*; //')
+        note "zero-train $name: passed: refused at start-up (${hint:-see $name.log})"
+    else
+        FAILED=1
+        note "zero-train $name: FAILED: no start-up refusal naming the GPU's memory ($STEP_HOW)"
+    fi
 }
 
 # zero-train run $1 (limit $2 s, flags $3...) on the GPU; its metrics summarised in summary.txt.
