@@ -56,8 +56,13 @@ impl MemoryQuery {
 
     /// For a cap `limit` this query exceeds: the lowest stage that fits as asked, and the
     /// lowest that fits with activation checkpointing every block when it is off, or the
-    /// bytes the leanest of them needs.
+    /// bytes the leanest of them needs (then: add ranks, or shorten the batch).
     pub fn what_fits(&self, limit: u64) -> String {
+        self.what_fits_or(limit, "add ranks, or lower --micro-batch-size or --seq-len")
+    }
+
+    /// [`MemoryQuery::what_fits`], saying `remedy` when nothing fits.
+    pub fn what_fits_or(&self, limit: u64, remedy: &str) -> String {
         let mut options = vec![(self.placement.checkpoint_every, "")];
         if self.placement.checkpoint_every.is_none() {
             options.push((Some(1), " with --activation-checkpointing"));
@@ -76,7 +81,7 @@ impl MemoryQuery {
         }
         format!(
             "nothing fits at this world size and micro-batch (the leanest option needs {least} \
-             bytes): add ranks, or lower --micro-batch-size or --seq-len"
+             bytes): {remedy}"
         )
     }
 }

@@ -150,6 +150,14 @@ fn refuse_above_the_budget(
         ranks: ranks_here,
         memory,
         available,
-        hint: query.what_fits(available / ranks.max(1)),
+        // Ranks that share the memory do not make room by being more of them.
+        hint: query.what_fits_or(
+            available / ranks.max(1),
+            if ranks_here > 1 {
+                "put fewer ranks on this memory, or lower --micro-batch-size or --seq-len"
+            } else {
+                "add ranks on other machines or GPUs, or lower --micro-batch-size or --seq-len"
+            },
+        ),
     })
 }
