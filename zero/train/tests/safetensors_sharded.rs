@@ -186,3 +186,25 @@ fn export_converts_a_sharded_hugging_face_folder_to_llmc_bit_exact() {
     let written = LlmcCheckpoint::load(&to).unwrap();
     assert_eq!(bits(&written.to_units().unwrap()), bits(&units));
 }
+
+proptest::proptest! {
+    /// Any weight map of plain shard names survives serde_json and `parse_hf_index` unchanged;
+    /// one name with a path separator makes the whole index refused.
+    #[test]
+    fn index_parsing_keeps_plain_maps_and_refuses_any_path(
+        map in proptest::collection::hash_map("[a-z._]{1,12}", "[a-z0-9-]{1,10}\\.safetensors", 0..8),
+        bad in "[a-z]{1,4}/[a-z]{1,4}",
+    ) {
+        use zero_train::checkpoint::parse_hf_index;
+        let text = json!({"metadata": {"total_size": 1}, "weight_map": map}).to_string();
+        proptest::prop_assert_eq!(parse_hf_index(text.as_bytes()).unwrap(), map.clone());
+        let mut with_path = map;
+        with_path.insert("x.weight".into(), bad);
+        let text = json!({"weight_map": with_path}).to_string();
+        let refused = matches!(
+            parse_hf_index(text.as_bytes()),
+            Err(SafetensorsError::BadIndex { .. })
+        );
+        proptest::prop_assert!(refused, "an index with a path was accepted");
+    }
+}
