@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Runs one fuzz target of fuzz/ for a while, coverage-guided, on stable Rust and without
+# cargo-fuzz: it builds with the flags `cargo fuzz run -s none` passes (libFuzzer's coverage
+# instrumentation, debug assertions, overflow checks) and runs the binary on a corpus folder
+# that grows across runs. With cargo-fuzz installed, `cd fuzz && cargo fuzz run -s none T`
+# does the same.
+#
+#   bash scripts/fuzz.sh TARGET [SECONDS]    # TARGET: arena_ops, token_file, llmc_checkpoint,
+#                                            # safetensors_gpt2, hf_index; SECONDS: 60
+#
+# Corpus: fuzz/corpus/TARGET (git-ignored); a failing input lands in fuzz/artifacts/TARGET/.
+# Exit status: libFuzzer's (0: no failure).
+set -euo pipefail
+cd "$(dirname "$0")/../fuzz"
+target="${1:?usage: bash scripts/fuzz.sh TARGET [SECONDS]}"
+seconds="${2:-60}"
+grep -q "^name = \"$target\"$" Cargo.toml || { echo "fuzz.sh: no fuzz target $target" >&2; exit 2; }
+triple="$(rustc -vV | sed -n 's/^host: //p')"
+# Only the target's own code is instrumented: with --target, RUSTFLAGS skip build scripts and
+# proc macros, as cargo-fuzz arranges.
+export RUSTFLAGS="-Cpasses=sancov-module -Cllvm-args=-sanitizer-coverage-level=4 \
+-Cllvm-args=-sanitizer-coverage-inline-8bit-counters -Cllvm-args=-sanitizer-coverage-pc-table \
+-Cllvm-args=-sanitizer-coverage-trace-compares --cfg fuzzing -Cdebug-assertions -Coverflow-checks"
+cargo build --release --bin "$target" --target "$triple" --target-dir target/instrumented
+mkdir -p "corpus/$target" "artifacts/$target"
+# The llm.c parsers stop at a 1024-byte header that random bytes never reach: seed each with
+# one valid file (magic and version from llm.c; the checkpoint's shape maxT=V=L=NH=C=1,
+# Vp=128: 156 parameters).
+if [ -z "$(ls -A "corpus/$target")" ]; then
+    case "$target" in
+        token_file) python3 -c 'import struct,sys; h=[0]*256; h[0:3]=[20240520,1,4]
+sys.stdout.buffer.write(struct.pack("<256i",*h)+struct.pack("<4H",1,2,3,50256))' \
+            >"corpus/$target/seed" ;;
+        llmc_checkpoint) python3 -c 'import struct,sys; h=[0]*256; h[0:8]=[20240326,3,1,1,1,1,1,128]
+sys.stdout.buffer.write(struct.pack("<256i",*h)+struct.pack("<156f",*[0.5]*156))' \
+            >"corpus/$target/seed" ;;
+    esac
+fi
+exec "target/instrumented/$triple/release/$target" -max_total_time="$seconds" \
+    -artifact_prefix="artifacts/$target/" "corpus/$target"
