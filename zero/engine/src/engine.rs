@@ -24,6 +24,7 @@ use super::formulas::{expected_model_state_bytes, ModelStateBytes};
 use super::inflight::{InFlight, Prefetch};
 use super::kernels::Kernels;
 use super::loss_scale::LossScaler;
+use super::optimizer_home::OffloadedOptimizer;
 use super::order::confirm_same_schedule;
 use super::order::OrderCheck;
 use super::plan::{arena_config, check_fits, plan_memory, unit_policies, MemoryPlan, PlanShape};
@@ -66,6 +67,10 @@ pub struct EngineConfig {
     /// Memory defragmentation (the paper's MD): compact the arena when an allocation finds
     /// no hole although the free bytes would do. Off, such an allocation fails.
     pub defragment: bool,
+    /// ZeRO-Offload (`offload_optimizer`): the f32 master weights and Adam's moments in a
+    /// host arena of their own, page-locked when the arena is a GPU's, and AdamW on the host
+    /// (see the `optimizer_home` module). The cap, `memory_limit`, is the engine arena's.
+    pub offload_optimizer: bool,
 }
 
 impl Default for EngineConfig {
@@ -81,6 +86,7 @@ impl Default for EngineConfig {
             memory_limit: None,
             activation_bytes: 0,
             defragment: true,
+            offload_optimizer: false,
         }
     }
 }
@@ -119,6 +125,8 @@ pub struct Engine {
     /// as `prefetched`).
     pub(crate) in_flight: VecDeque<InFlight>,
     pub(crate) arena: Arena,
+    /// ZeRO-Offload's host arena of optimizer states (`None`: they are in `arena`).
+    pub(crate) offloaded: Option<OffloadedOptimizer>,
     /// Every pass over model-state bytes runs through these.
     pub(crate) kernels: Box<dyn Kernels>,
     /// Every collective over model states runs through these.
@@ -212,6 +220,7 @@ impl Engine {
             reduce_bucket_bytes: config.reduce_bucket_bytes,
             activation_bytes: config.activation_bytes,
             staging: collectives.staging_rule(&comm),
+            offload_optimizer: config.offload_optimizer,
         };
         let memory_plan = match config.memory_limit {
             Some(limit) => check_fits(&specs, schedule, shape, limit)?,
@@ -223,10 +232,15 @@ impl Engine {
             device,
             ..arena_config(capacity, config.defragment)
         })?;
+        let mut offloaded = match memory_plan.offload {
+            Some(plan) => Some(OffloadedOptimizer::new(plan.total(), device)?),
+            None => None,
+        };
         let policies = unit_policies(&specs, shape)?;
         let bufs = allocate_units(
             &mut arena,
             kernels.as_ref(),
+            offloaded.as_mut(),
             &policies,
             &config,
             comm.rank(),
@@ -240,6 +254,7 @@ impl Engine {
             order: OrderCheck::new(comm.rank(), schedule),
             comm,
             arena,
+            offloaded,
             kernels,
             collectives,
             config,
@@ -308,19 +323,22 @@ impl Engine {
         }
     }
 
-    /// Model-state bytes this rank holds, by kind, measured from its arena blocks.
+    /// Model-state bytes this rank holds, by kind, measured from its arena blocks, the
+    /// offloaded host arena's included.
     ///
     /// # Errors
     /// Arena failures (a stale handle would be a bug).
     pub fn measured_model_state_bytes(&self) -> Result<ModelStateBytes> {
         let size = |h: Handle| -> Result<f64> { Ok(self.arena.block(h)?.size as f64) };
+        let optim = self.optimizer_arena();
+        let optim_size = |h: Handle| -> Result<f64> { Ok(optim.block(h)?.size as f64) };
         let mut out = ModelStateBytes::default();
         for b in &self.bufs {
             out.params += size(b.params)?;
             out.grads += size(b.grads)?;
-            out.optimizer += size(b.m)? + size(b.v)?;
+            out.optimizer += optim_size(b.m)? + optim_size(b.v)?;
             if let Some(master) = b.master {
-                out.optimizer += size(master)?;
+                out.optimizer += optim_size(master)?;
             }
         }
         Ok(out)

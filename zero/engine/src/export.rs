@@ -11,8 +11,10 @@ use super::engine::Engine;
 use super::error::{Error, Result};
 use super::host_io::{read_f32, write_f32, write_stored};
 use super::kernels::Span;
+use super::optimizer_home::StateHome;
 use super::partition::{Partition, Shard};
-use super::unit_buffers::{upload_whole, write_whole};
+use super::policy::UnitPolicy;
+use super::unit_buffers::{upload_whole, write_kept, write_params};
 use std::ops::Range;
 use zero_alloc::Handle;
 use zero_comm::DType;
@@ -79,16 +81,16 @@ impl Engine {
         let mut out = Vec::with_capacity(self.specs.len());
         for unit in 0..self.specs.len() {
             let policy = self.policies[unit];
-            let b = &self.bufs[unit];
-            let (params, params_whole) = match b.master {
-                Some(master) => (master, policy.whole_optim),
-                None => (b.params, policy.whole_params),
-            };
-            let (m, v) = (b.m, b.v);
+            let (m, v) = (self.bufs[unit].m, self.bufs[unit].v);
+            let params = self.with_held_params(unit, |home, h, whole| {
+                with_whole_f32(home, &policy, h, whole, |x| x)
+            })?;
+            let mut moment =
+                |h| with_whole_f32(self.optimizer_home(), &policy, h, policy.whole_optim, |x| x);
             out.push(UnitState {
-                params: self.whole_f32(unit, params, params_whole)?,
-                m: self.whole_f32(unit, m, policy.whole_optim)?,
-                v: self.whole_f32(unit, v, policy.whole_optim)?,
+                params,
+                m: moment(m)?,
+                v: moment(v)?,
             });
         }
         Ok(out)
@@ -96,9 +98,9 @@ impl Engine {
 
     /// Runs `f` on `unit`'s whole f32 parameters (the master weights for half precision):
     /// read in place where this rank keeps them whole, else all-gathered into one transient
-    /// arena block freed after `f`. So an export streamed unit by unit holds at most one
-    /// unit beyond the rank's own states, inside the arena. Collective where parameters are
-    /// sharded: every rank calls it for the same units in the same order.
+    /// block of the arena that holds them, freed after `f`. So an export streamed unit by
+    /// unit holds at most one unit beyond the rank's own states. Collective where parameters
+    /// are sharded: every rank calls it for the same units in the same order.
     ///
     /// # Errors
     /// [`Error::NoSuchUnit`], collective or arena failures.
@@ -107,49 +109,27 @@ impl Engine {
         self.complete_reductions(0)?;
         self.drop_prefetches()?;
         let policy = self.policies[unit];
-        let b = &self.bufs[unit];
-        let (held, whole) = match b.master {
-            Some(master) => (master, policy.whole_optim),
-            None => (b.params, policy.whole_params),
-        };
-        let numel = policy.part.numel();
-        if whole {
-            return Ok(f(&read_f32(&self.arena, held, 0..numel)?));
-        }
-        let padded = policy.part.padded_numel();
-        let full = self.alloc_transient::<f32>(padded)?;
-        let shard = Span::new(held, 0..policy.len(false));
-        let gathered = self.collectives.all_gather(
-            &self.comm,
-            &mut self.arena,
-            DType::F32,
-            shard,
-            Span::new(full, 0..padded),
-        );
-        let result = gathered.and_then(|()| Ok(f(&read_f32(&self.arena, full, 0..numel)?)));
-        self.arena.free(full)?;
-        result
+        self.with_held_params(unit, |home, h, whole| {
+            with_whole_f32(home, &policy, h, whole, |x| f(&x))
+        })
     }
 
-    /// The `numel` real elements of an f32 buffer kept whole or sharded (all-gathered).
-    fn whole_f32(&mut self, unit: usize, h: Handle, whole: bool) -> Result<Vec<f32>> {
-        let numel = self.policies[unit].part.numel();
-        if whole {
-            return read_f32(&self.arena, h, 0..numel);
+    /// Runs `f` on the arena holding `unit`'s f32 parameters (the master weights in the
+    /// optimizer's home for half precision, else the stored ones), their block, and whether
+    /// it is whole.
+    fn with_held_params<R>(
+        &mut self,
+        unit: usize,
+        f: impl FnOnce(StateHome<'_>, Handle, bool) -> R,
+    ) -> R {
+        let policy = self.policies[unit];
+        match self.bufs[unit].master {
+            Some(master) => f(self.optimizer_home(), master, policy.whole_optim),
+            None => {
+                let params = self.bufs[unit].params;
+                f(self.device_home(), params, policy.whole_params)
+            }
         }
-        let padded = self.policies[unit].part.padded_numel();
-        let full = self.alloc_transient::<f32>(padded)?;
-        let shard = Span::new(h, 0..self.policies[unit].len(false));
-        let gathered = self.collectives.all_gather(
-            &self.comm,
-            &mut self.arena,
-            DType::F32,
-            shard,
-            Span::new(full, 0..padded),
-        );
-        let result = gathered.and_then(|()| read_f32(&self.arena, full, 0..numel));
-        self.arena.free(full)?;
-        result
     }
 
     /// The split of `unit` across the ranks.
@@ -177,18 +157,19 @@ impl Engine {
         let policy = self.policies[unit];
         let owned = policy.part.data_shard(rank);
         let b = &self.bufs[unit];
-        let (params, params_whole) = match b.master {
-            Some(master) => (master, policy.whole_optim),
-            None => (b.params, policy.whole_params),
+        let optim = self.optimizer_arena();
+        let cut = |arena, h: Handle, whole: bool| -> Result<Vec<f32>> {
+            read_f32(arena, h, policy.part.local(rank, owned, whole))
         };
-        let cut = |h: Handle, whole: bool| -> Result<Vec<f32>> {
-            read_f32(&self.arena, h, policy.part.local(rank, owned, whole))
+        let params = match b.master {
+            Some(master) => cut(optim, master, policy.whole_optim)?,
+            None => cut(&self.arena, b.params, policy.whole_params)?,
         };
         Ok(OwnedStates {
             range: owned.range(),
-            params: cut(params, params_whole)?,
-            m: cut(b.m, policy.whole_optim)?,
-            v: cut(b.v, policy.whole_optim)?,
+            params,
+            m: cut(optim, b.m, policy.whole_optim)?,
+            v: cut(optim, b.v, policy.whole_optim)?,
         })
     }
 
@@ -261,7 +242,7 @@ impl Engine {
             (from, policy.part.local(rank, common, whole))
         };
         let b = &self.bufs[unit];
-        let precision = self.config.precision;
+        let (stored, precision) = (b.params, self.config.precision);
         let f32_targets = match kind {
             StateKind::Params => b.master.map(|h| (h, policy.whole_optim)),
             StateKind::AdamM => Some((b.m, policy.whole_optim)),
@@ -269,17 +250,11 @@ impl Engine {
         };
         if let Some((h, whole)) = f32_targets {
             let (from, to) = window(whole);
-            write_f32(&mut self.arena, h, to.start, &values[from])?;
+            write_f32(self.optimizer_home().arena, h, to.start, &values[from])?;
         }
         if kind == StateKind::Params {
             let (from, to) = window(policy.whole_params);
-            write_stored(
-                &mut self.arena,
-                precision,
-                b.params,
-                to.start,
-                &values[from],
-            )?;
+            write_stored(&mut self.arena, precision, stored, to.start, &values[from])?;
         }
         Ok(())
     }
@@ -338,29 +313,62 @@ impl Engine {
             let kernels = self.kernels.as_ref();
             let staged = upload_whole(&mut self.arena, kernels, &policy, &state.params)?;
             let b = &self.bufs[unit];
-            let written = write_whole(
+            let precision = self.config.precision;
+            let written = write_params(
                 &mut self.arena,
                 kernels,
                 &policy,
                 b,
-                self.config.precision,
+                precision,
                 rank,
                 staged,
             );
             self.arena.free(staged)?;
             written?;
-            let data = policy.part.data_shard(rank);
-            for (h, values) in [(b.m, &state.m), (b.v, &state.v)] {
-                let mut local = vec![0f32; policy.len(policy.whole_optim)];
-                if policy.whole_optim {
-                    local[..numel].copy_from_slice(values);
-                } else {
-                    local[..data.len].copy_from_slice(&values[data.range()]);
-                }
-                write_f32(&mut self.arena, h, 0, &local)?;
+            let (master, m, v) = (b.master, b.m, b.v);
+            let home = self.optimizer_home().arena;
+            if let Some(master) = master {
+                write_kept(
+                    home,
+                    &policy,
+                    rank,
+                    policy.whole_optim,
+                    master,
+                    &state.params,
+                )?;
             }
+            write_kept(home, &policy, rank, policy.whole_optim, m, &state.m)?;
+            write_kept(home, &policy, rank, policy.whole_optim, v, &state.v)?;
         }
         self.steps = steps;
         Ok(())
     }
+}
+
+/// The `numel` real elements of an f32 buffer of `home`'s arena kept whole or sharded
+/// (all-gathered into a transient block of that arena, freed before returning), handed to `f`.
+fn with_whole_f32<R>(
+    home: StateHome<'_>,
+    policy: &UnitPolicy,
+    h: Handle,
+    whole: bool,
+    f: impl FnOnce(Vec<f32>) -> R,
+) -> Result<R> {
+    let numel = policy.part.numel();
+    if whole {
+        return Ok(f(read_f32(home.arena, h, 0..numel)?));
+    }
+    let padded = policy.part.padded_numel();
+    let full = home.arena.alloc_elems::<f32>(padded)?;
+    let shard = Span::new(h, 0..policy.len(false));
+    let gathered = home.collectives.all_gather(
+        home.comm,
+        home.arena,
+        DType::F32,
+        shard,
+        Span::new(full, 0..padded),
+    );
+    let result = gathered.and_then(|()| read_f32(home.arena, full, 0..numel));
+    home.arena.free(full)?;
+    Ok(f(result?))
 }

@@ -53,6 +53,7 @@ pub mod kernels;
 mod lending;
 mod loss_scale;
 pub mod optim;
+mod optimizer_home;
 mod order;
 pub mod partition;
 mod plan;
@@ -77,6 +78,7 @@ pub use formulas::{
 pub use inflight::MAX_IN_FLIGHT;
 pub use kernels::{HostKernels, Kernels};
 pub use loss_scale::LossScaler;
+pub use optimizer_home::OffloadPlan;
 pub use partition::{Partition, Shard};
 pub use plan::{check_fits, plan_memory, MemoryPlan, PlanShape};
 pub use policy::{ZeroStage, SHARD_ALIGN_ELEMS};

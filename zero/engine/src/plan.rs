@@ -6,6 +6,7 @@
 //! declared schedule ([`Replay`]).
 
 use super::formulas::ModelStateBytes;
+use super::optimizer_home::{plan_offload, OffloadPlan};
 use super::policy::{UnitPolicy, ZeroStage};
 use super::precision::Precision;
 use super::replay::Replay;
@@ -18,7 +19,7 @@ use zero_comm::{ShardBuckets, StagingRule};
 /// The bytes one rank needs for a configuration.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct MemoryPlan {
-    /// Persistent model states by kind.
+    /// Persistent model states in the rank's arena, by kind.
     pub model_states: ModelStateBytes,
     /// The peak of the transient buffers (compute copies, unreduced gradients, prefetched
     /// all-gathers, gradient buckets, the optimizer's f32 gradient).
@@ -30,6 +31,9 @@ pub struct MemoryPlan {
     pub backend_staging: u64,
     /// Bytes of the largest collective the engine issues (whole arrays).
     pub largest_collective: u64,
+    /// ZeRO-Offload's host arena (`None` without offload); `model_states.optimizer` is then 0,
+    /// since the optimizer states are there.
+    pub offload: Option<OffloadPlan>,
 }
 
 impl MemoryPlan {
@@ -59,6 +63,8 @@ pub struct PlanShape {
     /// How the communicator's backend stages collectives
     /// ([`Communicator::staging_rule`](zero_comm::Communicator::staging_rule)).
     pub staging: StagingRule,
+    /// ZeRO-Offload: the optimizer states and their update in a host arena of their own.
+    pub offload_optimizer: bool,
 }
 
 /// The configuration of a rank's arena of `capacity` bytes: the one place its alignment
@@ -120,8 +126,15 @@ pub fn plan_memory(
             "staging for collectives of {largest_collective} bytes overflows"
         ))
     })?;
+    let mut model_states = model_state_bytes(&policies, shape.precision);
+    let offload = if shape.offload_optimizer {
+        model_states.optimizer = 0.0;
+        Some(plan_offload(&policies, shape.precision, shape.world)?)
+    } else {
+        None
+    };
     Ok(MemoryPlan {
-        model_states: model_state_bytes(&policies, shape.precision),
+        model_states,
         transient,
         activations: shape.activation_bytes,
         backend_staging: if staging == 0 {
@@ -130,6 +143,7 @@ pub fn plan_memory(
             block_bytes(staging)?
         },
         largest_collective,
+        offload,
     })
 }
 
@@ -235,6 +249,7 @@ mod tests {
             reduce_bucket_bytes: 1 << 20,
             activation_bytes: 0,
             staging: StagingRule::None,
+            offload_optimizer: false,
         }
     }
 

@@ -180,6 +180,9 @@ impl<'a> Replay<'a> {
 
     /// The step's f32 gradient copy of each unit's updated range, the largest any rank makes.
     fn optimizer_step(&mut self) -> Result<()> {
+        if self.shape.offload_optimizer {
+            return Ok(());
+        }
         for p in self.policies {
             let widest = (0..self.shape.world)
                 .map(|r| p.owned(r).len.max(1))

@@ -4,9 +4,10 @@
 use super::engine::EngineConfig;
 use super::error::{Error, Result};
 use super::kernels::Kernels;
+use super::optimizer_home::OffloadedOptimizer;
 use super::plan::MemoryPlan;
 use super::policy::UnitPolicy;
-use super::unit_buffers::{upload_whole, write_whole, UnitBuffers};
+use super::unit_buffers::{upload_whole, write_kept, write_params, UnitBuffers};
 use zero_alloc::Arena;
 use zero_comm::Communicator;
 
@@ -16,6 +17,7 @@ use zero_comm::Communicator;
 pub(crate) fn allocate_units(
     arena: &mut Arena,
     kernels: &dyn Kernels,
+    mut offloaded: Option<&mut OffloadedOptimizer>,
     policies: &[UnitPolicy],
     config: &EngineConfig,
     rank: usize,
@@ -24,19 +26,29 @@ pub(crate) fn allocate_units(
     let precision = config.precision;
     let mut bufs = Vec::with_capacity(policies.len());
     for (unit, policy) in policies.iter().enumerate() {
-        let b = UnitBuffers::new(arena, kernels, policy, precision)?;
+        let optim = offloaded.as_deref_mut().map(OffloadedOptimizer::parts);
+        let b = UnitBuffers::new(arena, kernels, optim, policy, precision)?;
         let mut host = vec![0f32; policy.part.numel()];
         init(unit, &mut host);
         let values = upload_whole(arena, kernels, policy, &host)?;
-        let loaded = write_whole(arena, kernels, policy, &b, precision, rank, values);
+        let loaded = write_params(arena, kernels, policy, &b, precision, rank, values);
         arena.free(values)?;
         loaded?;
+        if let Some(master) = b.master {
+            let home = offloaded
+                .as_deref_mut()
+                .map_or(&mut *arena, |o| &mut o.arena);
+            write_kept(home, policy, rank, policy.whole_optim, master, &host)?;
+        }
         bufs.push(b);
     }
     if config.defragment {
         arena.defragment()?;
     }
     arena.reset_peak();
+    if let Some(o) = offloaded {
+        o.arena.reset_peak();
+    }
     Ok(bufs)
 }
 

@@ -128,16 +128,21 @@ impl Engine {
         let rank = self.rank();
         for unit in 0..self.specs.len() {
             let policy = self.policies[unit];
-            let owned = policy.owned(rank);
-            let grad32 = zeroed(
-                &mut self.arena,
-                self.kernels.as_ref(),
-                DType::F32,
-                owned.len.max(1),
-            )?;
-            let updated = self.update_unit::<S>(unit, grad32, lr, factor, clip_coef);
-            self.arena.free(grad32)?;
-            updated?;
+            let segments = self.specs[unit].decay_segments();
+            let step = AdamWStep {
+                adam: self.config.adam,
+                t: self.steps,
+                lr,
+                grad_factor: factor,
+                clip_coef,
+                offset: policy.owned(rank).offset,
+                segments: &segments,
+            };
+            if self.offloaded.is_some() {
+                self.update_offloaded::<S>(unit, &step)?;
+            } else {
+                self.update_unit::<S>(unit, &step)?;
+            }
             let b = &self.bufs[unit];
             let grads = Span::new(b.grads, 0..policy.len(policy.whole_grads));
             self.kernels.fill_zero(&mut self.arena, S::DTYPE, grads)?;
@@ -157,17 +162,18 @@ impl Engine {
         Ok(())
     }
 
-    /// AdamW on the range of `unit` this rank owns, with `grad32` as the f32 scratch.
-    fn update_unit<S: Store>(
-        &mut self,
-        unit: usize,
-        grad32: zero_alloc::Handle,
-        lr: f32,
-        factor: f32,
-        clip_coef: f32,
-    ) -> Result<()> {
-        let (policy, b, rank) = (self.policies[unit], &self.bufs[unit], self.rank());
+    /// AdamW on the range of `unit` this rank owns, in the engine's arena, with a transient
+    /// f32 copy of the gradients.
+    fn update_unit<S: Store>(&mut self, unit: usize, step: &AdamWStep<'_>) -> Result<()> {
+        let (policy, rank) = (self.policies[unit], self.rank());
         let owned = policy.owned(rank);
+        let grad32 = zeroed(
+            &mut self.arena,
+            self.kernels.as_ref(),
+            DType::F32,
+            owned.len.max(1),
+        )?;
+        let b = &self.bufs[unit];
         let p_at = policy.part.local(rank, owned, policy.whole_params);
         let g_at = policy.part.local(rank, owned, policy.whole_grads);
         let o_at = policy.part.local(rank, owned, policy.whole_optim);
@@ -179,17 +185,9 @@ impl Engine {
             m: Span::new(b.m, o_at.clone()),
             v: Span::new(b.v, o_at),
         };
-        let segments = self.specs[unit].decay_segments();
-        let step = AdamWStep {
-            adam: self.config.adam,
-            t: self.steps,
-            lr,
-            grad_factor: factor,
-            clip_coef,
-            offset: owned.offset,
-            segments: &segments,
-        };
-        self.kernels.adamw(&mut self.arena, S::DTYPE, &bufs, &step)
+        let updated = self.kernels.adamw(&mut self.arena, S::DTYPE, &bufs, step);
+        self.arena.free(grad32)?;
+        updated
     }
 
     /// The global gradient norm over every unit's real elements, of the gradients times

@@ -1,6 +1,7 @@
 //! One unit's arena blocks on a rank, and how whole values are stored into them.
 
 use super::error::Result;
+use super::host_io::write_f32;
 use super::kernels::{Kernels, Span};
 use super::policy::UnitPolicy;
 use super::precision::Precision;
@@ -28,26 +29,32 @@ pub(crate) struct UnitBuffers {
 }
 
 impl UnitBuffers {
-    /// Zeroed blocks for a unit, each whole or a shard as `policy` keeps it.
+    /// Zeroed blocks for a unit, each whole or a shard as `policy` keeps it: the stored
+    /// parameters and gradients in `arena`, the optimizer states in `optim` when given (the
+    /// offloaded host arena and its kernels), else in `arena` too.
     pub fn new(
         arena: &mut Arena,
         kernels: &dyn Kernels,
+        optim: Option<(&mut Arena, &dyn Kernels)>,
         policy: &UnitPolicy,
         precision: Precision,
     ) -> Result<Self> {
         let optim_len = policy.len(policy.whole_optim);
         let store = precision.dtype();
-        let mut zeroed = |dtype, len| zeroed(arena, kernels, dtype, len);
+        let params = zeroed(arena, kernels, store, policy.len(policy.whole_params))?;
+        let grads = zeroed(arena, kernels, store, policy.len(policy.whole_grads))?;
+        let (oa, ok) = optim.unwrap_or((arena, kernels));
+        let mut zeroed32 = || zeroed(oa, ok, DType::F32, optim_len);
         Ok(UnitBuffers {
-            params: zeroed(store, policy.len(policy.whole_params))?,
+            params,
             master: if precision.has_master() {
-                Some(zeroed(DType::F32, optim_len)?)
+                Some(zeroed32()?)
             } else {
                 None
             },
-            grads: zeroed(store, policy.len(policy.whole_grads))?,
-            m: zeroed(DType::F32, optim_len)?,
-            v: zeroed(DType::F32, optim_len)?,
+            grads,
+            m: zeroed32()?,
+            v: zeroed32()?,
             gathered: None,
             gather_refs: 0,
             unreduced: None,
@@ -87,9 +94,10 @@ pub(crate) fn upload_whole(
     Ok(full)
 }
 
-/// Stores whole f32 `values` (padded) into a unit's buffers as its stage keeps them: the
-/// stored parameters (rounded for half precision) and the f32 master copy.
-pub(crate) fn write_whole(
+/// Stores whole f32 `values` (padded, in block `values`) into the unit's stored parameters as
+/// its stage keeps them, rounded for half precision. The master copy is written by
+/// [`write_kept`].
+pub(crate) fn write_params(
     arena: &mut Arena,
     kernels: &dyn Kernels,
     policy: &UnitPolicy,
@@ -98,25 +106,38 @@ pub(crate) fn write_whole(
     rank: usize,
     values: Handle,
 ) -> Result<()> {
-    let shard = policy.part.shard(rank);
-    let part = |whole: bool| {
-        if whole {
-            Span::new(values, 0..policy.part.padded_numel())
-        } else {
-            Span::new(values, shard.range())
-        }
+    let part = if policy.whole_params {
+        0..policy.part.padded_numel()
+    } else {
+        policy.part.shard(rank).range()
     };
     let stored = Span::new(b.params, 0..policy.len(policy.whole_params));
     kernels.narrow(
         arena,
         precision.dtype(),
-        part(policy.whole_params),
+        Span::new(values, part),
         stored,
         1.0,
-    )?;
-    if let Some(master) = b.master {
-        let master = Span::new(master, 0..policy.len(policy.whole_optim));
-        kernels.copy(arena, DType::F32, part(policy.whole_optim), master)?;
-    }
-    Ok(())
+    )
+}
+
+/// Writes the part of a unit's whole f32 `values` (its `numel` real elements) that a buffer
+/// kept whole or as `rank`'s shard holds, zeros in its padding, into f32 block `h`.
+pub(crate) fn write_kept(
+    arena: &mut Arena,
+    policy: &UnitPolicy,
+    rank: usize,
+    whole: bool,
+    h: Handle,
+    values: &[f32],
+) -> Result<()> {
+    let mut local = vec![0f32; policy.len(whole)];
+    let real = if whole {
+        0..values.len()
+    } else {
+        policy.part.data_shard(rank).range()
+    };
+    let n = real.len();
+    local[..n].copy_from_slice(&values[real]);
+    write_f32(arena, h, 0, &local)
 }

@@ -284,6 +284,11 @@ pub struct TrainConfig {
     /// arena keeps two staging slots of one input each.
     #[arg(long)]
     pub offload_activations: bool,
+    /// ZeRO-Offload: keep the f32 master weights and Adam's moments in host memory
+    /// (page-locked with `--device cuda`) and run AdamW there; the device keeps the stored
+    /// parameters and gradients. `--memory-limit` caps the device's arena only.
+    #[arg(long)]
+    pub offload_optimizer: bool,
 }
 
 impl Default for TrainConfig {

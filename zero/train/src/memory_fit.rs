@@ -98,6 +98,7 @@ pub fn default_shape(world: usize, stage: ZeroStage, precision: Precision) -> Pl
         reduce_bucket_bytes: 4 << 20,
         activation_bytes: 0,
         staging: zero_comm::StagingRule::None,
+        offload_optimizer: false,
     }
 }
 

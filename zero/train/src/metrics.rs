@@ -63,6 +63,10 @@ pub struct RankReport {
     pub activation_bytes: u64,
     /// Bytes of kept block inputs offloaded to pinned host memory (0 without offload).
     pub activation_offloaded_bytes: u64,
+    /// ZeRO-Offload: the peak of the host arena of optimizer states (the states and one
+    /// unit's update staging; 0 without `--offload-optimizer`). `model_state_bytes` counts
+    /// the states wherever they are.
+    pub optimizer_offloaded_bytes: u64,
     /// Elements handed to collectives per training step, by kind.
     pub traffic_per_step: Traffic,
     /// Bytes zero-comm counted as sent per training step (all collectives).
@@ -87,6 +91,7 @@ impl RankReport {
             "peak_bytes": self.peak_bytes,
             "activation_bytes": self.activation_bytes,
             "activation_offloaded_bytes": self.activation_offloaded_bytes,
+            "optimizer_offloaded_bytes": self.optimizer_offloaded_bytes,
             "model_state_bytes": bytes_json(&self.measured),
             "expected_model_state_bytes": bytes_json(&self.expected),
             "stage0_model_state_bytes": bytes_json(&self.stage0),

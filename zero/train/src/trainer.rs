@@ -79,6 +79,7 @@ impl RankOutput {
                 peak_bytes: 0,
                 activation_bytes: 0,
                 activation_offloaded_bytes: 0,
+                optimizer_offloaded_bytes: 0,
                 traffic_per_step: Traffic::default(),
                 comm_bytes_sent_per_step: 0.0,
             },
@@ -294,6 +295,8 @@ impl<'a, B: Placement> Trainer<'a, B> {
         report.peak_bytes = self.engine.arena().stats().peak_allocated as u64;
         report.activation_bytes = self.acts.bytes();
         report.activation_offloaded_bytes = self.acts.offloaded_bytes();
+        report.optimizer_offloaded_bytes =
+            (self.engine.offload_arena()).map_or(0, |a| a.stats().peak_allocated as u64);
         report.traffic_per_step = Traffic {
             all_reduce: t.all_reduce / steps_run,
             reduce_scatter: t.reduce_scatter / steps_run,

@@ -288,3 +288,38 @@ fn a_latest_pointing_nowhere_is_refused_and_without_it_the_highest_step_is_taken
     std::fs::create_dir(save.join("step-000002.partial")).unwrap();
     assert_eq!(verify_state(&save).unwrap(), (state, 1));
 }
+
+/// ZeRO-Offload keeps the optimizer states elsewhere, not otherwise: a bf16 run with them
+/// offloaded trains the same losses and saves the same bytes as one without, and each resumes
+/// from the other's state to the bit.
+#[test]
+fn offloaded_optimizer_states_save_and_resume_as_the_device_ones() {
+    let dir = TempDir::new("offload");
+    learnable_corpus(&dir.0);
+    let run = |save: &Path, offload_optimizer: bool, resume: Option<PathBuf>| {
+        let cfg = TrainConfig {
+            save: Some(save.to_path_buf()),
+            save_every: 3,
+            precision: PrecisionArg::Bf16,
+            offload_optimizer,
+            resume,
+            ..tiny(&dir.0, 2, ZeroStage::Zero2)
+        };
+        train(&cfg).unwrap().losses
+    };
+    let (on_device, offloaded) = (dir.0.join("device"), dir.0.join("offloaded"));
+    let device_losses = run(&on_device, false, None);
+    assert_eq!(run(&offloaded, true, None), device_losses);
+    for rank in 0..2 {
+        let name = format!("step-000006/rank-0000{rank}.bin");
+        let (a, b) = (on_device.join(&name), offloaded.join(&name));
+        assert!(
+            std::fs::read(a).unwrap() == std::fs::read(b).unwrap(),
+            "{name}"
+        );
+    }
+    let step3 = |from: &Path| Some(from.join("step-000003"));
+    let again = dir.0.join("again");
+    assert_eq!(run(&again, true, step3(&on_device)), device_losses[3..]);
+    assert_eq!(run(&again, false, step3(&offloaded)), device_losses[3..]);
+}

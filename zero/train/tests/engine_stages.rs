@@ -232,3 +232,34 @@ fn the_bucket_size_changes_no_bit() {
         assert_same_bits(&at(4 << 20), &at(600), &format!("{stage}: bucket size"));
     }
 }
+
+/// ZeRO-Offload's update on the host arena gives the bits of the update in the engine's
+/// arena, at every stage and precision, with and without gradient accumulation.
+#[test]
+fn the_offloaded_optimizer_changes_no_bit() {
+    for precision in [Precision::Fp32, Precision::Bf16, Precision::Fp16] {
+        let reference = train_in(precision, 3, ZeroStage::Zero0, 12, 1);
+        for stage in ZeroStage::ALL {
+            let config = EngineConfig {
+                stage,
+                precision,
+                offload_optimizer: true,
+                ..EngineConfig::default()
+            };
+            let run = train_with(config, 3, 12, 1);
+            let what = format!("{precision:?} {stage} offloaded vs stage 0 at N=3");
+            assert_same_bits(&reference, &run, &what);
+        }
+    }
+    let reference = train(2, ZeroStage::Zero0, 8, 2);
+    let config = EngineConfig {
+        stage: ZeroStage::Zero3,
+        offload_optimizer: true,
+        ..EngineConfig::default()
+    };
+    assert_same_bits(
+        &reference,
+        &train_with(config, 2, 8, 2),
+        "offloaded, 2 micro-steps",
+    );
+}

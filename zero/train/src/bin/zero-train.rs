@@ -109,8 +109,13 @@ fn main() -> ExitCode {
                         m.num_layers, m.channels, m.num_heads, m.vocab_size
                     )
                 });
+                let offload = if cfg.offload_optimizer {
+                    " (optimizer offloaded to the host)"
+                } else {
+                    ""
+                };
                 eprintln!(
-                    "zero-train: model {name}{shape} | ZeRO stage {} | {ranks} | global batch {} x {} tokens | {} steps",
+                    "zero-train: model {name}{shape} | ZeRO stage {}{offload} | {ranks} | global batch {} x {} tokens | {} steps",
                     cfg.zero_stage as u8, cfg.batch_size, cfg.seq_len, cfg.steps
                 );
                 train(&cfg).map(|_| ()).map_err(|e| e.to_string())

@@ -38,6 +38,7 @@ pub(super) fn build_engine<B: Placement>(
         memory_limit: cfg.memory_limit.map(|m| m.0),
         defragment: !cfg.no_defragment,
         activation_bytes: activation_arena_bytes(&shared.model, b, t, placement)?,
+        offload_optimizer: cfg.offload_optimizer,
     };
     engine_config.adam.validate()?;
     let query = memory_query(
@@ -53,7 +54,13 @@ pub(super) fn build_engine<B: Placement>(
         // that names no stage that fits.
         None => {
             let ranks = ranks_sharing_memory(cfg.backend, cfg.device, comm.size());
-            refuse_above_the_budget(&query, ranks, model.backend().memory_budget())?;
+            // On the CPU, ZeRO-Offload's host arena draws on the same memory as the rank's.
+            let offloaded = match cfg.device {
+                Device::Cpu => query.plan()?.offload.map_or(0, |o| o.total()),
+                Device::Cuda(_) => 0,
+            };
+            let budget = model.backend().memory_budget();
+            refuse_above_the_budget(&query, offloaded, ranks, budget)?;
         }
     }
     let (gcfg, layout) = (shared.model, model.layout());
@@ -98,6 +105,7 @@ fn memory_query(
             reduce_bucket_bytes: engine_config.reduce_bucket_bytes,
             activation_bytes: engine_config.activation_bytes,
             staging,
+            offload_optimizer: engine_config.offload_optimizer,
         },
     }
 }
@@ -130,17 +138,19 @@ fn ranks_sharing_memory(backend: Backend, device: Device, comm_size: usize) -> u
 }
 
 /// Refuses at start-up, with no cap given, a plan whose `ranks_here` arenas (all of one
-/// size: data parallelism) need more than the `budget` they draw on (unknown: no check),
-/// naming a stage that fits.
+/// size: data parallelism), each with `offloaded` bytes more where those draw on the same
+/// memory, need more than the `budget` they draw on (unknown: no check), naming a stage that
+/// fits.
 fn refuse_above_the_budget(
     query: &MemoryQuery,
+    offloaded: u64,
     ranks_here: usize,
     budget: Option<(&'static str, u64)>,
 ) -> Result<(), TrainError> {
     let Some((memory, available)) = budget else {
         return Ok(());
     };
-    let per_rank = query.plan()?.total();
+    let per_rank = query.plan()?.total().saturating_add(offloaded);
     let ranks = u64::try_from(ranks_here).unwrap_or(u64::MAX);
     if per_rank.saturating_mul(ranks) <= available {
         return Ok(());

@@ -1,0 +1,270 @@
+//! Where a rank's optimizer states live: in the engine's arena beside the other model states,
+//! or, with ZeRO-Offload ([`EngineConfig::offload_optimizer`](crate::EngineConfig)), in a
+//! host arena of their own, updated there by host loops.
+//!
+//! The offloaded states are the f32 master weights (half precision) and Adam's m and v of the
+//! range the stage has a rank keep: the whole unit at stage 0, its shard at stages 1-3. The
+//! engine's arena keeps the stored parameters and the reduced gradients, so forward, backward
+//! and the reductions run as without offload, and every pass that reads or writes an
+//! optimizer state goes through [`Engine::optimizer_home`], the one place that knows which
+//! arena holds them.
+//!
+//! One unit's offloaded update ([`Engine::update_offloaded`]), after the global norm:
+//! 1. the owned range of the reduced gradients (storage type) is copied from the engine's
+//!    arena into a host staging block;
+//! 2. fp32 only, where the stored parameters are Adam's master copy: their owned range too;
+//! 3. [`HostKernels::adamw`](crate::HostKernels) updates the host blocks: the code a host
+//!    engine without offload runs, so the two give the same parameters to the bit;
+//! 4. the updated parameters (rounded for half precision) are copied back into the owned
+//!    range of the stored parameters; the step's all-gather follows as without offload.
+//!
+//! The copies are the arena's blocking byte copies (a device-to-host and a host-to-device
+//! copy on a CUDA arena), unit by unit. Not built: overlapping them with the update of the
+//! previous unit, and DeepSpeed's one-step delayed update that overlaps the host update with
+//! the next forward.
+
+use super::collectives::{Collectives, HostCollectives};
+use super::engine::Engine;
+use super::error::Result;
+use super::kernels::{AdamWBuffers, AdamWStep, HostKernels, Kernels, Span};
+use super::plan::{arena_config, block_bytes};
+use super::policy::UnitPolicy;
+use super::precision::{Precision, Store};
+use zero_alloc::{Arena, ArenaConfig, Backing, Device, Handle};
+use zero_comm::{Communicator, DType};
+
+/// The host arena of offloaded optimizer states, and what computes and communicates on it.
+#[derive(Debug)]
+pub(crate) struct OffloadedOptimizer {
+    pub arena: Arena,
+    kernels: HostKernels,
+    collectives: HostCollectives,
+}
+
+impl OffloadedOptimizer {
+    /// A host arena of `capacity` bytes, page-locked when the other model states are on a
+    /// GPU (so the copies of step 1 and 4 run at the link's speed).
+    pub fn new(capacity: u64, states_on: Device) -> Result<Self> {
+        let capacity = usize::try_from(capacity).unwrap_or(usize::MAX);
+        let backing = match states_on {
+            Device::Cpu => Backing::Memory,
+            Device::Cuda(_) => Backing::Pinned,
+        };
+        let config = ArenaConfig {
+            backing,
+            ..arena_config(capacity, false)
+        };
+        Ok(Self {
+            arena: Arena::new(config)?,
+            kernels: HostKernels::default(),
+            collectives: HostCollectives,
+        })
+    }
+
+    /// The arena and the kernels that fill its blocks.
+    pub fn parts(&mut self) -> (&mut Arena, &dyn Kernels) {
+        (&mut self.arena, &self.kernels)
+    }
+}
+
+/// The arena that holds some model states, with the collectives that move its blocks.
+pub(crate) struct StateHome<'a> {
+    pub arena: &'a mut Arena,
+    pub collectives: &'a mut dyn Collectives,
+    pub comm: &'a Communicator,
+}
+
+impl Engine {
+    /// Where the master weights and moments are: the offloaded host arena, or the engine's.
+    pub(crate) fn optimizer_home(&mut self) -> StateHome<'_> {
+        match &mut self.offloaded {
+            Some(o) => StateHome {
+                arena: &mut o.arena,
+                collectives: &mut o.collectives,
+                comm: &self.comm,
+            },
+            None => StateHome {
+                arena: &mut self.arena,
+                collectives: self.collectives.as_mut(),
+                comm: &self.comm,
+            },
+        }
+    }
+
+    /// The engine's own arena (stored parameters, gradients, transients).
+    pub(crate) fn device_home(&mut self) -> StateHome<'_> {
+        StateHome {
+            arena: &mut self.arena,
+            collectives: self.collectives.as_mut(),
+            comm: &self.comm,
+        }
+    }
+
+    /// The arena of the master weights and moments, read-only.
+    pub(crate) fn optimizer_arena(&self) -> &Arena {
+        self.offloaded.as_ref().map_or(&self.arena, |o| &o.arena)
+    }
+
+    /// The host arena of the offloaded optimizer states (`None` without offload): its
+    /// statistics and peak.
+    pub fn offload_arena(&self) -> Option<&Arena> {
+        self.offloaded.as_ref().map(|o| &o.arena)
+    }
+
+    /// Steps 1-4 of the module's data flow for `unit`, with `step`'s scalars.
+    pub(crate) fn update_offloaded<S: Store>(
+        &mut self,
+        unit: usize,
+        step: &AdamWStep<'_>,
+    ) -> Result<()> {
+        let (policy, rank) = (self.policies[unit], self.rank());
+        let owned = policy.owned(rank);
+        let b = &self.bufs[unit];
+        let (grads, params) = (b.grads, b.params);
+        let (master, m, v) = (b.master, b.m, b.v);
+        let g_at = policy.part.local(rank, owned, policy.whole_grads);
+        let p_at = policy.part.local(rank, owned, policy.whole_params);
+        let o_at = policy.part.local(rank, owned, policy.whole_optim);
+        let Some(host) = self.offloaded.as_mut() else {
+            return Err(super::Error::Order(
+                "offloaded update without offload".into(),
+            ));
+        };
+        let stage = Staging::new(&mut host.arena, S::DTYPE, owned.len)?;
+        let bufs = AdamWBuffers {
+            grads: Span::new(stage.grads, 0..owned.len),
+            scratch: Span::new(stage.scratch, 0..owned.len),
+            master: master.map(|h| Span::new(h, o_at.clone())),
+            params: Span::new(stage.params, 0..owned.len),
+            m: Span::new(m, o_at.clone()),
+            v: Span::new(v, o_at),
+        };
+        let elem = std::mem::size_of::<S>();
+        let bytes = owned.len * elem;
+        let device = &mut self.arena;
+        let updated = (|| {
+            let g = (&*device, grads, g_at.start * elem);
+            copy_down(g, bytes, &mut host.arena, stage.grads)?;
+            if master.is_none() {
+                let p = (&*device, params, p_at.start * elem);
+                copy_down(p, bytes, &mut host.arena, stage.params)?;
+            }
+            host.kernels.adamw(&mut host.arena, S::DTYPE, &bufs, step)?;
+            let to = (&mut *device, params, p_at.start * elem);
+            copy_up((&host.arena, stage.params), bytes, to)
+        })();
+        stage.free(&mut host.arena)?;
+        updated
+    }
+}
+
+/// The host blocks of one unit's offloaded update: gradients and parameters in the storage
+/// type, and the f32 gradient the update reads.
+struct Staging {
+    grads: Handle,
+    scratch: Handle,
+    params: Handle,
+}
+
+impl Staging {
+    fn new(arena: &mut Arena, dtype: DType, len: usize) -> Result<Self> {
+        let stored = |arena: &mut Arena| match dtype {
+            DType::F32 => arena.alloc_elems::<f32>(len.max(1)),
+            DType::Bf16 | DType::F16 => arena.alloc_elems::<u16>(len.max(1)),
+        };
+        let grads = stored(arena)?;
+        let scratch = arena.alloc_elems::<f32>(len.max(1))?;
+        let params = stored(arena)?;
+        Ok(Self {
+            grads,
+            scratch,
+            params,
+        })
+    }
+
+    fn free(self, arena: &mut Arena) -> Result<()> {
+        for h in [self.grads, self.scratch, self.params] {
+            arena.free(h)?;
+        }
+        Ok(())
+    }
+}
+
+/// The host arena's bytes under ZeRO-Offload.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OffloadPlan {
+    /// Every unit's master weights and moments, as the stage keeps them (whole or a shard).
+    pub states: u64,
+    /// The largest transient: one unit's update staging, or the all-gather of a sharded
+    /// state that an export or [`Engine::with_whole_params`] makes.
+    pub staging: u64,
+}
+
+impl OffloadPlan {
+    /// The host arena's capacity.
+    pub fn total(&self) -> u64 {
+        self.states + self.staging
+    }
+}
+
+/// The host arena of ZeRO-Offload for units kept as `policies` say over `world` ranks.
+///
+/// # Errors
+/// A block whose bytes overflow.
+pub(crate) fn plan_offload(
+    policies: &[UnitPolicy],
+    precision: Precision,
+    world: usize,
+) -> Result<OffloadPlan> {
+    let f32_block = |elems: usize| block_bytes((elems as u64).saturating_mul(4));
+    let (mut states, mut staging) = (0u64, 0u64);
+    let per_state = if precision.has_master() { 3 } else { 2 };
+    for p in policies {
+        let kept = f32_block(p.len(p.whole_optim))?;
+        states = states.saturating_add(kept.saturating_mul(per_state));
+        let widest = (0..world).map(|r| p.owned(r).len).max().unwrap_or(0);
+        staging = staging.max(staging_bytes(precision, widest)?);
+        if !p.whole_optim {
+            staging = staging.max(f32_block(p.part.padded_numel())?);
+        }
+    }
+    Ok(OffloadPlan { states, staging })
+}
+
+/// Host bytes of one unit's [`Staging`] for an owned range of `len` elements.
+fn staging_bytes(precision: Precision, len: usize) -> Result<u64> {
+    let len = len.max(1) as u64;
+    let stored = block_bytes(len.saturating_mul(precision.param_bytes()))?;
+    Ok(2 * stored + block_bytes(len.saturating_mul(4))?)
+}
+
+/// Copies `bytes` bytes from byte `at` of block `src` of `from` into the start of host
+/// block `dst`.
+fn copy_down(
+    (from, src, at): (&Arena, Handle, usize),
+    bytes: usize,
+    host: &mut Arena,
+    dst: Handle,
+) -> Result<()> {
+    let view = host.slice_mut::<u8>(dst)?;
+    let view = view.get_mut(..bytes).ok_or_else(|| short_block(bytes))?;
+    Ok(from.read_at(src, at, view)?)
+}
+
+/// Copies the first `bytes` bytes of host block `src` into `to`'s block `dst` from byte `at`.
+fn copy_up(
+    (host, src): (&Arena, Handle),
+    bytes: usize,
+    (to, dst, at): (&mut Arena, Handle, usize),
+) -> Result<()> {
+    let view = host.slice::<u8>(src)?;
+    let view = view.get(..bytes).ok_or_else(|| short_block(bytes))?;
+    Ok(to.write_at(dst, at, view)?)
+}
+
+fn short_block(bytes: usize) -> super::Error {
+    super::Error::BadSpan {
+        kernel: "offload copy",
+        message: format!("a staging block shorter than {bytes} bytes"),
+    }
+}
