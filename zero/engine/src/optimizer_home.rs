@@ -9,18 +9,21 @@
 //! optimizer state goes through [`Engine::optimizer_home`], the one place that knows which
 //! arena holds them.
 //!
-//! One unit's offloaded update ([`Engine::update_offloaded`]), after the global norm:
-//! 1. the owned range of the reduced gradients (storage type) is copied from the engine's
+//! One unit's offloaded update ([`Engine::update_offloaded`]), after the global norm, piece
+//! by piece of the range the rank owns (a gradient bucket's worth each, so the host staging
+//! is bounded whatever the unit's size):
+//! 1. the piece of the reduced gradients (storage type) is copied from the engine's
 //!    arena into a host staging block;
-//! 2. fp32 only, where the stored parameters are Adam's master copy: their owned range too;
+//! 2. fp32 only, where the stored parameters are Adam's master copy: their piece too;
 //! 3. [`HostKernels::adamw`](crate::HostKernels) updates the host blocks: the code a host
 //!    engine without offload runs, so the two give the same parameters to the bit;
-//! 4. the updated parameters (rounded for half precision) are copied back into the owned
-//!    range of the stored parameters; the step's all-gather follows as without offload.
+//! 4. the updated parameters (rounded for half precision) are copied back into the piece of
+//!    the stored parameters. The step's all-gather follows the unit's last piece, as
+//!    without offload.
 //!
 //! The copies are the arena's blocking byte copies (a device-to-host and a host-to-device
-//! copy on a CUDA arena), unit by unit. Not built: overlapping them with the update of the
-//! previous unit, and DeepSpeed's one-step delayed update that overlaps the host update with
+//! copy on a CUDA arena), one piece after the other. Not built: overlapping a piece's copies
+//! with the update of the previous one, and DeepSpeed's one-step delayed update that overlaps the host update with
 //! the next forward.
 
 use super::collectives::{Collectives, HostCollectives};
@@ -111,7 +114,8 @@ impl Engine {
         self.offloaded.as_ref().map(|o| &o.arena)
     }
 
-    /// Steps 1-4 of the module's data flow for `unit`, with `step`'s scalars.
+    /// Steps 1-4 of the module's data flow for `unit`, with `step`'s scalars, piece by piece
+    /// of the owned range ([`piece_elems`]).
     pub(crate) fn update_offloaded<S: Store>(
         &mut self,
         unit: usize,
@@ -119,43 +123,117 @@ impl Engine {
     ) -> Result<()> {
         let (policy, rank) = (self.policies[unit], self.rank());
         let owned = policy.owned(rank);
+        let piece = piece_elems(self.config.reduce_bucket_bytes, self.config.precision);
         let b = &self.bufs[unit];
-        let (grads, params) = (b.grads, b.params);
-        let (master, m, v) = (b.master, b.m, b.v);
-        let g_at = policy.part.local(rank, owned, policy.whole_grads);
-        let p_at = policy.part.local(rank, owned, policy.whole_params);
-        let o_at = policy.part.local(rank, owned, policy.whole_optim);
+        let blocks = UnitBlocks {
+            grads: b.grads,
+            params: b.params,
+            master: b.master,
+            m: b.m,
+            v: b.v,
+        };
+        let first = Piece {
+            grads: policy.part.local(rank, owned, policy.whole_grads).start,
+            params: policy.part.local(rank, owned, policy.whole_params).start,
+            optim: policy.part.local(rank, owned, policy.whole_optim).start,
+            len: 0,
+        };
         let Some(host) = self.offloaded.as_mut() else {
             return Err(super::Error::Order(
                 "offloaded update without offload".into(),
             ));
         };
-        let stage = Staging::new(&mut host.arena, S::DTYPE, owned.len)?;
-        let bufs = AdamWBuffers {
-            grads: Span::new(stage.grads, 0..owned.len),
-            scratch: Span::new(stage.scratch, 0..owned.len),
-            master: master.map(|h| Span::new(h, o_at.clone())),
-            params: Span::new(stage.params, 0..owned.len),
-            m: Span::new(m, o_at.clone()),
-            v: Span::new(v, o_at),
-        };
-        let elem = std::mem::size_of::<S>();
-        let bytes = owned.len * elem;
-        let device = &mut self.arena;
-        let updated = (|| {
-            let g = (&*device, grads, g_at.start * elem);
-            copy_down(g, bytes, &mut host.arena, stage.grads)?;
-            if master.is_none() {
-                let p = (&*device, params, p_at.start * elem);
-                copy_down(p, bytes, &mut host.arena, stage.params)?;
+        let stage = Staging::new(&mut host.arena, S::DTYPE, owned.len.min(piece))?;
+        let mut updated = Ok(());
+        for start in (0..owned.len).step_by(piece) {
+            let at = first.advanced(start, piece.min(owned.len - start));
+            let step = AdamWStep {
+                offset: step.offset + start,
+                ..*step
+            };
+            updated = update_piece::<S>(&mut self.arena, host, &stage, &blocks, at, &step);
+            if updated.is_err() {
+                break;
             }
-            host.kernels.adamw(&mut host.arena, S::DTYPE, &bufs, step)?;
-            let to = (&mut *device, params, p_at.start * elem);
-            copy_up((&host.arena, stage.params), bytes, to)
-        })();
+        }
         stage.free(&mut host.arena)?;
         updated
     }
+}
+
+/// Elements of the owned range one offloaded update moves and updates at a time: one
+/// gradient bucket's worth (`reduce_bucket_bytes` of the storage type), which bounds the
+/// host staging whatever the size of a unit.
+pub(crate) fn piece_elems(reduce_bucket_bytes: usize, precision: Precision) -> usize {
+    (reduce_bucket_bytes / precision.param_bytes() as usize).max(1)
+}
+
+/// A unit's blocks that its offloaded update touches.
+struct UnitBlocks {
+    grads: Handle,
+    params: Handle,
+    master: Option<Handle>,
+    m: Handle,
+    v: Handle,
+}
+
+/// One piece of an owned range: where it starts in each block (elements), and its length.
+#[derive(Clone, Copy)]
+struct Piece {
+    grads: usize,
+    params: usize,
+    optim: usize,
+    len: usize,
+}
+
+impl Piece {
+    /// The piece of `len` elements `start` elements after `self`'s start.
+    fn advanced(self, start: usize, len: usize) -> Self {
+        Self {
+            grads: self.grads + start,
+            params: self.params + start,
+            optim: self.optim + start,
+            len,
+        }
+    }
+}
+
+/// Steps 1-4 for one piece of a unit, through `stage`'s host blocks.
+fn update_piece<S: Store>(
+    device: &mut Arena,
+    host: &mut OffloadedOptimizer,
+    stage: &Staging,
+    b: &UnitBlocks,
+    at: Piece,
+    step: &AdamWStep<'_>,
+) -> Result<()> {
+    let elem = std::mem::size_of::<S>();
+    let bytes = at.len * elem;
+    let kept = at.optim..at.optim + at.len;
+    let bufs = AdamWBuffers {
+        grads: Span::new(stage.grads, 0..at.len),
+        scratch: Span::new(stage.scratch, 0..at.len),
+        master: b.master.map(|h| Span::new(h, kept.clone())),
+        params: Span::new(stage.params, 0..at.len),
+        m: Span::new(b.m, kept.clone()),
+        v: Span::new(b.v, kept),
+    };
+    copy_down(
+        (device, b.grads, at.grads * elem),
+        bytes,
+        &mut host.arena,
+        stage.grads,
+    )?;
+    if b.master.is_none() {
+        let params = (&*device, b.params, at.params * elem);
+        copy_down(params, bytes, &mut host.arena, stage.params)?;
+    }
+    host.kernels.adamw(&mut host.arena, S::DTYPE, &bufs, step)?;
+    copy_up(
+        (&host.arena, stage.params),
+        bytes,
+        (device, b.params, at.params * elem),
+    )
 }
 
 /// The host blocks of one unit's offloaded update: gradients and parameters in the storage
@@ -215,7 +293,9 @@ pub(crate) fn plan_offload(
     policies: &[UnitPolicy],
     precision: Precision,
     world: usize,
+    reduce_bucket_bytes: usize,
 ) -> Result<OffloadPlan> {
+    let piece = piece_elems(reduce_bucket_bytes, precision);
     let f32_block = |elems: usize| block_bytes((elems as u64).saturating_mul(4));
     let (mut states, mut staging) = (0u64, 0u64);
     let per_state = if precision.has_master() { 3 } else { 2 };
@@ -223,7 +303,7 @@ pub(crate) fn plan_offload(
         let kept = f32_block(p.len(p.whole_optim))?;
         states = states.saturating_add(kept.saturating_mul(per_state));
         let widest = (0..world).map(|r| p.owned(r).len).max().unwrap_or(0);
-        staging = staging.max(staging_bytes(precision, widest)?);
+        staging = staging.max(staging_bytes(precision, widest.min(piece))?);
         if !p.whole_optim {
             staging = staging.max(f32_block(p.part.padded_numel())?);
         }

@@ -129,7 +129,12 @@ pub fn plan_memory(
     let mut model_states = model_state_bytes(&policies, shape.precision);
     let offload = if shape.offload_optimizer {
         model_states.optimizer = 0.0;
-        Some(plan_offload(&policies, shape.precision, shape.world)?)
+        Some(plan_offload(
+            &policies,
+            shape.precision,
+            shape.world,
+            shape.reduce_bucket_bytes,
+        )?)
     } else {
         None
     };

@@ -263,3 +263,24 @@ fn the_offloaded_optimizer_changes_no_bit() {
         "offloaded, 2 micro-steps",
     );
 }
+
+/// The offloaded update moves a unit's owned range in pieces of a gradient bucket: 600-byte
+/// buckets cut every unit of the tiny model into many pieces with a short last one, and no
+/// bit changes.
+#[test]
+fn the_offloaded_update_in_pieces_changes_no_bit() {
+    for precision in [Precision::Fp32, Precision::Bf16] {
+        let reference = train_in(precision, 3, ZeroStage::Zero0, 12, 1);
+        for stage in [ZeroStage::Zero0, ZeroStage::Zero2] {
+            let config = EngineConfig {
+                stage,
+                precision,
+                offload_optimizer: true,
+                reduce_bucket_bytes: 600,
+                ..EngineConfig::default()
+            };
+            let what = format!("{precision:?} {stage} offloaded in 600-byte pieces");
+            assert_same_bits(&reference, &train_with(config, 3, 12, 1), &what);
+        }
+    }
+}
