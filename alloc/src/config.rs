@@ -16,6 +16,11 @@ pub enum Backing {
     /// Page-locked host memory (CPU only). Falls back to pageable memory, with a logged
     /// warning, when the OS refuses to lock.
     Pinned,
+    /// Host memory (CPU only) registered with GPU `ordinal`'s CUDA context
+    /// (`cuMemHostRegister`), which page-locks it and lets the driver copy between it and
+    /// device memory by DMA. Falls back to [`Backing::Pinned`], with a logged warning,
+    /// without feature `cuda` or when the driver refuses.
+    CudaRegistered(usize),
     /// No memory at all: sizes and offsets are tracked exactly, views are refused. For
     /// planning footprints far beyond this machine.
     Accounting,

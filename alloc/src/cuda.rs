@@ -172,3 +172,47 @@ impl DeviceRegion {
             .map_err(cuda_err("stream synchronize"))
     }
 }
+
+/// A host range registered with a CUDA context (`cuMemHostRegister`), unregistered on drop.
+/// Held by the [`HostRegion`](crate::memory::HostRegion) it covers, which drops it before
+/// unmapping the range.
+#[derive(Debug)]
+pub(crate) struct HostRegistration {
+    ctx: Arc<CudaContext>,
+    ptr: *mut std::ffi::c_void,
+}
+
+// SAFETY: the value only holds the registered address to unregister it; it gives no access to
+// the bytes, and the driver's registration is process-wide (PORTABLE), not thread-bound.
+unsafe impl Send for HostRegistration {}
+// SAFETY: as above: `&HostRegistration` exposes nothing.
+unsafe impl Sync for HostRegistration {}
+
+/// Registers `region`'s whole mapping with GPU `ordinal`'s context, page-locked and visible
+/// to every context (`CU_MEMHOSTREGISTER_PORTABLE`), and hands the registration to the region.
+pub(crate) fn register_host(region: &mut crate::memory::HostRegion, ordinal: usize) -> Result<()> {
+    let Some((ptr, len)) = region.mapping() else {
+        return Ok(());
+    };
+    let ctx = context(ordinal)?;
+    ctx.bind_to_thread().map_err(cuda_err("bind_to_thread"))?;
+    let ptr = ptr.cast::<std::ffi::c_void>();
+    // SAFETY: `ptr..ptr + len` is the region's own anonymous mapping, in whole pages (mmap
+    // maps whole pages), and the region keeps it mapped until after the registration drops.
+    unsafe { sys::cuMemHostRegister_v2(ptr, len, sys::CU_MEMHOSTREGISTER_PORTABLE) }
+        .result()
+        .map_err(cuda_err("cuMemHostRegister"))?;
+    region.set_registration(HostRegistration { ctx, ptr });
+    Ok(())
+}
+
+impl Drop for HostRegistration {
+    fn drop(&mut self) {
+        // A failure leaves the pages locked until the process exits; nothing else to do.
+        let _bound = self.ctx.bind_to_thread();
+        // SAFETY: `ptr` was registered by `register_host` and is still mapped (the region
+        // unmaps it after this drop); no copy can be in flight, since every arena copy
+        // completes before the arena can drop.
+        let _ = unsafe { sys::cuMemHostUnregister(self.ptr) }.result();
+    }
+}

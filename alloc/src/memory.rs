@@ -13,6 +13,9 @@ use crate::error::{AllocError, Result};
 /// A zero-initialised, aligned, host-addressable byte range.
 #[derive(Debug)]
 pub(crate) struct HostRegion {
+    // Declared first so that it drops first: the range is unregistered before it is unmapped.
+    #[cfg(feature = "cuda")]
+    registration: Option<crate::cuda::HostRegistration>,
     // Kept only to unmap on drop; all access goes through `base`.
     map: Option<MmapMut>,
     base: *mut u8,
@@ -32,6 +35,8 @@ impl HostRegion {
     pub(crate) fn reserve(len: usize, alignment: usize) -> Result<Self> {
         if len == 0 {
             return Ok(Self {
+                #[cfg(feature = "cuda")]
+                registration: None,
                 map: None,
                 // Non-null and aligned, so an empty slice over it is valid.
                 base: std::ptr::without_provenance_mut(alignment),
@@ -64,6 +69,8 @@ impl HostRegion {
         // page aligned), so `start + pad .. start + pad + len` stays inside the mapping.
         let base = unsafe { start.add(pad) };
         Ok(Self {
+            #[cfg(feature = "cuda")]
+            registration: None,
             map: Some(map),
             base,
             len,
@@ -79,8 +86,28 @@ impl HostRegion {
         self.len
     }
 
+    /// Page-locked: by `mlock`, or by a CUDA registration.
     pub(crate) fn is_locked(&self) -> bool {
+        #[cfg(feature = "cuda")]
+        if self.registration.is_some() {
+            return true;
+        }
         self.locked
+    }
+
+    /// The whole mapping, in whole pages (`None` for an empty region): what a registration
+    /// with CUDA covers.
+    #[cfg(feature = "cuda")]
+    pub(crate) fn mapping(&self) -> Option<(*mut u8, usize)> {
+        let map = self.map.as_ref()?;
+        let page = page_size();
+        Some((map.as_ptr().cast_mut(), map.len().div_ceil(page) * page))
+    }
+
+    /// Keeps `registration` until the region drops, which unregisters it before unmapping.
+    #[cfg(feature = "cuda")]
+    pub(crate) fn set_registration(&mut self, registration: crate::cuda::HostRegistration) {
+        self.registration = Some(registration);
     }
 
     /// Page-locks the whole mapping (`mlock`).

@@ -27,6 +27,26 @@ pub(crate) fn lock_or_warn(region: &mut HostRegion) -> Option<String> {
     }
 }
 
+/// Registers `region` with GPU `ordinal`'s CUDA context (feature `cuda`), else page-locks it
+/// ([`lock_or_warn`]); each refusal is logged and the region stays usable.
+pub(crate) fn register_or_lock(region: &mut HostRegion, ordinal: usize) {
+    #[cfg(feature = "cuda")]
+    match crate::cuda::register_host(region, ordinal) {
+        Ok(()) => return,
+        Err(err) => tracing::warn!(
+            bytes = region.len(),
+            error = %err,
+            "cuMemHostRegister refused; page-locking with mlock instead"
+        ),
+    }
+    #[cfg(not(feature = "cuda"))]
+    tracing::warn!(
+        ordinal,
+        "registration with CUDA needs feature `cuda`; page-locking with mlock instead"
+    );
+    let _refusal = lock_or_warn(region);
+}
+
 #[derive(Debug)]
 enum Memory {
     Host(HostRegion),

@@ -36,9 +36,16 @@ impl Storage {
                 let _refusal = crate::pinned::lock_or_warn(&mut region);
                 Ok(Self::Host(Arc::new(region)))
             }
-            (Device::Cuda(_), Backing::Pinned) => Err(AllocError::InvalidConfig {
-                reason: "pinned backing is host memory; use Device::Cpu".into(),
-            }),
+            (Device::Cpu, Backing::CudaRegistered(ordinal)) => {
+                let mut region = HostRegion::reserve(len, alignment)?;
+                crate::pinned::register_or_lock(&mut region, ordinal);
+                Ok(Self::Host(Arc::new(region)))
+            }
+            (Device::Cuda(_), Backing::Pinned | Backing::CudaRegistered(_)) => {
+                Err(AllocError::InvalidConfig {
+                    reason: "pinned backing is host memory; use Device::Cpu".into(),
+                })
+            }
             #[cfg(feature = "cuda")]
             (Device::Cuda(ordinal), Backing::Memory) => Ok(Self::Cuda(Arc::new(
                 crate::cuda::DeviceRegion::new(ordinal, len)?,

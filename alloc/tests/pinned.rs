@@ -105,3 +105,29 @@ fn refused_lock_child() {
     assert_eq!(arena.slice::<u8>(h).unwrap()[4095], 1);
     println!("CHILD: fallback verified");
 }
+
+/// An arena asking for CUDA registration on a machine with no driver (or a build without
+/// `cuda`) falls back to page-locking with mlock, and its blocks work.
+#[test]
+fn cuda_registered_backing_without_a_driver_falls_back_to_mlock() {
+    #[cfg(feature = "cuda")]
+    if zero_alloc::CudaLibrary::Driver.require().is_ok() {
+        eprintln!("skipped: a CUDA driver is present; gpu-check covers registration");
+        return;
+    }
+    let config = ArenaConfig::new(1 << 20).backing(Backing::CudaRegistered(0));
+    let mut arena = Arena::new(config).unwrap();
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit only writes into the struct we pass.
+    let rc = unsafe { libc::getrlimit(libc::RLIMIT_MEMLOCK, &mut limit) };
+    // Within the limit the mlock fallback is granted (as in `pinned_buffer_locks_within_the_limit`).
+    if rc == 0 && limit.rlim_cur >= 1 << 20 {
+        assert!(arena.is_page_locked());
+    }
+    let h = arena.alloc(4096).unwrap();
+    arena.slice_mut::<u8>(h).unwrap().fill(3);
+    assert_eq!(arena.slice::<u8>(h).unwrap()[4095], 3);
+}

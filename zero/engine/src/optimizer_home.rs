@@ -45,13 +45,13 @@ pub(crate) struct OffloadedOptimizer {
 }
 
 impl OffloadedOptimizer {
-    /// A host arena of `capacity` bytes, page-locked when the other model states are on a
-    /// GPU (so the copies of step 1 and 4 run at the link's speed).
+    /// A host arena of `capacity` bytes; when the other model states are on a GPU,
+    /// registered with its context (so the driver copies by DMA, not through its staging).
     pub fn new(capacity: u64, states_on: Device) -> Result<Self> {
         let capacity = usize::try_from(capacity).unwrap_or(usize::MAX);
         let backing = match states_on {
             Device::Cpu => Backing::Memory,
-            Device::Cuda(_) => Backing::Pinned,
+            Device::Cuda(ordinal) => Backing::CudaRegistered(ordinal),
         };
         let config = ArenaConfig {
             backing,
