@@ -54,28 +54,62 @@ impl MemoryQuery {
         }
     }
 
-    /// For a cap `limit` this query exceeds: the lowest stage that fits as asked, and the
-    /// lowest that fits with activation checkpointing every block when it is off, or the
-    /// bytes the leanest of them needs (then: add ranks, or shorten the batch).
-    pub fn what_fits(&self, limit: u64) -> String {
-        self.what_fits_or(limit, "add ranks, or lower --micro-batch-size or --seq-len")
+    /// The same query with the optimizer states offloaded to the host, or not.
+    pub fn with_offload(&self, offload_optimizer: bool) -> Self {
+        Self {
+            shape: PlanShape {
+                offload_optimizer,
+                ..self.shape
+            },
+            ..*self
+        }
     }
 
-    /// [`MemoryQuery::what_fits`], saying `remedy` when nothing fits.
-    pub fn what_fits_or(&self, limit: u64, remedy: &str) -> String {
-        let mut options = vec![(self.placement.checkpoint_every, "")];
-        if self.placement.checkpoint_every.is_none() {
-            options.push((Some(1), " with --activation-checkpointing"));
+    /// For a cap `limit` on the arena that this query exceeds: the lowest stage that fits as
+    /// asked, else with activation checkpointing every block, else with the optimizer
+    /// offloaded, else with both (the options not already asked for), or the bytes the leanest
+    /// of them needs (then: add ranks, or shorten the batch).
+    pub fn what_fits(&self, limit: u64) -> String {
+        self.what_fits_or(
+            limit,
+            "add ranks, or lower --micro-batch-size or --seq-len",
+            false,
+        )
+    }
+
+    /// [`MemoryQuery::what_fits`] for a `limit` that the offloaded optimizer's host arena
+    /// draws on too when `host_counts` (a CPU run's machine memory), so offloading is then
+    /// no option and an offloaded plan counts its host arena; saying `remedy` when nothing
+    /// fits.
+    pub fn what_fits_or(&self, limit: u64, remedy: &str, host_counts: bool) -> String {
+        let (asked_every, asked_offload) = (
+            self.placement.checkpoint_every,
+            self.shape.offload_optimizer,
+        );
+        let mut options = vec![(asked_every, asked_offload)];
+        if asked_every.is_none() {
+            options.push((Some(1), asked_offload));
+        }
+        if !asked_offload && !host_counts {
+            options.push((asked_every, true));
+            if asked_every.is_none() {
+                options.push((Some(1), true));
+            }
         }
         let mut least = u64::MAX;
-        for (every, flags) in options {
+        for (every, offload) in options {
+            let flags = added_flags(every != asked_every, offload != asked_offload);
             for stage in ZeroStage::ALL {
-                let Ok(plan) = self.with(stage, every).plan() else {
+                let Ok(plan) = self.with(stage, every).with_offload(offload).plan() else {
                     continue;
                 };
-                least = least.min(plan.total());
-                if plan.total() <= limit {
-                    return format!("{stage}{flags} fits ({} bytes)", plan.total());
+                let host = plan.offload.map_or(0, |o| o.total());
+                let need = plan
+                    .total()
+                    .saturating_add(if host_counts { host } else { 0 });
+                least = least.min(need);
+                if need <= limit {
+                    return format!("{stage}{flags} fits ({need} bytes)");
                 }
             }
         }
@@ -83,6 +117,16 @@ impl MemoryQuery {
             "nothing fits at this world size and micro-batch (the leanest option needs {least} \
              bytes): {remedy}"
         )
+    }
+}
+
+/// The words naming the options a hint adds to what was asked.
+fn added_flags(checkpointing: bool, offload: bool) -> &'static str {
+    match (checkpointing, offload) {
+        (false, false) => "",
+        (true, false) => " with --activation-checkpointing",
+        (false, true) => " with --offload-optimizer",
+        (true, true) => " with --activation-checkpointing and --offload-optimizer",
     }
 }
 

@@ -366,12 +366,16 @@ fn a_resumed_fp16_scaler_halves_where_the_uninterrupted_one_does() {
     );
 }
 
-/// ZeRO-Offload with the engine's settings for `stage` and `precision`.
+/// ZeRO-Offload with the engine's settings for `stage` and `precision`, in an arena with room
+/// to spare: at a capacity of exactly the plan (the default), an allocation that finds the
+/// free bytes split around buckets in flight lands them early (`transient.rs`) and the peak
+/// ends below the plan.
 fn offloaded(stage: ZeroStage, precision: Precision) -> EngineConfig {
     EngineConfig {
         stage,
         precision,
         offload_optimizer: true,
+        memory_limit: Some(1 << 30),
         ..EngineConfig::default()
     }
 }
@@ -430,15 +434,7 @@ fn offloaded_optimizer_states_leave_the_arena_for_the_host_one() {
                     let host_plan = r.plan.offload.expect("an offload plan");
                     assert_eq!(host_plan.states as f64, padded.optimizer, "{at}");
                     if r.rank == 0 {
-                        // At stage 3 in bf16 this model peaks one staged block of its last
-                        // unit (768 bytes) under the plan, with or without offload: the
-                        // replay's slack, noted in docs/zero.md.
-                        let device_exact =
-                            stage != ZeroStage::Zero3 || precision == Precision::Fp32;
-                        assert!(r.device_step_peak as u64 <= r.plan.total(), "{at}");
-                        if device_exact {
-                            assert_eq!(r.device_step_peak as u64, r.plan.total(), "{at}");
-                        }
+                        assert_eq!(r.device_step_peak as u64, r.plan.total(), "{at}");
                         assert_eq!(r.host_peak as u64, host_plan.total(), "{at}");
                     }
                 }

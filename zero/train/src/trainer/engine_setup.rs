@@ -55,12 +55,9 @@ pub(super) fn build_engine<B: Placement>(
         None => {
             let ranks = ranks_sharing_memory(cfg.backend, cfg.device, comm.size());
             // On the CPU, ZeRO-Offload's host arena draws on the same memory as the rank's.
-            let offloaded = match cfg.device {
-                Device::Cpu => query.plan()?.offload.map_or(0, |o| o.total()),
-                Device::Cuda(_) => 0,
-            };
+            let host_counts = matches!(cfg.device, Device::Cpu);
             let budget = model.backend().memory_budget();
-            refuse_above_the_budget(&query, offloaded, ranks, budget)?;
+            refuse_above_the_budget(&query, host_counts, ranks, budget)?;
         }
     }
     let (gcfg, layout) = (shared.model, model.layout());
@@ -138,19 +135,23 @@ fn ranks_sharing_memory(backend: Backend, device: Device, comm_size: usize) -> u
 }
 
 /// Refuses at start-up, with no cap given, a plan whose `ranks_here` arenas (all of one
-/// size: data parallelism), each with `offloaded` bytes more where those draw on the same
-/// memory, need more than the `budget` they draw on (unknown: no check), naming a stage that
-/// fits.
+/// size: data parallelism), with their offloaded optimizer's host arenas when `host_counts`
+/// (they draw on the same memory), need more than the `budget` they draw on (unknown: no
+/// check), naming a stage that fits.
 fn refuse_above_the_budget(
     query: &MemoryQuery,
-    offloaded: u64,
+    host_counts: bool,
     ranks_here: usize,
     budget: Option<(&'static str, u64)>,
 ) -> Result<(), TrainError> {
     let Some((memory, available)) = budget else {
         return Ok(());
     };
-    let per_rank = query.plan()?.total().saturating_add(offloaded);
+    let plan = query.plan()?;
+    let host = plan.offload.map_or(0, |o| o.total());
+    let per_rank = plan
+        .total()
+        .saturating_add(if host_counts { host } else { 0 });
     let ranks = u64::try_from(ranks_here).unwrap_or(u64::MAX);
     if per_rank.saturating_mul(ranks) <= available {
         return Ok(());
@@ -168,6 +169,7 @@ fn refuse_above_the_budget(
             } else {
                 "add ranks on other machines or GPUs, or lower --micro-batch-size or --seq-len"
             },
+            host_counts,
         ),
     })
 }
