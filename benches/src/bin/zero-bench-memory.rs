@@ -53,6 +53,10 @@ struct Args {
     /// Plan only: skip the confirming runs and step times.
     #[arg(long)]
     plan_only: bool,
+    /// ZeRO-Offload: the optimizer states in a host arena of their own; the cap is the
+    /// rank's arena only, and a column gives the host arena's peak.
+    #[arg(long)]
+    offload_optimizer: bool,
 }
 
 /// One search result.
@@ -60,8 +64,16 @@ struct Row {
     stage: ZeroStage,
     every: Option<usize>,
     model: GptConfig,
-    peak: Option<u64>,
+    peak: Option<Peaks>,
     step_ratio: Option<f64>,
+}
+
+/// Rank 0's peaks over two steps: its arena, and the offloaded optimizer's host arena (0
+/// without offload).
+#[derive(Clone, Copy)]
+struct Peaks {
+    arena: u64,
+    host: u64,
 }
 
 /// The searched model, or `None` past zero-train's limits (which bound every search).
@@ -86,7 +98,10 @@ fn fits(args: &Args, model: &GptConfig, stage: ZeroStage, every: Option<usize>) 
             offload: false,
             backend_scratch: 0, // the CPU backend's
         },
-        shape: default_shape(args.ranks, stage, Precision::Fp32),
+        shape: zero::PlanShape {
+            offload_optimizer: args.offload_optimizer,
+            ..default_shape(args.ranks, stage, Precision::Fp32)
+        },
     };
     query
         .plan()
@@ -118,14 +133,14 @@ fn search(lo: usize, ok: impl Fn(usize) -> bool) -> Option<usize> {
     Some(good)
 }
 
-/// Trains two steps on every rank under the cap; rank 0's arena peak and second-step time.
+/// Trains two steps on every rank under the cap; rank 0's peaks and second-step time.
 fn train(
     args: &Args,
     model: GptConfig,
     stage: ZeroStage,
     every: Option<usize>,
     cap: Option<u64>,
-) -> Result<(u64, f64), String> {
+) -> Result<(Peaks, f64), String> {
     let (b, t) = (args.micro_batch, args.seq_len);
     let placement = ActivationPlacement {
         checkpoint_every: every,
@@ -137,14 +152,15 @@ fn train(
         memory_limit: cap,
         activation_bytes: activation_arena_bytes(&model, b, t, placement)
             .map_err(|e| e.to_string())?,
+        offload_optimizer: args.offload_optimizer,
         ..EngineConfig::default()
     };
     let comms = zero_comm::local::create(args.ranks).map_err(|e| e.to_string())?;
-    let results: Vec<Result<(u64, f64), String>> = std::thread::scope(|s| {
+    let results: Vec<Result<(Peaks, f64), String>> = std::thread::scope(|s| {
         let handles: Vec<_> = comms
             .into_iter()
             .map(|comm| {
-                s.spawn(move || -> Result<(u64, f64), String> {
+                s.spawn(move || -> Result<(Peaks, f64), String> {
                     let err = |e: &dyn std::fmt::Display| e.to_string();
                     let gpt = Gpt::new(model).map_err(|e| err(&e))?;
                     let layout = gpt.layout().clone();
@@ -167,7 +183,12 @@ fn train(
                         engine.step(1e-4).map_err(|e| err(&e))?;
                         seconds = start.elapsed().as_secs_f64();
                     }
-                    Ok((engine.arena().stats().peak_allocated as u64, seconds))
+                    let peak = |a: &zero_alloc::Arena| a.stats().peak_allocated as u64;
+                    let peaks = Peaks {
+                        arena: peak(engine.arena()),
+                        host: engine.offload_arena().map_or(0, peak),
+                    };
+                    Ok((peaks, seconds))
                 })
             })
             .collect();
@@ -185,7 +206,7 @@ fn largest(
     stage: ZeroStage,
     every: Option<usize>,
     shape: impl Fn(usize) -> Option<GptConfig>,
-) -> Option<(GptConfig, Option<u64>)> {
+) -> Option<(GptConfig, Option<Peaks>)> {
     let ok = |x: usize| shape(x).is_some_and(|m| fits(args, &m, stage, every));
     let mut x = search(1, ok)?;
     while x >= 1 {
@@ -252,19 +273,32 @@ fn print_rows(args: &Args, title: &str, rows: &[Row]) {
     if rows.is_empty() {
         println!("nothing fits the cap: not even the smallest model of this search, at any stage");
     }
-    println!("stage | checkpointing | L | C | parameters | vs stage 0 | peak/rank (MiB) | step time vs stage 0");
+    let host_column = if args.offload_optimizer {
+        " | offloaded host arena peak/rank (MiB)"
+    } else {
+        ""
+    };
+    println!(
+        "stage | checkpointing | L | C | parameters | vs stage 0 | peak/rank (MiB) | step time vs stage 0{host_column}"
+    );
     let p0 = rows.first().map_or(1, |r| params(&r.model)) as f64;
     for r in rows {
         let p = params(&r.model);
+        let host = match (args.offload_optimizer, r.peak) {
+            (false, _) => String::new(),
+            (true, None) => " | -".into(),
+            (true, Some(p)) => format!(" | {:.1}", mib(p.host)),
+        };
         println!(
-            "{} | {} | {} | {} | {:.2}M | {:.1}x | {} | {}",
+            "{} | {} | {} | {} | {:.2}M | {:.1}x | {} | {}{host}",
             r.stage as u8,
             if r.every.is_some() { "on" } else { "off" },
             r.model.num_layers,
             r.model.channels,
             p as f64 / 1e6,
             p as f64 / p0,
-            r.peak.map_or("-".into(), |b| format!("{:.1}", mib(b))),
+            r.peak
+                .map_or("-".into(), |b| format!("{:.1}", mib(b.arena))),
             r.step_ratio.map_or("-".into(), |x| format!("{x:.2}x")),
         );
     }
@@ -278,9 +312,14 @@ fn print_rows(args: &Args, title: &str, rows: &[Row]) {
         );
     }
     println!(
-        "# N_d={} cap {:.0} MiB/rank, fp32, T={} B={} V={}\n",
+        "# N_d={} cap {:.0} MiB/rank{}, fp32, T={} B={} V={}\n",
         args.ranks,
         mib(args.memory_limit),
+        if args.offload_optimizer {
+            " (arena only: optimizer states offloaded)"
+        } else {
+            ""
+        },
         args.seq_len,
         args.micro_batch,
         args.vocab
