@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # zero-train's safetensors export against an independent reader: trains a tiny model for two
-# steps, exports it as safetensors (fp32 and bf16) and as llm.c's model.bin, and has
+# steps, exports it as safetensors (fp32 and bf16, one file and Hugging Face's sharded
+# form) and as llm.c's model.bin, and has
 # scripts/check-safetensors.py read the safetensors files with Hugging Face's `safetensors`
 # package and numpy and compare them with the llm.c file tensor by tensor. The Python packages
 # are installed once into a cache folder; where pip cannot get them, says why and exits 0.
@@ -41,5 +42,10 @@ run "$zt" export --from "$work/ckpt" --to "$work/llmc/model.bin" --format llmc
 for dtype in fp32 bf16; do
   run "$zt" export --from "$work/ckpt" --to "$work/$dtype/model.safetensors" --dtype "$dtype"
   PYTHONPATH="$py" python3 scripts/check-safetensors.py "$work/$dtype/model.safetensors" \
+    "$work/llmc/model.bin"
+  # Hugging Face's sharded form: shards of at most 8 KiB of tensor data.
+  run "$zt" export --from "$work/ckpt" --to "$work/$dtype-sharded" --dtype "$dtype" \
+    --max-shard-size 8K
+  PYTHONPATH="$py" python3 scripts/check-safetensors.py "$work/$dtype-sharded" \
     "$work/llmc/model.bin"
 done

@@ -1,7 +1,11 @@
 #!/usr/bin/env python3
 """Compare a GPT-2 safetensors export with an llm.c model file, tensor by tensor.
 
-Usage: check-safetensors.py MODEL.safetensors MODEL.bin
+Usage: check-safetensors.py MODEL.safetensors|FOLDER MODEL.bin
+
+A FOLDER holds Hugging Face's sharded form: `model.safetensors.index.json` and its shards.
+Each shard is read with the package, every tensor must sit in the shard the index names,
+and the index's total_size must be the tensors' bytes.
 
 The safetensors file is read with Hugging Face's own `safetensors` package (numpy backend),
 so this checks the export against the reference reader, not against zero-train's code. The
@@ -12,6 +16,8 @@ bit for bit; BF16 files must equal llm.c's values rounded to bfloat16 (nearest e
 Exit status 0 when every tensor matches, 1 otherwise.
 """
 
+import json
+import os
 import sys
 
 import numpy as np
@@ -79,11 +85,32 @@ def load_safetensors(path):
         return out, True
 
 
+def load_sharded(folder):
+    """As load_safetensors, over the shards an index names, checking the index."""
+    with open(os.path.join(folder, "model.safetensors.index.json")) as f:
+        index = json.load(f)
+    weight_map = index["weight_map"]
+    out, bf16, size = {}, False, 0
+    for shard in sorted(set(weight_map.values())):
+        tensors, bf16 = load_safetensors(os.path.join(folder, shard))
+        for name, t in tensors.items():
+            if weight_map.get(name) != shard:
+                sys.exit(f"{shard}: holds {name}, which the index maps to {weight_map.get(name)}")
+            size += t.size * (2 if bf16 else 4)
+        out.update(tensors)
+    if set(out) != set(weight_map):
+        sys.exit(f"{folder}: the index maps tensors no shard holds")
+    if index["metadata"]["total_size"] != size:
+        sys.exit(f"{folder}: total_size {index['metadata']['total_size']}, tensors hold {size}")
+    return out, bf16
+
+
 def main():
     if len(sys.argv) != 3:
         sys.exit(__doc__)
     st_path, bin_path = sys.argv[1:]
-    tensors, bf16 = load_safetensors(st_path)
+    loader = load_sharded if os.path.isdir(st_path) else load_safetensors
+    tensors, bf16 = loader(st_path)
     st = {k.removeprefix("transformer."): v for k, v in tensors.items()}
     llmc, (max_t, vocab, layers, _, c) = read_llmc(bin_path)
     want = {

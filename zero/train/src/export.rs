@@ -11,9 +11,11 @@ use std::path::{Path, PathBuf};
 use clap::{Args, ValueEnum};
 use zero_gpt::GptConfig;
 
+use crate::bytesize::ByteSize;
 use crate::checkpoint::{
-    export_safetensors, locate_model_file, read_model_file, resolve_state_dir, write_hf_config,
-    LlmcCheckpoint, ModelShape, SafetensorsDtype, ShardedReader,
+    export_safetensors, export_sharded_safetensors, locate_model_file, read_model_file,
+    resolve_state_dir, write_hf_config, LlmcCheckpoint, ModelShape, SafetensorsDtype,
+    ShardedReader,
 };
 use crate::error::{IoError, TrainError};
 
@@ -43,7 +45,8 @@ pub struct ExportArgs {
     /// Face model folder holding either.
     #[arg(long)]
     pub from: PathBuf,
-    /// The file to write.
+    /// The file to write; with `--max-shard-size`, the folder to write the shards, their
+    /// `model.safetensors.index.json` and `config.json` into.
     #[arg(long)]
     pub to: PathBuf,
     /// Output format.
@@ -55,6 +58,10 @@ pub struct ExportArgs {
     /// Head count of a safetensors source that has no config.json beside it.
     #[arg(long)]
     pub heads: Option<usize>,
+    /// Hugging Face's sharded layout: shards of at most this much tensor data (e.g. 2G,
+    /// K/M/G = powers of 1024), as `save_pretrained(max_shard_size=...)` writes them.
+    #[arg(long)]
+    pub max_shard_size: Option<ByteSize>,
 }
 
 /// Writes the export `args` describe; returns the model it wrote.
@@ -67,6 +74,18 @@ pub fn export(args: &ExportArgs) -> Result<GptConfig, TrainError> {
         return Err(TrainError::Export(
             "--format llmc writes float32 only: drop --dtype".into(),
         ));
+    }
+    if args.format == ExportFormat::Llmc && args.max_shard_size.is_some() {
+        return Err(TrainError::Export(
+            "--format llmc writes one file: drop --max-shard-size".into(),
+        ));
+    }
+    if args.max_shard_size.is_some() && args.to.is_file() {
+        return Err(TrainError::Export(format!(
+            "--to {} is a file; with --max-shard-size it names the folder to write the shards \
+             into",
+            args.to.display()
+        )));
     }
     if !args.from.exists() {
         return Err(TrainError::Export(format!(
@@ -119,8 +138,15 @@ fn write(
                 ExportDtype::Fp32 => SafetensorsDtype::F32,
                 ExportDtype::Bf16 => SafetensorsDtype::Bf16,
             };
-            export_safetensors(model, units, dtype, &args.to)
-                .and_then(|()| write_hf_config(model, dtype, args.to.with_file_name("config.json")))
+            match args.max_shard_size {
+                None => export_safetensors(model, units, dtype, &args.to).and_then(|()| {
+                    write_hf_config(model, dtype, args.to.with_file_name("config.json"))
+                }),
+                Some(ByteSize(max)) => {
+                    export_sharded_safetensors(model, units, dtype, &args.to, max)
+                        .and_then(|_| write_hf_config(model, dtype, args.to.join("config.json")))
+                }
+            }
         }
         ExportFormat::Llmc => {
             let units: Vec<Vec<f32>> = units.collect();

@@ -181,10 +181,108 @@ fn export_converts_a_sharded_hugging_face_folder_to_llmc_bit_exact() {
         format: ExportFormat::Llmc,
         dtype: ExportDtype::Fp32,
         heads: None,
+        max_shard_size: None,
     };
     assert_eq!(export(&args).unwrap(), cfg);
     let written = LlmcCheckpoint::load(&to).unwrap();
     assert_eq!(bits(&written.to_units().unwrap()), bits(&units));
+}
+
+/// `export --max-shard-size` writes Hugging Face's sharded layout: every tensor of the
+/// one-file export, byte for byte, in exactly one shard named in HF's way; shards within the
+/// bound (or one tensor alone); an index whose weight map and total size say so; and the
+/// folder reads back as the units exported.
+#[test]
+fn export_writes_hugging_faces_sharded_layout() {
+    use zero_train::export::{export, ExportArgs, ExportDtype, ExportFormat};
+    let dir = TempDir::new("sharded-out");
+    let cfg = GptConfig::tiny();
+    let units = model_units(&cfg, 9);
+    let whole = dir.0.join("whole.safetensors");
+    export_safetensors(&cfg, units.iter(), SafetensorsDtype::F32, &whole).unwrap();
+    write_hf_config(&cfg, SafetensorsDtype::F32, dir.0.join("config.json")).unwrap();
+    let max = 16 << 10;
+    let out = dir.0.join("out");
+    let args = ExportArgs {
+        from: whole.clone(),
+        to: out.clone(),
+        format: ExportFormat::Safetensors,
+        dtype: ExportDtype::Fp32,
+        heads: None,
+        max_shard_size: Some(zero_train::bytesize::ByteSize(max)),
+    };
+    assert_eq!(export(&args).unwrap(), cfg);
+    let index: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(out.join("model.safetensors.index.json")).unwrap())
+            .unwrap();
+    let map = index["weight_map"].as_object().unwrap();
+    let shards: std::collections::BTreeSet<&str> =
+        map.values().filter_map(|v| v.as_str()).collect();
+    let n = shards.len();
+    assert!(n > 2, "{n} shards");
+    let mut seen = Vec::new();
+    for (i, shard) in shards.iter().enumerate() {
+        assert_eq!(*shard, format!("model-{:05}-of-{n:05}.safetensors", i + 1));
+        let tensors = tensors_of(&out.join(shard));
+        let bytes: usize = tensors.iter().map(|t| t.2.len()).sum();
+        assert!(
+            bytes as u64 <= max || tensors.len() == 1,
+            "{shard}: {bytes} bytes"
+        );
+        for t in tensors {
+            assert_eq!(map[&t.0], json!(shard), "{}", t.0);
+            seen.push(t);
+        }
+    }
+    seen.sort_by(|a, b| a.0.cmp(&b.0));
+    let reference = tensors_of(&whole);
+    assert!(
+        seen == reference,
+        "the shards hold the one-file export's tensors"
+    );
+    let total: usize = reference.iter().map(|t| t.2.len()).sum();
+    assert_eq!(index["metadata"]["total_size"], json!(total));
+    let (got_cfg, got) = read_model_file(&out, None).unwrap();
+    assert_eq!((got_cfg, bits(&got)), (cfg, bits(&units)));
+}
+
+/// One unit short, the sharded export fails naming the unit count and leaves no shard;
+/// `--format llmc` and a file as `--to` are refused with `--max-shard-size`.
+#[test]
+fn a_failed_sharded_export_leaves_nothing_and_wrong_flags_are_refused() {
+    use zero_train::checkpoint::export_sharded_safetensors;
+    use zero_train::export::{export, ExportArgs, ExportDtype, ExportFormat};
+    let dir = TempDir::new("sharded-fail");
+    let cfg = GptConfig::tiny();
+    let units = model_units(&cfg, 3);
+    let out = dir.0.join("out");
+    let short = &units[..units.len() - 1];
+    let err = export_sharded_safetensors(&cfg, short.iter(), SafetensorsDtype::F32, &out, 4096)
+        .unwrap_err();
+    assert!(matches!(err, Error::ShapeMismatch { .. }), "{err}");
+    assert_eq!(
+        std::fs::read_dir(&out).unwrap().count(),
+        0,
+        "shards left behind"
+    );
+    let whole = dir.0.join("whole.safetensors");
+    export_safetensors(&cfg, units.iter(), SafetensorsDtype::F32, &whole).unwrap();
+    let args = |format, to: &Path| ExportArgs {
+        from: whole.clone(),
+        to: to.to_path_buf(),
+        format,
+        dtype: ExportDtype::Fp32,
+        heads: Some(cfg.num_heads),
+        max_shard_size: Some(zero_train::bytesize::ByteSize(4096)),
+    };
+    let llmc = export(&args(ExportFormat::Llmc, &out))
+        .unwrap_err()
+        .to_string();
+    assert!(llmc.contains("--max-shard-size"), "{llmc}");
+    let file = export(&args(ExportFormat::Safetensors, &whole))
+        .unwrap_err()
+        .to_string();
+    assert!(file.contains("is a file"), "{file}");
 }
 
 proptest::proptest! {

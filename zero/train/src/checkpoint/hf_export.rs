@@ -131,44 +131,123 @@ pub fn export_safetensors<U: AsRef<[f32]>>(
     dtype: SafetensorsDtype,
     path: impl AsRef<Path>,
 ) -> Result<()> {
-    let shape = ModelShape::from_config(config);
-    shape.validate().map_err(|source| Error::Format {
-        path: "<config>".into(),
-        source,
-    })?;
-    let tensors = hf_tensors(config);
-    let header = header_json(&tensors, dtype)?;
-    let sizes = shape.unit_sizes();
-    let mut refused: Option<Error> = None;
-    let written = crate::fsio::write_atomic(path.as_ref(), |w| {
+    let tensors = checked_tensors(config)?;
+    let mut cursor = UnitCursor::new(config, units);
+    write_tensors_file(&tensors, dtype, &mut cursor, path.as_ref(), true)
+}
+
+/// HF's tensors of `config`, in unit order, after checking the shape.
+pub(crate) fn checked_tensors(config: &GptConfig) -> Result<Vec<HfTensor>> {
+    ModelShape::from_config(config)
+        .validate()
+        .map_err(|source| Error::Format {
+            path: "<config>".into(),
+            source,
+        })?;
+    Ok(hf_tensors(config))
+}
+
+/// Writes `tensors` (a run of HF's tensors in unit order) as one safetensors file at `path`,
+/// atomically, taking their units from `cursor`; when `last`, the file is not written unless
+/// the cursor then holds the model's last unit and nothing follows it.
+pub(crate) fn write_tensors_file<U: AsRef<[f32]>, I: Iterator<Item = U>>(
+    tensors: &[HfTensor],
+    dtype: SafetensorsDtype,
+    cursor: &mut UnitCursor<U, I>,
+    path: &Path,
+    last: bool,
+) -> Result<()> {
+    let header = header_json(tensors, dtype)?;
+    let written = crate::fsio::write_atomic(path, |w| {
         w.write_all(&(header.len() as u64).to_le_bytes())?;
         w.write_all(&header)?;
-        let mut units = units.into_iter();
         let mut scratch = Vec::with_capacity(CHUNK_ELEMS * dtype.size());
-        for (u, &size) in sizes.iter().enumerate() {
-            let unit = units.next();
-            let got = unit.as_ref().map(|x| x.as_ref().len());
-            let Some(unit) = unit.filter(|_| got == Some(size)) else {
-                refused = Some(match got {
-                    None => shape_err("number of units", sizes.len(), u),
-                    Some(got) => shape_err(&format!("unit {u}"), size, got),
-                });
-                return Err(std::io::Error::other("unit refused"));
-            };
-            for t in tensors.iter().filter(|t| t.unit == u) {
-                write_tensor(w, t, unit.as_ref(), dtype, &mut scratch)?;
-            }
+        for t in tensors {
+            let unit = cursor.unit(t.unit)?;
+            write_tensor(w, t, unit, dtype, &mut scratch)?;
         }
-        if units.next().is_some() {
-            refused = Some(shape_err("number of units", sizes.len(), sizes.len() + 1));
-            return Err(std::io::Error::other("unit refused"));
+        if last {
+            cursor.expect_end()?;
         }
         Ok(())
     });
-    match (written, refused) {
+    match (written, cursor.refused.take()) {
         (Ok(()), _) => Ok(()),
         (Err(_), Some(e)) => Err(e),
         (Err(e), None) => Err(e.into()),
+    }
+}
+
+/// The model's units, taken from an iterator one at a time in order and checked against
+/// the model's unit sizes; the current one is kept while its tensors are written.
+pub(crate) struct UnitCursor<U, I> {
+    units: I,
+    sizes: Vec<usize>,
+    current: Option<(usize, U)>,
+    taken: usize,
+    /// Why the last [`UnitCursor::unit`] failed (its `io::Error` only stops the writer).
+    refused: Option<Error>,
+}
+
+impl<U: AsRef<[f32]>, I: Iterator<Item = U>> UnitCursor<U, I> {
+    pub(crate) fn new(
+        config: &GptConfig,
+        units: impl IntoIterator<Item = U, IntoIter = I>,
+    ) -> Self {
+        Self {
+            units: units.into_iter(),
+            sizes: ModelShape::from_config(config).unit_sizes(),
+            current: None,
+            taken: 0,
+            refused: None,
+        }
+    }
+
+    /// Unit `u` (at or after the current one), checked to have its size.
+    fn unit(&mut self, u: usize) -> std::io::Result<&[f32]> {
+        while self.current.as_ref().is_none_or(|(at, _)| *at < u) {
+            let size = self.sizes.get(self.taken).copied();
+            let next = self.units.next();
+            let got = next.as_ref().map(|x| x.as_ref().len());
+            match (next, size) {
+                (Some(unit), Some(size)) if got == Some(size) => {
+                    self.current = Some((self.taken, unit));
+                    self.taken += 1;
+                }
+                (_, size) => {
+                    self.refused = Some(match (got, size) {
+                        (Some(got), Some(size)) => {
+                            shape_err(&format!("unit {}", self.taken), size, got)
+                        }
+                        _ => shape_err("number of units", self.sizes.len(), self.taken),
+                    });
+                    return Err(std::io::Error::other("unit refused"));
+                }
+            }
+        }
+        match &self.current {
+            Some((_, unit)) => Ok(unit.as_ref()),
+            None => Err(std::io::Error::other("no unit")),
+        }
+    }
+
+    /// Checks that the iterator had exactly the model's units.
+    fn expect_end(&mut self) -> std::io::Result<()> {
+        let expected = self.sizes.len();
+        let got = if self.taken < expected {
+            Some(self.taken)
+        } else if self.units.next().is_some() {
+            Some(expected + 1)
+        } else {
+            None
+        };
+        match got {
+            None => Ok(()),
+            Some(got) => {
+                self.refused = Some(shape_err("number of units", expected, got));
+                Err(std::io::Error::other("unit refused"))
+            }
+        }
     }
 }
 

@@ -6,7 +6,8 @@
 //! - [`export_safetensors`] / [`read_safetensors`]: one safetensors file with the names and
 //!   layouts of Hugging Face's GPT-2 checkpoint (plus [`write_hf_config`] for its
 //!   `config.json`), written one unit at a time; [`read_sharded_safetensors`] reads HF's
-//!   sharded form (`model.safetensors.index.json` and its shard files).
+//!   sharded form (`model.safetensors.index.json` and its shard files), which
+//!   [`export_sharded_safetensors`] writes.
 //! - The sharded training state the trainer saves and resumes ([`PieceWriter`],
 //!   [`publish`], [`ShardedReader`]): one piece file per rank plus a manifest, readable at
 //!   any world size and stage.
@@ -32,6 +33,7 @@ mod hf;
 mod hf_export;
 mod hf_import;
 mod hf_sharded;
+mod hf_sharded_export;
 mod layout;
 mod llmc;
 mod llmc_stream;
@@ -48,6 +50,7 @@ pub use hf_import::{read_safetensors, read_safetensors_bytes, safetensors_config
 pub use hf_sharded::{
     parse_hf_index, read_sharded_safetensors, sharded_safetensors_config, HF_INDEX_FILE,
 };
+pub use hf_sharded_export::{export_sharded_safetensors, shard_name, HF_SINGLE_FILE};
 pub use layout::{LlmcTensor, ModelShape};
 pub use llmc::{LlmcCheckpoint, LLMC_HEADER_BYTES, LLMC_MAGIC, LLMC_VERSION};
 pub use llmc_stream::LlmcStreamWriter;
