@@ -219,3 +219,38 @@ fn inconsistent_input_is_an_error() {
         Err(Error::BadHyperParameter { what: "lr", .. })
     ));
 }
+
+/// A segment long enough to be split into parallel tasks (a few times 2^16 elements and a
+/// short tail) updates every element exactly as a one-element shard of it does.
+#[test]
+fn a_long_segment_split_into_tasks_equals_element_by_element_updates() {
+    let n = 3 * (1 << 16) + 5;
+    let opt = AdamW::default();
+    let segments = [DecaySegment {
+        range: 0..n,
+        decay: true,
+    }];
+    let init = |i: usize| ((i % 101) as f32 * 1e-2, (i % 37) as f32 * 1e-3 - 0.018);
+    let (mut p, g): (Vec<f32>, Vec<f32>) = (0..n).map(init).unzip();
+    let (mut m, mut v) = (vec![0f32; n], vec![0f32; n]);
+    let (mut p1, mut m1, mut v1) = (p.clone(), m.clone(), v.clone());
+    for step in 1..=3 {
+        opt.update(&mut p, &g, &mut m, &mut v, 0, &segments, step, 1e-3)
+            .unwrap();
+        for i in 0..n {
+            let one = i..i + 1;
+            let (pi, mi, vi) = (
+                &mut p1[one.clone()],
+                &mut m1[one.clone()],
+                &mut v1[one.clone()],
+            );
+            opt.update(pi, &g[one], mi, vi, i, &segments, step, 1e-3)
+                .unwrap();
+        }
+    }
+    let bits = |x: &[f32]| x.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+    assert!(bits(&p) == bits(&p1) && bits(&m) == bits(&m1) && bits(&v) == bits(&v1));
+    // The equality means something only if the updates moved the parameters.
+    let moved = (0..n).filter(|&i| p[i] != init(i).0).count();
+    assert!(moved > n / 2, "{moved} of {n} parameters moved");
+}

@@ -193,6 +193,12 @@ pub struct StepConstants {
     pub decay_factor: f32,
 }
 
+/// Elements per parallel task: enough that a task's overhead is noise, few enough that a
+/// shard of a few million elements keeps every core of a large host busy.
+const TASK_ELEMS: usize = 1 << 16;
+
+/// The update of one segment's elements, split into tasks on rayon's pool. Each element's
+/// arithmetic is [`adamw_serial`]'s whatever task it falls in, so the split changes no bit.
 fn adamw_kernel(
     p: &mut [f32],
     g: &[f32],
@@ -202,14 +208,36 @@ fn adamw_kernel(
     c: &StepConstants,
     decay: f32,
 ) {
+    use rayon::prelude::*;
+    if p.len() <= TASK_ELEMS {
+        return adamw_serial(p, g, m, v, opt, c, decay);
+    }
+    p.par_chunks_mut(TASK_ELEMS)
+        .zip(g.par_chunks(TASK_ELEMS))
+        .zip(m.par_chunks_mut(TASK_ELEMS))
+        .zip(v.par_chunks_mut(TASK_ELEMS))
+        .for_each(|(((p, g), m), v)| adamw_serial(p, g, m, v, opt, c, decay));
+}
+
+/// The per-element update, in f32, as the module documentation writes it (zipped slices, so
+/// the loop has no bounds checks and vectorises).
+fn adamw_serial(
+    p: &mut [f32],
+    g: &[f32],
+    m: &mut [f32],
+    v: &mut [f32],
+    opt: &AdamW,
+    c: &StepConstants,
+    decay: f32,
+) {
     let (b1, b2) = (opt.beta1, opt.beta2);
-    for i in 0..p.len() {
-        let gi = g[i];
-        let mi = b1 * m[i] + (1.0 - b1) * gi;
-        let vi = b2 * v[i] + (1.0 - b2) * gi * gi;
-        m[i] = mi;
-        v[i] = vi;
+    let elements = p.iter_mut().zip(g).zip(m.iter_mut()).zip(v.iter_mut());
+    for (((p, &gi), m), v) in elements {
+        let mi = b1 * *m + (1.0 - b1) * gi;
+        let vi = b2 * *v + (1.0 - b2) * gi * gi;
+        *m = mi;
+        *v = vi;
         let denom = vi.sqrt() * c.inv_sqrt_bc2 + opt.eps;
-        p[i] = p[i] * decay - c.step_size * (mi / denom);
+        *p = *p * decay - c.step_size * (mi / denom);
     }
 }
