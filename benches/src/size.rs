@@ -1,23 +1,14 @@
-//! nccl-tests' size arguments: integers with optional K/M/G suffixes (powers of 1024).
+//! nccl-tests' size arguments: integers with optional K/M/G/T suffixes (powers of 1024), read
+//! by the trainer's one byte-count parser ([`zero_train::bytesize::ByteSize`]).
 
-/// Parses `"8"`, `"128K"`, `"32M"`, `"1G"` (case-insensitive, optional trailing `B`).
+/// Parses `"8"`, `"128K"`, `"32M"`, `"1G"` (case-insensitive, optional `B` after a suffix).
 ///
 /// # Errors
 /// A message naming the bad input.
 pub fn parse_size(s: &str) -> Result<u64, String> {
-    let t = s.trim();
-    let t = t.strip_suffix(['B', 'b']).unwrap_or(t);
-    let (digits, shift) = match t.chars().last().map(|c| c.to_ascii_uppercase()) {
-        Some('K') => (&t[..t.len() - 1], 10),
-        Some('M') => (&t[..t.len() - 1], 20),
-        Some('G') => (&t[..t.len() - 1], 30),
-        _ => (t, 0),
-    };
-    let n: u64 = digits
-        .parse()
-        .map_err(|_| format!("bad size {s:?}: expected e.g. 8, 64K, 32M, 1G"))?;
-    n.checked_mul(1u64 << shift)
-        .ok_or_else(|| format!("size {s:?} overflows"))
+    s.parse::<zero_train::bytesize::ByteSize>()
+        .map(|b| b.0)
+        .map_err(|e| e.to_string())
 }
 
 #[cfg(test)]
@@ -32,6 +23,8 @@ mod tests {
         assert_eq!(parse_size("1G"), Ok(1 << 30));
         assert_eq!(parse_size("2KB"), Ok(2048));
         assert!(parse_size("x").is_err());
+        assert!(parse_size("-1").is_err());
+        assert!(parse_size("99999999999999999999G").is_err());
         assert!(parse_size("").is_err());
     }
 }

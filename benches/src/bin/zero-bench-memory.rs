@@ -33,7 +33,7 @@ struct Args {
     #[arg(long, default_value_t = 8)]
     ranks: usize,
     /// Cap on each rank's arena.
-    #[arg(long, default_value = "512M", value_parser = parse_size)]
+    #[arg(long, default_value = "512M", value_parser = parse_size, allow_negative_numbers = true)]
     memory_limit: u64,
     /// Tokens per sequence (T).
     #[arg(long, default_value_t = 64)]

@@ -55,10 +55,10 @@ struct Args {
     /// The collective.
     op: Op,
     /// Minimum size in bytes.
-    #[arg(short = 'b', long = "minbytes", default_value = "32M", value_parser = parse_size)]
+    #[arg(short = 'b', long = "minbytes", default_value = "32M", value_parser = parse_size, allow_negative_numbers = true)]
     min_bytes: u64,
     /// Maximum size in bytes.
-    #[arg(short = 'e', long = "maxbytes", default_value = "32M", value_parser = parse_size)]
+    #[arg(short = 'e', long = "maxbytes", default_value = "32M", value_parser = parse_size, allow_negative_numbers = true)]
     max_bytes: u64,
     /// Multiplication factor between sizes.
     #[arg(short = 'f', long = "stepfactor", default_value_t = 2)]

@@ -256,7 +256,7 @@ pub struct TrainConfig {
     #[serde(alias = "stage", with = "stage_index")]
     pub zero_stage: ZeroStage,
     /// Bytes per gradient bucket for the reduction during backward (K/M/G suffixes).
-    #[arg(long, default_value = "4M")]
+    #[arg(long, default_value = "4M", allow_negative_numbers = true)]
     pub reduce_bucket_size: ByteSize,
     /// Units gathered ahead of the one computing (stage 3); at most the model's units.
     #[arg(long, allow_negative_numbers = true, default_value_t = 1)]
@@ -266,7 +266,7 @@ pub struct TrainConfig {
     #[arg(long, allow_negative_numbers = true, default_value_t = 0)]
     pub param_persistence_threshold: usize,
     /// Cap on each rank's arena, emulating a device of that size (e.g. 16G).
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     pub memory_limit: Option<ByteSize>,
     /// Turns memory defragmentation (the paper's MD) off: an allocation that finds no hole
     /// large enough then fails instead of compacting the arena (to see what MD buys).

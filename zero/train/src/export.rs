@@ -60,7 +60,7 @@ pub struct ExportArgs {
     pub heads: Option<usize>,
     /// Hugging Face's sharded layout: shards of at most this much tensor data (e.g. 2G,
     /// K/M/G = powers of 1024), as `save_pretrained(max_shard_size=...)` writes them.
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     pub max_shard_size: Option<ByteSize>,
 }
 

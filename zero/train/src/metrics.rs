@@ -180,5 +180,14 @@ pub fn memory_table(reports: &[RankReport]) -> String {
             r.traffic_per_step.elements()
         ));
     }
+    for r in reports.iter().filter(|r| r.optimizer_offloaded_bytes > 0) {
+        s.push_str(&format!(
+            "rank {}: {:.2} MiB of its model states (the optimizer's) in host memory \
+             (--offload-optimizer; host arena peak {:.2} MiB)\n",
+            r.rank,
+            mib(r.measured.optimizer),
+            mib(r.optimizer_offloaded_bytes as f64),
+        ));
+    }
     s
 }

@@ -119,6 +119,31 @@ fn a_bad_stage_or_device_is_refused_when_parsed() {
     refused(&with(tiny_args(&dir.0), &["--device", "tpu"]), "--device");
 }
 
+/// A negative or overflowing byte count is refused by the flag's name, with what a byte count
+/// looks like, not taken for another flag.
+#[test]
+fn negative_or_overflowing_byte_counts_name_the_flag() {
+    let dir = TempDir::new("bytes");
+    for flag in ["--memory-limit", "--reduce-bucket-size"] {
+        for value in ["-1", "99999999999999999999G", "17179869184T"] {
+            let args = with(tiny_args(&dir.0), &[flag, value]);
+            refused(&args, &format!("invalid value '{value}' for '{flag}"));
+        }
+    }
+    let args: Vec<String> = [
+        "export",
+        "--from",
+        "x",
+        "--to",
+        "y",
+        "--max-shard-size",
+        "-1",
+    ]
+    .map(String::from)
+    .into();
+    refused(&args, "invalid value '-1' for '--max-shard-size");
+}
+
 /// Saves after 2 steps; returns the state folder.
 fn saved_state(dir: &Path) -> PathBuf {
     let save = dir.join("ckpt");

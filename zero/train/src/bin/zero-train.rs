@@ -94,6 +94,7 @@ fn main() -> ExitCode {
             .and_then(|cfg| {
                 // Other backends take the world size from their launcher, known once joined.
                 let ranks = match cfg.backend {
+                    zero_train::config::Backend::Local if cfg.world_size == 1 => "1 rank".into(),
                     zero_train::config::Backend::Local => format!("{} ranks", cfg.world_size),
                     _ => "ranks from the launcher".to_string(),
                 };
