@@ -115,9 +115,13 @@ fn main() -> ExitCode {
                 } else {
                     ""
                 };
+                let steps = match cfg.steps {
+                    1 => "1 step".to_string(),
+                    n => format!("{n} steps"),
+                };
                 eprintln!(
-                    "zero-train: model {name}{shape} | ZeRO stage {}{offload} | {ranks} | global batch {} x {} tokens | {} steps",
-                    cfg.zero_stage as u8, cfg.batch_size, cfg.seq_len, cfg.steps
+                    "zero-train: model {name}{shape} | ZeRO stage {}{offload} | {ranks} | global batch {} x {} tokens | {steps}",
+                    cfg.zero_stage as u8, cfg.batch_size, cfg.seq_len
                 );
                 train(&cfg).map(|_| ()).map_err(|e| e.to_string())
             }),
