@@ -282,5 +282,15 @@ fn the_offloaded_update_in_pieces_changes_no_bit() {
             let what = format!("{precision:?} {stage} offloaded in 600-byte pieces");
             assert_same_bits(&reference, &train_with(config, 3, 12, 1), &what);
         }
+        // Stage 3 with every unit persistent: whole parameters, sharded optimizer states.
+        let config = EngineConfig {
+            stage: ZeroStage::Zero3,
+            precision,
+            offload_optimizer: true,
+            persistence_threshold: 1 << 30,
+            ..EngineConfig::default()
+        };
+        let what = format!("{precision:?} stage 3, persistent units, offloaded");
+        assert_same_bits(&reference, &train_with(config, 3, 12, 1), &what);
     }
 }
