@@ -98,9 +98,10 @@ impl Engine {
 
     /// Runs `f` on `unit`'s whole f32 parameters (the master weights for half precision):
     /// read in place where this rank keeps them whole, else all-gathered into one transient
-    /// block of the arena that holds them, freed after `f`. So an export streamed unit by
-    /// unit holds at most one unit beyond the rank's own states. Collective where parameters
-    /// are sharded: every rank calls it for the same units in the same order.
+    /// block of the arena that holds them (a heap buffer for offloaded master weights), freed
+    /// after `f`. So an export streamed unit by unit holds at most one unit beyond the rank's
+    /// own states. Collective where parameters are sharded: every rank calls it for the same
+    /// units in the same order.
     ///
     /// # Errors
     /// [`Error::NoSuchUnit`], collective or arena failures.
@@ -345,8 +346,9 @@ impl Engine {
     }
 }
 
-/// The `numel` real elements of an f32 buffer of `home`'s arena kept whole or sharded
-/// (all-gathered into a transient block of that arena, freed before returning), handed to `f`.
+/// The `numel` real elements of an f32 buffer of `home`'s arena kept whole or sharded, handed
+/// to `f`: all-gathered into a transient block of that arena, freed before returning, or into
+/// a heap buffer for the offloaded host arena.
 fn with_whole_f32<R>(
     home: StateHome<'_>,
     policy: &UnitPolicy,
@@ -359,9 +361,16 @@ fn with_whole_f32<R>(
         return Ok(f(read_f32(home.arena, h, 0..numel)?));
     }
     let padded = policy.part.padded_numel();
+    let Some(collectives) = home.collectives else {
+        let shard = read_f32(home.arena, h, 0..policy.len(false))?;
+        let mut full = vec![0f32; padded];
+        home.comm.all_gather(&shard, &mut full)?;
+        full.truncate(numel);
+        return Ok(f(full));
+    };
     let full = home.arena.alloc_elems::<f32>(padded)?;
     let shard = Span::new(h, 0..policy.len(false));
-    let gathered = home.collectives.all_gather(
+    let gathered = collectives.all_gather(
         home.comm,
         home.arena,
         DType::F32,

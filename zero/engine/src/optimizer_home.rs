@@ -26,7 +26,7 @@
 //! with the update of the previous one, and DeepSpeed's one-step delayed update that overlaps the host update with
 //! the next forward.
 
-use super::collectives::{Collectives, HostCollectives};
+use super::collectives::Collectives;
 use super::engine::Engine;
 use super::error::Result;
 use super::kernels::{AdamWBuffers, AdamWStep, HostKernels, Kernels, Span};
@@ -36,12 +36,11 @@ use super::precision::{Precision, Store};
 use zero_alloc::{Arena, ArenaConfig, Backing, Device, Handle};
 use zero_comm::{Communicator, DType};
 
-/// The host arena of offloaded optimizer states, and what computes and communicates on it.
+/// The host arena of offloaded optimizer states, and the kernels that compute on it.
 #[derive(Debug)]
 pub(crate) struct OffloadedOptimizer {
     pub arena: Arena,
     kernels: HostKernels,
-    collectives: HostCollectives,
 }
 
 impl OffloadedOptimizer {
@@ -60,7 +59,6 @@ impl OffloadedOptimizer {
         Ok(Self {
             arena: Arena::new(config)?,
             kernels: HostKernels::default(),
-            collectives: HostCollectives,
         })
     }
 
@@ -70,10 +68,12 @@ impl OffloadedOptimizer {
     }
 }
 
-/// The arena that holds some model states, with the collectives that move its blocks.
+/// The arena that holds some model states, with the collectives that move its blocks:
+/// `None` for the offloaded host arena, whose states are gathered into heap buffers through
+/// `comm` (host slices), so that the arena, page-locked under CUDA, holds no gather block.
 pub(crate) struct StateHome<'a> {
     pub arena: &'a mut Arena,
-    pub collectives: &'a mut dyn Collectives,
+    pub collectives: Option<&'a mut dyn Collectives>,
     pub comm: &'a Communicator,
 }
 
@@ -83,12 +83,12 @@ impl Engine {
         match &mut self.offloaded {
             Some(o) => StateHome {
                 arena: &mut o.arena,
-                collectives: &mut o.collectives,
+                collectives: None,
                 comm: &self.comm,
             },
             None => StateHome {
                 arena: &mut self.arena,
-                collectives: self.collectives.as_mut(),
+                collectives: Some(self.collectives.as_mut()),
                 comm: &self.comm,
             },
         }
@@ -98,7 +98,7 @@ impl Engine {
     pub(crate) fn device_home(&mut self) -> StateHome<'_> {
         StateHome {
             arena: &mut self.arena,
-            collectives: self.collectives.as_mut(),
+            collectives: Some(self.collectives.as_mut()),
             comm: &self.comm,
         }
     }
@@ -156,8 +156,9 @@ impl Engine {
                 break;
             }
         }
-        stage.free(&mut host.arena)?;
-        updated
+        // The update's own failure explains more than a failure to free after it.
+        let freed = stage.free(&mut host.arena);
+        updated.and(freed)
     }
 }
 
@@ -245,25 +246,39 @@ struct Staging {
 }
 
 impl Staging {
+    /// The three blocks, or none of them (what was allocated is freed on a failure).
     fn new(arena: &mut Arena, dtype: DType, len: usize) -> Result<Self> {
+        let elems = len.max(1);
         let stored = |arena: &mut Arena| match dtype {
-            DType::F32 => arena.alloc_elems::<f32>(len.max(1)),
-            DType::Bf16 | DType::F16 => arena.alloc_elems::<u16>(len.max(1)),
+            DType::F32 => arena.alloc_elems::<f32>(elems),
+            DType::Bf16 | DType::F16 => arena.alloc_elems::<u16>(elems),
         };
         let grads = stored(arena)?;
-        let scratch = arena.alloc_elems::<f32>(len.max(1))?;
-        let params = stored(arena)?;
-        Ok(Self {
-            grads,
-            scratch,
-            params,
-        })
+        let scratch = match arena.alloc_elems::<f32>(elems) {
+            Ok(h) => h,
+            Err(e) => {
+                arena.free(grads)?;
+                return Err(e.into());
+            }
+        };
+        match stored(arena) {
+            Ok(params) => Ok(Self {
+                grads,
+                scratch,
+                params,
+            }),
+            Err(e) => {
+                arena.free(scratch)?;
+                arena.free(grads)?;
+                Err(e.into())
+            }
+        }
     }
 
+    /// Frees the blocks; the first failure, after trying all three.
     fn free(self, arena: &mut Arena) -> Result<()> {
-        for h in [self.grads, self.scratch, self.params] {
-            arena.free(h)?;
-        }
+        let freed = [self.grads, self.scratch, self.params].map(|h| arena.free(h));
+        freed.into_iter().collect::<std::result::Result<(), _>>()?;
         Ok(())
     }
 }
@@ -273,8 +288,8 @@ impl Staging {
 pub struct OffloadPlan {
     /// Every unit's master weights and moments, as the stage keeps them (whole or a shard).
     pub states: u64,
-    /// The largest transient: one unit's update staging, or the all-gather of a sharded
-    /// state that an export or [`Engine::with_whole_params`] makes.
+    /// The staging of one piece of the update, the largest any rank makes (an export gathers
+    /// sharded states into heap buffers, not here).
     pub staging: u64,
 }
 
@@ -304,9 +319,6 @@ pub(crate) fn plan_offload(
         states = states.saturating_add(kept.saturating_mul(per_state));
         let widest = (0..world).map(|r| p.owned(r).len).max().unwrap_or(0);
         staging = staging.max(staging_bytes(precision, widest.min(piece))?);
-        if !p.whole_optim {
-            staging = staging.max(f32_block(p.part.padded_numel())?);
-        }
     }
     Ok(OffloadPlan { states, staging })
 }

@@ -144,7 +144,7 @@ fn write(
                 }),
                 Some(ByteSize(max)) => {
                     export_sharded_safetensors(model, units, dtype, &args.to, max)
-                        .and_then(|_| write_hf_config(model, dtype, args.to.join("config.json")))
+                        .and_then(|files| sharded_config(model, dtype, &args.to, &files))
                 }
             }
         }
@@ -159,6 +159,24 @@ fn write(
         Some(e) => Err(e),
         None => Ok(written?),
     }
+}
+
+/// `config.json` beside the sharded export's `files`, which are removed when it cannot be
+/// written (a folder of shards without a config is no model).
+fn sharded_config(
+    model: &GptConfig,
+    dtype: SafetensorsDtype,
+    dir: &Path,
+    files: &[PathBuf],
+) -> crate::checkpoint::Result<()> {
+    let written = write_hf_config(model, dtype, dir.join("config.json"));
+    if written.is_err() {
+        for f in files {
+            // Best effort: the config's error is the one worth reporting.
+            let _ = std::fs::remove_file(f);
+        }
+    }
+    written
 }
 
 fn state_model(state: &ShardedReader, dir: &Path) -> Result<GptConfig, TrainError> {

@@ -244,6 +244,17 @@ fn export_writes_hugging_faces_sharded_layout() {
     assert_eq!(index["metadata"]["total_size"], json!(total));
     let (got_cfg, got) = read_model_file(&out, None).unwrap();
     assert_eq!((got_cfg, bits(&got)), (cfg, bits(&units)));
+    // A second export into the folder is refused by name, and the first stays as it was
+    // (a reader would otherwise take the old index for the new shards).
+    let again = ExportArgs {
+        max_shard_size: Some(zero_train::bytesize::ByteSize(1 << 30)),
+        ..args
+    };
+    let err = export(&again).unwrap_err().to_string();
+    assert!(err.contains("already holds a Hugging Face model"), "{err}");
+    assert!(!out.join("model.safetensors").exists());
+    let (_, still) = read_model_file(&out, None).unwrap();
+    assert_eq!(bits(&still), bits(&units));
 }
 
 /// One unit short, the sharded export fails naming the unit count and leaves no shard;

@@ -212,6 +212,17 @@ pub enum Error {
         /// The folder.
         path: PathBuf,
     },
+    /// A sharded export into a folder that already holds a Hugging Face model, whose index or
+    /// single file would then disagree with the new shards.
+    #[error(
+        "{path} already holds a Hugging Face model ({found}): remove it or export to another folder"
+    )]
+    ModelFolderInUse {
+        /// The folder.
+        path: PathBuf,
+        /// The model file found there.
+        found: String,
+    },
     /// Buffers whose sizes do not fit the model shape.
     #[error("{what}: expected {expected} elements, got {got}")]
     ShapeMismatch {

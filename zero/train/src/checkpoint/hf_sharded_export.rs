@@ -6,9 +6,11 @@
 //! name to its shard, with the data's total size. A model that fits one shard is written as
 //! HF writes it then: `model.safetensors`, with no index.
 //!
-//! Shards are written first, each atomically; the index goes last, so a reader never finds an
-//! index naming a shard that is not there. When any write fails, the shards already written
-//! are removed. Units are taken one at a time, as for one file (`hf_export`).
+//! A folder that already holds a model (an index, `model.safetensors` or a shard) is refused:
+//! a reader would take its index or single file for the new export. Shards are written first,
+//! each atomically; the index goes last, so a reader never finds an index naming a shard that
+//! is not there. When any write fails, the shards already written are removed (the folder
+//! stays). Units are taken one at a time, as for one file (`hf_export`).
 
 use std::io::Write;
 use std::ops::Range;
@@ -30,8 +32,9 @@ pub const HF_SINGLE_FILE: &str = "model.safetensors";
 /// written, the index last (or the one `model.safetensors`).
 ///
 /// # Errors
-/// As [`export_safetensors`](super::export_safetensors); [`Error::Io`] naming the folder or
-/// file that could not be written. Nothing is left behind on failure.
+/// As [`export_safetensors`](super::export_safetensors); [`Error::ModelFolderInUse`] for a
+/// folder that holds a model already; [`Error::Io`] naming the folder or file that could not
+/// be read or written. No model file is left behind on failure.
 pub fn export_sharded_safetensors<U: AsRef<[f32]>>(
     config: &GptConfig,
     units: impl IntoIterator<Item = U>,
@@ -46,23 +49,26 @@ pub fn export_sharded_safetensors<U: AsRef<[f32]>>(
     } else {
         (0..runs.len()).map(|i| shard_name(i, runs.len())).collect()
     };
-    std::fs::create_dir_all(dir).map_err(|source| {
+    let io = |op, source| {
         Error::Io(crate::error::IoError {
-            op: "create the folder",
+            op,
             path: dir.to_path_buf(),
             source,
         })
-    })?;
+    };
+    std::fs::create_dir_all(dir).map_err(|e| io("create the folder", e))?;
+    refuse_a_model_folder(dir).map_err(|e| e.unwrap_or_else(|source| io("list", source)))?;
     let mut cursor = UnitCursor::new(config, units);
     let mut written = Vec::with_capacity(runs.len() + 1);
     for (i, run) in runs.iter().enumerate() {
-        let path = dir.join(&names[i]);
+        // Pushed first: a write that fails after its rename (syncing the folder) leaves it.
+        written.push(dir.join(&names[i]));
         let last = i + 1 == runs.len();
-        if let Err(e) = write_tensors_file(&tensors[run.clone()], dtype, &mut cursor, &path, last) {
+        let path = &written[i];
+        if let Err(e) = write_tensors_file(&tensors[run.clone()], dtype, &mut cursor, path, last) {
             remove_all(&written);
             return Err(e);
         }
-        written.push(path);
     }
     if runs.len() > 1 {
         let index = dir.join(HF_INDEX_FILE);
@@ -74,6 +80,25 @@ pub fn export_sharded_safetensors<U: AsRef<[f32]>>(
         written.push(index);
     }
     Ok(written)
+}
+
+/// `Err(Ok(..))` naming the model file `dir` holds (an index, `model.safetensors` or a
+/// shard); `Err(Err(..))` when the folder cannot be listed.
+fn refuse_a_model_folder(
+    dir: &Path,
+) -> std::result::Result<(), std::result::Result<Error, std::io::Error>> {
+    for entry in std::fs::read_dir(dir).map_err(Err)? {
+        let name = entry.map_err(Err)?.file_name();
+        let name = name.to_string_lossy();
+        let shard = name.starts_with("model-") && name.ends_with(".safetensors");
+        if shard || name == HF_SINGLE_FILE || name == HF_INDEX_FILE {
+            return Err(Ok(Error::ModelFolderInUse {
+                path: dir.to_path_buf(),
+                found: name.into_owned(),
+            }));
+        }
+    }
+    Ok(())
 }
 
 /// HF's name of shard `i` (from 0) of `n`.
