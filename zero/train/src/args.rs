@@ -90,6 +90,17 @@ impl TrainArgs {
     /// # Errors
     /// A [`ConfigError`] naming the file or the flag whose value is wrong.
     pub fn resolve(&self) -> Result<TrainConfig, ConfigError> {
+        let config = self.merge()?;
+        config.validate()?;
+        Ok(config)
+    }
+
+    /// As [`TrainArgs::resolve`], without the checks of the whole configuration (each value
+    /// still parses): for a caller that adjusts the configuration and validates it itself.
+    ///
+    /// # Errors
+    /// A [`ConfigError`] naming the file or the flag whose value cannot be read.
+    pub fn merge(&self) -> Result<TrainConfig, ConfigError> {
         let file = match &self.config {
             Some(path) => Self::from_toml_file(path)?,
             None => TrainConfig::default(),
@@ -103,10 +114,8 @@ impl TrainArgs {
                 merged.insert(key.clone(), value.clone());
             }
         }
-        let config: TrainConfig = serde_json::from_value(Value::Object(merged))
-            .map_err(|e| ConfigError::Invalid(e.to_string()))?;
-        config.validate()?;
-        Ok(config)
+        serde_json::from_value(Value::Object(merged))
+            .map_err(|e| ConfigError::Invalid(e.to_string()))
     }
 }
 

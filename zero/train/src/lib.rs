@@ -18,6 +18,7 @@ mod llmc_header;
 pub mod memory_fit;
 pub mod metrics;
 pub mod offload;
+pub mod plan_report;
 mod progress;
 mod report;
 pub mod resident;

@@ -4,8 +4,9 @@
 //! ```text
 //! zero-train [FLAGS]                          train (flags over --config FILE over defaults)
 //! zero-train prepare --text FILE... --out DIR tokenise text into train.bin / val.bin
-//! zero-train export --from SRC --to FILE      one model file (safetensors or llm.c) out of a
+//! zero-train export --from SRC --to FILE      a model file (safetensors or llm.c) out of a
 //!                                             training state or another model file
+//! zero-train plan [FLAGS]                     each rank's memory at every stage, untrained
 //! ```
 
 use clap::{Parser, Subcommand};
@@ -41,9 +42,13 @@ enum Command {
         #[arg(long, default_value_t = 0.1)]
         val_fraction: f64,
     },
-    /// Write one model file (Hugging Face safetensors + config.json, or llm.c model.bin) from
-    /// a training state, an llm.c model.bin or a safetensors file.
+    /// Write a model (Hugging Face safetensors + config.json, one file or sharded, or llm.c
+    /// model.bin) from a training state, an llm.c model.bin or a safetensors file or folder.
     Export(zero_train::export::ExportArgs),
+    /// Print each rank's memory for these training flags at every ZeRO stage (model states,
+    /// activations, transient buffers, the offloaded optimizer's host arena) beside the
+    /// paper's formula, without training.
+    Plan(Box<TrainArgs>),
 }
 
 fn main() -> ExitCode {
@@ -87,6 +92,11 @@ fn main() -> ExitCode {
                 )
             })
             .map_err(|e| e.to_string()),
+        Some(Command::Plan(args)) => args
+            .merge()
+            .map_err(|e| e.to_string())
+            .and_then(|cfg| zero_train::plan_report::plan_table(&cfg).map_err(|e| e.to_string()))
+            .map(|table| print!("{table}")),
         None => cli
             .train
             .resolve()

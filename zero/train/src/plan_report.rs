@@ -1,0 +1,151 @@
+//! `zero-train plan`: what each rank's memory would hold for a run's flags, at every stage,
+//! without training. The engine's plan is the step's peak (docs/zero.md, "Memory"), so these
+//! are the bytes a run with the same flags allocates, beside the paper's model-state formula.
+//!
+//! Like DeepSpeed's `estimate_zero*_model_states_mem_needs`, but for the whole arena: model
+//! states, the transient unit buffers of one step, the activations and, with
+//! `--offload-optimizer`, the host arena of the optimizer states.
+
+use zero::{expected_model_state_bytes, MemoryPlan, PlanShape, ZeroStage};
+use zero_alloc::human_bytes;
+use zero_gpt::{GptConfig, ParamLayout};
+
+use crate::config::{Backend, TrainConfig};
+use crate::error::TrainError;
+use crate::memory_fit::MemoryQuery;
+
+/// One stage's plan for a run's flags.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct StagePlan {
+    /// The stage.
+    pub stage: ZeroStage,
+    /// The engine's plan for one rank.
+    pub plan: MemoryPlan,
+    /// The paper's model-state bytes per rank (no padding).
+    pub formula: f64,
+}
+
+/// The plans of every stage for `cfg`'s model, batch, precision, world size and options
+/// (activation checkpointing and offload, buckets, prefetch). The activations are the CPU
+/// backend's: a GPU backend adds its kernel scratch.
+///
+/// # Errors
+/// A configuration `zero-train` would refuse, a model file that cannot be read
+/// (`--init-from`), or a plan that overflows.
+pub fn stage_plans(cfg: &TrainConfig) -> Result<(GptConfig, Vec<StagePlan>), TrainError> {
+    // The global batch changes no rank's memory (gradient accumulation reuses the micro-step's
+    // buffers), so a plan needs no --batch-size that divides into the ranks.
+    let cfg = &TrainConfig {
+        batch_size: cfg.micro_batch_size.saturating_mul(cfg.world_size),
+        ..cfg.clone()
+    };
+    cfg.validate()?;
+    let model = cfg.model_config()?;
+    let psi = ParamLayout::new(&model).num_params() as u64;
+    let query = MemoryQuery {
+        model,
+        micro_batch: cfg.micro_batch_size,
+        seq_len: cfg.seq_len,
+        placement: cfg.activation_placement(),
+        shape: PlanShape {
+            world: cfg.world_size,
+            stage: cfg.zero_stage,
+            precision: cfg.precision.into(),
+            persistence_threshold: cfg.param_persistence_threshold,
+            prefetch_units: cfg.prefetch_units,
+            reduce_bucket_bytes: usize::try_from(cfg.reduce_bucket_size.0).unwrap_or(usize::MAX),
+            activation_bytes: 0,
+            staging: zero_comm::StagingRule::None,
+            offload_optimizer: cfg.offload_optimizer,
+        },
+    };
+    let every = cfg.activation_placement().checkpoint_every;
+    let plans = ZeroStage::ALL
+        .into_iter()
+        .map(|stage| {
+            let plan = query.with(stage, every).plan()?;
+            let precision = query.shape.precision;
+            let formula = expected_model_state_bytes(psi, cfg.world_size, stage, precision);
+            Ok(StagePlan {
+                stage,
+                plan,
+                formula: formula.total(),
+            })
+        })
+        .collect::<Result<Vec<_>, TrainError>>()?;
+    Ok((model, plans))
+}
+
+/// The table `zero-train plan` prints: a heading naming what was planned, then one row per
+/// stage, the stage asked for marked.
+///
+/// # Errors
+/// As [`stage_plans`].
+pub fn plan_table(cfg: &TrainConfig) -> Result<String, TrainError> {
+    let (model, plans) = stage_plans(cfg)?;
+    let mut out = heading(cfg, &model);
+    out.push_str(
+        "stage | parameters | gradients | optimizer | activations | transient | per rank | \
+         host arena/rank | formula (model states)\n",
+    );
+    let h = |b: f64| human_bytes(b as u64);
+    for p in &plans {
+        let s = p.plan.model_states;
+        let host = p
+            .plan
+            .offload
+            .map_or("-".into(), |o| human_bytes(o.total()));
+        let mark = if p.stage == cfg.zero_stage {
+            " <- asked"
+        } else {
+            ""
+        };
+        out.push_str(&format!(
+            "{} | {} | {} | {} | {} | {} | {} | {host} | {}{mark}\n",
+            p.stage as u8,
+            h(s.params),
+            h(s.grads),
+            h(s.optimizer),
+            human_bytes(p.plan.activations),
+            human_bytes(p.plan.transient + p.plan.backend_staging),
+            human_bytes(p.plan.total()),
+            h(p.formula),
+        ));
+    }
+    out.push_str(
+        "# per rank: the arena's peak over a step, as a run with these flags allocates it; \
+         activations as the CPU backend keeps them (f32), a GPU run adds its kernel scratch\n",
+    );
+    Ok(out)
+}
+
+fn heading(cfg: &TrainConfig, m: &GptConfig) -> String {
+    let params = ParamLayout::new(m).num_params();
+    let checkpointing = match cfg.activation_placement().checkpoint_every {
+        Some(k) => format!("checkpointing every {k}"),
+        None => "no checkpointing".into(),
+    };
+    let optimizer = if cfg.offload_optimizer {
+        "optimizer offloaded to the host"
+    } else {
+        "optimizer on the device"
+    };
+    let backend = if cfg.backend == Backend::Local {
+        ""
+    } else {
+        " (the launcher's ranks: give --world-size)"
+    };
+    format!(
+        "zero-train plan: L {}, C {}, NH {}, V {}: {:.2}M parameters | {} ranks{backend} | {} | \
+         micro-batch {} x {} | {checkpointing} | {optimizer}\n",
+        m.num_layers,
+        m.channels,
+        m.num_heads,
+        m.vocab_size,
+        params as f64 / 1e6,
+        cfg.world_size,
+        format!("{:?}", cfg.precision).to_lowercase(),
+        cfg.micro_batch_size,
+        cfg.seq_len,
+    )
+}

@@ -1,0 +1,130 @@
+//! `zero-train plan`: every stage's plan for a run's flags, which is what a run with those
+//! flags then allocates: each stage's planned bytes equal the peak the trainer measures (with
+//! room to spare under the cap), and the offloaded optimizer's host arena its planned size.
+
+mod common;
+use common::{write_corpus, TempDir};
+use std::path::Path;
+use std::process::Command;
+use zero::ZeroStage;
+use zero_gpt::Rng;
+use zero_train::plan_report::stage_plans;
+use zero_train::{train, ByteSize, PrecisionArg, TrainConfig};
+
+fn corpus(dir: &Path) {
+    let mut rng = Rng::new(4);
+    let tokens: Vec<u16> = (0..4_000).map(|_| (rng.next_u64() % 100) as u16).collect();
+    write_corpus(dir, &tokens, 1_000, 100);
+}
+
+/// The tiny preset on 2 ranks, one step, with room under the cap so no allocation has to land
+/// collectives early (which would end the peak below the plan).
+fn tiny(data: &Path, stage: ZeroStage) -> TrainConfig {
+    TrainConfig {
+        model: "tiny".into(),
+        seq_len: 16,
+        data: data.to_path_buf(),
+        world_size: 2,
+        steps: 1,
+        batch_size: 2,
+        micro_batch_size: 1,
+        eval_every: 0,
+        sample_tokens: 0,
+        zero_stage: stage,
+        memory_limit: Some(ByteSize(1 << 30)),
+        ..TrainConfig::default()
+    }
+}
+
+#[test]
+fn each_stage_planned_is_the_peak_a_run_measures() {
+    let dir = TempDir::new("plan");
+    corpus(&dir.0);
+    for offload_optimizer in [false, true] {
+        for precision in [PrecisionArg::Fp32, PrecisionArg::Bf16] {
+            let cfg = TrainConfig {
+                offload_optimizer,
+                precision,
+                ..tiny(&dir.0, ZeroStage::Zero0)
+            };
+            let (_, plans) = stage_plans(&cfg).unwrap();
+            for p in plans {
+                let run = train(&TrainConfig {
+                    zero_stage: p.stage,
+                    ..cfg.clone()
+                })
+                .unwrap();
+                let what = format!("{:?} {} offload {offload_optimizer}", precision, p.stage);
+                let rank0 = &run.ranks[0];
+                assert_eq!(rank0.peak_bytes, p.plan.total(), "{what}");
+                let host = p.plan.offload.map_or(0, |o| o.total());
+                assert_eq!(rank0.optimizer_offloaded_bytes, host, "{what}");
+                // The paper's formula (unpadded) is at most the padded model states planned,
+                // the offloaded ones included.
+                let offloaded = p.plan.offload.map_or(0, |o| o.states) as f64;
+                assert!(
+                    p.formula <= p.plan.model_states.total() + offloaded,
+                    "{what}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn the_plan_command_prints_every_stage_and_marks_the_one_asked() {
+    let out = Command::new(env!("CARGO_BIN_EXE_zero-train"))
+        .args([
+            "plan",
+            "--model",
+            "gpt2-xl",
+            "--world-size",
+            "64",
+            "--zero-stage",
+            "3",
+        ])
+        .args(["--precision", "bf16", "--offload-optimizer"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        text.contains("1557.69M parameters | 64 ranks | bf16"),
+        "{text}"
+    );
+    let rows: Vec<&str> = text
+        .lines()
+        .filter(|l| l.starts_with(|c: char| c.is_ascii_digit()))
+        .collect();
+    assert_eq!(rows.len(), 4, "{text}");
+    for (stage, row) in rows.iter().enumerate() {
+        assert!(row.starts_with(&format!("{stage} | ")), "{row}");
+        assert_eq!(row.ends_with("<- asked"), stage == 3, "{row}");
+    }
+    // Offloaded: no optimizer bytes in the arena, a host arena per rank.
+    assert!(
+        rows.iter().all(|r| r.split(" | ").nth(3) == Some("0 B")),
+        "{text}"
+    );
+    assert!(
+        rows.iter().all(|r| r.split(" | ").nth(7) != Some("-")),
+        "{text}"
+    );
+}
+
+#[test]
+fn a_bad_flag_is_refused_by_name_without_a_plan() {
+    let out = Command::new(env!("CARGO_BIN_EXE_zero-train"))
+        .args(["plan", "--world-size", "0"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("--world-size"),
+        "{err}"
+    );
+}
