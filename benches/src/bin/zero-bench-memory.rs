@@ -10,7 +10,8 @@
 //! model's activations, the bound `zero-train --memory-limit` enforces) fits the cap, then
 //! bisects; the largest model found is confirmed by training two steps under the cap (a
 //! failure steps down until one trains). Step times are the second step's, stage s and stage
-//! 0 both on stage 0's largest model, so the ratio is the cost of the stage, not of the size.
+//! 0 both on stage 0's largest model, so the ratio is the cost of the stage, not of the size;
+//! each is the median of three rounds that alternate the configurations.
 use std::process::ExitCode;
 use std::time::Instant;
 
@@ -240,13 +241,37 @@ fn table(args: &Args, title: &str, shape: impl Fn(usize) -> Option<GptConfig> + 
     }
     let base = rows.first().map(|r| r.model);
     if let (Some(base), false) = (base, args.plan_only) {
-        let time = |stage, every| train(args, base, stage, every, None).ok().map(|r| r.1);
-        let t0 = time(ZeroStage::Zero0, None);
-        for row in &mut rows {
-            row.step_ratio = t0.zip(time(row.stage, row.every)).map(|(a, b)| b / a);
-        }
+        step_ratios(args, base, &mut rows);
     }
     print_rows(args, title, &rows);
+}
+
+/// Rounds of step timings; each configuration's median is kept.
+const TIMING_ROUNDS: usize = 3;
+
+/// Each row's step time on `base` against stage 0's without checkpointing. Every round times
+/// stage 0 and each row one after the other, so slow spells of a shared machine fall on all
+/// of them; the ratio is of the medians over the rounds.
+fn step_ratios(args: &Args, base: GptConfig, rows: &mut [Row]) {
+    let time = |stage, every| train(args, base, stage, every, None).ok().map(|r| r.1);
+    let mut t0 = Vec::new();
+    let mut times = vec![Vec::new(); rows.len()];
+    for _ in 0..TIMING_ROUNDS {
+        t0.extend(time(ZeroStage::Zero0, None));
+        for (row, seen) in rows.iter().zip(&mut times) {
+            seen.extend(time(row.stage, row.every));
+        }
+    }
+    let t0 = median(&mut t0);
+    for (row, seen) in rows.iter_mut().zip(&mut times) {
+        row.step_ratio = t0.zip(median(seen)).map(|(a, b)| b / a);
+    }
+}
+
+/// The median of `xs` (the upper one of an even count), `None` when empty.
+fn median(xs: &mut [f64]) -> Option<f64> {
+    xs.sort_by(f64::total_cmp);
+    xs.get(xs.len() / 2).copied()
 }
 
 /// Why `args` cannot run, naming the first flag out of range.
@@ -354,6 +379,13 @@ mod tests {
             assert_eq!(search(1, |x| x <= limit), linear, "limit {limit}");
         }
         assert_eq!(search(1, |_| false), None);
+    }
+
+    #[test]
+    fn the_median_is_the_middle_value() {
+        assert_eq!(super::median(&mut [3.0, 1.0, 2.0]), Some(2.0));
+        assert_eq!(super::median(&mut [4.0, 1.0]), Some(4.0));
+        assert_eq!(super::median(&mut []), None);
     }
 
     #[test]
