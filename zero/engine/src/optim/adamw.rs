@@ -117,16 +117,15 @@ impl AdamW {
                 continue;
             }
             let local = lo - offset..hi - offset;
-            let decay = if s.decay { c.decay_factor } else { 1.0 };
-            adamw_kernel(
-                &mut params[local.clone()],
-                &grads[local.clone()],
-                &mut m[local.clone()],
-                &mut v[local],
-                self,
-                &c,
-                decay,
-            );
+            let k = Coefficients {
+                beta1: self.beta1,
+                beta2: self.beta2,
+                eps: self.eps,
+                step: c,
+                decay: if s.decay { c.decay_factor } else { 1.0 },
+            };
+            let (p, g) = (&mut params[local.clone()], &grads[local.clone()]);
+            adamw_kernel(p, g, &mut m[local.clone()], &mut v[local], &k);
         }
         Ok(())
     }
@@ -197,47 +196,41 @@ pub struct StepConstants {
 /// shard of a few million elements keeps every core of a large host busy.
 const TASK_ELEMS: usize = 1 << 16;
 
+/// Everything one segment's elements share: the settings, the step's constants and the
+/// segment's decay factor (1 where it does not decay).
+struct Coefficients {
+    beta1: f32,
+    beta2: f32,
+    eps: f32,
+    step: StepConstants,
+    decay: f32,
+}
+
 /// The update of one segment's elements, split into tasks on rayon's pool. Each element's
 /// arithmetic is [`adamw_serial`]'s whatever task it falls in, so the split changes no bit.
-fn adamw_kernel(
-    p: &mut [f32],
-    g: &[f32],
-    m: &mut [f32],
-    v: &mut [f32],
-    opt: &AdamW,
-    c: &StepConstants,
-    decay: f32,
-) {
+fn adamw_kernel(p: &mut [f32], g: &[f32], m: &mut [f32], v: &mut [f32], k: &Coefficients) {
     use rayon::prelude::*;
     if p.len() <= TASK_ELEMS {
-        return adamw_serial(p, g, m, v, opt, c, decay);
+        return adamw_serial(p, g, m, v, k);
     }
     p.par_chunks_mut(TASK_ELEMS)
         .zip(g.par_chunks(TASK_ELEMS))
         .zip(m.par_chunks_mut(TASK_ELEMS))
         .zip(v.par_chunks_mut(TASK_ELEMS))
-        .for_each(|(((p, g), m), v)| adamw_serial(p, g, m, v, opt, c, decay));
+        .for_each(|(((p, g), m), v)| adamw_serial(p, g, m, v, k));
 }
 
 /// The per-element update, in f32, as the module documentation writes it (zipped slices, so
 /// the loop has no bounds checks and vectorises).
-fn adamw_serial(
-    p: &mut [f32],
-    g: &[f32],
-    m: &mut [f32],
-    v: &mut [f32],
-    opt: &AdamW,
-    c: &StepConstants,
-    decay: f32,
-) {
-    let (b1, b2) = (opt.beta1, opt.beta2);
+fn adamw_serial(p: &mut [f32], g: &[f32], m: &mut [f32], v: &mut [f32], k: &Coefficients) {
+    let (b1, b2, c, decay) = (k.beta1, k.beta2, &k.step, k.decay);
     let elements = p.iter_mut().zip(g).zip(m.iter_mut()).zip(v.iter_mut());
     for (((p, &gi), m), v) in elements {
         let mi = b1 * *m + (1.0 - b1) * gi;
         let vi = b2 * *v + (1.0 - b2) * gi * gi;
         *m = mi;
         *v = vi;
-        let denom = vi.sqrt() * c.inv_sqrt_bc2 + opt.eps;
+        let denom = vi.sqrt() * c.inv_sqrt_bc2 + k.eps;
         *p = *p * decay - c.step_size * (mi / denom);
     }
 }
