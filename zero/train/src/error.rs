@@ -133,6 +133,24 @@ pub enum TrainError {
         /// A stage and options that fit, or what the leanest needs.
         hint: String,
     },
+    /// With `--offload-optimizer` on a GPU, the ranks on this host need more host memory for
+    /// their offloaded optimizer states than the host has available.
+    #[error(
+        "--offload-optimizer needs {} of host memory per rank ({per_rank} bytes: optimizer \
+         states and one piece's staging, page-locked) x {ranks} rank(s) on this host, but it \
+         has {} available (MemAvailable): put fewer ranks on this host, or drop \
+         --offload-optimizer",
+        zero_alloc::human_bytes(*per_rank),
+        zero_alloc::human_bytes(*available)
+    )]
+    OffloadHostMemory {
+        /// Host bytes one rank's offloaded optimizer needs.
+        per_rank: u64,
+        /// Ranks on this host.
+        ranks: usize,
+        /// The host's available memory.
+        available: u64,
+    },
     /// A file (the metrics log) could not be created or written.
     #[error(transparent)]
     Io(#[from] IoError),

@@ -4,7 +4,7 @@
 use crate::bridge::{activation_arena_bytes, gpt_engine_on, ActivationPlacement, Placement};
 use crate::config::{Backend, Device};
 use crate::error::TrainError;
-use crate::memory_fit::{launcher_local_size, MemoryQuery};
+use crate::memory_fit::{host_available_bytes, launcher_local_size, MemoryQuery};
 use crate::run::Shared;
 use zero::optim::AdamW;
 use zero::{Engine, EngineConfig, EngineOps, PlanShape};
@@ -47,6 +47,12 @@ pub(super) fn build_engine<B: Placement>(
         placement,
         (comm.size(), comm.staging_rule()),
     );
+    if let (true, Device::Cuda(_)) = (cfg.offload_optimizer, cfg.device) {
+        // On a GPU the host arena is host memory of its own, outside any cap or GPU budget.
+        let ranks = ranks_on_this_host(cfg.backend, comm.size());
+        let host = query.plan()?.offload.map_or(0, |o| o.total());
+        refuse_offload_above_host(host, ranks, host_available_bytes())?;
+    }
     match engine_config.memory_limit {
         Some(limit) => refuse_above_the_cap(&query, limit)?,
         // A host arena reserves its plan without committing it, so a plan larger than the
@@ -128,10 +134,40 @@ fn refuse_above_the_cap(query: &MemoryQuery, limit: u64) -> Result<(), TrainErro
 /// processes the launcher started on this host.
 fn ranks_sharing_memory(backend: Backend, device: Device, comm_size: usize) -> usize {
     match (backend, device) {
-        (Backend::Local, _) => comm_size,
-        (_, Device::Cpu) => launcher_local_size(|k| std::env::var(k).ok()).unwrap_or(1),
+        (_, Device::Cpu) => ranks_on_this_host(backend, comm_size),
+        (Backend::Local, Device::Cuda(_)) => comm_size,
         (_, Device::Cuda(_)) => 1,
     }
+}
+
+/// The ranks on this host: the local backend's threads, or the processes the launcher
+/// started here (1 when it does not say).
+fn ranks_on_this_host(backend: Backend, comm_size: usize) -> usize {
+    match backend {
+        Backend::Local => comm_size,
+        _ => launcher_local_size(|k| std::env::var(k).ok()).unwrap_or(1),
+    }
+}
+
+/// Refuses `ranks` offloaded host arenas of `per_rank` bytes each (page-locked on a GPU run,
+/// so never swapped) above the host's `available` memory (unknown: no check).
+fn refuse_offload_above_host(
+    per_rank: u64,
+    ranks: usize,
+    available: Option<u64>,
+) -> Result<(), TrainError> {
+    let Some(available) = available else {
+        return Ok(());
+    };
+    let needed = per_rank.saturating_mul(u64::try_from(ranks).unwrap_or(u64::MAX));
+    if needed <= available {
+        return Ok(());
+    }
+    Err(TrainError::OffloadHostMemory {
+        per_rank,
+        ranks,
+        available,
+    })
 }
 
 /// Refuses at start-up, with no cap given, a plan whose `ranks_here` arenas (all of one
@@ -172,4 +208,24 @@ fn refuse_above_the_budget(
             host_counts,
         ),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn offloaded_host_arenas_above_the_hosts_memory_are_refused() {
+        // Three ranks of 1000 bytes each: 3000 fit, 2999 do not, unknown memory is no check.
+        assert!(refuse_offload_above_host(1000, 3, Some(3000)).is_ok());
+        let err = refuse_offload_above_host(1000, 3, Some(2999)).unwrap_err();
+        let text = err.to_string();
+        assert!(
+            text.contains("3 rank(s)") && text.contains("--offload-optimizer"),
+            "{text}"
+        );
+        assert!(refuse_offload_above_host(u64::MAX, usize::MAX, None).is_ok());
+        // The product saturates instead of wrapping below the memory.
+        assert!(refuse_offload_above_host(u64::MAX, 2, Some(u64::MAX - 1)).is_err());
+    }
 }
