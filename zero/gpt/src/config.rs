@@ -11,6 +11,11 @@ pub const GPT2_VOCAB_SIZE: usize = 50_257;
 /// The padded vocabulary is a multiple of this, so the LM-head matmul has aligned rows.
 pub const VOCAB_PAD_MULTIPLE: usize = 128;
 
+/// Most layers or heads a model may have: far above any GPT-2 (48 layers, 25 heads), and low
+/// enough that a model file's header cannot make the size table ([`crate::ParamLayout`], one
+/// entry per layer) allocate without bound.
+pub const MAX_LAYERS_OR_HEADS: usize = 1 << 10;
+
 /// Shape of a GPT-2 style decoder.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct GptConfig {
@@ -152,6 +157,16 @@ impl GptConfig {
         for (field, value) in positive {
             if value == 0 {
                 return bad(field, value, "must be at least 1");
+            }
+        }
+        // The message states the bound, which this checks at compile time.
+        const _: () = assert!(MAX_LAYERS_OR_HEADS == 1024);
+        for (field, value) in [
+            ("num_layers", self.num_layers),
+            ("num_heads", self.num_heads),
+        ] {
+            if value > MAX_LAYERS_OR_HEADS {
+                return bad(field, value, "must be at most 1024");
             }
         }
         // Token ids travel as u32 (and as u16 in llm.c token files); larger vocabularies would

@@ -44,7 +44,9 @@ pub use activations::{
     KeptInputs, BACKEND_SCRATCH, BUFFER_NAMES, GRAD_VIEWS, HEAD_VIEWS, KEPT_INPUTS, LAYER_VIEWS,
 };
 pub use backend::{Backend, CpuBackend, View};
-pub use config::{pad_vocab, GptConfig, GPT2_VOCAB_SIZE, PRESET_NAMES, VOCAB_PAD_MULTIPLE};
+pub use config::{
+    pad_vocab, GptConfig, GPT2_VOCAB_SIZE, MAX_LAYERS_OR_HEADS, PRESET_NAMES, VOCAB_PAD_MULTIPLE,
+};
 pub use error::{GptError, Result};
 pub use init::{init_params, init_unit, Rng, INIT_STD};
 pub use layout::{decays, ParamLayout, TensorSpec, UnitKind, UnitLayout};

@@ -15,8 +15,8 @@ pub const MAX_RANKS: usize = 1024;
 pub const MAX_STEPS: u64 = 1 << 40;
 /// Most tokens in one global batch (`batch_size * seq_len`): 1 GiB of u32 token ids.
 pub const MAX_BATCH_TOKENS: usize = 1 << 28;
-/// Most layers or heads of a model.
-pub const MAX_LAYERS_OR_HEADS: usize = 1 << 10;
+/// Most layers or heads of a model (the model's own bound, which its files obey too).
+pub const MAX_LAYERS_OR_HEADS: usize = zero_gpt::MAX_LAYERS_OR_HEADS;
 /// Most channels, vocabulary entries, sequence positions, sampled tokens, top-k or
 /// validation batches.
 pub const MAX_WIDTH: usize = 1 << 20;

@@ -314,6 +314,29 @@ fn invalid_dimensions_are_refused() {
     }
 }
 
+/// A header with 2^30 layers (or heads) and C = 1 describes a model whose size table alone
+/// would take 51 GB: refused by the model's bound on layers and heads, on both entry points,
+/// before anything is built (without the bound this test aborts on the allocation).
+#[test]
+fn a_forged_layer_or_head_count_is_refused_before_the_size_table_is_built() {
+    for (word, field) in [(4, "num_layers"), (5, "num_heads")] {
+        let forged = header_with(&[(4, 1), (5, 1), (6, 1), (word, 1 << 30)]);
+        for err in [
+            LlmcCheckpoint::from_bytes(&forged).unwrap_err(),
+            LlmcCheckpoint::read_from(&forged[..]).unwrap_err(),
+        ] {
+            assert_eq!(
+                format_error(err),
+                FormatError::InvalidModel {
+                    field,
+                    value: 1 << 30,
+                    reason: "must be at most 1024",
+                }
+            );
+        }
+    }
+}
+
 #[test]
 fn absurd_sizes_fail_before_allocating() {
     // C = 2^31 - 1 (NH = 1 divides it): the model's own guard refuses 4 C^2 (L + 2).
