@@ -33,6 +33,7 @@ use super::kernels::{AdamWBuffers, AdamWStep, HostKernels, Kernels, Span};
 use super::plan::{arena_config, block_bytes};
 use super::policy::UnitPolicy;
 use super::precision::{Precision, Store};
+use super::unit_buffers::UnitBuffers;
 use zero_alloc::{Arena, ArenaConfig, Backing, Device, Handle};
 use zero_comm::{Communicator, DType};
 
@@ -125,13 +126,6 @@ impl Engine {
         let owned = policy.owned(rank);
         let piece = piece_elems(self.config.reduce_bucket_bytes, self.config.precision);
         let b = &self.bufs[unit];
-        let blocks = UnitBlocks {
-            grads: b.grads,
-            params: b.params,
-            master: b.master,
-            m: b.m,
-            v: b.v,
-        };
         let first = Piece {
             grads: policy.part.local(rank, owned, policy.whole_grads).start,
             params: policy.part.local(rank, owned, policy.whole_params).start,
@@ -151,7 +145,7 @@ impl Engine {
                 offset: step.offset + start,
                 ..*step
             };
-            updated = update_piece::<S>(&mut self.arena, host, &stage, &blocks, at, &step);
+            updated = update_piece::<S>(&mut self.arena, host, &stage, b, at, &step);
             if updated.is_err() {
                 break;
             }
@@ -167,15 +161,6 @@ impl Engine {
 /// host staging whatever the size of a unit.
 pub(crate) fn piece_elems(reduce_bucket_bytes: usize, precision: Precision) -> usize {
     (reduce_bucket_bytes / precision.param_bytes() as usize).max(1)
-}
-
-/// A unit's blocks that its offloaded update touches.
-struct UnitBlocks {
-    grads: Handle,
-    params: Handle,
-    master: Option<Handle>,
-    m: Handle,
-    v: Handle,
 }
 
 /// One piece of an owned range: where it starts in each block (elements), and its length.
@@ -204,7 +189,7 @@ fn update_piece<S: Store>(
     device: &mut Arena,
     host: &mut OffloadedOptimizer,
     stage: &Staging,
-    b: &UnitBlocks,
+    b: &UnitBuffers,
     at: Piece,
     step: &AdamWStep<'_>,
 ) -> Result<()> {

@@ -2,6 +2,7 @@
 //! the model's activations), and, for a cap too small, which stage and options would fit.
 
 use super::bridge::{activation_arena_bytes, gpt_schedule, gpt_units, ActivationPlacement};
+use super::config::TrainConfig;
 use super::error::TrainError;
 use zero::{plan_memory, MemoryPlan, PlanShape, Precision, ZeroStage};
 use zero_gpt::{GptConfig, ParamLayout};
@@ -23,6 +24,37 @@ pub struct MemoryQuery {
 }
 
 impl MemoryQuery {
+    /// The query of a run configured by `cfg`, building `model` with its activations placed
+    /// as `placement` says, on `world` ranks whose backend stages as `staging`: the one
+    /// mapping of a run's flags to the plan, for the trainer's start-up check and
+    /// `zero-train plan`.
+    pub fn for_run(
+        cfg: &TrainConfig,
+        model: GptConfig,
+        placement: ActivationPlacement,
+        (world, staging): (usize, zero_comm::StagingRule),
+    ) -> Self {
+        Self {
+            model,
+            micro_batch: cfg.micro_batch_size,
+            seq_len: cfg.seq_len,
+            placement,
+            shape: PlanShape {
+                world,
+                stage: cfg.zero_stage,
+                precision: cfg.precision.into(),
+                persistence_threshold: cfg.param_persistence_threshold,
+                prefetch_units: cfg.prefetch_units,
+                reduce_bucket_bytes: usize::try_from(cfg.reduce_bucket_size.0)
+                    .unwrap_or(usize::MAX),
+                // `plan` fills it from the model's formula.
+                activation_bytes: 0,
+                staging,
+                offload_optimizer: cfg.offload_optimizer,
+            },
+        }
+    }
+
     /// The engine's plan with this configuration's activations.
     ///
     /// # Errors

@@ -6,7 +6,7 @@
 //! states, the transient unit buffers of one step, the activations and, with
 //! `--offload-optimizer`, the host arena of the optimizer states.
 
-use zero::{expected_model_state_bytes, MemoryPlan, PlanShape, ZeroStage};
+use zero::{expected_model_state_bytes, MemoryPlan, ZeroStage};
 use zero_alloc::human_bytes;
 use zero_gpt::{GptConfig, ParamLayout};
 
@@ -42,23 +42,8 @@ pub fn stage_plans(cfg: &TrainConfig) -> Result<(GptConfig, Vec<StagePlan>), Tra
     cfg.validate()?;
     let model = cfg.model_config()?;
     let psi = ParamLayout::new(&model).num_params() as u64;
-    let query = MemoryQuery {
-        model,
-        micro_batch: cfg.micro_batch_size,
-        seq_len: cfg.seq_len,
-        placement: cfg.activation_placement(),
-        shape: PlanShape {
-            world: cfg.world_size,
-            stage: cfg.zero_stage,
-            precision: cfg.precision.into(),
-            persistence_threshold: cfg.param_persistence_threshold,
-            prefetch_units: cfg.prefetch_units,
-            reduce_bucket_bytes: usize::try_from(cfg.reduce_bucket_size.0).unwrap_or(usize::MAX),
-            activation_bytes: 0,
-            staging: zero_comm::StagingRule::None,
-            offload_optimizer: cfg.offload_optimizer,
-        },
-    };
+    let run_on = (cfg.world_size, zero_comm::StagingRule::None);
+    let query = MemoryQuery::for_run(cfg, model, cfg.activation_placement(), run_on);
     let every = cfg.activation_placement().checkpoint_every;
     let plans = ZeroStage::ALL
         .into_iter()

@@ -57,7 +57,12 @@ pub fn export_sharded_safetensors<U: AsRef<[f32]>>(
         })
     };
     std::fs::create_dir_all(dir).map_err(|e| io("create the folder", e))?;
-    refuse_a_model_folder(dir).map_err(|e| e.unwrap_or_else(|source| io("list", source)))?;
+    if let Some(found) = model_file_in(dir).map_err(|e| io("list", e))? {
+        return Err(Error::ModelFolderInUse {
+            path: dir.to_path_buf(),
+            found,
+        });
+    }
     let mut cursor = UnitCursor::new(config, units);
     let mut written = Vec::with_capacity(runs.len() + 1);
     for (i, run) in runs.iter().enumerate() {
@@ -82,23 +87,17 @@ pub fn export_sharded_safetensors<U: AsRef<[f32]>>(
     Ok(written)
 }
 
-/// `Err(Ok(..))` naming the model file `dir` holds (an index, `model.safetensors` or a
-/// shard); `Err(Err(..))` when the folder cannot be listed.
-fn refuse_a_model_folder(
-    dir: &Path,
-) -> std::result::Result<(), std::result::Result<Error, std::io::Error>> {
-    for entry in std::fs::read_dir(dir).map_err(Err)? {
-        let name = entry.map_err(Err)?.file_name();
-        let name = name.to_string_lossy();
+/// The name of a Hugging Face model file `dir` holds (an index, `model.safetensors` or a
+/// shard), if any.
+fn model_file_in(dir: &Path) -> std::io::Result<Option<String>> {
+    for entry in std::fs::read_dir(dir)? {
+        let name = entry?.file_name().to_string_lossy().into_owned();
         let shard = name.starts_with("model-") && name.ends_with(".safetensors");
         if shard || name == HF_SINGLE_FILE || name == HF_INDEX_FILE {
-            return Err(Ok(Error::ModelFolderInUse {
-                path: dir.to_path_buf(),
-                found: name.into_owned(),
-            }));
+            return Ok(Some(name));
         }
     }
-    Ok(())
+    Ok(None)
 }
 
 /// HF's name of shard `i` (from 0) of `n`.

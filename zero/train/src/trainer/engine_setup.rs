@@ -1,13 +1,13 @@
 //! The rank's engine as the run's flags configure it, and the start-up refusal of a plan above
 //! the memory cap, or above the machine's available memory when no cap is given.
 
-use crate::bridge::{activation_arena_bytes, gpt_engine_on, ActivationPlacement, Placement};
+use crate::bridge::{activation_arena_bytes, gpt_engine_on, Placement};
 use crate::config::{Backend, Device};
 use crate::error::TrainError;
 use crate::memory_fit::{host_available_bytes, launcher_local_size, MemoryQuery};
 use crate::run::Shared;
 use zero::optim::AdamW;
-use zero::{Engine, EngineConfig, EngineOps, PlanShape};
+use zero::{Engine, EngineConfig, EngineOps};
 use zero_comm::Communicator;
 use zero_gpt::{init_unit, Gpt};
 
@@ -41,12 +41,8 @@ pub(super) fn build_engine<B: Placement>(
         offload_optimizer: cfg.offload_optimizer,
     };
     engine_config.adam.validate()?;
-    let query = memory_query(
-        shared,
-        &engine_config,
-        placement,
-        (comm.size(), comm.staging_rule()),
-    );
+    let run_on = (comm.size(), comm.staging_rule());
+    let query = MemoryQuery::for_run(cfg, shared.model, placement, run_on);
     if let (true, Device::Cuda(_)) = (cfg.offload_optimizer, cfg.device) {
         // On a GPU the host arena is host memory of its own, outside any cap or GPU budget.
         let ranks = ranks_on_this_host(cfg.backend, comm.size());
@@ -83,33 +79,6 @@ pub(super) fn build_engine<B: Placement>(
     match init_err {
         Some(e) => Err(e.into()),
         None => Ok(engine),
-    }
-}
-
-/// The plan's query for this run's engine on a `world` of ranks staging as `staging`.
-fn memory_query(
-    shared: &Shared<'_>,
-    engine_config: &EngineConfig,
-    placement: ActivationPlacement,
-    (world, staging): (usize, zero_comm::StagingRule),
-) -> MemoryQuery {
-    let cfg = shared.cfg;
-    MemoryQuery {
-        model: shared.model,
-        micro_batch: cfg.micro_batch_size,
-        seq_len: cfg.seq_len,
-        placement,
-        shape: PlanShape {
-            world,
-            stage: engine_config.stage,
-            precision: engine_config.precision,
-            persistence_threshold: engine_config.persistence_threshold,
-            prefetch_units: engine_config.prefetch_units,
-            reduce_bucket_bytes: engine_config.reduce_bucket_bytes,
-            activation_bytes: engine_config.activation_bytes,
-            staging,
-            offload_optimizer: engine_config.offload_optimizer,
-        },
     }
 }
 
