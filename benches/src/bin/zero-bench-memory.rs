@@ -9,9 +9,10 @@
 //! Each search doubles the grown dimension while the start-up plan (the engine's plan plus the
 //! model's activations, the bound `zero-train --memory-limit` enforces) fits the cap, then
 //! bisects; the largest model found is confirmed by training two steps under the cap (a
-//! failure steps down until one trains). Step times are the second step's, stage s and stage
-//! 0 both on stage 0's largest model, so the ratio is the cost of the stage, not of the size;
-//! each is the median of three rounds that alternate the configurations.
+//! failure steps down until one trains). A step time is the median of `--timed-steps` steps
+//! after a warm-up step, stage s and stage 0 both on stage 0's largest model, so the ratio is
+//! the cost of the stage, not of the size; each is the median of three rounds that alternate
+//! the configurations.
 use std::process::ExitCode;
 use std::time::Instant;
 
@@ -51,6 +52,10 @@ struct Args {
     /// Layers L of the width search.
     #[arg(long, default_value_t = 4)]
     layers: usize,
+    /// Steps timed per configuration and round, after one warm-up step; the step time is
+    /// their median (several for models whose step takes milliseconds).
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u16).range(1..))]
+    timed_steps: u16,
     /// Plan only: skip the confirming runs and step times.
     #[arg(long)]
     plan_only: bool,
@@ -134,13 +139,15 @@ fn search(lo: usize, ok: impl Fn(usize) -> bool) -> Option<usize> {
     Some(good)
 }
 
-/// Trains two steps on every rank under the cap; rank 0's peaks and second-step time.
+/// Trains `1 + timed_steps` steps on every rank under the cap; rank 0's peaks and the median
+/// time of the steps after the first.
 fn train(
     args: &Args,
     model: GptConfig,
     stage: ZeroStage,
     every: Option<usize>,
     cap: Option<u64>,
+    timed_steps: usize,
 ) -> Result<(Peaks, f64), String> {
     let (b, t) = (args.micro_batch, args.seq_len);
     let placement = ActivationPlacement {
@@ -173,8 +180,9 @@ fn train(
                     let mut acts = arena_activations(&mut engine, &gpt, b, t, placement)
                         .map_err(|e| err(&e))?;
                     let mut rng = Rng::new(engine.rank() as u64);
-                    let mut seconds = 0.0;
-                    for _ in 0..2 {
+                    let mut step_seconds = Vec::new();
+                    // The first step warms up (first touch of the arena, rayon's pool).
+                    for step in 0..=timed_steps {
                         let seq: Vec<u32> = (0..=b * t)
                             .map(|_| (rng.next_u64() % model.vocab_size as u64) as u32)
                             .collect();
@@ -182,8 +190,11 @@ fn train(
                         micro_step(&mut engine, &gpt, &mut acts, &seq[..b * t], &seq[1..])
                             .map_err(|e| err(&e))?;
                         engine.step(1e-4).map_err(|e| err(&e))?;
-                        seconds = start.elapsed().as_secs_f64();
+                        if step > 0 {
+                            step_seconds.push(start.elapsed().as_secs_f64());
+                        }
                     }
+                    let seconds = median(&mut step_seconds).unwrap_or(0.0);
                     let peak = |a: &zero_alloc::Arena| a.stats().peak_allocated as u64;
                     let peaks = Peaks {
                         arena: peak(engine.arena()),
@@ -215,7 +226,7 @@ fn largest(
         if args.plan_only {
             return Some((model, None));
         }
-        match train(args, model, stage, every, Some(args.memory_limit)) {
+        match train(args, model, stage, every, Some(args.memory_limit), 1) {
             Ok((peak, _)) => return Some((model, Some(peak))),
             Err(e) => eprintln!("{stage} at {x}: {e}; stepping down"),
         }
@@ -253,7 +264,11 @@ const TIMING_ROUNDS: usize = 3;
 /// stage 0 and each row one after the other, so slow spells of a shared machine fall on all
 /// of them; the ratio is of the medians over the rounds.
 fn step_ratios(args: &Args, base: GptConfig, rows: &mut [Row]) {
-    let time = |stage, every| train(args, base, stage, every, None).ok().map(|r| r.1);
+    let time = |stage, every| {
+        train(args, base, stage, every, None, args.timed_steps.into())
+            .ok()
+            .map(|r| r.1)
+    };
     let mut t0 = Vec::new();
     let mut times = vec![Vec::new(); rows.len()];
     for _ in 0..TIMING_ROUNDS {
