@@ -42,8 +42,10 @@ pub(crate) struct DeviceRegion {
 impl DeviceRegion {
     pub(crate) fn new(ordinal: usize, len: usize) -> Result<Self> {
         let ctx = context(ordinal)?;
-        // SAFETY: the arena issues every copy on `stream` and synchronises it before any
-        // address leaves the arena's borrow, which is the ordering event tracking would add.
+        // SAFETY: event tracking orders other streams' uses of the allocation after its
+        // stream-ordered allocation and zeroing on `stream`. Every other stream that touches
+        // the region orders itself after `stream` (it waits for it from the host, or on an
+        // event recorded on it) before using an address, which gives the same ordering.
         unsafe { ctx.disable_event_tracking() };
         let stream = ctx.default_stream();
         let copy_stream = ctx.new_stream().map_err(cuda_err("new_stream"))?;
@@ -106,7 +108,12 @@ impl DeviceRegion {
             .map_err(cuda_err("bind_to_thread"))
     }
 
-    /// Copies host bytes into the region at `offset` and waits.
+    /// Copies host bytes into the region at `offset`, ordered on the default (arena) stream.
+    ///
+    /// The call returns once `src` may be reused; from pageable memory the bytes may still be
+    /// on their way to the device. Every other stream orders itself after the default stream
+    /// (the copy stream and device-local peers wait for it from the host, NCCL and the
+    /// activation copier wait on an event recorded on it), so no reader sees the range early.
     pub(crate) fn write(&self, offset: usize, src: &[u8]) -> Result<()> {
         assert!(offset + src.len() <= self.len, "device write out of range");
         self.bind()?;
@@ -206,13 +213,24 @@ pub(crate) fn register_host(region: &mut crate::memory::HostRegion, ordinal: usi
     Ok(())
 }
 
-impl Drop for HostRegistration {
-    fn drop(&mut self) {
-        // A failure leaves the pages locked until the process exits; nothing else to do.
-        let _bound = self.ctx.bind_to_thread();
+impl HostRegistration {
+    /// Unregisters the range; `false` when the driver refused, in which case the range must
+    /// stay mapped (CUDA requires registered memory to be unregistered before it is freed, and
+    /// a new mapping at the same address would inherit the stale registration).
+    pub(crate) fn unregister(self) -> bool {
+        if let Err(err) = self.ctx.bind_to_thread() {
+            tracing::error!(error = %err, "cannot bind the context to unregister host memory");
+            return false;
+        }
         // SAFETY: `ptr` was registered by `register_host` and is still mapped (the region
-        // unmaps it after this drop); no copy can be in flight, since every arena copy
-        // completes before the arena can drop.
-        let _ = unsafe { sys::cuMemHostUnregister(self.ptr) }.result();
+        // unmaps it only after this returns `true`); no copy can be in flight, since every
+        // arena copy completes before the arena can drop.
+        match unsafe { sys::cuMemHostUnregister(self.ptr) }.result() {
+            Ok(()) => true,
+            Err(err) => {
+                tracing::error!(error = %err, "cuMemHostUnregister failed");
+                false
+            }
+        }
     }
 }

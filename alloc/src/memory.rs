@@ -13,7 +13,7 @@ use crate::error::{AllocError, Result};
 /// A zero-initialised, aligned, host-addressable byte range.
 #[derive(Debug)]
 pub(crate) struct HostRegion {
-    // Declared first so that it drops first: the range is unregistered before it is unmapped.
+    // Unregistered by `Drop` before `map` unmaps the range.
     #[cfg(feature = "cuda")]
     registration: Option<crate::cuda::HostRegistration>,
     // Kept only to unmap on drop; all access goes through `base`.
@@ -117,6 +117,20 @@ impl HostRegion {
         }
         self.locked = true;
         Ok(())
+    }
+}
+
+#[cfg(feature = "cuda")]
+impl Drop for HostRegion {
+    fn drop(&mut self) {
+        let Some(registration) = self.registration.take() else {
+            return;
+        };
+        if !registration.unregister() {
+            // Still registered: unmapping would free memory the driver holds. The range stays
+            // mapped (and locked) until the process exits.
+            std::mem::forget(self.map.take());
+        }
     }
 }
 

@@ -105,14 +105,15 @@ impl PinnedBuffer {
     pub fn cuda(ordinal: usize, len: usize) -> Result<Self> {
         let attempt = crate::cuda::context(ordinal).and_then(|ctx| {
             // SAFETY: the allocation is zeroed below before anyone can read it.
-            unsafe { ctx.alloc_pinned_with_flags::<u8>(len.max(1), 0) }
-                .map_err(crate::cuda::cuda_err("cudaHostAlloc"))
+            let mut slice = unsafe { ctx.alloc_pinned_with_flags::<u8>(len.max(1), 0) }
+                .map_err(crate::cuda::cuda_err("cudaHostAlloc"))?;
+            let ptr = slice
+                .as_mut_ptr()
+                .map_err(crate::cuda::cuda_err("pinned sync"))?;
+            Ok((slice, ptr))
         });
         match attempt {
-            Ok(mut slice) => {
-                let ptr = slice
-                    .as_mut_ptr()
-                    .map_err(crate::cuda::cuda_err("pinned sync"))?;
+            Ok((slice, ptr)) => {
                 // SAFETY: `ptr` is the start of a fresh allocation of at least `len` bytes.
                 unsafe { std::ptr::write_bytes(ptr, 0, len) };
                 Ok(Self {
