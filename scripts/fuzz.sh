@@ -6,7 +6,8 @@
 # does the same.
 #
 #   bash scripts/fuzz.sh TARGET [SECONDS]    # TARGET: arena_ops, token_file, llmc_checkpoint,
-#                                            # safetensors_gpt2, hf_index; SECONDS: 60
+#                                            # safetensors_gpt2, hf_index, sharded_manifest;
+#                                            # SECONDS: 60
 #
 # Corpus: fuzz/corpus/TARGET (git-ignored); a failing input lands in fuzz/artifacts/TARGET/.
 # Exit status: libFuzzer's (0: no failure).

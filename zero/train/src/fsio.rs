@@ -99,6 +99,11 @@ pub(crate) fn write_atomic(
     sync_parent(path)
 }
 
+/// True for a name that stays in its folder: not empty, no separator, not `.` or `..`.
+pub(crate) fn is_plain_file_name(name: &str) -> bool {
+    !name.is_empty() && name != "." && name != ".." && !name.contains(['/', '\\', '\0'])
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -152,5 +157,21 @@ mod tests {
         assert_eq!(std::fs::read(&path).ok().as_deref(), Some(&b"old"[..]));
         assert!(!with_suffix(&path, ".tmp").exists());
         std::fs::remove_dir_all(dir).ok();
+    }
+
+    #[test]
+    fn names_that_leave_their_folder_are_not_plain_file_names() {
+        assert!(is_plain_file_name("model-00001-of-00002.safetensors"));
+        for bad in [
+            "",
+            ".",
+            "..",
+            "../x.safetensors",
+            "/etc/passwd",
+            "a\\b",
+            "sub/x",
+        ] {
+            assert!(!is_plain_file_name(bad), "{bad:?}");
+        }
     }
 }

@@ -200,6 +200,33 @@ fn a_hand_edited_manifest_is_refused() {
 }
 
 #[test]
+fn a_manifest_whose_piece_file_leaves_the_state_folder_is_refused() {
+    let dir = TempDir::new("manifest-escape");
+    corpus(&dir.0);
+    let state = saved_state(&dir.0);
+    let args = with(
+        tiny_args(&dir.0),
+        &["--steps", "3", "--resume", state.to_str().unwrap()],
+    );
+    // The piece file moved out of the folder, the manifest pointing at it: every length and
+    // checksum still matches, so only the name check stands between the reader and a file
+    // outside the state.
+    let moved = "../outside.bin";
+    std::fs::rename(state.join("rank-00000.bin"), state.join(moved)).unwrap();
+    let file = state.join("manifest.json");
+    let mut manifest: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&file).unwrap()).unwrap();
+    manifest["files"][0]["name"] = moved.into();
+    for piece in manifest["pieces"].as_array_mut().unwrap() {
+        if piece["file"] == "rank-00000.bin" {
+            piece["file"] = moved.into();
+        }
+    }
+    std::fs::write(&file, manifest.to_string()).unwrap();
+    refused(&args, "is not a file name in the state folder");
+}
+
+#[test]
 fn the_gpu_path_names_the_options_it_does_not_support() {
     let dir = TempDir::new("bad-input-gpu-options");
     corpus(&dir.0);

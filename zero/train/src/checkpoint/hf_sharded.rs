@@ -23,6 +23,7 @@ use super::hf_import::{
 };
 use super::safetensors::{read_header, MAX_HEADER_BYTES};
 use crate::error::IoError;
+use crate::fsio::is_plain_file_name;
 
 /// The index file's name in a Hugging Face model folder.
 pub const HF_INDEX_FILE: &str = "model.safetensors.index.json";
@@ -163,30 +164,4 @@ pub fn parse_hf_index(text: &[u8]) -> Result<HashMap<String, String>, Safetensor
         )));
     }
     Ok(parsed.weight_map)
-}
-
-/// True for a name that stays in its folder: not empty, no separator, not `.` or `..`.
-fn is_plain_file_name(name: &str) -> bool {
-    !name.is_empty() && name != "." && name != ".." && !name.contains(['/', '\\', '\0'])
-}
-
-#[cfg(test)]
-mod tests {
-    use super::is_plain_file_name;
-
-    #[test]
-    fn shard_names_must_stay_in_the_index_folder() {
-        assert!(is_plain_file_name("model-00001-of-00002.safetensors"));
-        for bad in [
-            "",
-            ".",
-            "..",
-            "../x.safetensors",
-            "/etc/passwd",
-            "a\\b",
-            "sub/x",
-        ] {
-            assert!(!is_plain_file_name(bad), "{bad:?}");
-        }
-    }
 }

@@ -60,5 +60,5 @@ pub use sharded::{
     Piece, PieceFile, ShardedManifest, UnitPartition, LATEST, MANIFEST, SHARDED_FORMAT,
     SHARDED_VERSION, TENSORS,
 };
-pub use sharded_read::ShardedReader;
+pub use sharded_read::{parse_manifest, ShardedReader};
 pub use sharded_write::{begin_save, publish, PieceWriter};

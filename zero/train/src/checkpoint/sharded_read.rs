@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use super::checksum::Checksum;
 use super::error::{Error, Result};
 use super::sharded::{Piece, ShardedManifest, MANIFEST, SHARDED_FORMAT, SHARDED_VERSION, TENSORS};
-use crate::fsio::failed;
+use crate::fsio::{failed, is_plain_file_name};
 
 const CHUNK_ELEMS: usize = 1 << 16;
 
@@ -20,9 +20,11 @@ const CHUNK_ELEMS: usize = 1 << 16;
 pub struct ShardedReader {
     dir: PathBuf,
     manifest: ShardedManifest,
-    /// Piece indices by (unit, tensor), sorted by `start`.
-    by_tensor: HashMap<(usize, String), Vec<usize>>,
+    by_tensor: PiecesByTensor,
 }
+
+/// Piece indices by (unit, tensor), sorted by `start`.
+type PiecesByTensor = HashMap<(usize, String), Vec<usize>>;
 
 impl ShardedReader {
     /// Opens the state folder `dir` and checks, before reading any values: format and
@@ -38,27 +40,8 @@ impl ShardedReader {
         let dir = dir.as_ref().to_path_buf();
         let path = dir.join(MANIFEST);
         let bytes = std::fs::read(&path).map_err(failed("read", &path))?;
-        let manifest: ShardedManifest =
-            serde_json::from_slice(&bytes).map_err(|source| Error::Json { path, source })?;
-        let bad = |reason: String| Error::BadState {
-            path: dir.clone(),
-            reason,
-        };
-        if manifest.format != SHARDED_FORMAT {
-            return Err(bad(format!(
-                "format is {:?}, expected {SHARDED_FORMAT:?}",
-                manifest.format
-            )));
-        }
-        if manifest.version != SHARDED_VERSION {
-            return Err(bad(format!(
-                "format version {} is not supported: this build reads version \
-                 {SHARDED_VERSION} (a newer zero-train wrote it?)",
-                manifest.version
-            )));
-        }
+        let (manifest, by_tensor) = parse(&dir, &bytes)?;
         check_files(&dir, &manifest)?;
-        let by_tensor = index_tensors(&manifest).map_err(bad)?;
         Ok(Self {
             dir,
             manifest,
@@ -168,6 +151,49 @@ impl ShardedReader {
     }
 }
 
+/// Parses the bytes of `dir`'s `manifest.json` and checks all [`ShardedReader::open`] checks
+/// without the piece files: format, version, that every piece file's name stays in `dir`,
+/// and that the pieces of each unit's tensor tile the unit's elements exactly.
+///
+/// # Errors
+/// [`Error::Json`] for what is not a manifest; [`Error::BadState`] naming what is
+/// inconsistent.
+pub fn parse_manifest(dir: &Path, bytes: &[u8]) -> Result<ShardedManifest> {
+    parse(dir, bytes).map(|(manifest, _)| manifest)
+}
+
+/// The manifest and its pieces by tensor (see [`parse_manifest`]).
+fn parse(dir: &Path, bytes: &[u8]) -> Result<(ShardedManifest, PiecesByTensor)> {
+    let path = dir.join(MANIFEST);
+    let manifest: ShardedManifest =
+        serde_json::from_slice(bytes).map_err(|source| Error::Json { path, source })?;
+    let bad = |reason: String| Error::BadState {
+        path: dir.to_path_buf(),
+        reason,
+    };
+    if manifest.format != SHARDED_FORMAT {
+        return Err(bad(format!(
+            "format is {:?}, expected {SHARDED_FORMAT:?}",
+            manifest.format
+        )));
+    }
+    if manifest.version != SHARDED_VERSION {
+        return Err(bad(format!(
+            "format version {} is not supported: this build reads version \
+             {SHARDED_VERSION} (a newer zero-train wrote it?)",
+            manifest.version
+        )));
+    }
+    if let Some(f) = manifest.files.iter().find(|f| !is_plain_file_name(&f.name)) {
+        return Err(bad(format!(
+            "piece file {:?} is not a file name in the state folder",
+            f.name
+        )));
+    }
+    let by_tensor = index_tensors(&manifest).map_err(bad)?;
+    Ok((manifest, by_tensor))
+}
+
 /// Every piece file exists with its recorded length, and its pieces tile it.
 fn check_files(dir: &Path, manifest: &ShardedManifest) -> Result<()> {
     for f in &manifest.files {
@@ -224,11 +250,9 @@ fn check_files(dir: &Path, manifest: &ShardedManifest) -> Result<()> {
 
 /// Piece indices by (unit, tensor), after checking that each tensor's pieces tile
 /// `0..numel` exactly (no gap, no overlap).
-fn index_tensors(
-    manifest: &ShardedManifest,
-) -> std::result::Result<HashMap<(usize, String), Vec<usize>>, String> {
+fn index_tensors(manifest: &ShardedManifest) -> std::result::Result<PiecesByTensor, String> {
     let units = &manifest.partitioning.units;
-    let mut by_tensor: HashMap<(usize, String), Vec<usize>> = HashMap::new();
+    let mut by_tensor = PiecesByTensor::new();
     for (i, p) in manifest.pieces.iter().enumerate() {
         if p.unit >= units.len() || !TENSORS.contains(&p.tensor.as_str()) {
             return Err(format!("piece {} belongs to no unit or tensor", p.name()));
