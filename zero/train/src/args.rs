@@ -40,7 +40,10 @@ fn config_arg() -> Arg {
         .long(CONFIG)
         .value_name("FILE")
         .value_parser(clap::value_parser!(PathBuf))
-        .help("TOML file whose keys match these flags (flags given on the command line win)")
+        .help(
+            "TOML file of these flags, spelled with underscores (`zero_stage = 3`); flags \
+             given on the command line win",
+        )
 }
 
 impl FromArgMatches for TrainArgs {
@@ -72,6 +75,23 @@ impl TrainArgs {
     /// # Errors
     /// [`ConfigError::Read`] or [`ConfigError::Parse`].
     pub fn from_toml_file(path: &Path) -> Result<TrainConfig, ConfigError> {
+        Self::read_toml_file(path).map(|(config, _)| config)
+    }
+
+    /// The config keys the user set: the typed flags and the `--config` file's keys.
+    ///
+    /// # Errors
+    /// As [`TrainArgs::from_toml_file`].
+    pub fn explicit_keys(&self) -> Result<Vec<String>, ConfigError> {
+        let file_keys = match &self.config {
+            Some(path) => Self::read_toml_file(path)?.1,
+            None => Vec::new(),
+        };
+        Ok([file_keys, self.typed.clone()].concat())
+    }
+
+    /// The file's configuration and the keys it sets.
+    fn read_toml_file(path: &Path) -> Result<(TrainConfig, Vec<String>), ConfigError> {
         let text = std::fs::read_to_string(path).map_err(|source| {
             ConfigError::Read(IoError {
                 op: "read config file",
@@ -79,13 +99,17 @@ impl TrainArgs {
                 source,
             })
         })?;
-        toml::from_str(&text).map_err(|e| ConfigError::Parse {
+        let parse_error = |e: toml::de::Error| ConfigError::Parse {
             path: path.to_path_buf(),
             message: e.to_string(),
-        })
+        };
+        let config = toml::from_str(&text).map_err(parse_error)?;
+        let keys = toml::from_str::<toml::Table>(&text).map_err(parse_error)?;
+        Ok((config, keys.keys().cloned().collect()))
     }
 
-    /// Typed flags over the `--config` file (if any) over defaults, validated.
+    /// Typed flags over the `--config` file (if any) over defaults, fitted to the
+    /// `--init-from` file ([`crate::init::fit_to_file`]), validated.
     ///
     /// # Errors
     /// A [`ConfigError`] naming the file or the flag whose value is wrong.
@@ -101,10 +125,11 @@ impl TrainArgs {
     /// # Errors
     /// A [`ConfigError`] naming the file or the flag whose value cannot be read.
     pub fn merge(&self) -> Result<TrainConfig, ConfigError> {
-        let file = match &self.config {
-            Some(path) => Self::from_toml_file(path)?,
-            None => TrainConfig::default(),
+        let (file, file_keys) = match &self.config {
+            Some(path) => Self::read_toml_file(path)?,
+            None => (TrainConfig::default(), Vec::new()),
         };
+        let explicit = [file_keys, self.typed.clone()].concat();
         file.validate_reals()?;
         self.flags.validate_reals()?;
         let mut merged = to_map(&file)?;
@@ -114,8 +139,10 @@ impl TrainArgs {
                 merged.insert(key.clone(), value.clone());
             }
         }
-        serde_json::from_value(Value::Object(merged))
-            .map_err(|e| ConfigError::Invalid(e.to_string()))
+        let mut config: TrainConfig = serde_json::from_value(Value::Object(merged))
+            .map_err(|e| ConfigError::Invalid(e.to_string()))?;
+        crate::init::fit_to_file(&mut config, &explicit)?;
+        Ok(config)
     }
 }
 

@@ -241,7 +241,9 @@ pub struct TrainConfig {
     pub resume: Option<PathBuf>,
     /// Model file to start from instead of a random init: an llm.c float32 model.bin, a
     /// Hugging Face GPT-2 safetensors file or a sharded one's model.safetensors.index.json
-    /// (config.json beside it), or a Hugging Face model folder; the shape comes from the file.
+    /// (config.json beside it), or a Hugging Face model folder; the shape comes from the file
+    /// (and --seq-len's default is cut to its context). With --resume the file only names
+    /// the shape: the weights are the state's.
     #[arg(long)]
     pub init_from: Option<PathBuf>,
     /// Write the final parameters as an llm.c float32 checkpoint.

@@ -32,7 +32,7 @@ pub enum ConfigError {
         message: String,
     },
     /// A value is out of its range or inconsistent with another.
-    #[error("invalid --{flag} {value} (`{key}` in a config file): {expected}", flag = key.replace('_', "-"))]
+    #[error("invalid --{flag} {value} (or `{key}` in --config): {expected}", flag = key.replace('_', "-"))]
     OutOfRange {
         /// The field, spelled as its config key (its flag has dashes).
         key: &'static str,
@@ -61,6 +61,19 @@ pub enum ConfigError {
         given: usize,
         /// The file's value.
         found: usize,
+        /// The file.
+        path: PathBuf,
+    },
+    /// `--model` names a preset whose shape is not the `--init-from` file's.
+    #[error(
+        "--model {preset} contradicts {path}, whose model is {found}: the file brings its own \
+         shape, so leave --model out"
+    )]
+    PresetConflict {
+        /// The preset named.
+        preset: String,
+        /// The file's shape, as flags spell it.
+        found: String,
         /// The file.
         path: PathBuf,
     },

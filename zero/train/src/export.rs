@@ -87,6 +87,18 @@ pub fn export(args: &ExportArgs) -> Result<GptConfig, TrainError> {
             args.to.display()
         )));
     }
+    if args.max_shard_size == Some(ByteSize(0)) {
+        return Err(TrainError::Export(
+            "--max-shard-size 0: a shard holds at least one byte".into(),
+        ));
+    }
+    if args.max_shard_size.is_none() && args.to.exists() {
+        return Err(TrainError::Export(format!(
+            "--to {} exists: an export never overwrites (it could be the model it reads); \
+             remove it or name another file",
+            args.to.display()
+        )));
+    }
     if !args.from.exists() {
         return Err(TrainError::Export(format!(
             "--from {}: no such file or folder (a training state, an llm.c model.bin, a \
@@ -111,6 +123,13 @@ pub fn export(args: &ExportArgs) -> Result<GptConfig, TrainError> {
         other => other.transpose()?,
     };
     if let Some(dir) = state_dir {
+        if args.heads.is_some() {
+            return Err(TrainError::Export(
+                "--heads names the head count of a safetensors file without config.json; a \
+                 training state records its shape: drop --heads"
+                    .into(),
+            ));
+        }
         let state = ShardedReader::open(dir)?;
         let model = state_model(&state, &args.from)?;
         let units = StateUnits::new(&state, &model);

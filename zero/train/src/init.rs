@@ -52,6 +52,52 @@ pub(crate) fn file_model(path: &Path, cfg: &TrainConfig) -> Result<GptConfig, Co
     Ok(model)
 }
 
+/// Fits the merged configuration `cfg` to its `--init-from` file, given the keys the user set
+/// (`explicit`: typed flags and `--config` keys): `--seq-len`, when left at its default, is
+/// cut to the file's context length; `--model`, when set, must name the file's shape.
+///
+/// # Errors
+/// [`ConfigError::InitFrom`] when the file cannot be read; [`ConfigError::PresetConflict`];
+/// [`ConfigError::Model`] for an unknown preset.
+pub(crate) fn fit_to_file(cfg: &mut TrainConfig, explicit: &[String]) -> Result<(), ConfigError> {
+    let Some(path) = &cfg.init_from else {
+        return Ok(());
+    };
+    let model =
+        model_file_config(path, cfg.heads).map_err(|e| ConfigError::InitFrom(Box::new(e)))?;
+    let set = |key: &str| explicit.iter().any(|k| k == key);
+    if set("model") {
+        // The preset as the shape flags override it (each of which file_model checks).
+        let preset = GptConfig::preset(&cfg.model)?;
+        let asked = (
+            cfg.layers.unwrap_or(preset.num_layers),
+            cfg.heads.unwrap_or(preset.num_heads),
+            cfg.dim.unwrap_or(preset.channels),
+            cfg.vocab.unwrap_or(preset.vocab_size),
+        );
+        let found = (
+            model.num_layers,
+            model.num_heads,
+            model.channels,
+            model.vocab_size,
+        );
+        if asked != found {
+            return Err(ConfigError::PresetConflict {
+                preset: cfg.model.clone(),
+                found: format!(
+                    "--layers {} --heads {} --dim {} --vocab {}",
+                    model.num_layers, model.num_heads, model.channels, model.vocab_size
+                ),
+                path: path.clone(),
+            });
+        }
+    }
+    if !set("seq_len") {
+        cfg.seq_len = cfg.seq_len.min(model.max_seq_len);
+    }
+    Ok(())
+}
+
 /// Starts `engine` from the model file at `path` (fresh optimizer state).
 ///
 /// # Errors

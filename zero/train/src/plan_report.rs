@@ -25,6 +25,17 @@ pub struct StagePlan {
     pub formula: f64,
 }
 
+/// `cfg` with the global batch of one micro-batch per rank: what a plan takes when no
+/// `--batch-size` is given, since the global batch changes no rank's memory (gradient
+/// accumulation reuses the micro-step's buffers).
+#[must_use]
+pub fn with_one_micro_batch_per_rank(cfg: TrainConfig) -> TrainConfig {
+    TrainConfig {
+        batch_size: cfg.micro_batch_size.saturating_mul(cfg.world_size),
+        ..cfg
+    }
+}
+
 /// The plans of every stage for `cfg`'s model, batch, precision, world size and options
 /// (activation checkpointing and offload, buckets, prefetch). The activations are the CPU
 /// backend's: a GPU backend adds its kernel scratch.
@@ -33,12 +44,6 @@ pub struct StagePlan {
 /// A configuration `zero-train` would refuse, a model file that cannot be read
 /// (`--init-from`), or a plan that overflows.
 pub fn stage_plans(cfg: &TrainConfig) -> Result<(GptConfig, Vec<StagePlan>), TrainError> {
-    // The global batch changes no rank's memory (gradient accumulation reuses the micro-step's
-    // buffers), so a plan needs no --batch-size that divides into the ranks.
-    let cfg = &TrainConfig {
-        batch_size: cfg.micro_batch_size.saturating_mul(cfg.world_size),
-        ..cfg.clone()
-    };
     cfg.validate()?;
     let model = cfg.model_config()?;
     let psi = ParamLayout::new(&model).num_params() as u64;
@@ -69,10 +74,14 @@ pub fn stage_plans(cfg: &TrainConfig) -> Result<(GptConfig, Vec<StagePlan>), Tra
 pub fn plan_table(cfg: &TrainConfig) -> Result<String, TrainError> {
     let (model, plans) = stage_plans(cfg)?;
     let mut out = heading(cfg, &model);
-    out.push_str(
+    let limit = cfg.memory_limit.map(|l| l.0);
+    let fits_heading = limit.map_or(String::new(), |l| {
+        format!(" | fits --memory-limit {}", human_bytes(l))
+    });
+    out.push_str(&format!(
         "stage | parameters | gradients | optimizer | activations | transient | per rank | \
-         host arena/rank | formula (model states)\n",
-    );
+         host arena/rank | formula (model states){fits_heading}\n",
+    ));
     let h = |b: f64| human_bytes(b as u64);
     for p in &plans {
         let s = p.plan.model_states;
@@ -85,8 +94,13 @@ pub fn plan_table(cfg: &TrainConfig) -> Result<String, TrainError> {
         } else {
             ""
         };
+        let fits = match limit {
+            Some(l) if p.plan.total() <= l => " | yes".to_string(),
+            Some(l) => format!(" | no, {} over", human_bytes(p.plan.total() - l)),
+            None => String::new(),
+        };
         out.push_str(&format!(
-            "{} | {} | {} | {} | {} | {} | {} | {host} | {}{mark}\n",
+            "{} | {} | {} | {} | {} | {} | {} | {host} | {}{fits}{mark}\n",
             p.stage as u8,
             h(s.params),
             h(s.grads),

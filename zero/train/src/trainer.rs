@@ -116,25 +116,31 @@ impl<'a, B: Placement> Trainer<'a, B> {
             shuffle: false,
         };
         let mut loader = DataLoader::new(shared.train.clone(), loader_config)?;
-        if let Some(path) = &cfg.init_from {
+        // A resumed run takes its weights from the state; `--init-from` then only names the
+        // shape (which must be the state's), so its weights are not read.
+        if let (Some(path), None) = (&cfg.init_from, &cfg.resume) {
             load_init(path, &shared.model, &mut engine)?;
         }
         let mut start = 0;
         if let Some(dir) = &cfg.resume {
             let began = Instant::now();
             start = load_state(dir, &shared.model, &mut engine, &mut loader)?;
-            if rank == 0 {
-                shared.reporter.line(&format!(
-                    "resumed from {} at step {start} ({:.0} ms on rank 0)",
-                    dir.display(),
-                    began.elapsed().as_secs_f64() * 1e3
-                ));
-            }
             if start > cfg.steps {
                 return Err(TrainError::Resume {
                     dir: dir.clone(),
                     reason: format!("its state is at step {start}, past --steps {}", cfg.steps),
                 });
+            }
+            if rank == 0 {
+                let init = match &cfg.init_from {
+                    Some(path) => format!("; its weights, not {}'s", path.display()),
+                    None => String::new(),
+                };
+                shared.reporter.line(&format!(
+                    "resumed from {} at step {start} ({:.0} ms on rank 0{init})",
+                    dir.display(),
+                    began.elapsed().as_secs_f64() * 1e3
+                ));
             }
         }
         let schedule = CosineSchedule {

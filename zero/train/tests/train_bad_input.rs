@@ -200,6 +200,41 @@ fn a_hand_edited_manifest_is_refused() {
 }
 
 #[test]
+fn an_export_never_overwrites_and_refuses_what_it_would_ignore() {
+    let dir = TempDir::new("export-refusals");
+    corpus(&dir.0);
+    let state = saved_state(&dir.0);
+    let state = state.to_str().unwrap();
+    let out = dir.0.join("model.safetensors");
+    let out_s = out.to_str().unwrap();
+    let export = |extra: &[&str]| -> Vec<String> {
+        ["export", "--from", state, "--to", out_s]
+            .iter()
+            .chain(extra)
+            .map(|s| s.to_string())
+            .collect()
+    };
+    std::fs::write(&out, b"someone's model").unwrap();
+    refused(&export(&[]), "exists: an export never overwrites");
+    assert_eq!(std::fs::read(&out).unwrap(), b"someone's model");
+    std::fs::remove_file(&out).unwrap();
+    refused(&export(&["--heads", "2"]), "drop --heads");
+    let folder = dir.0.join("shards");
+    let sharded = [
+        "export",
+        "--from",
+        state,
+        "--to",
+        folder.to_str().unwrap(),
+        "--max-shard-size",
+        "0",
+    ]
+    .map(String::from);
+    refused(&sharded, "--max-shard-size 0");
+    assert!(!out.exists() && !folder.exists());
+}
+
+#[test]
 fn a_manifest_whose_piece_file_leaves_the_state_folder_is_refused() {
     let dir = TempDir::new("manifest-escape");
     corpus(&dir.0);

@@ -163,3 +163,81 @@ fn a_missing_or_foreign_init_file_is_a_clear_error() {
         assert!(!err.contains("panicked"), "{err}");
     }
 }
+
+#[test]
+fn a_short_context_file_sets_the_default_seq_len_and_a_preset_must_be_its_shape() {
+    let tmp = TempDir::new("context");
+    let p = |name: &str| tmp.0.join(name).to_str().unwrap().to_string();
+    corpus(&tmp.0);
+    let data = p("");
+    // The tiny preset's context is 32 tokens, under the default --seq-len of 64.
+    let bin = p("tiny.bin");
+    let mut args: Vec<&str> = [&["--data", &data, "--model", "tiny"][..], RUN].concat();
+    args.extend(["--export-llmc", &bin]);
+    ok(zero_train(&args));
+    let one_step = [
+        "--data",
+        &data,
+        "--init-from",
+        &bin,
+        "--steps",
+        "1",
+        "--world-size",
+        "1",
+        "--batch-size",
+        "1",
+        "--micro-batch-size",
+        "1",
+        "--eval-every",
+        "0",
+        "--sample-tokens",
+        "0",
+    ];
+    let run = |extra: &[&str]| zero_train(&[&one_step[..], extra].concat());
+    let out = ok(run(&[]));
+    let said = String::from_utf8_lossy(&out.stdout) + String::from_utf8_lossy(&out.stderr);
+    assert!(said.contains("global batch 1 x 32 tokens"), "{said}");
+    // A --seq-len typed past the file's context is still refused by name.
+    let err = String::from_utf8_lossy(&run(&["--seq-len", "64"]).stderr).to_string();
+    assert!(
+        err.contains("--seq-len 64") && err.contains("at most 32"),
+        "{err}"
+    );
+    // --model must name the file's shape, overrides included.
+    let err = String::from_utf8_lossy(&run(&["--model", "gpt2"]).stderr).to_string();
+    assert!(err.contains("--model gpt2 contradicts"), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
+    ok(run(&["--model", "tiny"]));
+}
+
+#[test]
+fn a_resume_takes_the_states_weights_over_the_init_file() {
+    let tmp = TempDir::new("init-resume");
+    let p = |name: &str| tmp.0.join(name).to_str().unwrap().to_string();
+    corpus(&tmp.0);
+    let data = p("");
+    let bin = p("init.bin");
+    let mut args: Vec<&str> = [&["--data", &data, "--model", "tiny"][..], RUN].concat();
+    args.extend(["--export-llmc", &bin]);
+    ok(zero_train(&args));
+    // Two steps from the file, saved; then step 3 resumed with and without --init-from.
+    let save = p("ck");
+    let base: Vec<&str> = [&["--data", &data, "--init-from", &bin][..], RUN].concat();
+    let mut two_steps = base.clone();
+    let steps = two_steps.iter().position(|a| *a == "--steps").unwrap();
+    two_steps[steps + 1] = "2";
+    ok(zero_train(&[&two_steps[..], &["--save", &save]].concat()));
+    let (with, without) = (p("with.jsonl"), p("without.jsonl"));
+    let out = ok(zero_train(
+        &[&base[..], &["--resume", &save, "--metrics", &with]].concat(),
+    ));
+    let said = String::from_utf8_lossy(&out.stdout) + String::from_utf8_lossy(&out.stderr);
+    assert!(said.contains("its weights, not"), "{said}");
+    let plain: Vec<&str> = [&["--data", &data, "--model", "tiny"][..], RUN].concat();
+    ok(zero_train(
+        &[&plain[..], &["--resume", &save, "--metrics", &without]].concat(),
+    ));
+    let (a, b) = (losses(Path::new(&with)), losses(Path::new(&without)));
+    assert_eq!(a.len(), 1);
+    assert_eq!(a, b);
+}

@@ -128,3 +128,58 @@ fn a_bad_flag_is_refused_by_name_without_a_plan() {
         "{err}"
     );
 }
+
+/// `zero-train plan` with the tiny preset on 2 ranks and `extra` flags: (success, stdout,
+/// stderr).
+fn plan_tiny(extra: &[&str]) -> (bool, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_zero-train"))
+        .args([
+            "plan",
+            "--model",
+            "tiny",
+            "--seq-len",
+            "16",
+            "--world-size",
+            "2",
+        ])
+        .args(["--micro-batch-size", "1"])
+        .args(extra)
+        .output()
+        .unwrap();
+    let text = |b: &[u8]| String::from_utf8_lossy(b).to_string();
+    (out.status.success(), text(&out.stdout), text(&out.stderr))
+}
+
+#[test]
+fn a_batch_size_training_refuses_is_refused_by_the_plan_too() {
+    let (ok, _, err) = plan_tiny(&["--batch-size", "3"]);
+    assert!(!ok && err.contains("--batch-size 3"), "{err}");
+    let (ok, text, err) = plan_tiny(&["--batch-size", "4"]);
+    assert!(ok, "{err}");
+    assert!(text.contains("<- asked"), "{text}");
+}
+
+#[test]
+fn under_a_memory_limit_each_stage_says_whether_it_fits() {
+    // Stage 2's planned bytes (equal to the peak a run measures, above) as the limit: stage 2
+    // fits to the byte, one byte less and it does not.
+    let dir = TempDir::new("plan-limit");
+    let (_, plans) = stage_plans(&tiny(&dir.0, ZeroStage::Zero2)).unwrap();
+    let totals: Vec<u64> = plans.iter().map(|p| p.plan.total()).collect();
+    for (limit, stage2_fits) in [(totals[2], true), (totals[2] - 1, false)] {
+        let (ok, text, err) = plan_tiny(&["--memory-limit", &limit.to_string()]);
+        assert!(ok, "{err}");
+        let rows: Vec<&str> = text
+            .lines()
+            .filter(|l| l.starts_with(|c: char| c.is_ascii_digit()))
+            .collect();
+        assert_eq!(rows.len(), 4, "{text}");
+        for (row, &total) in rows.iter().zip(&totals) {
+            let fits = row.split(" | ").nth(9).unwrap_or("");
+            assert_eq!(fits.starts_with("yes"), total <= limit, "{row}");
+            assert_eq!(fits.starts_with("no, "), total > limit, "{row}");
+        }
+        let stage2 = rows[2].split(" | ").nth(9).unwrap_or("");
+        assert_eq!(stage2.starts_with("yes"), stage2_fits, "{text}");
+    }
+}

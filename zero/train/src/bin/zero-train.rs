@@ -92,8 +92,7 @@ fn main() -> ExitCode {
                 )
             })
             .map_err(|e| e.to_string()),
-        Some(Command::Plan(args)) => args
-            .merge()
+        Some(Command::Plan(args)) => plan_config(&args)
             .map_err(|e| e.to_string())
             .and_then(|cfg| zero_train::plan_report::plan_table(&cfg).map_err(|e| e.to_string()))
             .map(|table| print!("{table}")),
@@ -142,5 +141,20 @@ fn main() -> ExitCode {
             eprintln!("zero-train: error: {message}");
             ExitCode::FAILURE
         }
+    }
+}
+
+/// What `zero-train plan` plans: the training flags, with one micro-batch per rank as the
+/// global batch unless `--batch-size` was set (then it must divide into the ranks, as in
+/// training).
+fn plan_config(
+    args: &TrainArgs,
+) -> Result<zero_train::config::TrainConfig, zero_train::error::ConfigError> {
+    if args.explicit_keys()?.iter().any(|k| k == "batch_size") {
+        args.resolve()
+    } else {
+        Ok(zero_train::plan_report::with_one_micro_batch_per_rank(
+            args.merge()?,
+        ))
     }
 }
