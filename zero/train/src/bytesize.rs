@@ -10,10 +10,12 @@ pub struct ByteSize(pub u64);
 
 /// Why a byte count could not be parsed.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("invalid byte count {text:?}: expected a number with an optional K, M, G or T suffix (powers of 1024)")]
+#[error("invalid byte count {text:?}: {reason}")]
 pub struct ByteSizeError {
     /// The text that was given.
     pub text: String,
+    /// What is wrong with it.
+    pub reason: &'static str,
 }
 
 impl FromStr for ByteSize {
@@ -22,6 +24,11 @@ impl FromStr for ByteSize {
     fn from_str(text: &str) -> Result<Self, Self::Err> {
         let err = || ByteSizeError {
             text: text.to_string(),
+            reason: "expected a number with an optional K, M, G or T suffix (powers of 1024)",
+        };
+        let too_large = || ByteSizeError {
+            text: text.to_string(),
+            reason: "more than 2^64 - 1 bytes",
         };
         let trimmed = text.trim();
         let trimmed = trimmed
@@ -35,11 +42,16 @@ impl FromStr for ByteSize {
             Some('T') => (&trimmed[..trimmed.len() - 1], 40),
             _ => (trimmed, 0),
         };
-        let value: u64 = digits.trim().parse().map_err(|_| err())?;
+        let digits = digits.trim();
+        if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+            return Err(err());
+        }
+        // All digits: the only way left to fail is a value past u64.
+        let value: u64 = digits.parse().map_err(|_| too_large())?;
         value
             .checked_mul(1u64 << shift)
             .map(ByteSize)
-            .ok_or_else(err)
+            .ok_or_else(too_large)
     }
 }
 
@@ -101,9 +113,19 @@ mod tests {
 
     #[test]
     fn garbage_and_overflow_are_errors() {
-        for bad in ["", "K", "-1", "1.5G", "12Q", "99999999999T"] {
-            assert!(bad.parse::<ByteSize>().is_err(), "{bad:?} parsed");
+        for bad in ["", "K", "-1", "+1", "1.5G", "12Q"] {
+            let err = bad.parse::<ByteSize>().unwrap_err();
+            assert!(
+                err.reason.starts_with("expected a number"),
+                "{bad:?}: {err}"
+            );
         }
+        // 2^24 T = 2^64 bytes, one past u64::MAX; and a number past u64 itself.
+        for bad in ["16777216T", "99999999999T", "18446744073709551616"] {
+            let err = bad.parse::<ByteSize>().unwrap_err();
+            assert!(err.reason.contains("2^64"), "{bad:?}: {err}");
+        }
+        assert_eq!("16777215T".parse(), Ok(ByteSize(16_777_215 << 40)));
     }
 
     #[test]

@@ -169,6 +169,8 @@ pub fn memory_table(reports: &[RankReport]) -> String {
     );
     for r in reports {
         let saving = 1.0 - r.measured.total() / r.stage0.total().max(1.0);
+        // A saving that rounds to 0.0% prints as such, not as "-0.0%".
+        let saving = if saving.abs() < 5e-4 { 0.0 } else { saving };
         s.push_str(&format!(
             "{:>4} | {:>17.2} MiB | {:>7.2} MiB | {:>14.2} MiB | {:>5.1}% | {:>7.2} MiB | {}\n",
             r.rank,

@@ -46,7 +46,8 @@ pub(crate) struct Shared<'a> {
     pub(crate) cfg: &'a TrainConfig,
     pub(crate) model: GptConfig,
     pub(crate) train: Arc<TokenFile>,
-    pub(crate) val: Arc<TokenFile>,
+    /// Opened only when the run evaluates (`--eval-every` above 0).
+    pub(crate) val: Option<Arc<TokenFile>>,
     pub(crate) reporter: Reporter,
 }
 
@@ -223,7 +224,10 @@ fn run_group(cfg: &TrainConfig, mut group: RankGroup) -> Result<RunSummary, Trai
         cfg,
         model,
         train: open_tokens(cfg, &model, TRAIN_FILE)?,
-        val: open_tokens(cfg, &model, VAL_FILE)?,
+        val: match cfg.eval_every {
+            0 => None,
+            _ => Some(open_tokens(cfg, &model, VAL_FILE)?),
+        },
         reporter: Reporter::new(cfg, group.hosts_rank_zero())?,
     };
     let results = run_ranks(&shared, group.comms, devices);

@@ -250,11 +250,14 @@ impl<'a, B: Placement> Trainer<'a, B> {
     /// # Errors
     /// Data, model, engine or collective errors.
     pub(crate) fn evaluate(&mut self, step: u64) -> Result<(), TrainError> {
+        let Some(val) = self.shared.val.clone() else {
+            return Ok(()); // --eval-every 0: no val.bin was opened
+        };
         let cfg = LoaderConfig {
             grad_accum_steps: 1,
             ..self.loader_config
         };
-        let mut loader = DataLoader::new(self.shared.val.clone(), cfg)?;
+        let mut loader = DataLoader::new(val, cfg)?;
         // The training activations serve evaluation too: same (B, T), no second set.
         let n = cfg.micro_batch * cfg.seq_len;
         let (mut x, mut y) = (vec![0u32; n], vec![0u32; n]);

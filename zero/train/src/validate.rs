@@ -196,7 +196,6 @@ impl TrainConfig {
         if let Some(limit) = self.memory_limit {
             in_range("memory_limit", limit.0, 1, u64::MAX)?;
         }
-        in_range("checkpoint_every", self.checkpoint_every, 1, usize::MAX)?;
         if self.offload_activations && !self.activation_checkpointing {
             return Err(ConfigError::Invalid(
                 "--offload-activations offloads the inputs that --activation-checkpointing \
@@ -204,7 +203,15 @@ impl TrainConfig {
                     .into(),
             ));
         }
-        let units = ParamLayout::new(&self.model_config()?).num_units();
+        let model = self.model_config()?;
+        // A segment longer than the model is the whole model: a larger K is a typo.
+        in_range(
+            "checkpoint_every",
+            self.checkpoint_every,
+            1,
+            model.num_layers,
+        )?;
+        let units = ParamLayout::new(&model).num_units();
         in_range("prefetch_units", self.prefetch_units, 0, units)
     }
 }

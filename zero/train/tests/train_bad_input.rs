@@ -200,6 +200,29 @@ fn a_hand_edited_manifest_is_refused() {
 }
 
 #[test]
+fn a_checkpoint_segment_longer_than_the_model_and_an_absent_resume_folder_are_refused() {
+    let dir = TempDir::new("segment");
+    corpus(&dir.0);
+    // The tiny preset has 2 layers.
+    let args = with(tiny_args(&dir.0), &["--checkpoint-every", "3"]);
+    refused(&args, "--checkpoint-every 3");
+    refused(&args, "expected 1 to 2");
+    let absent = dir.0.join("no-such-state");
+    let args = with(tiny_args(&dir.0), &["--resume", absent.to_str().unwrap()]);
+    refused(&args, "no such folder");
+}
+
+#[test]
+fn val_bin_is_needed_only_by_a_run_that_evaluates() {
+    let dir = TempDir::new("no-val");
+    corpus(&dir.0);
+    std::fs::remove_file(dir.0.join("val.bin")).unwrap();
+    let (ok, stderr) = zero_train(&tiny_args(&dir.0));
+    assert!(ok, "--eval-every 0 needed val.bin:\n{stderr}");
+    refused(&with(tiny_args(&dir.0), &["--eval-every", "1"]), "val.bin");
+}
+
+#[test]
 fn an_export_never_overwrites_and_refuses_what_it_would_ignore() {
     let dir = TempDir::new("export-refusals");
     corpus(&dir.0);

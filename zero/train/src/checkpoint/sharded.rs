@@ -191,6 +191,12 @@ pub fn resolve_state_dir(dir: &Path) -> Result<PathBuf> {
     if dir.join(MANIFEST).is_file() {
         return Ok(dir.to_path_buf());
     }
+    if !dir.exists() {
+        return Err(Error::BadState {
+            path: dir.to_path_buf(),
+            reason: "no such folder".into(),
+        });
+    }
     let latest = dir.join(LATEST);
     if latest.is_file() {
         let text = std::fs::read_to_string(&latest).map_err(failed("read", &latest))?;
