@@ -5,6 +5,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 DATA=data/shakespeare
+# Built first, with cargo's progress shown: the first build takes minutes on a small machine.
+echo "train.sh: building zero-train (release)" >&2
+cargo build --release -p zero-train --bin zero-train
 zero_train() { cargo run --quiet --release -p zero-train --bin zero-train -- "$@"; }
 
 if [[ ! -f "$DATA/train.bin" || ! -f "$DATA/val.bin" ]]; then
