@@ -369,12 +369,19 @@ impl TrainConfig {
             return crate::init::file_model(path, self);
         }
         let preset = GptConfig::preset(&self.model)?;
-        Ok(GptConfig::new(
-            preset.max_seq_len.max(self.seq_len),
+        let (vocab, layers, heads, dim) = (
             self.vocab.unwrap_or(preset.vocab_size),
             self.layers.unwrap_or(preset.num_layers),
             self.heads.unwrap_or(preset.num_heads),
             self.dim.unwrap_or(preset.channels),
-        )?)
+        );
+        let context = preset.max_seq_len.max(self.seq_len);
+        GptConfig::new(context, vocab, layers, heads, dim).map_err(|source| ConfigError::Shape {
+            shape: format!(
+                "--model {} gives --layers {layers} --heads {heads} --dim {dim} --vocab {vocab}",
+                self.model
+            ),
+            source,
+        })
     }
 }

@@ -44,6 +44,15 @@ pub enum ConfigError {
     /// The model shape the configuration asks for is invalid.
     #[error(transparent)]
     Model(#[from] zero_gpt::GptError),
+    /// The preset with its overrides is not a valid model.
+    #[error("{shape}: {source}")]
+    Shape {
+        /// The shape the flags asked for, as flags.
+        shape: String,
+        /// Why the model refused it.
+        #[source]
+        source: zero_gpt::GptError,
+    },
     /// The `--init-from` file cannot be read.
     #[error("--init-from: {0}")]
     InitFrom(Box<crate::checkpoint::Error>),

@@ -213,6 +213,16 @@ fn a_checkpoint_segment_longer_than_the_model_and_an_absent_resume_folder_are_re
 }
 
 #[test]
+fn a_shape_the_model_refuses_names_the_flags_that_made_it() {
+    let dir = TempDir::new("shape-flags");
+    corpus(&dir.0);
+    // The tiny preset is 32 channels wide: 3 heads do not divide it.
+    let args = with(tiny_args(&dir.0), &["--heads", "3"]);
+    refused(&args, "--model tiny gives --layers 2 --heads 3 --dim 32");
+    refused(&args, "must be a multiple of num_heads");
+}
+
+#[test]
 fn val_bin_is_needed_only_by_a_run_that_evaluates() {
     let dir = TempDir::new("no-val");
     corpus(&dir.0);

@@ -47,7 +47,9 @@ enum Command {
     Export(zero_train::export::ExportArgs),
     /// Print each rank's memory for these training flags at every ZeRO stage (model states,
     /// activations, transient buffers, the offloaded optimizer's host arena) beside the
-    /// paper's formula, without training.
+    /// paper's formula, without training. It takes every training flag, so a run's command
+    /// line can be planned as is; those that change no rank's memory (--steps, --lr, --save,
+    /// ...) are checked and otherwise ignored.
     Plan(Box<TrainArgs>),
 }
 
