@@ -137,6 +137,14 @@ pub fn load_state(
     }
     let loader_state: LoaderState = serde_json::from_value(meta["loader"].clone())
         .map_err(|e| bad(format!("no data loader position in the state ({e})")))?;
+    // A state is saved between steps: the loader has handed out exactly `step` whole batches.
+    if (loader_state.global_step, loader_state.micro_step) != (step, 0) {
+        return Err(bad(format!(
+            "its step is {step} but its data loader stopped at batch {} (micro-step {}): an \
+             edited or corrupt manifest",
+            loader_state.global_step, loader_state.micro_step
+        )));
+    }
     let loss_scale = meta["loss_scale"]
         .as_f64()
         .filter(|s| s.is_finite() && *s > 0.0)

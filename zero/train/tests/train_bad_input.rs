@@ -195,8 +195,11 @@ fn a_hand_edited_manifest_is_refused() {
     edit_manifest(&state, &["meta", "engine_steps"], u64::MAX.into());
     refused(&resume("4"), "engine_steps");
     edit_manifest(&state, &["meta", "engine_steps"], 2.into());
-    edit_manifest(&state, &["step"], u64::MAX.into());
-    refused(&resume("4"), "--steps");
+    // A step that is not the data loader's position, past --steps or not.
+    for step in [u64::MAX, 3] {
+        edit_manifest(&state, &["step"], step.into());
+        refused(&resume("4"), "data loader stopped at batch 2");
+    }
 }
 
 #[test]
