@@ -10,7 +10,7 @@
 //! ```
 
 use clap::{Parser, Subcommand};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use zero_train::{train, TrainArgs};
 
@@ -69,31 +69,8 @@ fn main() -> ExitCode {
             text,
             out,
             val_fraction,
-        }) => zero_train::data::prepare(&text, &out, val_fraction)
-            .map(|s| {
-                eprintln!(
-                    "prepared {} documents ({} bytes): {} train tokens in {}, {} val tokens in {}",
-                    s.documents,
-                    s.text_bytes,
-                    s.train_tokens,
-                    s.train_path.display(),
-                    s.val_tokens,
-                    s.val_path.display()
-                )
-            })
-            .map_err(|e| e.to_string()),
-        Some(Command::Export(args)) => zero_train::export::export(&args)
-            .map(|model| {
-                eprintln!(
-                    "exported {} layers, {} channels, {} heads, vocab {} to {}",
-                    model.num_layers,
-                    model.channels,
-                    model.num_heads,
-                    model.vocab_size,
-                    args.to.display()
-                )
-            })
-            .map_err(|e| e.to_string()),
+        }) => prepare(&text, &out, val_fraction),
+        Some(Command::Export(args)) => export(&args),
         Some(Command::Plan(args)) => plan_config(&args)
             .map_err(|e| e.to_string())
             .and_then(|cfg| zero_train::plan_report::plan_table(&cfg).map_err(|e| e.to_string()))
@@ -103,37 +80,7 @@ fn main() -> ExitCode {
             .resolve()
             .map_err(|e| e.to_string())
             .and_then(|cfg| {
-                // Other backends take the world size from their launcher, known once joined.
-                let ranks = match cfg.backend {
-                    zero_train::config::Backend::Local if cfg.world_size == 1 => "1 rank".into(),
-                    zero_train::config::Backend::Local => format!("{} ranks", cfg.world_size),
-                    _ => "ranks from the launcher".to_string(),
-                };
-                // The shape the run builds: the preset's, flags applied, or the --init-from
-                // file's (an unreadable file is reported by `train`).
-                let name = match &cfg.init_from {
-                    Some(path) => format!("from {}", path.display()),
-                    None => cfg.model.clone(),
-                };
-                let shape = cfg.model_config().map_or(String::new(), |m| {
-                    format!(
-                        " (L {}, C {}, NH {}, V {})",
-                        m.num_layers, m.channels, m.num_heads, m.vocab_size
-                    )
-                });
-                let offload = if cfg.offload_optimizer {
-                    " (optimizer offloaded to the host)"
-                } else {
-                    ""
-                };
-                let steps = match cfg.steps {
-                    1 => "1 step".to_string(),
-                    n => format!("{n} steps"),
-                };
-                eprintln!(
-                    "zero-train: model {name}{shape} | ZeRO stage {}{offload} | {ranks} | global batch {} x {} tokens | {steps}",
-                    cfg.zero_stage as u8, cfg.batch_size, cfg.seq_len
-                );
+                eprintln!("zero-train: {}", start_up_line(&cfg));
                 train(&cfg).map(|_| ()).map_err(|e| e.to_string())
             }),
     };
@@ -159,4 +106,69 @@ fn plan_config(
             args.merge()?,
         ))
     }
+}
+
+/// `zero-train prepare`: text files to llm.c token files.
+fn prepare(text: &[PathBuf], out: &Path, val_fraction: f64) -> Result<(), String> {
+    let s = zero_train::data::prepare(text, out, val_fraction).map_err(|e| e.to_string())?;
+    eprintln!(
+        "prepared {} documents ({} bytes): {} train tokens in {}, {} val tokens in {}",
+        s.documents,
+        s.text_bytes,
+        s.train_tokens,
+        s.train_path.display(),
+        s.val_tokens,
+        s.val_path.display()
+    );
+    Ok(())
+}
+
+/// `zero-train export`: a model file from a training state or another model file.
+fn export(args: &zero_train::export::ExportArgs) -> Result<(), String> {
+    let model = zero_train::export::export(args).map_err(|e| e.to_string())?;
+    eprintln!(
+        "exported {} layers, {} channels, {} heads, vocab {} to {}",
+        model.num_layers,
+        model.channels,
+        model.num_heads,
+        model.vocab_size,
+        args.to.display()
+    );
+    Ok(())
+}
+
+/// What a training run says before it starts: the model, stage, ranks, batch and steps.
+fn start_up_line(cfg: &zero_train::config::TrainConfig) -> String {
+    // Other backends take the world size from their launcher, known once joined.
+    let ranks = match cfg.backend {
+        zero_train::config::Backend::Local if cfg.world_size == 1 => "1 rank".into(),
+        zero_train::config::Backend::Local => format!("{} ranks", cfg.world_size),
+        _ => "ranks from the launcher".to_string(),
+    };
+    // The shape the run builds: the preset's, flags applied, or the --init-from file's (an
+    // unreadable file is reported by `train`).
+    let name = match &cfg.init_from {
+        Some(path) => format!("from {}", path.display()),
+        None => cfg.model.clone(),
+    };
+    let shape = cfg.model_config().map_or(String::new(), |m| {
+        format!(
+            " (L {}, C {}, NH {}, V {})",
+            m.num_layers, m.channels, m.num_heads, m.vocab_size
+        )
+    });
+    let offload = if cfg.offload_optimizer {
+        " (optimizer offloaded to the host)"
+    } else {
+        ""
+    };
+    let steps = match cfg.steps {
+        1 => "1 step".to_string(),
+        n => format!("{n} steps"),
+    };
+    format!(
+        "model {name}{shape} | ZeRO stage {}{offload} | {ranks} | global batch {} x {} tokens | \
+         {steps}",
+        cfg.zero_stage as u8, cfg.batch_size, cfg.seq_len
+    )
 }
