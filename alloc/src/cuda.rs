@@ -180,9 +180,10 @@ impl DeviceRegion {
     }
 }
 
-/// A host range registered with a CUDA context (`cuMemHostRegister`), unregistered on drop.
-/// Held by the [`HostRegion`](crate::memory::HostRegion) it covers, which drops it before
-/// unmapping the range.
+/// A host range registered with a CUDA context (`cuMemHostRegister`). Held by the
+/// [`HostRegion`](crate::memory::HostRegion) it covers, whose drop calls
+/// [`HostRegistration::unregister`] before unmapping the range (and keeps it mapped when that
+/// fails).
 #[derive(Debug)]
 pub(crate) struct HostRegistration {
     ctx: Arc<CudaContext>,

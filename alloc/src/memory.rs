@@ -107,6 +107,8 @@ impl HostRegion {
     /// Keeps `registration` until the region drops, which unregisters it before unmapping.
     #[cfg(feature = "cuda")]
     pub(crate) fn set_registration(&mut self, registration: crate::cuda::HostRegistration) {
+        // A second registration would drop the first without unregistering it.
+        debug_assert!(self.registration.is_none(), "a region registered twice");
         self.registration = Some(registration);
     }
 

@@ -1,6 +1,6 @@
 //! Fuzz target: the parser of a sharded training state's `manifest.json` must never panic,
-//! and every manifest it accepts must name piece files inside the state folder and cover each
-//! unit's elements once per tensor.
+//! and every manifest it accepts must name piece files inside the state folder (every piece
+//! in a listed file) and cover each unit's elements once per tensor.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
@@ -14,6 +14,9 @@ fuzz_target!(|data: &[u8]| {
     for f in &manifest.files {
         assert!(!f.name.contains(['/', '\\', '\0']), "{:?}", f.name);
         assert!(!f.name.is_empty() && f.name != "." && f.name != "..");
+    }
+    for p in &manifest.pieces {
+        assert!(manifest.files.iter().any(|f| f.name == p.file), "{:?}", p.file);
     }
     for (unit, u) in manifest.partitioning.units.iter().enumerate() {
         for tensor in TENSORS {

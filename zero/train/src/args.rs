@@ -105,7 +105,10 @@ impl TrainArgs {
         };
         let config = toml::from_str(&text).map_err(parse_error)?;
         let keys = toml::from_str::<toml::Table>(&text).map_err(parse_error)?;
-        Ok((config, keys.keys().cloned().collect()))
+        Ok((
+            config,
+            keys.keys().map(|k| field_of(k).to_string()).collect(),
+        ))
     }
 
     /// Typed flags over the `--config` file (if any) over defaults, fitted to the
@@ -146,6 +149,24 @@ impl TrainArgs {
     }
 }
 
+/// The DeepSpeed spellings `TrainConfig` accepts for its keys (its `serde(alias)`
+/// attributes), each with the field it sets.
+const ALIASES: [(&str, &str); 5] = [
+    ("train_batch_size", "batch_size"),
+    ("train_micro_batch_size_per_gpu", "micro_batch_size"),
+    ("gradient_clipping", "grad_clip"),
+    ("stage", "zero_stage"),
+    ("prefetch", "prefetch_units"),
+];
+
+/// The field a config file's `key` sets.
+fn field_of(key: &str) -> &str {
+    ALIASES
+        .iter()
+        .find(|(alias, _)| *alias == key)
+        .map_or(key, |(_, field)| field)
+}
+
 /// `value` as a JSON map, keyed by field name.
 fn to_map(value: &TrainConfig) -> Result<Map<String, Value>, ConfigError> {
     match serde_json::to_value(value) {
@@ -154,5 +175,25 @@ fn to_map(value: &TrainConfig) -> Result<Map<String, Value>, ConfigError> {
             "expected a table, got {other}"
         ))),
         Err(e) => Err(ConfigError::Invalid(e.to_string())),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{to_map, ALIASES};
+    use crate::config::TrainConfig;
+
+    /// Each alias sets the field the table names and no other: a value unlike the default,
+    /// read through serde, changes exactly that field.
+    #[test]
+    fn each_alias_sets_the_field_it_is_listed_for() {
+        let defaults = to_map(&TrainConfig::default()).unwrap();
+        for (alias, field) in ALIASES {
+            let value = if field == "grad_clip" { "0.25" } else { "3" };
+            let config: TrainConfig = toml::from_str(&format!("{alias} = {value}")).unwrap();
+            let map = to_map(&config).unwrap();
+            let changed: Vec<&String> = map.keys().filter(|k| map[*k] != defaults[*k]).collect();
+            assert_eq!(changed, [field], "{alias}");
+        }
     }
 }

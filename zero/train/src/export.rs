@@ -92,11 +92,17 @@ pub fn export(args: &ExportArgs) -> Result<GptConfig, TrainError> {
             "--max-shard-size 0: a shard holds at least one byte".into(),
         ));
     }
-    if args.max_shard_size.is_none() && args.to.exists() {
+    // An export never overwrites: the file could be the model it reads, and config.json the
+    // description of another model in that folder.
+    // (The sharded form checks its folder when it writes it.)
+    let config_json = args.to.with_file_name("config.json");
+    let writes_config = args.format == ExportFormat::Safetensors;
+    let one_file = [Some(&args.to), writes_config.then_some(&config_json)];
+    let existing = one_file.into_iter().flatten().find(|p| p.exists());
+    if let (Some(path), None) = (existing, args.max_shard_size) {
         return Err(TrainError::Export(format!(
-            "--to {} exists: an export never overwrites (it could be the model it reads); \
-             remove it or name another file",
-            args.to.display()
+            "{} exists: an export never overwrites; remove it or name another --to",
+            path.display()
         )));
     }
     if !args.from.exists() {
@@ -105,15 +111,6 @@ pub fn export(args: &ExportArgs) -> Result<GptConfig, TrainError> {
              safetensors file or index, or a Hugging Face model folder)",
             args.from.display()
         )));
-    }
-    if let Some(parent) = args.to.parent().filter(|p| !p.as_os_str().is_empty()) {
-        std::fs::create_dir_all(parent).map_err(|source| {
-            crate::checkpoint::Error::Io(IoError {
-                op: "create the folder",
-                path: parent.to_path_buf(),
-                source,
-            })
-        })?;
     }
     // A folder is a training state first; else a Hugging Face model folder; else the
     // training state's error, which says what a state folder needs.
@@ -149,6 +146,15 @@ fn write(
     model: &GptConfig,
     units: impl Iterator<Item = Result<Vec<f32>, TrainError>>,
 ) -> Result<(), TrainError> {
+    if let Some(parent) = args.to.parent().filter(|p| !p.as_os_str().is_empty()) {
+        std::fs::create_dir_all(parent).map_err(|source| {
+            crate::checkpoint::Error::Io(IoError {
+                op: "create the folder",
+                path: parent.to_path_buf(),
+                source,
+            })
+        })?;
+    }
     let mut failed = None;
     let units = units.map_while(|u| u.map_err(|e| failed = Some(e)).ok());
     let written = match args.format {

@@ -198,6 +198,9 @@ fn saved_shape_flags(config: &serde_json::Value) -> String {
     ];
     let flags: Vec<String> = keys
         .iter()
+        // The file of --init-from brings the shape; the preset name beside it is only the
+        // default, which --model would now contradict.
+        .filter(|(key, _)| *key != "model" || config["init_from"].is_null())
         .filter_map(|(key, flag)| match &config[key] {
             serde_json::Value::String(v) => Some(format!("{flag} {v}")),
             serde_json::Value::Number(v) => Some(format!("{flag} {v}")),
@@ -224,6 +227,11 @@ mod shape_flag_tests {
         assert_eq!(
             saved_shape_flags(&config),
             "--model tiny --heads 2 --seq-len 8"
+        );
+        let from_file = serde_json::json!({"model": "small", "init_from": "m.bin", "seq_len": 8});
+        assert_eq!(
+            saved_shape_flags(&from_file),
+            "--init-from m.bin --seq-len 8"
         );
         assert_eq!(
             saved_shape_flags(&serde_json::Value::Null),

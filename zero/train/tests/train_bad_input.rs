@@ -254,7 +254,27 @@ fn an_export_never_overwrites_and_refuses_what_it_would_ignore() {
     refused(&export(&[]), "exists: an export never overwrites");
     assert_eq!(std::fs::read(&out).unwrap(), b"someone's model");
     std::fs::remove_file(&out).unwrap();
-    refused(&export(&["--heads", "2"]), "drop --heads");
+    // Nor the config.json beside the file, another model's description.
+    let config = dir.0.join("config.json");
+    std::fs::write(&config, b"{}").unwrap();
+    refused(&export(&[]), "config.json exists");
+    assert_eq!(std::fs::read(&config).unwrap(), b"{}");
+    std::fs::remove_file(&config).unwrap();
+    let nested = dir.0.join("new").join("model.safetensors");
+    let heads: Vec<String> = ["export", "--from", state, "--to"]
+        .iter()
+        .map(|s| s.to_string())
+        .chain([
+            nested.to_str().unwrap().into(),
+            "--heads".into(),
+            "2".into(),
+        ])
+        .collect();
+    refused(&heads, "drop --heads");
+    assert!(
+        !dir.0.join("new").exists(),
+        "a refused export made its folder"
+    );
     let folder = dir.0.join("shards");
     let sharded = [
         "export",

@@ -190,6 +190,17 @@ fn parse(dir: &Path, bytes: &[u8]) -> Result<(ShardedManifest, PiecesByTensor)> 
             f.name
         )));
     }
+    if let Some(p) = manifest
+        .pieces
+        .iter()
+        .find(|p| !manifest.files.iter().any(|f| f.name == p.file))
+    {
+        return Err(bad(format!(
+            "piece {} names an unlisted file {}",
+            p.name(),
+            p.file
+        )));
+    }
     let by_tensor = index_tensors(&manifest).map_err(bad)?;
     Ok((manifest, by_tensor))
 }
@@ -235,16 +246,6 @@ fn check_files(dir: &Path, manifest: &ShardedManifest) -> Result<()> {
             return Err(piece_err(format!("{} bytes belong to no piece", len - end)));
         }
     }
-    if let Some(p) = manifest
-        .pieces
-        .iter()
-        .find(|p| !manifest.files.iter().any(|f| f.name == p.file))
-    {
-        return Err(Error::BadState {
-            path: dir.to_path_buf(),
-            reason: format!("piece {} names an unlisted file {}", p.name(), p.file),
-        });
-    }
     Ok(())
 }
 
@@ -276,7 +277,9 @@ fn index_tensors(manifest: &ShardedManifest) -> std::result::Result<PiecesByTens
                         p.name()
                     ));
                 }
-                end = p.start.saturating_add(p.len);
+                end = p.start.checked_add(p.len).ok_or_else(|| {
+                    format!("unit{unit}/{tensor}: piece {} ends past 2^64", p.name())
+                })?;
             }
             if end != u.numel {
                 return Err(format!(
@@ -287,4 +290,71 @@ fn index_tensors(manifest: &ShardedManifest) -> std::result::Result<PiecesByTens
         }
     }
     Ok(by_tensor)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_manifest;
+    use std::path::Path;
+
+    /// A manifest of one unit of `numel` elements whose three tensors are each the pieces
+    /// `(start, len)` of `pieces`, all in one listed file.
+    fn manifest(numel: u64, pieces: &[(u64, u64)], file: &str) -> String {
+        let pieces: Vec<serde_json::Value> = ["params", "adam_m", "adam_v"]
+            .iter()
+            .flat_map(|tensor| {
+                pieces.iter().map(move |&(start, len)| {
+                    serde_json::json!({"file": file, "unit": 0, "tensor": tensor, "dtype": "f32",
+                        "start": start, "len": len, "offset": 0, "checksum": 0})
+                })
+            })
+            .collect();
+        serde_json::json!({
+            "format": "zero-train-sharded-state", "version": 1, "step": 0, "meta": {},
+            "partitioning": {"world": 1, "stage": 0, "precision": "fp32", "units": [
+                {"numel": numel, "padded_numel": numel, "shard_len": numel, "owned": [[0, numel]]}
+            ]},
+            "files": [{"name": "rank-00000.bin", "bytes": 0}],
+            "pieces": pieces,
+        })
+        .to_string()
+    }
+
+    fn parse(text: &str) -> Result<(), String> {
+        parse_manifest(Path::new("s"), text.as_bytes())
+            .map(|_| ())
+            .map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn pieces_that_tile_a_unit_parse() {
+        assert_eq!(
+            parse(&manifest(10, &[(0, 4), (4, 6)], "rank-00000.bin")),
+            Ok(())
+        );
+    }
+
+    #[test]
+    fn a_piece_that_ends_past_u64_is_refused_not_taken_to_cover_the_rest() {
+        let err = parse(&manifest(
+            u64::MAX,
+            &[(0, 5), (5, u64::MAX)],
+            "rank-00000.bin",
+        ));
+        assert!(
+            err.as_ref().is_err_and(|e| e.contains("past 2^64")),
+            "{err:?}"
+        );
+    }
+
+    #[test]
+    fn a_piece_in_an_unlisted_or_escaping_file_is_refused() {
+        for file in ["other.bin", "../rank-00000.bin"] {
+            let err = parse(&manifest(10, &[(0, 10)], file));
+            assert!(
+                err.as_ref().is_err_and(|e| e.contains("unlisted file")),
+                "{err:?}"
+            );
+        }
+    }
 }
