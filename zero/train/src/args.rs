@@ -101,7 +101,7 @@ impl TrainArgs {
         })?;
         let parse_error = |e: toml::de::Error| ConfigError::Parse {
             path: path.to_path_buf(),
-            message: e.to_string(),
+            message: explain_toml_error(&text, &e),
         };
         let config = toml::from_str(&text).map_err(parse_error)?;
         let keys = toml::from_str::<toml::Table>(&text).map_err(parse_error)?;
@@ -167,6 +167,57 @@ fn field_of(key: &str) -> &str {
         .map_or(key, |(_, field)| field)
 }
 
+/// toml's message, or for an unknown key one line naming the line and the key meant: toml
+/// lists every key there is, and a flag's spelling (`zero-stage`) is the likely slip.
+fn explain_toml_error(text: &str, err: &toml::de::Error) -> String {
+    let unknown = err
+        .message()
+        .strip_prefix("unknown field `")
+        .and_then(|rest| rest.split('`').next());
+    let Some(key) = unknown else {
+        return err.to_string();
+    };
+    let line = err
+        .span()
+        .and_then(|s| text.get(..s.start))
+        .map_or(1, |before| before.matches('\n').count() + 1);
+    let known: Vec<String> = to_map(&TrainConfig::default())
+        .map(|m| m.keys().cloned().collect())
+        .unwrap_or_default();
+    let meant = closest_key(
+        key,
+        known.iter().map(String::as_str).chain(ALIASES.map(|a| a.0)),
+    );
+    let hint = meant.map_or(String::new(), |k| format!(" (did you mean `{k}`?)"));
+    format!("line {line}: unknown key `{key}`{hint}; keys are the flags spelled with underscores")
+}
+
+/// The known key nearest to `key` (underscores for dashes, then by edit distance up to 3).
+fn closest_key<'a>(key: &str, known: impl Iterator<Item = &'a str>) -> Option<&'a str> {
+    let key = key.replace('-', "_").to_ascii_lowercase();
+    known
+        .map(|k| (edit_distance(&key, k), k))
+        .filter(|(d, _)| *d <= 3)
+        .min()
+        .map(|(_, k)| k)
+}
+
+/// Levenshtein distance between two short ASCII keys.
+fn edit_distance(a: &str, b: &str) -> usize {
+    let b = b.as_bytes();
+    let mut row: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.bytes().enumerate() {
+        let mut diagonal = row[0];
+        row[0] = i + 1;
+        for (j, &cb) in b.iter().enumerate() {
+            let substitute = diagonal + usize::from(ca != cb);
+            diagonal = row[j + 1];
+            row[j + 1] = substitute.min(row[j] + 1).min(row[j + 1] + 1);
+        }
+    }
+    row[b.len()]
+}
+
 /// `value` as a JSON map, keyed by field name.
 fn to_map(value: &TrainConfig) -> Result<Map<String, Value>, ConfigError> {
     match serde_json::to_value(value) {
@@ -180,8 +231,41 @@ fn to_map(value: &TrainConfig) -> Result<Map<String, Value>, ConfigError> {
 
 #[cfg(test)]
 mod tests {
-    use super::{to_map, ALIASES};
+    use super::{closest_key, edit_distance, to_map, ALIASES};
     use crate::config::TrainConfig;
+
+    #[test]
+    fn edit_distance_counts_single_character_edits() {
+        for (a, b, d) in [
+            ("", "", 0),
+            ("abc", "abc", 0),
+            ("abc", "abd", 1),
+            ("abc", "ab", 1),
+            ("ab", "abc", 1),
+            ("kitten", "sitting", 3),
+            ("", "four", 4),
+        ] {
+            assert_eq!(edit_distance(a, b), d, "{a:?} {b:?}");
+        }
+    }
+
+    #[test]
+    fn a_flag_spelling_or_a_typo_finds_the_key_meant() {
+        let known = ["zero_stage", "steps", "seq_len", "micro_batch_size"];
+        assert_eq!(
+            closest_key("zero-stage", known.into_iter()),
+            Some("zero_stage")
+        );
+        assert_eq!(closest_key("step", known.into_iter()), Some("steps"));
+        assert_eq!(
+            closest_key("Micro-Batch-Size", known.into_iter()),
+            Some("micro_batch_size")
+        );
+        assert_eq!(
+            closest_key("learning_rate_schedule", known.into_iter()),
+            None
+        );
+    }
 
     /// Each alias sets the field the table names and no other: a value unlike the default,
     /// read through serde, changes exactly that field.

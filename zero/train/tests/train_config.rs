@@ -110,6 +110,16 @@ fn a_misspelled_key_names_itself() {
     let err = resolve(&["--config", file.path().to_str().unwrap()]).unwrap_err();
     assert!(matches!(err, ConfigError::Parse { .. }));
     assert!(err.to_string().contains("stpes"), "{err}");
+    // A flag's spelling on the third line: the line, the key and the key meant, on one line.
+    let file = TomlFile::new("dashes", "steps = 2\n\nzero-stage = 3\n");
+    let err = resolve(&["--config", file.path().to_str().unwrap()])
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("line 3: unknown key `zero-stage` (did you mean `zero_stage`?)"),
+        "{err}"
+    );
+    assert!(!err.contains('\n'), "{err}");
 }
 
 #[test]
