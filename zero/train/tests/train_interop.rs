@@ -164,17 +164,23 @@ fn a_missing_or_foreign_init_file_is_a_clear_error() {
     }
 }
 
-#[test]
-fn a_short_context_file_sets_the_default_seq_len_and_a_preset_must_be_its_shape() {
-    let tmp = TempDir::new("context");
+/// A corpus in `tmp` and an llm.c file of the tiny preset trained on it by `RUN`: (data
+/// folder, model file).
+fn corpus_and_tiny_model_file(tmp: &TempDir) -> (String, String) {
     let p = |name: &str| tmp.0.join(name).to_str().unwrap().to_string();
     corpus(&tmp.0);
-    let data = p("");
-    // The tiny preset's context is 32 tokens, under the default --seq-len of 64.
-    let bin = p("tiny.bin");
+    let (data, bin) = (p(""), p("tiny.bin"));
     let mut args: Vec<&str> = [&["--data", &data, "--model", "tiny"][..], RUN].concat();
     args.extend(["--export-llmc", &bin]);
     ok(zero_train(&args));
+    (data, bin)
+}
+
+#[test]
+fn a_short_context_file_sets_the_default_seq_len_and_a_preset_must_be_its_shape() {
+    let tmp = TempDir::new("context");
+    // The tiny preset's context is 32 tokens, under the default --seq-len of 64.
+    let (data, bin) = corpus_and_tiny_model_file(&tmp);
     let one_step = [
         "--data",
         &data,
@@ -214,12 +220,7 @@ fn a_short_context_file_sets_the_default_seq_len_and_a_preset_must_be_its_shape(
 fn a_resume_takes_the_states_weights_over_the_init_file() {
     let tmp = TempDir::new("init-resume");
     let p = |name: &str| tmp.0.join(name).to_str().unwrap().to_string();
-    corpus(&tmp.0);
-    let data = p("");
-    let bin = p("init.bin");
-    let mut args: Vec<&str> = [&["--data", &data, "--model", "tiny"][..], RUN].concat();
-    args.extend(["--export-llmc", &bin]);
-    ok(zero_train(&args));
+    let (data, bin) = corpus_and_tiny_model_file(&tmp);
     // Two steps from the file, saved; then step 3 resumed with and without --init-from.
     let save = p("ck");
     let base: Vec<&str> = [&["--data", &data, "--init-from", &bin][..], RUN].concat();
