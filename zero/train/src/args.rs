@@ -145,7 +145,19 @@ impl TrainArgs {
         let mut config: TrainConfig = serde_json::from_value(Value::Object(merged))
             .map_err(|e| ConfigError::Invalid(e.to_string()))?;
         crate::init::fit_to_file(&mut config, &explicit)?;
+        derive_batch_size(&mut config, &explicit);
         Ok(config)
+    }
+}
+
+/// A global batch left out is one micro-batch per rank (DeepSpeed derives
+/// `train_batch_size` the same way), when the world size is known here: with the local
+/// backend. A launcher's ranks learn it only once joined, so they keep the default, which
+/// must then divide into them.
+fn derive_batch_size(config: &mut TrainConfig, explicit: &[String]) {
+    let given = explicit.iter().any(|k| k == "batch_size");
+    if !given && config.backend == crate::config::Backend::Local {
+        config.batch_size = config.micro_batch_size.saturating_mul(config.world_size);
     }
 }
 

@@ -176,7 +176,9 @@ pub struct TrainConfig {
     /// Optimizer steps to run.
     #[arg(long, allow_negative_numbers = true, default_value_t = 200)]
     pub steps: u64,
-    /// Global batch in sequences per optimizer step (DeepSpeed's train_batch_size).
+    /// Global batch in sequences per optimizer step (DeepSpeed's train_batch_size). Left
+    /// out: micro-batch x world size with --backend local (8 for the defaults); launched
+    /// ranks take 8.
     #[arg(long, allow_negative_numbers = true, default_value_t = 8)]
     #[serde(alias = "train_batch_size")]
     pub batch_size: usize,

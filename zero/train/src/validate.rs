@@ -146,8 +146,10 @@ impl TrainConfig {
                 "batch_size",
                 &self.batch_size,
                 format!(
-                    "batch_size {} is not a multiple of micro_batch_size {} x world_size {} = {}",
-                    self.batch_size, self.micro_batch_size, self.world_size, per_micro_step
+                    "batch_size {} is not a multiple of micro_batch_size {} x world_size {} = \
+                     {per_micro_step} (--batch-size {per_micro_step} takes one micro-batch per \
+                     rank per step)",
+                    self.batch_size, self.micro_batch_size, self.world_size
                 ),
             ));
         }

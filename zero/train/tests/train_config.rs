@@ -335,3 +335,33 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn a_global_batch_left_out_is_one_micro_batch_per_local_rank() {
+    let batch = |flags: &[&str]| resolve(flags).map(|c| c.batch_size);
+    assert_eq!(batch(&[]).unwrap(), 4 * 2);
+    assert_eq!(batch(&["--world-size", "4"]).unwrap(), 4 * 4);
+    assert_eq!(
+        batch(&["--world-size", "3", "--micro-batch-size", "2"]).unwrap(),
+        2 * 3
+    );
+    // Given, it is kept, and must divide into the ranks.
+    assert_eq!(
+        batch(&["--world-size", "4", "--batch-size", "32"]).unwrap(),
+        32
+    );
+    let err = batch(&["--world-size", "4", "--batch-size", "8"]).unwrap_err();
+    assert!(err.to_string().contains("--batch-size 16"), "{err}");
+    // Given in the file, under DeepSpeed's name, it is kept too.
+    let file = TomlFile::new("batch", "train_batch_size = 24\n");
+    let path = file.path();
+    let flags = ["--config", path.to_str().unwrap(), "--world-size", "3"];
+    assert_eq!(batch(&flags).unwrap(), 24);
+}
+
+#[test]
+fn launched_ranks_keep_the_default_global_batch() {
+    // Their world size is the launcher's, known only once joined.
+    let cfg = parse(&["--backend", "tcp"]).unwrap().merge().unwrap();
+    assert_eq!(cfg.batch_size, TrainConfig::default().batch_size);
+}

@@ -95,7 +95,7 @@ fn main() -> ExitCode {
 
 /// What `zero-train plan` plans: the training flags, with one micro-batch per rank as the
 /// global batch unless `--batch-size` was set (then it must divide into the ranks, as in
-/// training).
+/// training; the local backend derives it that way too).
 fn plan_config(
     args: &TrainArgs,
 ) -> Result<zero_train::config::TrainConfig, zero_train::error::ConfigError> {
