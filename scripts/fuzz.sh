@@ -13,9 +13,20 @@
 # Exit status: libFuzzer's (0: no failure).
 set -euo pipefail
 cd "$(dirname "$0")/../fuzz"
-target="${1:?usage: bash scripts/fuzz.sh TARGET [SECONDS]}"
+targets=$(sed -n 's/^name = "\(.*\)"$/\1/p' Cargo.toml | grep -vx zero-fuzz | tr '\n' ' ')
+usage="usage: bash scripts/fuzz.sh TARGET [SECONDS]; targets: $targets"
+if (($# < 1 || $# > 2)); then echo "fuzz.sh: $usage" >&2; exit 2; fi
+target="$1"
 seconds="${2:-60}"
-grep -q "^name = \"$target\"$" Cargo.toml || { echo "fuzz.sh: no fuzz target $target" >&2; exit 2; }
+# libFuzzer reads a max_total_time it cannot parse, or 0, as "no limit".
+if ! [[ "$seconds" =~ ^[1-9][0-9]{0,6}$ ]]; then
+  echo "fuzz.sh: SECONDS must be a whole number from 1 to 9999999, not '$seconds'" >&2
+  exit 2
+fi
+if ! grep -qxF -- "$target" <<<"${targets// /$'\n'}"; then
+  echo "fuzz.sh: no fuzz target '$target'; $usage" >&2
+  exit 2
+fi
 triple="$(rustc -vV | sed -n 's/^host: //p')"
 # Only the target's own code is instrumented: with --target, RUSTFLAGS skip build scripts and
 # proc macros, as cargo-fuzz arranges.

@@ -270,6 +270,11 @@ run() {
     set +e # every step runs whatever the earlier ones did
     BIN="$here"
     [ -f "$BIN/${TESTS[0]}" ] || BIN="$here/../gpu-bin"
+    if [ ! -f "$BIN/${TESTS[0]}" ]; then
+        echo "gpu-check: no test binaries in $BIN: run 'bash scripts/gpu-check.sh build' first" \
+            "(it needs cargo; the GPU machine has none)" >&2
+        exit 2
+    fi
     # A copy that lost the executable bits must not fail every step.
     chmod u+x "$BIN"/zero-* "${ALL_TESTS[@]/#/$BIN/}" 2>/dev/null
     OUT="${OUT:-target/gpu-check}"

@@ -18,6 +18,7 @@ use zero_benches::memcpy::memcpy_bandwidth;
 use zero_benches::size::parse_size;
 use zero_comm::{DType, OpKind, ReduceOp};
 use zero_train::memory_fit::host_available_bytes;
+use zero_train::validate::MAX_RANKS;
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
 #[value(rename_all = "snake_case")]
@@ -133,7 +134,10 @@ fn config(a: &Args) -> Result<BenchConfig, String> {
         }
     }
     let refusals = [
-        (a.ranks == 0, "--ranks must be at least 1".to_string()),
+        (
+            a.ranks == 0 || a.ranks > MAX_RANKS,
+            format!("--ranks {}: expected 1 to {MAX_RANKS}", a.ranks),
+        ),
         (
             a.min_bytes > a.max_bytes,
             format!(
@@ -523,7 +527,8 @@ mod tests {
         assert!(refusal(&["-b", "64K", "-e", "1K"]).contains("-b 65536 is above -e 1024"));
         assert!(refusal(&["-f", "0"]).starts_with("-f must be"));
         assert!(refusal(&["-c", "2"]).starts_with("-c is 0 or 1"));
-        assert!(refusal(&["--ranks", "0"]).starts_with("--ranks must be"));
+        assert!(refusal(&["--ranks", "0"]).starts_with("--ranks 0: expected 1 to 1024"));
+        assert!(refusal(&["--ranks", "1025"]).starts_with("--ranks 1025: expected 1 to 1024"));
         assert!(refusal(&["--ranks", "2", "-r", "2"]).contains("root 2 is not a rank of 2"));
         assert!(refusal(&["-g", "8"]).starts_with("-g 8: one GPU per process"));
         assert!(refusal(&["-t", "2"]).starts_with("-t 2: one thread per process"));
