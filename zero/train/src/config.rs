@@ -132,7 +132,9 @@ impl From<PrecisionArg> for zero::Precision {
     }
 }
 
-/// Every knob of a training run: its flags, its TOML keys and its values.
+/// Every knob of a training run: its flags, its TOML keys and its values. An on/off flag is
+/// on when given alone (`--offload-optimizer`) and takes `=false` to turn off what a
+/// `--config` file turned on.
 #[derive(Debug, Clone, PartialEq, Args, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct TrainConfig {
@@ -235,7 +237,7 @@ pub struct TrainConfig {
     /// Write each save's pieces on a background thread from a copy of the rank's shards
     /// while training goes on; the next save (and the final one, always in the foreground)
     /// waits for it and reports its errors.
-    #[arg(long)]
+    #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "true", default_value_t = false, action = clap::ArgAction::Set)]
     pub async_save: bool,
     /// A saved `step-NNNNNN` folder to continue from, or the --save directory (the state
     /// its `latest` file names, else its highest complete step).
@@ -274,11 +276,11 @@ pub struct TrainConfig {
     pub memory_limit: Option<ByteSize>,
     /// Turns memory defragmentation (the paper's MD) off: an allocation that finds no hole
     /// large enough then fails instead of compacting the arena (to see what MD buys).
-    #[arg(long)]
+    #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "true", default_value_t = false, action = clap::ArgAction::Set)]
     pub no_defragment: bool,
     /// ZeRO-R activation checkpointing: keep only every K-th block's input in forward and
     /// recompute the blocks in backward (K = `--checkpoint-every`).
-    #[arg(long)]
+    #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "true", default_value_t = false, action = clap::ArgAction::Set)]
     pub activation_checkpointing: bool,
     /// Blocks per checkpointed segment (K) with `--activation-checkpointing`.
     #[arg(long, allow_negative_numbers = true, default_value_t = 1, value_parser = clap::value_parser!(usize))]
@@ -286,12 +288,12 @@ pub struct TrainConfig {
     /// With `--activation-checkpointing`: keep the block inputs in pinned host memory,
     /// copied out and fetched back ahead of their recompute on a copy thread; the rank's
     /// arena keeps two staging slots of one input each.
-    #[arg(long)]
+    #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "true", default_value_t = false, action = clap::ArgAction::Set)]
     pub offload_activations: bool,
     /// ZeRO-Offload: keep the f32 master weights and Adam's moments in host memory
     /// (page-locked with `--device cuda`) and run AdamW there; the device keeps the stored
     /// parameters and gradients. `--memory-limit` caps the device's arena only.
-    #[arg(long)]
+    #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "true", default_value_t = false, action = clap::ArgAction::Set)]
     pub offload_optimizer: bool,
 }
 

@@ -365,3 +365,19 @@ fn launched_ranks_keep_the_default_global_batch() {
     let cfg = parse(&["--backend", "tcp"]).unwrap().merge().unwrap();
     assert_eq!(cfg.batch_size, TrainConfig::default().batch_size);
 }
+
+#[test]
+fn an_on_off_flag_turns_off_what_the_file_turned_on() {
+    let file = TomlFile::new(
+        "switch",
+        "activation_checkpointing = true\noffload_optimizer = true\n",
+    );
+    let path = file.path();
+    let config = ["--config", path.to_str().unwrap()];
+    let from_file = resolve(&config).unwrap();
+    assert!(from_file.activation_checkpointing && from_file.offload_optimizer);
+    let off = resolve(&[&config[..], &["--activation-checkpointing=false"]].concat()).unwrap();
+    assert!(!off.activation_checkpointing && off.offload_optimizer);
+    // Alone, the flag turns the setting on.
+    assert!(resolve(&["--offload-optimizer"]).unwrap().offload_optimizer);
+}
