@@ -122,7 +122,7 @@ impl MetricsFile {
         if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
             std::fs::create_dir_all(dir).map_err(failed("create directory", dir))?;
         }
-        let file = File::create(path).map_err(failed("create", path))?;
+        let file = File::create(path).map_err(failed("create the --metrics file", path))?;
         Ok(Self {
             path: path.to_path_buf(),
             out: BufWriter::new(file),
