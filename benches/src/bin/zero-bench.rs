@@ -114,8 +114,14 @@ fn config(a: &Args) -> Result<BenchConfig, String> {
         Op::Broadcast => OpKind::Broadcast,
         Op::Reduce => OpKind::Reduce,
     };
-    let dtype = DType::parse(&a.dtype).ok_or_else(|| format!("unknown datatype {:?}", a.dtype))?;
-    let redop = ReduceOp::parse(&a.redop).ok_or_else(|| format!("unknown op {:?}", a.redop))?;
+    let dtype = DType::parse(&a.dtype).ok_or_else(|| {
+        format!(
+            "-d {:?}: unknown datatype (float, bfloat16 or half; also f32, bf16, f16)",
+            a.dtype
+        )
+    })?;
+    let redop = ReduceOp::parse(&a.redop)
+        .ok_or_else(|| format!("-o {:?}: unknown reduction (sum, avg, max or min)", a.redop))?;
     match a.backend {
         Backend::Local | Backend::Tcp => {}
         Backend::Mpi if cfg!(feature = "mpi") => {}
@@ -524,6 +530,8 @@ mod tests {
     #[test]
     fn each_impossible_flag_is_refused_by_name() {
         assert!(refusal(&["-n", "0"]).starts_with("-n must be"));
+        assert!(refusal(&["-d", "int8"]).starts_with("-d \"int8\": unknown datatype (float"));
+        assert!(refusal(&["-o", "prod"]).starts_with("-o \"prod\": unknown reduction (sum"));
         assert!(refusal(&["-b", "64K", "-e", "1K"]).contains("-b 65536 is above -e 1024"));
         assert!(refusal(&["-f", "0"]).starts_with("-f must be"));
         assert!(refusal(&["-c", "2"]).starts_with("-c is 0 or 1"));

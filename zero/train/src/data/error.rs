@@ -51,7 +51,10 @@ pub enum FormatError {
         payload_bytes: u64,
     },
     /// A token id outside the vocabulary.
-    #[error("token {token} at index {index} is outside the vocabulary of {vocab}")]
+    #[error(
+        "token {token} at index {index} is outside the vocabulary of {vocab} (the model's \
+         --vocab; `zero-train prepare` writes GPT-2 token ids, which need --vocab 50257)"
+    )]
     TokenOutOfRange {
         /// Position of the token in the file.
         index: usize,
