@@ -147,8 +147,8 @@ impl TrainConfig {
                 &self.batch_size,
                 format!(
                     "batch_size {} is not a multiple of micro_batch_size {} x world_size {} = \
-                     {per_micro_step} (--batch-size {per_micro_step} takes one micro-batch per \
-                     rank per step)",
+                     {per_micro_step} (change --batch-size to a multiple of {per_micro_step}, or \
+                     --micro-batch-size)",
                     self.batch_size, self.micro_batch_size, self.world_size
                 ),
             ));

@@ -226,6 +226,25 @@ fn a_shape_the_model_refuses_names_the_flags_that_made_it() {
 }
 
 #[test]
+fn a_resume_at_another_global_batch_names_the_batch_to_give() {
+    let dir = TempDir::new("resume-batch");
+    corpus(&dir.0);
+    let state = saved_state(&dir.0);
+    let args = with(
+        tiny_args(&dir.0),
+        &[
+            "--steps",
+            "3",
+            "--batch-size",
+            "2",
+            "--resume",
+            state.to_str().unwrap(),
+        ],
+    );
+    refused(&args, "resume with --batch-size 1");
+}
+
+#[test]
 fn val_bin_is_needed_only_by_a_run_that_evaluates() {
     let dir = TempDir::new("no-val");
     corpus(&dir.0);

@@ -254,7 +254,10 @@ impl DataLoader {
         for (field, saved, current) in checks {
             if saved != current {
                 return Err(Error::StateMismatch {
-                    reason: format!("{field}: saved {saved}, current {current}"),
+                    reason: format!(
+                        "{field}: saved {saved}, current {current}{}",
+                        hint(field, saved, self.cfg.seq_len)
+                    ),
                 });
             }
         }
@@ -269,6 +272,20 @@ impl DataLoader {
         self.global_step = state.global_step;
         self.micro_step = state.micro_step;
         Ok(())
+    }
+}
+
+/// What to type for a mismatch the user can fix by a flag: the saved run's global batch in
+/// sequences (its data order depends on it, whatever the world size), or its seed.
+fn hint(field: &str, saved: u64, seq_len: usize) -> String {
+    let seq_len = seq_len.max(1) as u64;
+    match field {
+        "global_batch_tokens" if saved % seq_len == 0 => {
+            let batch = saved / seq_len;
+            format!(" (resume with --batch-size {batch}, and a --micro-batch-size x ranks that divides it)")
+        }
+        "seed" => format!(" (resume with --seed {saved})"),
+        _ => String::new(),
     }
 }
 
