@@ -4,6 +4,9 @@
 //! clap parses every flag into a [`TrainConfig`] (defaults filled in) and records which
 //! flags the user typed; serde reads the file into another (defaults filled in, unknown keys
 //! refused). [`TrainArgs::resolve`] starts from the file's and overwrites the typed flags.
+//! Two defaults then depend on what the user set (typed flags and the file's keys, aliases
+//! mapped to their fields): `--seq-len` left out is cut to an `--init-from` file's context,
+//! and `--batch-size` left out is one micro-batch per local rank.
 
 use super::config::TrainConfig;
 use super::error::{ConfigError, IoError};
