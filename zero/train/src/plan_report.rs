@@ -45,6 +45,8 @@ pub fn with_one_micro_batch_per_rank(cfg: TrainConfig) -> TrainConfig {
 /// (`--init-from`), or a plan that overflows.
 pub fn stage_plans(cfg: &TrainConfig) -> Result<(GptConfig, Vec<StagePlan>), TrainError> {
     cfg.validate()?;
+    // A launched run's --world-size is the plan's statement of the launcher's ranks.
+    cfg.validate_world()?;
     let model = cfg.model_config()?;
     let psi = ParamLayout::new(&model).num_params() as u64;
     let run_on = (cfg.world_size, zero_comm::StagingRule::None);

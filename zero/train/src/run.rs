@@ -215,6 +215,7 @@ fn open_tokens(
 fn run_group(cfg: &TrainConfig, mut group: RankGroup) -> Result<RunSummary, TrainError> {
     // Under a launcher the world size has just been replaced by the launcher's.
     cfg.validate()?;
+    cfg.validate_world()?;
     let devices = match group.nccl.take() {
         Some(nccl) => vec![nccl],
         None => rank_devices(cfg, group.comms.len())?,

@@ -76,7 +76,8 @@ fn short(x: f32) -> String {
 }
 
 impl TrainConfig {
-    /// Checks every value's range and the relations between values.
+    /// Checks every value's range and the relations between values; under a launcher all but
+    /// [`validate_world`](Self::validate_world), which needs the joined world size.
     ///
     /// # Errors
     /// [`ConfigError::OutOfRange`] naming the flag, the value and what would be right;
@@ -122,7 +123,6 @@ impl TrainConfig {
     }
 
     fn validate_batch(&self) -> Result<(), ConfigError> {
-        in_range("world_size", self.world_size, 1, MAX_RANKS)?;
         self.comm_config()?;
         in_range(
             "micro_batch_size",
@@ -131,6 +131,24 @@ impl TrainConfig {
             MAX_BATCH_TOKENS,
         )?;
         in_range("batch_size", self.batch_size, 1, MAX_BATCH_TOKENS)?;
+        // A launcher's ranks learn the world size once joined; `run_group` checks it then.
+        if self.backend == crate::config::Backend::Local {
+            self.validate_world()?;
+        }
+        if self.eval_every > 0 {
+            in_range("eval_batches", self.eval_batches, 1, MAX_WIDTH)?;
+        }
+        Ok(())
+    }
+
+    /// Checks the world size and that the global batch divides into its ranks: with the
+    /// local backend as part of [`validate`](Self::validate), under a launcher once the ranks
+    /// have joined and `world_size` is the launcher's.
+    ///
+    /// # Errors
+    /// [`ConfigError::OutOfRange`] naming `world_size`, `micro_batch_size` or `batch_size`.
+    pub fn validate_world(&self) -> Result<(), ConfigError> {
+        in_range("world_size", self.world_size, 1, MAX_RANKS)?;
         let Some(per_micro_step) = self.micro_batch_size.checked_mul(self.world_size) else {
             return Err(out_of_range(
                 "micro_batch_size",
@@ -160,9 +178,6 @@ impl TrainConfig {
                 &self.batch_size,
                 format!("batch_size x seq_len must be at most {MAX_BATCH_TOKENS} tokens"),
             ));
-        }
-        if self.eval_every > 0 {
-            in_range("eval_batches", self.eval_batches, 1, MAX_WIDTH)?;
         }
         Ok(())
     }

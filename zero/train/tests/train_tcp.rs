@@ -186,3 +186,35 @@ fn a_comm_timeout_outside_its_range_is_named_before_joining() {
         );
     }
 }
+
+#[test]
+fn the_global_batch_divides_into_the_launchers_ranks_not_the_world_size_flag() {
+    // Three ranks from the launcher, --world-size left at its default of 2: a batch of 3
+    // divides into the ranks that run, which is what must be checked.
+    let dir = TempDir::new("tcp-batch");
+    learnable_corpus(&dir.0);
+    let metrics = dir.0.join("m.jsonl");
+    let mut a = args(&dir.0, &metrics, &["--backend", "tcp"]);
+    set_flag(&mut a, "--batch-size", "3");
+    let port = free_port();
+    let ranks: Vec<Child> = (0..3).map(|rank| spawn_rank(&a, rank, 3, port)).collect();
+    for (rank, child) in ranks.into_iter().enumerate() {
+        check_ok(
+            &child.wait_with_output().unwrap(),
+            &format!("tcp rank {rank}"),
+        );
+    }
+    assert_eq!(losses(&metrics).len(), 3);
+    // And a batch that does not divide into them is refused once they have joined.
+    set_flag(&mut a, "--batch-size", "4");
+    let port = free_port();
+    let ranks: Vec<Child> = (0..3).map(|rank| spawn_rank(&a, rank, 3, port)).collect();
+    for child in ranks {
+        let out = child.wait_with_output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            !out.status.success() && err.contains("world_size 3 = 3"),
+            "{err}"
+        );
+    }
+}
