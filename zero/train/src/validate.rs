@@ -123,18 +123,13 @@ impl TrainConfig {
     }
 
     fn validate_batch(&self) -> Result<(), ConfigError> {
-        self.comm_config()?;
-        in_range(
-            "micro_batch_size",
-            self.micro_batch_size,
-            1,
-            MAX_BATCH_TOKENS,
-        )?;
-        in_range("batch_size", self.batch_size, 1, MAX_BATCH_TOKENS)?;
         // A launcher's ranks learn the world size once joined; `run_group` checks it then.
         if self.backend == crate::config::Backend::Local {
             self.validate_world()?;
+        } else {
+            self.validate_batch_sizes()?;
         }
+        self.comm_config()?;
         if self.eval_every > 0 {
             in_range("eval_batches", self.eval_batches, 1, MAX_WIDTH)?;
         }
@@ -149,6 +144,7 @@ impl TrainConfig {
     /// [`ConfigError::OutOfRange`] naming `world_size`, `micro_batch_size` or `batch_size`.
     pub fn validate_world(&self) -> Result<(), ConfigError> {
         in_range("world_size", self.world_size, 1, MAX_RANKS)?;
+        self.validate_batch_sizes()?;
         let Some(per_micro_step) = self.micro_batch_size.checked_mul(self.world_size) else {
             return Err(out_of_range(
                 "micro_batch_size",
@@ -180,6 +176,16 @@ impl TrainConfig {
             ));
         }
         Ok(())
+    }
+
+    fn validate_batch_sizes(&self) -> Result<(), ConfigError> {
+        in_range(
+            "micro_batch_size",
+            self.micro_batch_size,
+            1,
+            MAX_BATCH_TOKENS,
+        )?;
+        in_range("batch_size", self.batch_size, 1, MAX_BATCH_TOKENS)
     }
 
     fn validate_schedule(&self) -> Result<(), ConfigError> {
