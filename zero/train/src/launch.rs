@@ -75,6 +75,15 @@ fn join_tcp(config: zero_comm::Config) -> Result<Joined, TrainError> {
              variables (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT; docs/trainer.md)"
         ))
     })?;
+    // Before joining: a world past zero-train's limit would otherwise wait out the whole
+    // timeout for ranks that the run would refuse anyway.
+    if env.world_size > crate::validate::MAX_RANKS {
+        return Err(TrainError::Unsupported(format!(
+            "WORLD_SIZE {} is past the {} ranks one zero-train run takes",
+            env.world_size,
+            crate::validate::MAX_RANKS
+        )));
+    }
     Ok(Joined {
         control: zero_comm::tcp::from_launch(&env, config)?,
         local_rank: env.local_rank,

@@ -160,6 +160,16 @@ fn a_bad_launch_variable_is_named() {
         "{stderr}"
     );
     assert!(stderr.contains("RANK"), "{stderr}");
+    // A world past zero-train's 1024 ranks is refused before joining (after the join's
+    // timeout the error would name the 4999 ranks that never came instead).
+    let out = spawn_rank(&a, 0, 5000, free_port())
+        .wait_with_output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && stderr.contains("WORLD_SIZE 5000 is past the 1024"),
+        "{stderr}"
+    );
 }
 
 #[test]
