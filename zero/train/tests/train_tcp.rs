@@ -68,6 +68,19 @@ fn spawn_rank(args: &[String], rank: usize, world: usize, port: u16) -> Child {
         .unwrap()
 }
 
+/// Ranks `0..world` of one tcp group on a fresh port, rank r with the flags `args_of(r)`;
+/// their outputs once all have exited.
+fn run_ranks(world: usize, args_of: impl Fn(usize) -> Vec<String>) -> Vec<Output> {
+    let port = free_port();
+    let ranks: Vec<Child> = (0..world)
+        .map(|rank| spawn_rank(&args_of(rank), rank, world, port))
+        .collect();
+    ranks
+        .into_iter()
+        .map(|child| child.wait_with_output().unwrap())
+        .collect()
+}
+
 /// The `"loss":…` fields of a metrics file, as written.
 fn losses(metrics: &Path) -> Vec<String> {
     let text = std::fs::read_to_string(metrics).unwrap_or_default();
@@ -96,20 +109,14 @@ fn two_tcp_processes_train_like_two_local_threads_at_every_stage() {
             .unwrap();
         check_ok(&local, "the local run");
 
-        let port = free_port();
-        let ranks: Vec<Child> = (0..2)
-            .map(|rank| {
-                let metrics = dir.0.join(format!("tcp-{stage}-{rank}.jsonl"));
-                let mut a = args(&dir.0, &metrics, &extra);
-                a.extend(["--backend", "tcp"].map(String::from));
-                spawn_rank(&a, rank, 2, port)
-            })
-            .collect();
-        for (rank, child) in ranks.into_iter().enumerate() {
-            check_ok(
-                &child.wait_with_output().unwrap(),
-                &format!("tcp rank {rank}"),
-            );
+        let outs = run_ranks(2, |rank| {
+            let metrics = dir.0.join(format!("tcp-{stage}-{rank}.jsonl"));
+            let mut a = args(&dir.0, &metrics, &extra);
+            a.extend(["--backend", "tcp"].map(String::from));
+            a
+        });
+        for (rank, out) in outs.iter().enumerate() {
+            check_ok(out, &format!("tcp rank {rank}"));
         }
         let want = losses(&local_metrics);
         assert_eq!(want.len(), 3, "stage {stage}: {want:?}");
@@ -206,21 +213,13 @@ fn the_global_batch_divides_into_the_launchers_ranks_not_the_world_size_flag() {
     let metrics = dir.0.join("m.jsonl");
     let mut a = args(&dir.0, &metrics, &["--backend", "tcp"]);
     set_flag(&mut a, "--batch-size", "3");
-    let port = free_port();
-    let ranks: Vec<Child> = (0..3).map(|rank| spawn_rank(&a, rank, 3, port)).collect();
-    for (rank, child) in ranks.into_iter().enumerate() {
-        check_ok(
-            &child.wait_with_output().unwrap(),
-            &format!("tcp rank {rank}"),
-        );
+    for (rank, out) in run_ranks(3, |_| a.clone()).iter().enumerate() {
+        check_ok(out, &format!("tcp rank {rank}"));
     }
     assert_eq!(losses(&metrics).len(), 3);
     // And a batch that does not divide into them is refused once they have joined.
     set_flag(&mut a, "--batch-size", "4");
-    let port = free_port();
-    let ranks: Vec<Child> = (0..3).map(|rank| spawn_rank(&a, rank, 3, port)).collect();
-    for child in ranks {
-        let out = child.wait_with_output().unwrap();
+    for out in run_ranks(3, |_| a.clone()) {
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(
             !out.status.success() && err.contains("world_size 3 = 3"),
