@@ -160,7 +160,7 @@ impl TrainArgs {
 fn derive_batch_size(config: &mut TrainConfig, explicit: &[String]) {
     let given = explicit.iter().any(|k| k == "batch_size");
     if !given && config.backend == crate::config::Backend::Local {
-        config.batch_size = config.micro_batch_size.saturating_mul(config.world_size);
+        config.batch_size = config.one_micro_batch_per_rank();
     }
 }
 

@@ -357,8 +357,14 @@ impl TrainConfig {
     /// Micro-steps per optimizer step on each rank (after [`validate`](Self::validate), the
     /// global batch is a whole multiple of `micro_batch_size * world_size`).
     pub fn grad_accum_steps(&self) -> usize {
-        let per_micro_step = self.micro_batch_size.saturating_mul(self.world_size).max(1);
-        self.batch_size / per_micro_step
+        self.batch_size / self.one_micro_batch_per_rank().max(1)
+    }
+
+    /// Sequences in a global batch of one micro-batch per rank: the global batch a run takes
+    /// when none is given (with the local backend; see `TrainArgs::merge`) and `zero-train
+    /// plan` takes, since the global batch changes no rank's memory.
+    pub fn one_micro_batch_per_rank(&self) -> usize {
+        self.micro_batch_size.saturating_mul(self.world_size)
     }
 
     /// The model shape this configuration asks for: the shape of the `--init-from` file when

@@ -25,17 +25,6 @@ pub struct StagePlan {
     pub formula: f64,
 }
 
-/// `cfg` with the global batch of one micro-batch per rank: what a plan takes when no
-/// `--batch-size` is given, since the global batch changes no rank's memory (gradient
-/// accumulation reuses the micro-step's buffers).
-#[must_use]
-pub fn with_one_micro_batch_per_rank(cfg: TrainConfig) -> TrainConfig {
-    TrainConfig {
-        batch_size: cfg.micro_batch_size.saturating_mul(cfg.world_size),
-        ..cfg
-    }
-}
-
 /// The plans of every stage for `cfg`'s model, batch, precision, world size and options
 /// (activation checkpointing and offload, buckets, prefetch). The activations are the CPU
 /// backend's: a GPU backend adds its kernel scratch.

@@ -102,9 +102,9 @@ fn plan_config(
     if args.explicit_keys()?.iter().any(|k| k == "batch_size") {
         args.resolve()
     } else {
-        Ok(zero_train::plan_report::with_one_micro_batch_per_rank(
-            args.merge()?,
-        ))
+        let mut cfg = args.merge()?;
+        cfg.batch_size = cfg.one_micro_batch_per_rank();
+        Ok(cfg)
     }
 }
 
