@@ -4,7 +4,8 @@
 #
 #   1. cargo test --workspace              (no MPI needed: the `mpi` feature is off)
 #   2. every CUDA kernel compiled by NVRTC for sm_80 and sm_90 (scripts/nvrtc-check.sh: the
-#      NVRTC library comes from a PyPI wheel; no GPU needed)
+#      NVRTC library comes from a PyPI wheel; no GPU needed), and scripts/gpu-check.sh's
+#      packaging checked without a GPU (scripts/check-gpu-dry-run.sh)
 #   3. zero-train's safetensors export read back by Hugging Face's `safetensors` package and
 #      numpy (from PyPI, into a cache folder) and compared with its llm.c export
 #   4. the MPI backend (feature `mpi`): OpenMPI, its headers and libclang (rsmpi's bindgen)
@@ -27,6 +28,9 @@ cargo test --workspace
 
 echo "== NVRTC: every CUDA kernel source"
 bash scripts/nvrtc-check.sh
+
+echo "== the GPU check's packaging, without a GPU (dry run, spent budget, stand-in binaries)"
+bash scripts/check-gpu-dry-run.sh
 
 echo "== safetensors export read by Hugging Face's reader"
 bash scripts/check-export.sh

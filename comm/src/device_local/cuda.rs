@@ -35,7 +35,8 @@ pub const REDUCE_PROGRAM: Program = Program {
     functions: &REDUCE_KERNELS,
     options: BITWISE_OPTIONS,
 };
-static REDUCE_SET: KernelSet = KernelSet {
+/// The device-local reduction as the kernel set zero-alloc loads (and `zero-cubins` builds ahead).
+pub static REDUCE_SET: KernelSet = KernelSet {
     name: "zero-comm device_local",
     programs: &[REDUCE_PROGRAM],
 };
