@@ -2,6 +2,14 @@
 //!
 //! The arena owns one `CudaSlice<u8>` and orders every copy on its own stream, so cudarc's
 //! per-slice event tracking is turned off: it would only add events to a single-stream user.
+//!
+//! The allocation is the arena's `len` bytes followed by a move scratch of
+//! `min(len, MOVE_SCRATCH)` bytes that no block ever covers: a defragmentation that moves a
+//! block down by a short distance stages it through the scratch ([`crate::move_plan`]), so a
+//! 100 MB block moved by 256 B takes 50 copies, not 400k. (Rejected: borrowing free arena space
+//! as the scratch; the only free space during a move is the `distance` bytes below the block,
+//! which is exactly what is short.) The scratch is device memory the arena's `Stats` do not
+//! count: at most 4 MiB per CUDA arena, beside its capacity.
 
 use std::sync::Arc;
 
@@ -11,6 +19,7 @@ use cudarc::driver::{
 
 use crate::error::{AllocError, Result};
 use crate::libraries::CudaLibrary;
+use crate::move_plan::{plan_move_down, At};
 
 /// Maps a driver error to the crate error, keeping the CUDA code in the message.
 pub(crate) fn cuda_err(what: &'static str) -> impl Fn(DriverError) -> AllocError {
@@ -27,6 +36,9 @@ pub(crate) fn context(ordinal: usize) -> Result<Arc<CudaContext>> {
     CudaContext::new(ordinal).map_err(cuda_err("CudaContext::new"))
 }
 
+/// The most device memory a CUDA arena holds beside its capacity, as the scratch of its moves.
+pub(crate) const MOVE_SCRATCH: usize = 4 << 20;
+
 /// One device allocation and the stream that orders its copies.
 #[derive(Debug)]
 pub(crate) struct DeviceRegion {
@@ -37,6 +49,8 @@ pub(crate) struct DeviceRegion {
     _buf: CudaSlice<u8>,
     base: sys::CUdeviceptr,
     len: usize,
+    // The move scratch starts at `base + len`.
+    scratch_len: usize,
 }
 
 impl DeviceRegion {
@@ -49,8 +63,9 @@ impl DeviceRegion {
         unsafe { ctx.disable_event_tracking() };
         let stream = ctx.default_stream();
         let copy_stream = ctx.new_stream().map_err(cuda_err("new_stream"))?;
+        let scratch_len = MOVE_SCRATCH.min(len);
         let buf = stream
-            .alloc_zeros::<u8>(len.max(1))
+            .alloc_zeros::<u8>((len + scratch_len).max(1))
             .map_err(cuda_err("alloc_zeros"))?;
         let base = {
             let (ptr, _sync) = buf.device_ptr(&stream);
@@ -62,6 +77,7 @@ impl DeviceRegion {
             _buf: buf,
             base,
             len,
+            scratch_len,
         })
     }
 
@@ -69,31 +85,36 @@ impl DeviceRegion {
         self.base
     }
 
-    /// Moves `len` bytes down from `src` to `dst` (offsets). A device memcpy of overlapping
-    /// ranges is undefined, so the move goes in ascending chunks no longer than the distance:
-    /// each chunk's destination only covers bytes already copied.
+    /// Moves `len` bytes down from `src` to `dst` (offsets), ranges possibly overlapping. A
+    /// device memcpy of overlapping ranges is undefined, so the move runs
+    /// [`plan_move_down`]'s copies, whose ranges never overlap, in order on the arena's stream.
+    /// Not run on a GPU.
     pub(crate) fn move_down(&self, src: usize, dst: usize, len: usize) -> Result<()> {
         assert!(
             dst < src && src + len <= self.len,
             "device move out of range"
         );
         self.bind()?;
-        let step = src - dst;
-        let mut done = 0;
-        while done < len {
-            let n = step.min(len - done);
-            // SAFETY: both ranges lie inside the allocation (asserted) and do not overlap
-            // (n <= src - dst); the copy is ordered on the arena's own stream.
+        let scratch = self.base + self.len as u64;
+        let address = |at| match at {
+            At::Region(offset) => self.base + offset as u64,
+            At::Scratch => scratch,
+        };
+        for step in plan_move_down(src, dst, len, self.scratch_len) {
+            // SAFETY: region ranges lie inside the arena's bytes (asserted: every planned
+            // range is within `dst..src + len`), a scratch range within the `scratch_len`
+            // bytes after them (a step never exceeds `scratch_len` when it touches the
+            // scratch); a step's two ranges do not overlap (the plan's guarantee, tested on
+            // the host); the steps run in order on the arena's own stream.
             unsafe {
                 cu::memcpy_dtod_async(
-                    self.base + (dst + done) as u64,
-                    self.base + (src + done) as u64,
-                    n,
+                    address(step.to),
+                    address(step.from),
+                    step.len,
                     self.stream.cu_stream(),
                 )
             }
             .map_err(cuda_err("memcpy_dtod_async"))?;
-            done += n;
         }
         Ok(())
     }

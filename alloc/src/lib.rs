@@ -45,6 +45,12 @@ mod lend;
 #[cfg(feature = "cuda")]
 mod libraries;
 mod memory;
+// Pure planning, compiled (and tested) without the feature; only the CUDA arena runs a plan.
+#[cfg_attr(
+    not(feature = "cuda"),
+    allow(dead_code, reason = "only the CUDA arena's moves run a plan")
+)]
+mod move_plan;
 pub mod nvrtc;
 mod offload;
 mod pinned;
