@@ -18,7 +18,8 @@ use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut};
 pub struct Slot([u32; 0]);
 
 /// `addr`, or a dangling aligned address for an empty allocation whose address is 0: a
-/// view of no elements is never passed to a kernel that reads it.
+/// view of no elements is never passed to a kernel that reads it. The one rule for empty
+/// views: `of`, `of_mut` and `empty` all go through it, so no view is ever made at address 0.
 ///
 /// # Panics
 /// On a null address with a non-zero length (cudarc never hands one out).
@@ -44,13 +45,32 @@ macro_rules! device_view {
             /// `addr` must be a non-zero multiple of 4 and, for the lifetime `'a`, the start
             /// of `len` live device elements that nothing else writes while the view is
             /// used (or reads, for a `&mut` view).
+            ///
+            /// # Panics
+            /// On an address of 0 or one not a multiple of 4 (for no elements, use
+            /// [`Self::empty`]).
             pub unsafe fn from_raw<'a>(addr: u64, len: usize) -> &'a mut Self {
+                // A null or misaligned reference is undefined behaviour even to zero bytes;
+                // two compares per view turn a broken caller into a panic instead.
+                assert!(
+                    addr != 0 && addr % std::mem::align_of::<Slot>() as u64 == 0,
+                    "device view at address {addr:#x}: must be non-zero and 4-aligned"
+                );
                 let ptr = std::ptr::slice_from_raw_parts_mut(addr as usize as *mut Slot, len);
                 // SAFETY: Slot is zero-sized with alignment 4, so the slice spans no bytes;
                 // the caller guarantees addr is non-null and 4-aligned, which is all a
                 // reference to zero bytes needs. $name is repr(transparent) over [Slot], so
                 // the cast keeps the fat pointer's metadata.
                 unsafe { &mut *(ptr as *mut Self) }
+            }
+
+            /// A view of no elements (at `non_null`'s dangling aligned address), for a
+            /// buffer that has no allocation.
+            #[must_use]
+            pub fn empty<'a>() -> &'a mut Self {
+                // SAFETY: `non_null(0, 0)` is non-zero and 4-aligned, and a view of no
+                // elements covers no device memory, so nothing can alias or outlive it.
+                unsafe { Self::from_raw(non_null(0, 0), 0) }
             }
 
             /// A read-only view of `s`; `stream` first waits for `s`'s last write (cudarc's
@@ -195,6 +215,20 @@ mod tests {
     fn an_empty_allocation_at_address_zero_gets_an_aligned_dangling_address() {
         assert_eq!(non_null(0, 0), 4);
         assert_eq!(non_null(0x100, 3), 0x100);
+    }
+
+    #[test]
+    fn empty_views_have_no_elements_at_a_non_null_aligned_address() {
+        let (f, ids) = (DeviceSlice::empty(), DeviceIds::empty());
+        assert_eq!((f.len(), f.addr()), (0, 4));
+        assert_eq!((ids.len(), ids.addr()), (0, 4));
+    }
+
+    #[test]
+    #[should_panic(expected = "must be non-zero and 4-aligned")]
+    fn a_view_at_address_zero_panics_rather_than_making_a_null_reference() {
+        // SAFETY: deliberately broken (address 0); `from_raw` must refuse it.
+        let _ = unsafe { DeviceSlice::from_raw(0, 0) };
     }
 
     #[test]
