@@ -8,6 +8,7 @@ use std::time::Instant;
 use cudarc::driver::CudaContext;
 use cudarc::nccl::sys;
 
+use super::abort::abort_raw;
 use super::comm::{available, new_id, unavailable, NcclComm, UniqueId};
 use super::ffi::{self, driver_error, nccl_error, ConfigV2_17};
 use super::handle::{poll_until, Handle, Stop};
@@ -57,8 +58,9 @@ impl NcclComm {
         let deadline = Instant::now() + config.timeout;
         // SAFETY: S1 (`raw` was just created), S2 (it has not left this thread).
         if let Err(stop) = unsafe { poll_until(raw, deadline, || Ok(true)) } {
-            // SAFETY: S1: `raw` is not used after this.
-            let _ = unsafe { sys::ncclCommAbort(raw) };
+            // SAFETY: S1: `raw` is not used after this. A failed abort is logged there;
+            // the error returned is why the join failed.
+            let _logged = unsafe { abort_raw(raw) };
             return Err(match stop {
                 Stop::Failed(code) => nccl_error("ncclCommInitRankConfig", code),
                 Stop::Other(e) => e,

@@ -15,7 +15,9 @@
 //! 3. the communicator is non-blocking, so poll `ncclCommGetAsyncError` until the launch has
 //!    left `ncclInProgress`;
 //! 4. record an event on the stream: the [`NcclWork`] completes when it does; waiting polls the
-//!    event and `ncclCommGetAsyncError`, and past the group's timeout aborts the communicator.
+//!    event and `ncclCommGetAsyncError`, and past the group's timeout aborts the communicator
+//!    (`abort.rs`, every abort's one path: an abort in progress is polled to its end, bounded
+//!    in time, and a failed or unfinished one is logged and returned).
 //!
 //! Soundness, which every `// SAFETY:` comment in this module cites:
 //! - S1 (live handle): the raw `ncclComm_t` is used only between its successful creation and
@@ -35,6 +37,7 @@
 //!
 //! Nothing in this module has run on a GPU yet (see `docs/nccl.md`).
 
+mod abort;
 mod comm;
 mod enqueue;
 mod ffi;
