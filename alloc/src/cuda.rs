@@ -1,7 +1,7 @@
 //! CUDA device memory behind an arena (feature `cuda`).
 //!
-//! The arena owns one `CudaSlice<u8>` and orders every copy on its own stream, so cudarc's
-//! per-slice event tracking is turned off: it would only add events to a single-stream user.
+//! The arena owns one `CudaSlice<u8>` and orders every copy on its own stream; its context
+//! comes from [`crate::context::untracked_context`], so cudarc adds no events to it.
 //!
 //! The allocation is the arena's `len` bytes followed by a move scratch of
 //! `min(len, MOVE_SCRATCH)` bytes that no block ever covers: a defragmentation that moves a
@@ -17,8 +17,8 @@ use cudarc::driver::{
     result as cu, sys, CudaContext, CudaSlice, CudaStream, DevicePtr, DriverError,
 };
 
+use crate::context::untracked_context;
 use crate::error::{AllocError, Result};
-use crate::libraries::CudaLibrary;
 use crate::move_plan::{plan_move_down, At};
 
 /// Maps a driver error to the crate error, keeping the CUDA code in the message.
@@ -27,13 +27,6 @@ pub(crate) fn cuda_err(what: &'static str) -> impl Fn(DriverError) -> AllocError
         what,
         message: format!("{err:?}"),
     }
-}
-
-/// Opens the context of `ordinal`, after checking the driver library exists (cudarc panics
-/// when it does not).
-pub(crate) fn context(ordinal: usize) -> Result<Arc<CudaContext>> {
-    CudaLibrary::Driver.require()?;
-    CudaContext::new(ordinal).map_err(cuda_err("CudaContext::new"))
 }
 
 /// The most device memory a CUDA arena holds beside its capacity, as the scratch of its moves.
@@ -55,12 +48,10 @@ pub(crate) struct DeviceRegion {
 
 impl DeviceRegion {
     pub(crate) fn new(ordinal: usize, len: usize) -> Result<Self> {
-        let ctx = context(ordinal)?;
-        // SAFETY: event tracking orders other streams' uses of the allocation after its
-        // stream-ordered allocation and zeroing on `stream`. Every other stream that touches
-        // the region orders itself after `stream` (it waits for it from the host, or on an
-        // event recorded on it) before using an address, which gives the same ordering.
-        unsafe { ctx.disable_event_tracking() };
+        // Untracked (`crate::context`): every other stream that touches the region orders
+        // itself after `stream` (it waits for it from the host, or on an event recorded on
+        // it) before using an address, so it also comes after the allocation and zeroing.
+        let ctx = untracked_context(ordinal)?;
         let stream = ctx.default_stream();
         let copy_stream = ctx.new_stream().map_err(cuda_err("new_stream"))?;
         let scratch_len = MOVE_SCRATCH.min(len);
@@ -223,7 +214,7 @@ pub(crate) fn register_host(region: &mut crate::memory::HostRegion, ordinal: usi
     let Some((ptr, len)) = region.mapping() else {
         return Ok(());
     };
-    let ctx = context(ordinal)?;
+    let ctx = untracked_context(ordinal)?;
     ctx.bind_to_thread().map_err(cuda_err("bind_to_thread"))?;
     let ptr = ptr.cast::<std::ffi::c_void>();
     // SAFETY: `ptr..ptr + len` is the region's own anonymous mapping, in whole pages (mmap

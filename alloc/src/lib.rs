@@ -36,6 +36,8 @@
 mod arena;
 mod config;
 #[cfg(feature = "cuda")]
+pub mod context;
+#[cfg(feature = "cuda")]
 mod cuda;
 mod device;
 mod error;

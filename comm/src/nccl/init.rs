@@ -5,7 +5,6 @@ use std::os::raw::{c_char, c_int};
 use std::rc::Rc;
 use std::time::Instant;
 
-use cudarc::driver::CudaContext;
 use cudarc::nccl::sys;
 
 use super::abort::abort_raw;
@@ -39,7 +38,9 @@ impl NcclComm {
                 what: format!("NCCL rank {rank} of {size}"),
             });
         };
-        let ctx = CudaContext::new(device).map_err(driver_error("cuDevicePrimaryCtxRetain"))?;
+        // Untracked (zero_alloc::context): the caller orders its buffers' other streams (S4).
+        let ctx = zero_alloc::context::untracked_context(device)
+            .map_err(|e| unavailable(format!("GPU {device}: {e}")))?;
         ctx.bind_to_thread()
             .map_err(driver_error("cuCtxSetCurrent"))?;
         let stream = ctx.new_stream().map_err(driver_error("cuStreamCreate"))?;

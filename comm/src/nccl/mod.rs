@@ -9,8 +9,10 @@
 //!
 //! Protocol for one launch (a [`Group`] of one or more collectives) on rank r:
 //! 1. plan each collective from its buffers' lengths (`layout::plan`), taking each device
-//!    pointer on the communicator's stream, which makes that stream wait for the buffer's last
-//!    writer (cudarc's event tracking); [`NcclComm::wait_for`] orders after any other stream;
+//!    pointer on the communicator's stream; the workspace's contexts have cudarc's event
+//!    tracking off (`zero_alloc::context`), so [`NcclComm::wait_for`] orders the launch after
+//!    the buffers' writers on other streams (a buffer from a context with tracking on also
+//!    gets cudarc's wait);
 //! 2. `ncclGroupStart`, enqueue every collective, `ncclGroupEnd`: NCCL fuses them;
 //! 3. the communicator is non-blocking, so poll `ncclCommGetAsyncError` until the launch has
 //!    left `ncclInProgress`;

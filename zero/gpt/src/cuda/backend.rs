@@ -6,7 +6,8 @@
 //! V vocabulary, Vp padded vocabulary.
 //!
 //! Ordering: every launch goes to the backend's one stream, and views are made on that
-//! stream ([`DeviceSlice::of`]), so stream order alone sequences the kernels. Errors: the
+//! stream ([`DeviceSlice::of`]), so stream order alone sequences the kernels. The context is
+//! untracked (`zero_alloc::context`): views record no cudarc events. Errors: the
 //! trait's methods return nothing (the CPU kernels cannot fail), so a failed launch is
 //! recorded and the first one is returned by the next [`CudaBackend::synchronize`], as
 //! cudarc reports errors raised inside `Drop`. Buffers of the wrong length are caller bugs
@@ -18,9 +19,7 @@
 use std::sync::{Arc, Mutex, PoisonError};
 
 use cudarc::cublas::CudaBlas;
-use cudarc::driver::{
-    CudaContext, CudaSlice, CudaStream, DevicePtrMut, LaunchConfig, PushKernelArg,
-};
+use cudarc::driver::{CudaSlice, CudaStream, DevicePtrMut, LaunchConfig, PushKernelArg};
 
 use super::attention_gemm::{AttentionScratch, AttentionShape};
 use super::device::{DeviceIds, DeviceSlice};
@@ -95,7 +94,8 @@ impl CudaBackend {
 
     fn build(ordinal: usize, default_stream: bool) -> Result<Self> {
         super::available()?;
-        let ctx = CudaContext::new(ordinal).map_err(driver_err("cuCtxCreate"))?;
+        // Untracked (zero_alloc::context): views carry no events; the stream orders.
+        let ctx = zero_alloc::context::untracked_context(ordinal)?;
         let stream = if default_stream {
             ctx.default_stream()
         } else {

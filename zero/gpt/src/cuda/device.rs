@@ -7,10 +7,16 @@
 //! for free. (Rejected: a `[f32]` holding a device address, which Rust may assume it can
 //! read.) Views are made only from a borrow of a cudarc `CudaSlice`, so the memory outlives
 //! the view, and `&mut` views only from `&mut CudaSlice`, so a mutable view is unique.
+//!
+//! Ordering: a view is made before the kernel that uses it is launched, so it must not record
+//! cudarc's read/write events (they would mark a point before the kernel). `of` and `of_mut`
+//! take slices of untracked contexts only (`zero_alloc::context::untracked_context`,
+//! asserted), whose pointer guards record nothing; kernels on the view's stream see the
+//! slice by stream order, and other streams order themselves by that module's O1 to O3.
 
 use std::ops::Range;
 
-use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut};
+use cudarc::driver::{CudaContext, CudaSlice, CudaStream, DevicePtr, DevicePtrMut};
 
 /// A zero-sized stand-in for one 4-byte device element.
 #[derive(Debug)]
@@ -29,6 +35,15 @@ fn non_null(addr: u64, len: usize) -> u64 {
     }
     assert_eq!(len, 0, "null device address for {len} elements");
     std::mem::align_of::<Slot>() as u64
+}
+
+/// Panics unless `ctx` has cudarc's event tracking off (see the module's ordering note).
+fn assert_untracked(ctx: &CudaContext) {
+    assert!(
+        !ctx.is_event_tracking(),
+        "device views need a context from zero_alloc::context::untracked_context: \
+         cudarc's events would be recorded when the view is made, before its kernel runs"
+    );
 }
 
 macro_rules! device_view {
@@ -73,10 +88,16 @@ macro_rules! device_view {
                 unsafe { Self::from_raw(non_null(0, 0), 0) }
             }
 
-            /// A read-only view of `s`; `stream` first waits for `s`'s last write (cudarc's
-            /// event tracking), so kernels launched on `stream` see its contents.
+            /// A read-only view of `s` for kernels launched on `stream`. It records no event
+            /// and waits for none: `s`'s writers are ordered before those kernels by stream
+            /// order (see the module's ordering note).
+            ///
+            /// # Panics
+            /// If `s`'s context has cudarc's event tracking on.
             pub fn of<'a>(s: &'a CudaSlice<$elem>, stream: &'a CudaStream) -> &'a Self {
-                let (addr, _record_read) = s.device_ptr(stream);
+                assert_untracked(s.context());
+                // Untracked: the guard neither waits nor records, it only lends the address.
+                let (addr, _no_event) = s.device_ptr(stream);
                 let addr = non_null(addr, s.len());
                 // SAFETY: cudarc allocations are 256-byte aligned (non_null handles the empty
                 // one) and hold
@@ -86,9 +107,13 @@ macro_rules! device_view {
             }
 
             /// A mutable view of `s` (see [`Self::of`]).
+            ///
+            /// # Panics
+            /// As [`Self::of`].
             pub fn of_mut<'a>(s: &'a mut CudaSlice<$elem>, stream: &'a CudaStream) -> &'a mut Self {
+                assert_untracked(s.context());
                 let len = s.len();
-                let (addr, _record_write) = s.device_ptr_mut(stream);
+                let (addr, _no_event) = s.device_ptr_mut(stream);
                 let addr = non_null(addr, len);
                 // SAFETY: as in `of`, and the view borrows `s` mutably, so it is unique.
                 unsafe { Self::from_raw(addr, len) }
