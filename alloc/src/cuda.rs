@@ -114,10 +114,7 @@ impl DeviceRegion {
     /// act on the current context, and an arena may be used from a thread that never bound
     /// it.
     fn bind(&self) -> Result<()> {
-        self.stream
-            .context()
-            .bind_to_thread()
-            .map_err(cuda_err("bind_to_thread"))
+        Ok(crate::context::bind(self.stream.context())?)
     }
 
     /// Copies host bytes into the region at `offset`, ordered on the default (arena) stream.
@@ -215,7 +212,7 @@ pub(crate) fn register_host(region: &mut crate::memory::HostRegion, ordinal: usi
         return Ok(());
     };
     let ctx = untracked_context(ordinal)?;
-    ctx.bind_to_thread().map_err(cuda_err("bind_to_thread"))?;
+    crate::context::bind(&ctx)?;
     let ptr = ptr.cast::<std::ffi::c_void>();
     // SAFETY: `ptr..ptr + len` is the region's own anonymous mapping, in whole pages (mmap
     // maps whole pages), and the region keeps it mapped until after the registration drops.
@@ -231,6 +228,10 @@ impl HostRegistration {
     /// stay mapped (CUDA requires registered memory to be unregistered before it is freed, and
     /// a new mapping at the same address would inherit the stale registration).
     pub(crate) fn unregister(self) -> bool {
+        // An earlier error is not this call's: log it and unregister all the same.
+        if let Err(err) = self.ctx.check_err() {
+            tracing::error!(error = ?err, "an earlier asynchronous CUDA error, reported now");
+        }
         if let Err(err) = self.ctx.bind_to_thread() {
             tracing::error!(error = %err, "cannot bind the context to unregister host memory");
             return false;

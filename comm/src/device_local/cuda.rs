@@ -145,10 +145,8 @@ impl DeviceOps for CudaOps {
     type Event = CudaEvent;
 
     unsafe fn copy(&self, dst: u64, src: u64, bytes: usize) -> Result<()> {
-        self.stream
-            .context()
-            .bind_to_thread()
-            .map_err(driver("cuCtxSetCurrent"))?;
+        zero_alloc::context::bind(self.stream.context())
+            .map_err(crate::error::bind_error("device_local"))?;
         // SAFETY: forwarded from the caller's contract (S1-S4 of `mod.rs`); the stream is live.
         unsafe { result::memcpy_dtod_async(dst, src, bytes, self.stream.cu_stream()) }
             .map_err(driver("cuMemcpyDtoDAsync"))
@@ -165,6 +163,9 @@ impl DeviceOps for CudaOps {
         if elems == 0 {
             return Ok(());
         }
+        // cudarc's launch binds too, but would report an earlier error as the launch's.
+        zero_alloc::context::bind(self.stream.context())
+            .map_err(crate::error::bind_error("device_local"))?;
         let mut sources = Sources([0; MAX_RANKS]);
         sources
             .0

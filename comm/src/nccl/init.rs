@@ -41,8 +41,7 @@ impl NcclComm {
         // Untracked (zero_alloc::context): the caller orders its buffers' other streams (S4).
         let ctx = zero_alloc::context::untracked_context(device)
             .map_err(|e| unavailable(format!("GPU {device}: {e}")))?;
-        ctx.bind_to_thread()
-            .map_err(driver_error("cuCtxSetCurrent"))?;
+        zero_alloc::context::bind(&ctx).map_err(crate::error::bind_error("nccl"))?;
         let stream = ctx.new_stream().map_err(driver_error("cuStreamCreate"))?;
         let scratch = stream
             .alloc_zeros::<f32>(1)

@@ -30,8 +30,7 @@ impl NcclComm {
         let started = Instant::now();
         let raw = h.raw(&desc)?;
         let ctx = self.stream.context();
-        ctx.bind_to_thread()
-            .map_err(driver_error("cuCtxSetCurrent"))?;
+        zero_alloc::context::bind(ctx).map_err(crate::error::bind_error("nccl"))?;
         let stream = ctx.new_stream().map_err(driver_error("cuStreamCreate"))?;
         let scratch = stream
             .alloc_zeros::<f32>(1)

@@ -121,10 +121,8 @@ impl CudaKernels {
                 ),
             });
         }
-        self.stream
-            .context()
-            .bind_to_thread()
-            .map_err(driver("cuCtxSetCurrent"))
+        // An error cudarc recorded earlier is named as such, not as this kernel's.
+        zero_alloc::context::bind(self.stream.context()).map_err(|e| setup(AllocError::from(e)))
     }
 
     /// The device address of `span`'s first element of `elem` bytes, after checking that

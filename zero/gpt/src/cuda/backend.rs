@@ -18,10 +18,10 @@
 
 use std::sync::{Arc, Mutex, PoisonError};
 
-use cudarc::cublas::CudaBlas;
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtrMut, LaunchConfig, PushKernelArg};
 
 use super::attention_gemm::{AttentionScratch, AttentionShape};
+use super::blas_handle::BlasHandle;
 use super::device::{DeviceIds, DeviceSlice};
 use super::gemm::GemmMath;
 use super::geometry::{self as geo, Geometry};
@@ -57,7 +57,7 @@ pub(super) fn driver_err(op: &'static str) -> impl Fn(cudarc::driver::DriverErro
 #[derive(Debug)]
 pub struct CudaBackend {
     stream: Arc<CudaStream>,
-    pub(super) blas: CudaBlas,
+    pub(super) blas: BlasHandle,
     kernels: Arc<LoadedKernels>,
     /// How every matrix product of this backend is computed.
     pub(super) math: GemmMath,
@@ -101,7 +101,7 @@ impl CudaBackend {
         } else {
             ctx.new_stream().map_err(driver_err("cuStreamCreate"))?
         };
-        let blas = CudaBlas::new(Arc::clone(&stream)).map_err(|e| GptError::Cuda {
+        let blas = BlasHandle::new(Arc::clone(&stream)).map_err(|e| GptError::Cuda {
             op: "cublasCreate",
             message: format!("{e:?}"),
         })?;
@@ -177,7 +177,7 @@ impl CudaBackend {
         geometry: Result<Geometry>,
         args: Result<Vec<Arg>>,
     ) {
-        let result = geometry.and_then(|g| {
+        let result = self.bind_context().and(geometry).and_then(|g| {
             let args = args?;
             if g.is_empty() {
                 return Ok(());
@@ -281,6 +281,7 @@ impl CudaBackend {
     }
 
     fn synchronize_stream(&self) -> Result<()> {
+        self.bind_context()?;
         self.stream
             .synchronize()
             .map_err(driver_err("cuStreamSynchronize"))

@@ -65,9 +65,9 @@ impl CudaBackend {
     /// Makes the backend's context current on the calling thread (the raw driver calls
     /// below act on the current context); a failure is recorded and returns false.
     fn bound(&self) -> bool {
-        let r = self.stream().context().bind_to_thread();
+        let r = self.bind_context();
         let ok = r.is_ok();
-        self.record(r.map_err(driver_err("cuCtxSetCurrent")));
+        self.record(r);
         ok
     }
 
