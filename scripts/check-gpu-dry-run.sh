@@ -40,8 +40,9 @@ rc=$(check "$tmp/out1" GPU_CHECK_DRY_RUN=1)
 skipped=$(grep -c ': skipped: dry run' "$tmp/out1/summary.txt" || true)
 [ "$skipped" -ge 25 ] || fail "dry run: $skipped skipped steps, expected every step (>= 25)"
 ! grep -qE 'FAILED|TIMED OUT|passed in' "$tmp/out1/summary.txt" || fail "dry run: a step ran"
-tar -tzf "$tmp/out1/logs.tar.gz" | grep -qx 'summary.txt' || fail "dry run: no summary in the archive"
-tar -tzf "$tmp/out1/logs.tar.gz" | grep -q 'progress.txt' || fail "dry run: no progress.txt"
+listing=$(tar -tzf "$tmp/out1/logs.tar.gz")
+grep -qx 'summary.txt' <<<"$listing" || fail "dry run: no summary in the archive"
+grep -q 'progress.txt' <<<"$listing" || fail "dry run: no progress.txt in the archive"
 echo "dry run: exit 0, $skipped steps skipped, 2 files in OUT"
 
 # 2. Spent budget.

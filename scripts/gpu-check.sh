@@ -21,8 +21,8 @@
 # dry run, which finishes in seconds) or not run (the budget is spent); only FAILED and TIMED
 # OUT make the exit status 1. The logs go to GPU_CHECK_WORK (default $TMPDIR/zero-gpu-check);
 # $OUT (default target/gpu-check) gets at most four files: summary.txt (a line a step, written
-# as it ends, with each training run's figures), failures.txt (the last 60 lines of each
-# failed step's log), bench.txt (zero-bench's tables) and logs.tar.gz (every log, metrics
+# as it ends, with each training run's figures), failures.txt (the first panics and the
+# last 40 lines of each failed step's log), bench.txt (zero-bench's tables) and logs.tar.gz (every log, metrics
 # file, progress.txt, nvidia-smi.txt, gpu-usage.csv, libs.txt, env.txt; rewritten after each
 # step, so a run killed at any moment leaves one).
 # Test hooks: GPU_CHECK_DRY_RUN=1 skips every GPU step even on a GPU; GPU_CHECK_ASSUME_GPU=1
@@ -269,7 +269,13 @@ step() {
     echo "$(stamp) $name: $STEP_HOW" >>"$WORK/progress.txt"
     if [ "$STEP_STATE" != passed ]; then
         FAILED=1
-        { echo "== $name: $STEP_HOW"; tail -n 60 "$WORK/$name.log"; echo; } >>"$OUT/failures.txt"
+        {
+            echo "== $name: $STEP_HOW"
+            # The first panics say why; the tail says where it stopped.
+            grep -m 3 -A 4 'panicked at' "$WORK/$name.log" && echo "-- log ends:"
+            tail -n 40 "$WORK/$name.log"
+            echo
+        } >>"$OUT/failures.txt"
         STEP_HOW="$STEP_HOW (log ends: $(tail -c 2000 "$WORK/$name.log" | tr '\r' '\n' |
             grep -v '^[[:space:]]*$' | tail -n 1 | cut -c 1-200))"
     fi
@@ -288,6 +294,8 @@ test_step() {
         failed=$(grep -E '^test .* \.\.\. FAILED$' "$WORK/$name.log" |
             sed -E 's/^test (.*) \.\.\. FAILED$/\1/' | paste -sd ' ' -)
     fi
+    # The harness's result line says what the log's last line would.
+    [ -z "$result" ] || STEP_HOW="${STEP_HOW%% (log ends:*}"
     note "test $name: $STEP_HOW${result:+; $result}${failed:+; failed: $failed}"
     pack
 }
@@ -313,7 +321,9 @@ detect_gpu() {
         NO_GPU="dry run (GPU_CHECK_DRY_RUN=1)"
     elif [ "${GPU_CHECK_ASSUME_GPU:-0}" = 1 ]; then
         NO_GPU=""
-    elif ! nvidia-smi -L 2>/dev/null | grep -q '^GPU '; then
+    # grep -c reads all of nvidia-smi's output: an early exit (grep -q) could fail the
+    # pipeline with SIGPIPE under pipefail and hide a GPU.
+    elif [ "$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ')" = 0 ]; then
         NO_GPU="no GPU (nvidia-smi lists none)"
     fi
 }

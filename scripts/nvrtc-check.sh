@@ -1,13 +1,21 @@
 #!/usr/bin/env bash
 # Compiles every CUDA kernel source with NVRTC for sm_80 and sm_90, on any machine (no GPU,
 # no CUDA toolkit): NVRTC comes from the PyPI wheel nvidia-cuda-nvrtc-cu12, installed once
-# into a cache folder. Where pip cannot get the wheel, says why and exits 0 (skipped).
+# into a cache folder. Where pip cannot get the wheel, says why and exits 0 (skipped). First
+# it runs the unit tests of the feature-`cuda` code that need no GPU.
 #
 #   bash scripts/nvrtc-check.sh
 #
 # scripts/nvrtc-lib.sh finds or installs the library (ZERO_RS_NVRTC_DIR: its cache folder).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+
+# The unit tests of the code that exists only under feature `cuda` and needs no GPU (the
+# device views, the context owner, the cuBLAS handle's drop policy, NCCL's abort settling):
+# plain `cargo test` never compiles them.
+cargo test -p zero-alloc --features cuda --lib -- context:: cuda:: pinned::
+cargo test -p zero-comm --features cuda --lib -- nccl:: device_local::
+cargo test -p zero-gpt --features cuda --lib -- cuda::
 
 if ! lib=$(bash scripts/nvrtc-lib.sh); then
     echo "nvrtc-check: SKIPPED: no NVRTC library (above: why)"
