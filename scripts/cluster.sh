@@ -59,14 +59,31 @@ rate_bits() {
 # True when cluster `name` has anything on this machine.
 exists() {
   [[ -e $state ]] || ip link show "$bridge" >/dev/null 2>&1 ||
-    ip netns list | grep -q "^$name-h[0-9]"
+    ip netns list | grep -q "^$name-h[0-9]" ||
+    ip -o link show | awk -F': ' '{print $2}' | grep -q "^$name-v[0-9]"
 }
 
-# Removes whatever `up` made (each step tolerates its part being absent already).
+# Removes whatever `up` made (each step tolerates its part being absent already). Processes
+# still running inside the cluster's namespaces (a run that was interrupted: its daemons
+# would wait for an mpirun that is gone) are stopped first, TERM then KILL after 2 s.
 teardown() {
-  local ns
-  for ns in $(ip netns list | awk '{print $1}' | grep -E "^$name-h[0-9]+$" || true); do
-    ip netns delete "$ns" 2>/dev/null || true # also deletes the veth pair
+  local ns namespaces pids
+  namespaces=$(ip netns list | awk '{print $1}' | grep -E "^$name-h[0-9]+$" || true)
+  for signal in TERM KILL; do
+    pids=$(for ns in $namespaces; do ip netns pids "$ns" 2>/dev/null || true; done)
+    [[ -z $pids ]] && break
+    # shellcheck disable=SC2086 # one pid per word
+    kill -s "$signal" $pids 2>/dev/null || true
+    [[ $signal == TERM ]] && sleep 2
+  done
+  for ns in $namespaces; do
+    ip netns delete "$ns" 2>/dev/null || true
+  done
+  # Deleting a namespace deletes its end of the veth pair, and with it the outer end, once
+  # the namespace is gone; one still held by a process keeps them, so they go here.
+  local link
+  for link in $(ip -o link show | awk -F': ' '{print $2}' | cut -d@ -f1 | grep -E "^$name-v[0-9]+$" || true); do
+    ip link delete "$link" 2>/dev/null || true
   done
   ip link delete "$bridge" 2>/dev/null || true
   rm -rf "$state"
@@ -106,6 +123,10 @@ if [[ -z \$ns ]]; then
   echo "cluster.sh agent: \$host is not a host of cluster $name (see $state/hosts)" >&2
   exit 1
 fi
+# Each host has its own temporary directory, as separate machines would: OpenMPI keeps its
+# session directories there, named after the hostname, which all namespaces share.
+mkdir -p "$state/tmp/\$ns"
+export TMPDIR="$state/tmp/\$ns"
 exec ip netns exec "\$ns" /bin/sh -c "\$*"
 EOF
   chmod +x "$state/agent"
@@ -187,9 +208,18 @@ launch() {
     --mca pml ob1 --mca btl tcp,self
     --mca btl_tcp_if_include "$subnet.0/24" --mca oob_tcp_if_include "$subnet.0/24")
   if [[ $(id -u) == 0 ]]; then flags+=(--allow-run-as-root); fi
+  # The ranks' thread count and logging, when set, reach every host.
+  local var
+  for var in RAYON_NUM_THREADS RUST_LOG RUST_BACKTRACE; do
+    if [[ -n ${!var:-} ]]; then flags+=(-x "$var"); fi
+  done
   # More ranks than hosts share a host: they still use TCP (no shared memory), as asked.
   if ((np > hosts)); then flags+=(--oversubscribe); fi
-  timeout --kill-after=10 "${ZERO_CLUSTER_TIMEOUT:-3600}" mpirun "${flags[@]}" "$@"
+  # mpirun's own session directory apart too (the launching machine's /tmp is shared with
+  # every other mpirun on it).
+  mkdir -p "$state/tmp/mpirun"
+  TMPDIR=$state/tmp/mpirun timeout --kill-after=10 "${ZERO_CLUSTER_TIMEOUT:-3600}" \
+    mpirun "${flags[@]}" "$@"
 }
 
 # Parses the leading --hostfile / --np options of bench and run into globals; the rest of
