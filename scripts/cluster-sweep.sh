@@ -23,16 +23,7 @@ work=$(mktemp -d)
 trap 'rm -rf "$work"; scripts/cluster.sh down >/dev/null 2>&1 || true' EXIT
 
 # A token file of vocabulary 512 (a repeating pattern with noise), in llm.c's format.
-python3 - "$work" <<'EOF'
-import random, struct, sys
-random.seed(5)
-toks = [(i % 37) if random.random() < 0.8 else random.randrange(512) for i in range(200000)]
-for name, part in (("val.bin", toks[:20000]), ("train.bin", toks[20000:])):
-    header = [0] * 256
-    header[:3] = [20240520, 1, len(part)]
-    with open(f"{sys.argv[1]}/{name}", "wb") as f:
-        f.write(struct.pack("<256i", *header) + struct.pack(f"<{len(part)}H", *part))
-EOF
+python3 scripts/synthetic-tokens.py "$work" 512
 model=(--model tiny --layers 2 --dim 256 --heads 4 --vocab 512 --seq-len 64
   --micro-batch-size 4 --steps 6 --sample-tokens 0 --eval-every 0 --data "$work")
 

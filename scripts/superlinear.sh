@@ -30,9 +30,9 @@ trains() {
     --steps 1 --memory-limit "$cap" >"$work/log" 2>&1
 }
 
-# Median tokens/s of steps 2-5 of one rank alone at micro-batch $1 (no cap).
+# Median tokens/s of steps 2-10 of one rank alone at micro-batch $1 (no cap).
 alone() {
-  "$zt" "${model[@]}" --world-size 1 --micro-batch-size "$1" --batch-size "$1" --steps 5 \
+  "$zt" "${model[@]}" --world-size 1 --micro-batch-size "$1" --batch-size "$1" --steps 10 \
     --metrics "$work/alone.jsonl" >/dev/null 2>&1
   python3 -c '
 import json, statistics, sys

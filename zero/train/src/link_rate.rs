@@ -37,7 +37,7 @@ const UNITS: [(&str, f64); 10] = [
 
 /// The range accepted: what a token bucket on a veth can be set to, give or take.
 const MIN_BITS: f64 = 8e3;
-const MAX_BITS: f64 = 1e13;
+const MAX_BITS: f64 = 1e12;
 
 impl LinkRate {
     /// The rate in bits per second.
@@ -82,7 +82,7 @@ impl FromStr for LinkRate {
         let value: f64 = digits.parse().map_err(|_| err("unreadable number"))?;
         let bits_per_s = value * scale;
         if !(MIN_BITS..=MAX_BITS).contains(&bits_per_s) {
-            return Err(err("out of range: from 8kbit to 10tbit"));
+            return Err(err("out of range: from 8kbit to 1tbit"));
         }
         Ok(Self { bits_per_s })
     }
