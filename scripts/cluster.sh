@@ -256,8 +256,20 @@ cmd_bench() {
   [[ $# -ge 1 ]] || die "usage: cluster.sh bench OP [zero-bench flags]"
   local bin
   bin=$(binary ZERO_BENCH zero-bench)
+  # Defaults for the sizes and iterations the caller did not give (zero-bench, like clap,
+  # refuses a flag given twice).
+  local defaults=() flag short long value given arg
+  for flag in "-b --minbytes 1M" "-e --maxbytes 64M" "-f --stepfactor 4" "-n --iters 5" \
+    "-w --warmup_iters 1"; do
+    read -r short long value <<<"$flag"
+    given=0
+    for arg in "${@:2}"; do
+      [[ $arg == "$short" || $arg == "$long" || $arg == "$long="* ]] && given=1
+    done
+    ((given)) || defaults+=("$short" "$value")
+  done
   echo "# cluster '$name': $np ranks on $hosts hosts, links at $(cat "$state/rate")"
-  launch "$bin" "$1" -b 1M -e 64M -f 4 -n 5 -w 1 "${@:2}" --backend mpi
+  launch "$bin" "$1" "${defaults[@]}" "${@:2}" --backend mpi
 }
 
 cmd_run() {
