@@ -70,13 +70,21 @@ for run in "fp32 0" "fp32 1" "fp32 2" "fp32 3" "bf16 3"; do
   one=("${args[@]}" --precision "$precision" --zero-stage "$stage")
   timeout 300 "$zt" "${one[@]}" --backend local --world-size 2 \
     --metrics "$work/local.jsonl" >"$work/log" 2>&1 || { cat "$work/log"; fail "local run failed"; }
+  into_host0=/sys/class/net/zt-v0/statistics/tx_bytes # the bridge's end: what host 0 receives
+  before=$(cat "$into_host0")
   "$cluster" run -- "${one[@]}" --metrics "$work/hosts.jsonl" >"$work/log" 2>&1 ||
     { cat "$work/log"; fail "run across the hosts failed"; }
+  # The collectives' bytes crossed host 0's emulated link (no shared memory between hosts):
+  # at least what rank 0's communicator counted as received over the 3 steps.
+  link=$(($(cat "$into_host0") - before))
+  counted=$(grep -o '"bytes_received":[0-9.e+]*' "$work/hosts.jsonl" | head -n1 | cut -d: -f2)
+  awk -v l="$link" -v c="$counted" 'BEGIN { exit !(c > 0 && l >= 3 * c) }' ||
+    fail "$precision stage $stage: host 0's link carried $link bytes, less than the $counted x 3 its rank received"
   local_losses=$(grep -o '"loss":[^,]*' "$work/local.jsonl")
   host_losses=$(grep -o '"loss":[^,]*' "$work/hosts.jsonl")
   if [[ -z $local_losses || $local_losses != "$host_losses" ]]; then
     diff <(echo "$local_losses") <(echo "$host_losses") >&2 || true
     fail "$precision stage $stage: losses across 2 hosts differ from the local backend"
   fi
-  echo "$precision stage $stage: $(wc -l <<<"$host_losses") losses across 2 emulated hosts equal to the bit"
+  echo "$precision stage $stage: $(wc -l <<<"$host_losses") losses across 2 emulated hosts equal to the bit; host 0's link carried $link bytes (its rank counted $counted received per step)"
 done

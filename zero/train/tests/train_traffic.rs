@@ -108,3 +108,64 @@ fn stage_three_plans_more_traffic_than_stage_zero_and_the_same_for_stages_one_tw
     assert_eq!(e[1], e[2]);
     assert!(e[3] > e[1] && e[3] < 2 * e[1], "{e:?}");
 }
+
+/// `zero-train plan` with the tiny preset on 2 ranks and `extra` flags: (success, stdout,
+/// stderr).
+fn plan(extra: &[&str]) -> (bool, String, String) {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_zero-train"))
+        .args(["plan", "--model", "tiny", "--seq-len", "16"])
+        .args(["--world-size", "2", "--micro-batch-size", "1"])
+        .args(extra)
+        .output()
+        .unwrap();
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into(),
+        String::from_utf8_lossy(&out.stderr).into(),
+    )
+}
+
+#[test]
+fn the_plan_prices_each_stages_bytes_at_the_link_rate() {
+    let (ok, text, err) = plan(&["--link-rate", "250mbit"]);
+    assert!(ok, "{text}{err}");
+    let table = text
+        .split("communication per step at --link-rate 250 Mbit/s")
+        .nth(1)
+        .unwrap_or_else(|| panic!("no link table in {text}"));
+    let rows: Vec<Vec<&str>> = table
+        .lines()
+        .filter(|l| l.starts_with(|c: char| c.is_ascii_digit()))
+        .map(|l| l.split(" | ").collect())
+        .collect();
+    assert_eq!(rows.len(), 4, "{table}");
+    for row in rows {
+        // "12.34 KiB" sent at 250e6 bit/s, against the printed "x.y ms".
+        let (value, unit) = row[2].split_once(' ').unwrap();
+        let scale = match unit {
+            "KiB" => 1024.0,
+            "MiB" => 1024.0 * 1024.0,
+            other => panic!("unit {other} in {row:?}"),
+        };
+        let bytes: f64 = value.parse::<f64>().unwrap() * scale;
+        let ms: f64 = row[4].split(' ').next().unwrap().parse().unwrap();
+        let want = bytes * 8.0 / 250e6 * 1e3;
+        assert!(
+            (ms - want).abs() <= 0.06 + want * 0.01,
+            "{row:?}: want {want} ms"
+        );
+    }
+}
+
+#[test]
+fn a_link_rate_that_cannot_be_parsed_is_refused_by_name() {
+    for bad in ["fast", "1e9bit", "-1gbit", "0mbit"] {
+        // `=`: clap would read "-1gbit" as a flag of its own.
+        let (ok, text, err) = plan(&[&format!("--link-rate={bad}")]);
+        assert!(!ok && text.is_empty(), "{bad}: {text}");
+        assert!(
+            err.contains("--link-rate") && err.contains("invalid link rate"),
+            "{bad}: {err}"
+        );
+    }
+}
