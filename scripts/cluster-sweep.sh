@@ -2,7 +2,8 @@
 # Traffic against time on emulated hosts (docs/mpi.md, "Several hosts, emulated"): zero-train
 # over MPI across 2 and 4 hosts of scripts/cluster.sh at each link rate, every stage, stage 3
 # also without prefetch; beside each run the compute-only step time (one rank alone), the
-# traffic's time at the link rate, and zero-train plan's estimate. Prints a markdown table.
+# traffic's time at the link rate, zero-train plan's estimate, and whether the run's losses equal
+# the local backend's to the bit. Prints a markdown table.
 #
 #   scripts/cluster-sweep.sh [RATE...]          (default: 1gbit 250mbit)
 #
@@ -57,15 +58,15 @@ compute_only() {
   wait "${pids[@]}"
   summary "$work/alone-0.jsonl" | cut -d' ' -f1
 }
-declare -A alone
+declare -A alone local_losses
 for hosts in 2 4; do
   alone[$hosts]=$(compute_only "$hosts")
   echo "compute only, $hosts single-rank runs at once (micro-batch 4 x 64): ${alone[$hosts]} ms per step"
 done
 echo
 echo "load average at the start: $(cut -d' ' -f1-3 /proc/loadavg)"
-echo "| hosts | link | stage | prefetch | sent/rank/step (MB) | received (MB) | on paper (ms) | plan (ms) | step (ms) | compute only (ms) | step - compute (ms) | hidden |"
-echo "|---:|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|"
+echo "| hosts | link | stage | prefetch | sent/rank/step (MB) | received (MB) | on paper (ms) | plan (ms) | step (ms) | compute only (ms) | step - compute (ms) | hidden | losses = local |"
+echo "|---:|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---|"
 for rate in "${rates[@]}"; do
   scripts/cluster.sh up 4 "$rate" >/dev/null
   bits=$(scripts/cluster.sh rate-bits "$rate")
@@ -77,13 +78,24 @@ for rate in "${rates[@]}"; do
         --batch-size $((4 * hosts)) --zero-stage "$stage" --prefetch-units "$prefetch" \
         --metrics "$work/run.jsonl" >"$work/log" 2>&1 || { cat "$work/log" >&2; exit 1; }
       read -r step sent received < <(summary "$work/run.jsonl")
+      # The same run on the local backend (once per configuration): losses equal to the bit?
+      key="$hosts-$stage-$prefetch"
+      if [[ -z ${local_losses[$key]:-} ]]; then
+        "$zt" "${model[@]}" --world-size "$hosts" --batch-size $((4 * hosts)) \
+          --zero-stage "$stage" --prefetch-units "$prefetch" --metrics "$work/local.jsonl" \
+          >/dev/null 2>&1
+        local_losses[$key]=$(grep -o '"loss":[^,]*' "$work/local.jsonl" | paste -sd' ')
+      fi
+      same=NO
+      [[ $(grep -o '"loss":[^,]*' "$work/run.jsonl" | paste -sd' ') == "${local_losses[$key]}" ]] &&
+        same=yes
       plan=$(plan_ms "$stage" "$rate" "$hosts")
       awk -v h="$hosts" -v r="$rate" -v st="$stage" -v p="$prefetch" -v s="$sent" \
-        -v v="$received" -v b="$bits" -v plan="$plan" -v step="$step" -v c="${alone[$hosts]}" 'BEGIN {
+        -v v="$received" -v b="$bits" -v plan="$plan" -v step="$step" -v c="${alone[$hosts]}" -v same="$same" 'BEGIN {
         paper = (s > v ? s : v) * 8 / b * 1e3
-        printf "| %d | %s | %d | %s | %.2f | %.2f | %.1f | %s | %.1f | %.1f | %.1f | %.0f%% |\n",
+        printf "| %d | %s | %d | %s | %.2f | %.2f | %.1f | %s | %.1f | %.1f | %.1f | %.0f%% | %s |\n",
           h, r, st, (p > 0 ? "on" : "off"), s / 1e6, v / 1e6, paper, plan, step, c,
-          step - c, 100 * (c + paper - step) / paper }'
+          step - c, 100 * (c + paper - step) / paper, same }'
     done
   done
   scripts/cluster.sh down >/dev/null

@@ -74,7 +74,7 @@ teardown() {
     [[ -z $pids ]] && break
     # shellcheck disable=SC2086 # one pid per word
     kill -s "$signal" $pids 2>/dev/null || true
-    [[ $signal == TERM ]] && sleep 2
+    if [[ $signal == TERM ]]; then sleep 2; fi
   done
   for ns in $namespaces; do
     ip netns delete "$ns" 2>/dev/null || true
@@ -91,7 +91,7 @@ teardown() {
 
 # Makes host $1 (0-based) with link rate $2 (tc syntax, or `unlimited`).
 make_host() {
-  local i=$1 rate=$2 ns=$name-h$1 outer=$name-v$1 ip=$subnet.$(($1 + 1))
+  local rate=$2 ns=$name-h$1 outer=$name-v$1 ip=$subnet.$(($1 + 1))
   ip netns add "$ns"
   ip link add "$outer" type veth peer name eth0 netns "$ns"
   ip link set "$outer" master "$bridge" up
@@ -189,7 +189,7 @@ check_hostfile() {
   local file=$1 count=0 host ns
   [[ -f $file ]] || die "hostfile '$file' does not exist"
   while read -r host _; do
-    [[ -z $host || $host == \#* ]] && continue
+    if [[ -z $host || $host == \#* ]]; then continue; fi
     ns=$(awk -v h="$host" '$1 == h {print $2}' "$state/hosts")
     [[ -n $ns ]] || die "hostfile $file: host '$host' is not a host of cluster '$name' ($(awk '{print $1}' "$state/hosts" | paste -sd' ')); it cannot be reached"
     ip -n "$ns" -4 addr show dev eth0 2>/dev/null | grep -q "inet $host/" ||
