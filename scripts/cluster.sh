@@ -101,7 +101,10 @@ make_host() {
   if [[ $rate != unlimited ]]; then
     # Both directions of the host's link: what it sends leaves eth0, what it receives leaves
     # the bridge through its outer end. A bucket of 10 ms at the rate (at least 64 KiB, so a
-    # GSO segment fits) holds the rate within a few percent; netem's delay is not used.
+    # GSO segment fits) holds sustained traffic to the rate; a message of about the bucket's
+    # size can pass above it (1 MiB all-reduces at 103-105% of 1 Gbit/s). Rejected: a 1 ms
+    # bucket, which holds every size under the rate but cost 20-35% of the link at every size
+    # (docs/mpi.md). netem's delay is not used.
     local burst=$(($(rate_bits "$rate") / 800))
     ((burst >= 65536)) || burst=65536
     ip netns exec "$ns" tc qdisc add dev eth0 root tbf rate "$rate" burst "$burst" latency 50ms

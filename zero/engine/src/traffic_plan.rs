@@ -84,6 +84,8 @@ impl Traffic {
     /// each way for reduce-scatter and all-gather, twice that for all-reduce): what crosses
     /// the rank's link.
     pub fn ring_bytes(&self, world: usize, dtype: DType) -> (u64, u64) {
+        // zero-comm multiplies an op's bytes by N - 1 unchecked; counts that could overflow
+        // that (past 10^15 elements at 1024 ranks) are beyond any model the trainer accepts.
         let op = |kind, count: u64| OpDesc {
             seq: 0,
             kind,
