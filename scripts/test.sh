@@ -40,7 +40,8 @@ if [[ "${ZERO_SKIP_MPI:-0}" == 1 ]]; then
 fi
 
 # --- MPI -------------------------------------------------------------------------------
-mpi_packages=(openmpi-bin libopenmpi-dev libclang-dev)
+# iproute2 (ip, tc) for the emulated hosts of scripts/cluster-check.sh.
+mpi_packages=(openmpi-bin libopenmpi-dev libclang-dev iproute2)
 missing=()
 for p in "${mpi_packages[@]}"; do
   if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
@@ -51,7 +52,7 @@ if ((${#missing[@]})); then
   sudo=()
   if [[ "$(id -u)" != 0 ]]; then sudo=(sudo); fi
   if ! command -v apt-get >/dev/null 2>&1; then
-    echo "test.sh: install ${missing[*]} (OpenMPI, its headers, libclang) or set ZERO_SKIP_MPI=1" >&2
+    echo "test.sh: install ${missing[*]} (OpenMPI, its headers, libclang, iproute2) or set ZERO_SKIP_MPI=1" >&2
     exit 1
   fi
   echo "== installing ${missing[*]}"
