@@ -11,7 +11,10 @@
 #   4. the MPI backend (feature `mpi`): OpenMPI, its headers and libclang (rsmpi's bindgen)
 #      are installed from apt when missing, then the shared conformance suite runs as one
 #      process and under `mpirun -np 2` and `-np 4`, each bounded by `timeout`; then the
-#      engine's staging check (mpi_staging) and zero-train over MPI against the local backend.
+#      engine's staging check (mpi_staging) and zero-train over MPI against the local backend;
+#      then zero-train across 2 emulated hosts (scripts/cluster-check.sh: network namespaces
+#      with rate-limited links; skipped, saying why, where namespaces cannot be made) and
+#      scripts/cluster.sh's answers to bad input.
 #
 # ZERO_SKIP_MPI=1 skips step 4 (for machines where MPI cannot be installed). Steps 2 and 3 say
 # why they skipped where pip cannot fetch their packages.
@@ -41,7 +44,8 @@ if [[ "${ZERO_SKIP_MPI:-0}" == 1 ]]; then
 fi
 
 # --- MPI -------------------------------------------------------------------------------
-mpi_packages=(openmpi-bin libopenmpi-dev libclang-dev)
+# iproute2 (ip, tc) for the emulated hosts of scripts/cluster-check.sh.
+mpi_packages=(openmpi-bin libopenmpi-dev libclang-dev iproute2)
 missing=()
 for p in "${mpi_packages[@]}"; do
   if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
@@ -52,7 +56,7 @@ if ((${#missing[@]})); then
   sudo=()
   if [[ "$(id -u)" != 0 ]]; then sudo=(sudo); fi
   if ! command -v apt-get >/dev/null 2>&1; then
-    echo "test.sh: install ${missing[*]} (OpenMPI, its headers, libclang) or set ZERO_SKIP_MPI=1" >&2
+    echo "test.sh: install ${missing[*]} (OpenMPI, its headers, libclang, iproute2) or set ZERO_SKIP_MPI=1" >&2
     exit 1
   fi
   echo "== installing ${missing[*]}"
@@ -144,3 +148,7 @@ for precision in fp32 bf16; do
     echo "$precision stage $stage: $(echo "$mpi_losses" | wc -l) losses equal to the bit"
   done
 done
+
+# --- zero-train across emulated hosts: namespaces, 1 Gbit/s links, OpenMPI's TCP transport --
+echo "== zero-train across 2 emulated hosts (scripts/cluster.sh) against the local backend"
+bash scripts/cluster-check.sh "$zt"

@@ -5,7 +5,7 @@ use super::bridge::{activation_arena_bytes, gpt_schedule, gpt_units, ActivationP
 use super::bytesize::{ByteSize, ByteSizeError};
 use super::config::TrainConfig;
 use super::error::TrainError;
-use zero::{plan_memory, MemoryPlan, PlanShape, Precision, ZeroStage};
+use zero::{plan_memory, plan_traffic, MemoryPlan, PlanShape, Precision, Traffic, ZeroStage};
 use zero_gpt::{GptConfig, ParamLayout};
 
 /// A training configuration as far as one rank's memory depends on it.
@@ -70,6 +70,23 @@ impl MemoryQuery {
             ..self.shape
         };
         Ok(plan_memory(&gpt_units(&layout), &schedule, shape)?)
+    }
+
+    /// Elements each rank hands to collectives over one optimizer step of `micro_steps`
+    /// micro-steps: the engine's own count ([`zero::Engine::traffic`]) replayed from the
+    /// GPT's schedule, without running it.
+    ///
+    /// # Errors
+    /// A plan error (zero ranks, overflow).
+    pub fn traffic(&self, micro_steps: u64) -> Result<Traffic, TrainError> {
+        let layout = ParamLayout::new(&self.model);
+        let schedule = gpt_schedule(&layout, self.placement.checkpoint_every);
+        Ok(plan_traffic(
+            &gpt_units(&layout),
+            &schedule,
+            self.shape,
+            micro_steps,
+        )?)
     }
 
     /// The same query at `stage` with checkpointing `every` (offload as asked).

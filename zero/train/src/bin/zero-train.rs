@@ -50,7 +50,17 @@ enum Command {
     /// paper's formula, without training. It takes every training flag, so a run's command
     /// line can be planned as is; those that change no rank's memory (--steps, --lr, --save,
     /// ...) are checked and otherwise ignored.
-    Plan(Box<TrainArgs>),
+    Plan(Box<PlanArgs>),
+}
+
+#[derive(clap::Args)]
+struct PlanArgs {
+    /// Also price each stage's traffic per step on a link of this rate each way (tc's
+    /// units, as `scripts/cluster.sh up` takes them: 1gbit, 250mbit, 100mbps).
+    #[arg(long, value_name = "RATE")]
+    link_rate: Option<zero_train::link_rate::LinkRate>,
+    #[command(flatten)]
+    train: TrainArgs,
 }
 
 fn main() -> ExitCode {
@@ -71,9 +81,11 @@ fn main() -> ExitCode {
             val_fraction,
         }) => prepare(&text, &out, val_fraction),
         Some(Command::Export(args)) => export(&args),
-        Some(Command::Plan(args)) => plan_config(&args)
+        Some(Command::Plan(args)) => plan_config(&args.train)
             .map_err(|e| e.to_string())
-            .and_then(|cfg| zero_train::plan_report::plan_table(&cfg).map_err(|e| e.to_string()))
+            .and_then(|cfg| {
+                zero_train::plan_report::plan_table(&cfg, args.link_rate).map_err(|e| e.to_string())
+            })
             .map(|table| print!("{table}")),
         None => cli
             .train
