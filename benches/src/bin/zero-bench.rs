@@ -52,6 +52,8 @@ enum Device {
 /// bandwidths in decimal GB/s).
 #[derive(Debug, Parser)]
 #[command(name = "zero-bench", version)]
+// A flag given twice takes its last value (nccl-tests and GNU tools do the same).
+#[command(args_override_self = true)]
 struct Args {
     /// The collective.
     op: Op,

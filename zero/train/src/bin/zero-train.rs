@@ -21,6 +21,9 @@ use zero_train::{train, TrainArgs};
     about = "Train GPT-2 with ZeRO stages 0-3"
 )]
 #[command(args_conflicts_with_subcommands = true)]
+// A flag given twice takes its last value, as argparse, torchrun and GNU tools do, so a
+// wrapper's defaults (scripts/train.sh) can be overridden on its command line.
+#[command(args_override_self = true)]
 struct Cli {
     #[command(subcommand)]
     command: Option<Command>,
@@ -50,6 +53,7 @@ enum Command {
     /// paper's formula, without training. It takes every training flag, so a run's command
     /// line can be planned as is; those that change no rank's memory (--steps, --lr, --save,
     /// ...) are checked and otherwise ignored.
+    #[command(args_override_self = true)]
     Plan(Box<PlanArgs>),
 }
 
