@@ -232,9 +232,13 @@ note() { echo "$*" | tee -a "$OUT/summary.txt"; }
 
 # Packs every log, metrics file and the summary into $OUT/logs.tar.gz, replacing the last
 # archive only once the new one is whole: a run killed at any moment leaves one.
+# tar's exit status 1 is "a file changed as it was read" (gpu-usage.csv grows each second):
+# the archive is whole all the same.
 pack() {
-    tar -czf "$OUT/logs.tar.gz.part" -C "$WORK" . -C "$OUT" summary.txt 2>/dev/null &&
-        mv -f "$OUT/logs.tar.gz.part" "$OUT/logs.tar.gz"
+    local rc=0
+    tar -czf "$OUT/logs.tar.gz.part" --warning=no-file-changed -C "$WORK" . -C "$OUT" \
+        summary.txt 2>/dev/null || rc=$?
+    [ "$rc" -le 1 ] && mv -f "$OUT/logs.tar.gz.part" "$OUT/logs.tar.gz"
 }
 
 # Runs step $1 with its log in $WORK/$1.log, in $WORK, for at most $2 seconds, cut to what
