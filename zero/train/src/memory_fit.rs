@@ -211,16 +211,20 @@ pub fn launcher_local_size(var: impl Fn(&str) -> Option<String>) -> Option<usize
 /// machine whose memory reads small at first and grows as it is used. A byte count (`100G`).
 pub const HOST_MEMORY_VAR: &str = "ZERO_HOST_MEMORY";
 
+/// [`HOST_MEMORY_VAR`]'s text, when it is set and not empty (an empty one counts as unset).
+fn host_memory_var() -> Option<String> {
+    std::env::var(HOST_MEMORY_VAR).ok().filter(|v| !v.is_empty())
+}
+
 /// The byte count [`HOST_MEMORY_VAR`] states, if it is set.
 ///
 /// # Errors
 /// When it is set to something that is not a byte count. `zero-train` and `zero-bench` check
 /// this at start-up, so [`host_available_bytes`] can rely on it.
 pub fn host_memory_override() -> Result<Option<u64>, ByteSizeError> {
-    match std::env::var(HOST_MEMORY_VAR) {
-        Ok(text) => text.parse::<ByteSize>().map(|b| Some(b.0)),
-        Err(_) => Ok(None),
-    }
+    host_memory_var()
+        .map(|text| text.parse::<ByteSize>().map(|b| b.0))
+        .transpose()
 }
 
 /// The memory this machine can give without swapping: [`HOST_MEMORY_VAR`] where set, else
@@ -237,7 +241,7 @@ pub fn host_available_bytes() -> Option<u64> {
 /// What [`host_available_bytes`] read, for messages: the variable's name or `MemAvailable`.
 #[must_use]
 pub fn host_memory_name() -> &'static str {
-    if std::env::var_os(HOST_MEMORY_VAR).is_some() {
+    if host_memory_var().is_some() {
         HOST_MEMORY_VAR
     } else {
         "MemAvailable"

@@ -484,4 +484,7 @@ fn zero_host_memory_replaces_memavailable_and_a_value_that_is_no_byte_count_is_r
     assert!(!ok && stderr.contains("ZERO_HOST_MEMORY"), "{stderr}");
     let (ok, stderr) = run("64G");
     assert!(ok, "{stderr}");
+    // Empty is unset, as shells write it: MemAvailable is read.
+    let (ok, stderr) = run("");
+    assert!(ok, "{stderr}");
 }
