@@ -117,9 +117,10 @@ impl TrainConfig {
     /// [`ConfigError::OutOfRange`] naming `comm_timeout`.
     pub fn comm_config(&self) -> Result<zero_comm::Config, ConfigError> {
         in_range("comm_timeout", self.comm_timeout, 1, MAX_COMM_TIMEOUT_S)?;
-        Ok(zero_comm::Config::with_timeout(
-            std::time::Duration::from_secs(self.comm_timeout),
-        ))
+        Ok(zero_comm::Config {
+            checksums: self.comm_checksums,
+            ..zero_comm::Config::with_timeout(std::time::Duration::from_secs(self.comm_timeout))
+        })
     }
 
     fn validate_batch(&self) -> Result<(), ConfigError> {
@@ -144,6 +145,7 @@ impl TrainConfig {
     /// [`ConfigError::OutOfRange`] naming `world_size`, `micro_batch_size` or `batch_size`.
     pub fn validate_world(&self) -> Result<(), ConfigError> {
         in_range("world_size", self.world_size, 1, MAX_RANKS)?;
+        self.validate_faults()?;
         self.validate_batch_sizes()?;
         let Some(per_micro_step) = self.micro_batch_size.checked_mul(self.world_size) else {
             return Err(out_of_range(
@@ -178,6 +180,24 @@ impl TrainConfig {
         Ok(())
     }
 
+    /// Every `--inject-fault` names a rank of the world and a step the run takes: a fault
+    /// that can never fire is a typo.
+    fn validate_faults(&self) -> Result<(), ConfigError> {
+        for spec in &self.inject_fault {
+            if spec.rank >= self.world_size || spec.step >= self.steps {
+                return Err(out_of_range(
+                    "inject_fault",
+                    spec,
+                    format!(
+                        "rank below the world size {} and step below --steps {}",
+                        self.world_size, self.steps
+                    ),
+                ));
+            }
+        }
+        Ok(())
+    }
+
     fn validate_batch_sizes(&self) -> Result<(), ConfigError> {
         in_range(
             "micro_batch_size",
@@ -194,6 +214,7 @@ impl TrainConfig {
             ("warmup_steps", self.warmup_steps),
             ("eval_every", self.eval_every),
             ("save_every", self.save_every),
+            ("fingerprint_every", self.fingerprint_every),
         ] {
             in_range(key, value, 0, MAX_STEPS)?;
         }

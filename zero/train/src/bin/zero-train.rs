@@ -7,6 +7,8 @@
 //! zero-train export --from SRC --to FILE      a model file (safetensors or llm.c) out of a
 //!                                             training state or another model file
 //! zero-train plan [FLAGS]                     each rank's memory at every stage, untrained
+//! zero-train launch --nproc-per-node N [--max-restarts K] [--min-nproc M] -- FLAGS
+//!                                             N rank processes, restarted from --save on failure
 //! ```
 
 use clap::{Parser, Subcommand};
@@ -51,6 +53,10 @@ enum Command {
     /// line can be planned as is; those that change no rank's memory (--steps, --lr, --save,
     /// ...) are checked and otherwise ignored.
     Plan(Box<TrainArgs>),
+    /// Start --nproc-per-node rank processes (TCP backend, torchrun's variables) and restart
+    /// them all from the newest complete state of --save when one fails, up to
+    /// --max-restarts times (docs/faults.md).
+    Launch(zero_train::elastic::LaunchArgs),
 }
 
 fn main() -> ExitCode {
@@ -71,6 +77,7 @@ fn main() -> ExitCode {
             val_fraction,
         }) => prepare(&text, &out, val_fraction),
         Some(Command::Export(args)) => export(&args),
+        Some(Command::Launch(args)) => zero_train::elastic::launch(&args),
         Some(Command::Plan(args)) => plan_config(&args)
             .map_err(|e| e.to_string())
             .and_then(|cfg| zero_train::plan_report::plan_table(&cfg).map_err(|e| e.to_string()))

@@ -1,0 +1,312 @@
+//! Faults injected on purpose, and the checks that name them.
+//!
+//! A caller arms a [`Fault`] on its communicator ([`Communicator::inject`]); the fault fires
+//! at the first collective at or after it was armed whose kind and sequence number match.
+//! What it does (one hook in [`execute`](crate::communicator), so every backend sees the
+//! same faults):
+//!
+//! 1. `Kill`: a rank that shares its process with others (the `local` backend's threads)
+//!    drops out of the group as a killed process's sockets would close, and its call fails
+//!    with [`CommError::Injected`]; a rank that is its own process (TCP, MPI) prints one line
+//!    naming the fault and exits with status 137, a SIGKILL's status in a shell.
+//! 2. `Hang`: the rank stops answering inside the collective for twice the group's timeout
+//!    (so its peers time out first), then leaves with [`CommError::Injected`].
+//! 3. `Slow`: the rank sleeps before every matching collective; nothing fails.
+//! 4. `Corrupt`: once the collective has completed, the rank flips the top mantissa bit of
+//!    the middle element of its result, as a bad receive would. By default it picks the first
+//!    collective whose result every rank holds whole (all-reduce, all-gather, broadcast), so
+//!    that checksums and fingerprints can see it.
+//!
+//! With [`Config::checksums`](crate::Config::checksums), every collective whose result every
+//! rank holds whole is followed by a 32-byte all-gather of each rank's 64-bit hash of its
+//! result; ranks whose hash differs from the majority's are named in [`CommError::Corrupt`].
+//! (Reduce-scatter and reduce leave each rank a different result, so there is nothing to
+//! compare across ranks: they are not checked.)
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::backend::Leave;
+use crate::communicator::{lock, run_unchecked, Collective, Communicator, Inner};
+use crate::dtype::Element;
+use crate::error::{CommError, Result};
+use crate::op::{OpDesc, OpKind};
+
+/// Exit status of a rank process that an injected `Kill` ends (128 + SIGKILL).
+pub const KILLED_EXIT_STATUS: i32 = 137;
+
+/// What an injected fault does; see the module documentation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FaultAction {
+    /// The rank dies.
+    Kill,
+    /// The rank stops answering.
+    Hang,
+    /// The rank sleeps this long before each matching collective.
+    Slow(Duration),
+    /// The rank flips a bit of one collective's result.
+    Corrupt,
+}
+
+impl FaultAction {
+    /// Its name in messages (`kill`, `hang`, `slow`, `corrupt`).
+    pub fn name(self) -> &'static str {
+        match self {
+            FaultAction::Kill => "kill",
+            FaultAction::Hang => "hang",
+            FaultAction::Slow(_) => "slow",
+            FaultAction::Corrupt => "corrupt",
+        }
+    }
+}
+
+/// A fault to fire at a collective of this rank.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Fault {
+    /// What it does.
+    pub action: FaultAction,
+    /// Only this kind of collective (`None`: any; for `Corrupt`, any whose result is whole
+    /// on every rank).
+    pub op: Option<OpKind>,
+    /// Only collectives with at least this sequence number.
+    pub min_seq: u64,
+}
+
+impl Fault {
+    /// True when the fault fires at `desc`.
+    pub fn matches(&self, desc: &OpDesc) -> bool {
+        let kind_ok = match (self.op, self.action) {
+            (Some(kind), _) => kind == desc.kind,
+            (None, FaultAction::Corrupt) => replicated_result(desc.kind),
+            (None, _) => true,
+        };
+        kind_ok && desc.seq >= self.min_seq
+    }
+}
+
+/// True for collectives after which every rank holds the same whole result.
+pub(crate) fn replicated_result(kind: OpKind) -> bool {
+    matches!(
+        kind,
+        OpKind::AllReduce | OpKind::AllGather | OpKind::Broadcast
+    )
+}
+
+/// A fault armed on one communicator, with what it needs to fire.
+#[derive(Debug)]
+pub(crate) struct Armed {
+    pub fault: Fault,
+    pub leave: Arc<dyn Leave>,
+    pub timeout: Duration,
+    pub backend: &'static str,
+}
+
+/// Runs the armed fault's `Kill`, `Hang` or `Slow` before `desc` reaches the backend;
+/// `Corrupt` waits for the result ([`corrupt_result`]). A fault that fires once is disarmed.
+pub(crate) fn before_op(armed: &mut Option<Armed>, rank: usize, desc: &OpDesc) -> Result<()> {
+    let Some(a) = armed.take() else {
+        return Ok(());
+    };
+    let injected = |action: FaultAction| CommError::Injected {
+        fault: action.name(),
+        rank,
+        op: desc.kind,
+        seq: desc.seq,
+    };
+    if !a.fault.matches(desc) {
+        *armed = Some(a);
+        return Ok(());
+    }
+    match a.fault.action {
+        FaultAction::Slow(pause) => {
+            std::thread::sleep(pause);
+            *armed = Some(a);
+            Ok(())
+        }
+        FaultAction::Corrupt => {
+            *armed = Some(a);
+            Ok(())
+        }
+        FaultAction::Kill => {
+            if !shares_process(a.backend) {
+                eprintln!("zero-comm: {}: exiting", injected(FaultAction::Kill));
+                std::process::exit(KILLED_EXIT_STATUS);
+            }
+            a.leave.leave(false);
+            Err(injected(FaultAction::Kill))
+        }
+        FaultAction::Hang => {
+            std::thread::sleep(a.timeout.saturating_mul(2));
+            a.leave.leave(false);
+            Err(injected(FaultAction::Hang))
+        }
+    }
+}
+
+/// True for backends whose ranks are threads of one process.
+fn shares_process(backend: &str) -> bool {
+    matches!(backend, "local" | "device_local")
+}
+
+/// Fires an armed `Corrupt` at `desc`: flips bit 22 (the top mantissa bit of an f32, exact
+/// through bf16 and f16) of the middle element of `values`, via `flip`. Disarms it.
+pub(crate) fn corrupt_result(
+    armed: &mut Option<Armed>,
+    desc: &OpDesc,
+    len: usize,
+    flip: impl FnOnce(usize),
+) {
+    let fires = armed
+        .as_ref()
+        .is_some_and(|a| a.fault.action == FaultAction::Corrupt && a.fault.matches(desc));
+    if fires && len > 0 {
+        *armed = None;
+        flip(len / 2);
+    }
+}
+
+impl Communicator {
+    /// Arms `fault` on this rank: it fires at the first later collective it matches (see
+    /// [`crate::fault`]); a fault armed before replaces it.
+    pub fn inject(&self, fault: Fault) {
+        self.drain();
+        lock(&self.inner).fault = Some(Armed {
+            fault,
+            leave: Arc::clone(&self.leave),
+            timeout: self.config().timeout,
+            backend: self.backend(),
+        });
+    }
+
+    /// Every rank's `value`, in rank order (one all-gather of four f32 words per rank).
+    /// Collective.
+    ///
+    /// # Errors
+    /// As [`Communicator::all_gather`].
+    pub fn gather_hashes(&self, value: u64) -> Result<Vec<u64>> {
+        self.drain();
+        gather_hashes(&mut lock(&self.inner), value)
+    }
+}
+
+/// Every rank's `value`, in rank order, on `inner`'s group, without result checks.
+fn gather_hashes(inner: &mut Inner, value: u64) -> Result<Vec<u64>> {
+    let words = hash_to_words(value);
+    let mut all = vec![0f32; 4 * inner.backend.size()];
+    run_unchecked(inner, Collective::AllGather, Some(&words[..]), &mut all)?;
+    Ok(all.chunks(4).map(words_to_hash).collect())
+}
+
+/// Compares `result`'s hash across ranks after `desc`: [`CommError::Corrupt`] naming the
+/// ranks that differ from the majority.
+pub(crate) fn check_result<T: Element>(
+    inner: &mut Inner,
+    desc: &OpDesc,
+    result: &[T],
+) -> Result<()> {
+    let mine = hash_f32_bits(result.iter().map(|v| v.to_f32()));
+    let ranks = outliers(&gather_hashes(inner, mine)?);
+    if ranks.is_empty() {
+        return Ok(());
+    }
+    Err(CommError::Corrupt {
+        op: desc.kind,
+        seq: desc.seq,
+        rank: inner.backend.rank(),
+        ranks,
+        history: Box::new(lock(&inner.recorder).history.clone()),
+    })
+}
+
+/// FNV-1a over the 32-bit patterns of `values` (halves widened exactly to f32 first).
+pub fn hash_f32_bits(values: impl IntoIterator<Item = f32>) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for v in values {
+        for byte in v.to_bits().to_le_bytes() {
+            h ^= u64::from(byte);
+            h = h.wrapping_mul(0x0100_0000_01b3);
+        }
+    }
+    h
+}
+
+/// A 64-bit value as four f32 words of 16 bits each: every word is an integer below 2^16,
+/// exact in f32, so a collective moves it unchanged whatever the backend does with floats.
+pub fn hash_to_words(h: u64) -> [f32; 4] {
+    std::array::from_fn(|i| ((h >> (16 * i)) & 0xffff) as f32)
+}
+
+/// The inverse of [`hash_to_words`].
+pub fn words_to_hash(words: &[f32]) -> u64 {
+    words
+        .iter()
+        .take(4)
+        .enumerate()
+        .fold(0, |h, (i, w)| h | (u64::from(*w as u16) << (16 * i)))
+}
+
+/// The ranks whose value differs from the value a strict majority of ranks hold; every rank
+/// when no value has a strict majority (two ranks that disagree cannot say which is right);
+/// none when all agree.
+pub fn outliers(values: &[u64]) -> Vec<usize> {
+    let majority = values
+        .iter()
+        .find(|v| 2 * values.iter().filter(|w| w == v).count() > values.len());
+    match majority {
+        Some(m) => (0..values.len()).filter(|&r| values[r] != *m).collect(),
+        None if values.windows(2).all(|w| w[0] == w[1]) => Vec::new(),
+        None => (0..values.len()).collect(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn outliers_name_the_odd_rank_out_or_everyone_without_a_majority() {
+        assert_eq!(outliers(&[5, 5, 5]), Vec::<usize>::new());
+        assert_eq!(outliers(&[5, 7, 5]), vec![1]);
+        assert_eq!(outliers(&[7, 5, 5, 5]), vec![0]);
+        assert_eq!(outliers(&[5, 7]), vec![0, 1]);
+        assert_eq!(outliers(&[1, 1, 2, 2]), vec![0, 1, 2, 3]);
+        assert_eq!(outliers(&[]), Vec::<usize>::new());
+    }
+
+    #[test]
+    fn a_default_corrupt_skips_collectives_whose_results_differ_by_rank() {
+        let fault = Fault {
+            action: FaultAction::Corrupt,
+            op: None,
+            min_seq: 3,
+        };
+        let desc = |seq, kind| OpDesc {
+            seq,
+            kind,
+            dtype: None,
+            count: 4,
+            root: None,
+            op: None,
+        };
+        assert!(!fault.matches(&desc(2, OpKind::AllGather)));
+        assert!(!fault.matches(&desc(3, OpKind::ReduceScatter)));
+        assert!(fault.matches(&desc(3, OpKind::AllGather)));
+        assert!(fault.matches(&desc(9, OpKind::AllReduce)));
+    }
+
+    proptest! {
+        #[test]
+        fn a_hash_survives_its_f32_words(h in any::<u64>()) {
+            prop_assert_eq!(words_to_hash(&hash_to_words(h)), h);
+        }
+
+        #[test]
+        fn one_flipped_bit_changes_the_hash(v in prop::collection::vec(any::<f32>(), 1..64), i in any::<prop::sample::Index>(), bit in 0u32..32) {
+            let i = i.index(v.len());
+            let mut w = v.clone();
+            w[i] = f32::from_bits(w[i].to_bits() ^ (1 << bit));
+            prop_assert_ne!(hash_f32_bits(v), hash_f32_bits(w));
+        }
+    }
+}
