@@ -13,7 +13,8 @@
 //!    (so its peers time out first), then leaves with [`CommError::Injected`].
 //! 3. `Slow`: the rank sleeps before every matching collective; nothing fails.
 //! 4. `Corrupt`: once the collective has completed, the rank flips the top mantissa bit of
-//!    the middle element of its result, as a bad receive would. By default it picks the first
+//!    the largest-magnitude element of its result (never a zero padding element, so the
+//!    change is real), as a bad receive would. By default it picks the first
 //!    collective whose result every rank holds whole (all-reduce, all-gather, broadcast), so
 //!    that checksums and fingerprints can see it.
 //!
@@ -149,19 +150,23 @@ fn shares_process(backend: &str) -> bool {
 }
 
 /// Fires an armed `Corrupt` at `desc`: flips bit 22 (the top mantissa bit of an f32, exact
-/// through bf16 and f16) of the middle element of `values`, via `flip`. Disarms it.
-pub(crate) fn corrupt_result(
+/// through bf16 and f16) of the largest-magnitude element of `result` (the first of equals).
+/// Disarms it.
+pub(crate) fn corrupt_result<T: Element>(
     armed: &mut Option<Armed>,
     desc: &OpDesc,
-    len: usize,
-    flip: impl FnOnce(usize),
+    result: &mut [T],
 ) {
     let fires = armed
         .as_ref()
         .is_some_and(|a| a.fault.action == FaultAction::Corrupt && a.fault.matches(desc));
-    if fires && len > 0 {
+    let largest = (0..result.len()).fold(None, |best: Option<usize>, i| match best {
+        Some(b) if result[b].to_f32().abs() >= result[i].to_f32().abs() => Some(b),
+        _ => Some(i),
+    });
+    if let (true, Some(i)) = (fires, largest) {
         *armed = None;
-        flip(len / 2);
+        result[i] = T::from_f32(f32::from_bits(result[i].to_f32().to_bits() ^ (1 << 22)));
     }
 }
 

@@ -198,7 +198,8 @@ pub enum TrainError {
     /// The cross-rank fingerprint (`--fingerprint-every`) found ranks whose parameters differ
     /// from the majority's.
     #[error(
-        "parameter fingerprint after step {step} (checked on rank {rank}): ranks {ranks:?} hold          parameters unlike the other ranks' (hashes by rank: {hashes})"
+        "parameter fingerprint after step {step} (checked on rank {rank}): ranks {ranks:?} hold \
+         parameters unlike the other ranks' (hashes by rank: {hashes})"
     )]
     Diverged {
         /// The steps completed.
