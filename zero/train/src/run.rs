@@ -223,6 +223,8 @@ fn run_group(cfg: &TrainConfig, mut group: RankGroup) -> Result<RunSummary, Trai
     // Under a launcher the world size has just been replaced by the launcher's.
     cfg.validate()?;
     cfg.validate_world()?;
+    let attempt = crate::fault::attempt_from_env().map_err(crate::error::ConfigError::Invalid)?;
+    cfg.validate_faults(attempt)?;
     let devices = match group.nccl.take() {
         Some(nccl) => vec![nccl],
         None => rank_devices(cfg, group.comms.len())?,
@@ -237,7 +239,7 @@ fn run_group(cfg: &TrainConfig, mut group: RankGroup) -> Result<RunSummary, Trai
             _ => Some(open_tokens(cfg, &model, VAL_FILE)?),
         },
         reporter: Reporter::new(cfg, group.hosts_rank_zero())?,
-        attempt: crate::fault::attempt_from_env().map_err(crate::error::ConfigError::Invalid)?,
+        attempt,
     };
     let results = run_ranks(&shared, group.comms, devices);
     shared.reporter.finish_progress();

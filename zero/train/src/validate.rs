@@ -145,7 +145,6 @@ impl TrainConfig {
     /// [`ConfigError::OutOfRange`] naming `world_size`, `micro_batch_size` or `batch_size`.
     pub fn validate_world(&self) -> Result<(), ConfigError> {
         in_range("world_size", self.world_size, 1, MAX_RANKS)?;
-        self.validate_faults()?;
         self.validate_batch_sizes()?;
         let Some(per_micro_step) = self.micro_batch_size.checked_mul(self.world_size) else {
             return Err(out_of_range(
@@ -180,11 +179,16 @@ impl TrainConfig {
         Ok(())
     }
 
-    /// Every `--inject-fault` names a rank of the world and a step the run takes: a fault
-    /// that can never fire is a typo.
-    fn validate_faults(&self) -> Result<(), ConfigError> {
+    /// Every `--inject-fault` names a step the run takes, and those of launcher attempt
+    /// `attempt` a rank of the world: a fault that can never fire is a typo. (A fault of
+    /// another attempt may name a rank that a shrunk world no longer has.)
+    ///
+    /// # Errors
+    /// [`ConfigError::OutOfRange`] naming the spec.
+    pub fn validate_faults(&self, attempt: u64) -> Result<(), ConfigError> {
         for spec in &self.inject_fault {
-            if spec.rank >= self.world_size || spec.step >= self.steps {
+            let rank_ok = spec.attempt != attempt || spec.rank < self.world_size;
+            if !rank_ok || spec.step >= self.steps {
                 return Err(out_of_range(
                     "inject_fault",
                     spec,

@@ -16,11 +16,35 @@ const STOP_GRACE: Duration = Duration::from_secs(5);
 /// How often the launcher looks at its children.
 const POLL: Duration = Duration::from_millis(20);
 
-/// The first rank that failed in an attempt.
+/// A rank that failed in an attempt.
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct Failure {
     rank: usize,
     status: String,
+    /// Ended by a signal or with a SIGKILL's status (137), not by reporting an error.
+    killed: bool,
+    /// The launcher's poll round that saw it.
+    round: u64,
+}
+
+/// The failures of an attempt in the order that names the cause first: killed ranks before
+/// ranks that exited with an error, since the survivors of a dead peer exit with an error
+/// naming it (and may be reaped first, the order of exits being a race); then by the poll
+/// round that saw them.
+fn cause_first(mut failures: Vec<Failure>) -> Vec<Failure> {
+    failures.sort_by_key(|f| (!f.killed, f.round, f.rank));
+    failures
+}
+
+/// `rank 1 exited with status 137 (killed) (also: rank 0 exited with status 1)`.
+fn describe_failures(failures: &[Failure]) -> String {
+    let text = |f: &Failure| format!("rank {} {}", f.rank, f.status);
+    let mut out = failures.first().map_or_else(String::new, text);
+    if failures.len() > 1 {
+        let rest: Vec<String> = failures[1..].iter().map(text).collect();
+        out.push_str(&format!(" (then: {})", rest.join(", ")));
+    }
+    out
 }
 
 /// Runs the job `args` describes, restarting it as [`decide`] says.
@@ -46,7 +70,7 @@ pub fn launch(args: &LaunchArgs) -> Result<(), String> {
         };
         let flags = rank_flags(&args.train, resume.as_deref());
         let attempt_began = Instant::now();
-        let Err(failure) = run_attempt(&flags, world, restarts)? else {
+        let Err(failures) = run_attempt(&flags, world, restarts)? else {
             eprintln!(
                 "zero-train launch: finished with {world} ranks after {restarts} restart(s) \
                  in {:.1} s",
@@ -55,12 +79,12 @@ pub fn launch(args: &LaunchArgs) -> Result<(), String> {
             return Ok(());
         };
         let what = format!(
-            "attempt {restarts} ({world} ranks) failed after {:.1} s: rank {} {}",
+            "attempt {restarts} ({world} ranks) failed after {:.1} s: {}",
             attempt_began.elapsed().as_secs_f64(),
-            failure.rank,
-            failure.status
+            describe_failures(&failures)
         );
-        match decide(&policy, restarts, world, failure.rank, previous_failed) {
+        let failed_rank = failures.first().map_or(0, |f| f.rank);
+        match decide(&policy, restarts, world, failed_rank, previous_failed) {
             Decision::GiveUp => {
                 return Err(format!(
                     "{what}; the restart budget (--max-restarts {}) is spent",
@@ -79,7 +103,7 @@ pub fn launch(args: &LaunchArgs) -> Result<(), String> {
                     restarts + 1,
                     policy.max_restarts
                 );
-                previous_failed = (next == world).then_some(failure.rank);
+                previous_failed = (next == world).then_some(failed_rank);
                 (world, restarts) = (next, restarts + 1);
             }
         }
@@ -134,7 +158,7 @@ fn rank_flags(train: &[String], resume: Option<&Path>) -> Vec<String> {
 }
 
 /// Starts `world` ranks with `flags` and waits for them: `Ok(Ok(()))` when all succeeded,
-/// `Ok(Err(first failure))` otherwise (the others stopped).
+/// `Ok(Err(failures))` otherwise, cause first (never empty; the others stopped).
 ///
 /// # Errors
 /// The executable, a port or a process that cannot be had.
@@ -142,7 +166,7 @@ fn run_attempt(
     flags: &[String],
     world: usize,
     attempt: u32,
-) -> Result<Result<(), Failure>, String> {
+) -> Result<Result<(), Vec<Failure>>, String> {
     let exe = std::env::current_exe().map_err(|e| format!("cannot find zero-train itself: {e}"))?;
     let port = free_port()?;
     let mut children = Vec::with_capacity(world);
@@ -170,38 +194,56 @@ fn run_attempt(
 }
 
 /// Waits until every rank exited, or one failed and the others had [`STOP_GRACE`] to exit.
-fn watch(mut children: Vec<Child>) -> Result<(), Failure> {
+fn watch(mut children: Vec<Child>) -> Result<(), Vec<Failure>> {
     let mut running = vec![true; children.len()];
-    let mut failure: Option<(Failure, Instant)> = None;
+    let mut failures = Vec::new();
+    let mut first_failed: Option<Instant> = None;
+    let mut round = 0u64;
     while running.iter().any(|&r| r) {
         for (rank, child) in children.iter_mut().enumerate() {
             let exited = running[rank].then(|| child.try_wait());
-            match exited {
-                Some(Ok(Some(status))) => {
+            let (status, killed) = match exited {
+                Some(Ok(Some(status))) if status.success() => {
                     running[rank] = false;
-                    if !status.success() && failure.is_none() {
-                        let status = describe(status);
-                        failure = Some((Failure { rank, status }, Instant::now()));
-                    }
+                    continue;
                 }
-                Some(Err(e)) if failure.is_none() => {
-                    running[rank] = false;
-                    let status = format!("could not be watched: {e}");
-                    failure = Some((Failure { rank, status }, Instant::now()));
-                }
-                _ => {}
-            }
+                Some(Ok(Some(status))) => (describe(status), was_killed(status)),
+                Some(Err(e)) => (format!("could not be watched: {e}"), false),
+                _ => continue,
+            };
+            running[rank] = false;
+            first_failed.get_or_insert_with(Instant::now);
+            failures.push(Failure {
+                rank,
+                status,
+                killed,
+                round,
+            });
         }
-        if failure
-            .as_ref()
-            .is_some_and(|(_, at)| at.elapsed() > STOP_GRACE)
-        {
+        if first_failed.is_some_and(|at| at.elapsed() > STOP_GRACE) {
             stop(&mut children);
             break;
         }
+        round += 1;
         std::thread::sleep(POLL);
     }
-    failure.map_or(Ok(()), |(f, _)| Err(f))
+    if failures.is_empty() {
+        Ok(())
+    } else {
+        Err(cause_first(failures))
+    }
+}
+
+/// True for a status a kill leaves: a signal, or 137 (a SIGKILL as a shell reports it).
+fn was_killed(status: ExitStatus) -> bool {
+    #[cfg(unix)]
+    {
+        use std::os::unix::process::ExitStatusExt;
+        if status.signal().is_some() {
+            return true;
+        }
+    }
+    status.code() == Some(137)
 }
 
 /// Kills every child still running and reaps them all.
@@ -241,11 +283,39 @@ fn free_port() -> Result<u16, String> {
 
 #[cfg(test)]
 mod tests {
-    use super::{flag_value, rank_flags};
+    use super::{cause_first, describe_failures, flag_value, rank_flags, Failure};
     use std::path::Path;
 
     fn strings(v: &[&str]) -> Vec<String> {
         v.iter().map(|s| s.to_string()).collect()
+    }
+
+    fn failure(rank: usize, killed: bool, round: u64) -> Failure {
+        let status = if killed {
+            "was killed"
+        } else {
+            "exited with status 1"
+        };
+        Failure {
+            rank,
+            status: status.into(),
+            killed,
+            round,
+        }
+    }
+
+    #[test]
+    fn the_cause_is_a_killed_rank_before_its_reporting_peers_then_the_first_seen() {
+        let same_round = cause_first(vec![failure(0, false, 3), failure(1, true, 3)]);
+        assert_eq!(
+            describe_failures(&same_round),
+            "rank 1 was killed (then: rank 0 exited with status 1)"
+        );
+        // A peer reaped before the killed rank does not take the blame.
+        let reaped_first = cause_first(vec![failure(0, false, 3), failure(2, true, 4)]);
+        assert_eq!(reaped_first[0].rank, 2);
+        let errors = cause_first(vec![failure(2, false, 4), failure(1, false, 3)]);
+        assert_eq!(errors[0].rank, 1);
     }
 
     #[test]
