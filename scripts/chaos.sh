@@ -8,7 +8,8 @@
 #   3. end with the parameters and Adam moments of the unbroken run (local backend, no
 #      faults), byte for byte, and its last loss.
 #
-#   bash scripts/chaos.sh [SEED] [FAULTS]     (defaults: seed 1, 12 faults; at least 5)
+#   bash scripts/chaos.sh [SEED] [FAULTS]     (defaults: seed 1, 12 faults; at least 5;
+#                                              50 gives 10 of each kind)
 #
 # Bounded in time: each attempt is bounded by --comm-timeout (2 s) and the launcher's
 # 5 s grace, and the whole run by `timeout`.
@@ -39,14 +40,15 @@ flags=(--data "$work/data" --layers 2 --heads 2 --dim 64 --seq-len 32 --steps "$
   --batch-size 4 --micro-batch-size 1 --sample-tokens 0 --eval-every 0 --save-every 1
   --keep-last 2 --comm-timeout 2 --comm-checksums --fingerprint-every 5)
 
-# The faults: every kind once, then random kinds; steps random, sorted, so that each
-# attempt's fault lies at or after the step the attempt resumes from. Failing faults go to
-# attempts 0, 1, 2, ... in order; a slow rank rides along in the attempt of the next one.
-kinds=(kill hang corrupt diverge slow=30)
-for ((i = 5; i < faults; i++)); do kinds+=("$(
-  case $((RANDOM % 5)) in 0) echo kill ;; 1) echo hang ;; 2) echo corrupt ;; 3) echo diverge ;;
-  *) echo slow=$((10 + RANDOM % 40)) ;; esac
-)"); done
+# The faults: the five kinds in turn (50 faults: 10 of each), slow ones with random pauses;
+# steps random, sorted, so that each attempt's fault lies at or after the step the attempt
+# resumes from. Failing faults go to attempts 0, 1, 2, ... in order; a slow rank rides along
+# in the attempt of the next failing one.
+kinds=()
+for ((i = 0; i < faults; i++)); do
+  case $((i % 5)) in 0) kinds+=(kill) ;; 1) kinds+=(hang) ;; 2) kinds+=(corrupt) ;;
+    3) kinds+=(diverge) ;; *) kinds+=("slow=$((10 + RANDOM % 40))") ;; esac
+done
 # Shuffle the kinds, draw sorted steps in 1..steps-1.
 mapfile -t kinds < <(for k in "${kinds[@]}"; do echo "$RANDOM $k"; done | sort -n | cut -d' ' -f2)
 mapfile -t at < <(for ((i = 0; i < faults; i++)); do echo $((1 + RANDOM % (steps - 1))); done |
@@ -72,7 +74,7 @@ timeout 600 "$zt" "${flags[@]}" --backend local --world-size 2 --save "$work/unb
 echo "== the chaos run (zero-train launch, 2 TCP ranks, --max-restarts $restarts)"
 began=$(date +%s)
 status=0
-timeout 900 "$zt" launch --nproc-per-node 2 --max-restarts "$restarts" -- "${flags[@]}" \
+timeout 1800 "$zt" launch --nproc-per-node 2 --max-restarts "$restarts" -- "${flags[@]}" \
   "${inject[@]}" --save "$work/chaos" --metrics "$work/chaos.jsonl" >"$work/chaos.log" 2>&1 ||
   status=$?
 echo "chaos.sh: the launch took $(($(date +%s) - began)) s and exited with $status"

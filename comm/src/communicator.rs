@@ -48,8 +48,8 @@ pub(crate) struct Inner {
     pub backend: Box<dyn Backend>,
     pub seq: u64,
     pub recorder: Arc<Mutex<Recorder>>,
-    /// A fault injected on purpose, waiting for its collective ([`crate::fault`]).
-    pub fault: Option<crate::fault::Armed>,
+    /// Faults injected on purpose, waiting for their collectives ([`crate::fault`]).
+    pub faults: Vec<crate::fault::Armed>,
     /// [`Config::checksums`].
     pub checksums: bool,
 }
@@ -91,7 +91,7 @@ impl Communicator {
             backend,
             seq: 0,
             recorder: Arc::clone(&recorder),
-            fault: None,
+            faults: Vec::new(),
             checksums: config.checksums,
         };
         Communicator {
@@ -314,7 +314,7 @@ pub(crate) fn execute<R>(
     let (size, rank) = (inner.backend.size(), inner.backend.rank());
     let start = Instant::now();
     let result =
-        fault::before_op(&mut inner.fault, rank, desc).and_then(|()| f(&mut *inner.backend));
+        fault::before_op(&mut inner.faults, rank, desc).and_then(|()| f(&mut *inner.backend));
     let elapsed = start.elapsed();
     let mut rec = lock(&inner.recorder);
     rec.record(desc, size, elapsed, result.is_ok());
@@ -396,7 +396,7 @@ pub(crate) fn run_call<T: Element>(
         Collective::Reduce(_, r) if r != inner.backend.rank() && send.is_some() => &mut [],
         _ => recv,
     };
-    fault::corrupt_result(&mut inner.fault, &desc, result);
+    fault::corrupt_result(&mut inner.faults, &desc, result);
     if inner.checksums && fault::replicated_result(desc.kind) {
         fault::check_result(inner, &desc, result)?;
     }

@@ -1,7 +1,7 @@
 //! Faults injected on purpose, and the checks that name them.
 //!
-//! A caller arms a [`Fault`] on its communicator ([`Communicator::inject`]); the fault fires
-//! at the first collective at or after it was armed whose kind and sequence number match.
+//! A caller arms [`Fault`]s on its communicator ([`Communicator::inject`]); each fires at the
+//! first collective after it was armed whose kind and sequence number match.
 //! What it does (one hook in [`execute`](crate::communicator), so every backend sees the
 //! same faults):
 //!
@@ -102,46 +102,42 @@ pub(crate) struct Armed {
     pub backend: &'static str,
 }
 
-/// Runs the armed fault's `Kill`, `Hang` or `Slow` before `desc` reaches the backend;
-/// `Corrupt` waits for the result ([`corrupt_result`]). A fault that fires once is disarmed.
-pub(crate) fn before_op(armed: &mut Option<Armed>, rank: usize, desc: &OpDesc) -> Result<()> {
-    let Some(a) = armed.take() else {
-        return Ok(());
-    };
+/// Runs the armed faults' `Slow`, `Kill` and `Hang` before `desc` reaches the backend, in
+/// the order they were armed; `Corrupt` waits for the result ([`corrupt_result`]). `Kill` and
+/// `Hang` end the rank's part, so they fire once; `Slow` stays armed.
+pub(crate) fn before_op(armed: &mut Vec<Armed>, rank: usize, desc: &OpDesc) -> Result<()> {
     let injected = |action: FaultAction| CommError::Injected {
         fault: action.name(),
         rank,
         op: desc.kind,
         seq: desc.seq,
     };
-    if !a.fault.matches(desc) {
-        *armed = Some(a);
-        return Ok(());
-    }
-    match a.fault.action {
-        FaultAction::Slow(pause) => {
-            std::thread::sleep(pause);
-            *armed = Some(a);
-            Ok(())
+    for i in 0..armed.len() {
+        let a = &armed[i];
+        if !a.fault.matches(desc) {
+            continue;
         }
-        FaultAction::Corrupt => {
-            *armed = Some(a);
-            Ok(())
-        }
-        FaultAction::Kill => {
-            if !shares_process(a.backend) {
-                eprintln!("zero-comm: {}: exiting", injected(FaultAction::Kill));
-                std::process::exit(KILLED_EXIT_STATUS);
+        match a.fault.action {
+            FaultAction::Slow(pause) => std::thread::sleep(pause),
+            FaultAction::Corrupt => {}
+            FaultAction::Kill => {
+                let a = armed.remove(i);
+                if !shares_process(a.backend) {
+                    eprintln!("zero-comm: {}: exiting", injected(FaultAction::Kill));
+                    std::process::exit(KILLED_EXIT_STATUS);
+                }
+                a.leave.leave(false);
+                return Err(injected(FaultAction::Kill));
             }
-            a.leave.leave(false);
-            Err(injected(FaultAction::Kill))
-        }
-        FaultAction::Hang => {
-            std::thread::sleep(a.timeout.saturating_mul(2));
-            a.leave.leave(false);
-            Err(injected(FaultAction::Hang))
+            FaultAction::Hang => {
+                let a = armed.remove(i);
+                std::thread::sleep(a.timeout.saturating_mul(2));
+                a.leave.leave(false);
+                return Err(injected(FaultAction::Hang));
+            }
         }
     }
+    Ok(())
 }
 
 /// True for backends whose ranks are threads of one process.
@@ -149,33 +145,29 @@ fn shares_process(backend: &str) -> bool {
     matches!(backend, "local" | "device_local")
 }
 
-/// Fires an armed `Corrupt` at `desc`: flips bit 22 (the top mantissa bit of an f32, exact
-/// through bf16 and f16) of the largest-magnitude element of `result` (the first of equals).
-/// Disarms it.
-pub(crate) fn corrupt_result<T: Element>(
-    armed: &mut Option<Armed>,
-    desc: &OpDesc,
-    result: &mut [T],
-) {
+/// Fires the first armed `Corrupt` that matches `desc`: flips bit 22 (the top mantissa bit
+/// of an f32, exact through bf16 and f16) of the largest-magnitude element of `result` (the
+/// first of equals), and disarms it.
+pub(crate) fn corrupt_result<T: Element>(armed: &mut Vec<Armed>, desc: &OpDesc, result: &mut [T]) {
     let fires = armed
-        .as_ref()
-        .is_some_and(|a| a.fault.action == FaultAction::Corrupt && a.fault.matches(desc));
+        .iter()
+        .position(|a| a.fault.action == FaultAction::Corrupt && a.fault.matches(desc));
     let largest = (0..result.len()).fold(None, |best: Option<usize>, i| match best {
         Some(b) if result[b].to_f32().abs() >= result[i].to_f32().abs() => Some(b),
         _ => Some(i),
     });
-    if let (true, Some(i)) = (fires, largest) {
-        *armed = None;
+    if let (Some(f), Some(i)) = (fires, largest) {
+        armed.remove(f);
         result[i] = T::from_f32(f32::from_bits(result[i].to_f32().to_bits() ^ (1 << 22)));
     }
 }
 
 impl Communicator {
-    /// Arms `fault` on this rank: it fires at the first later collective it matches (see
-    /// [`crate::fault`]); a fault armed before replaces it.
+    /// Arms `fault` on this rank, beside those armed before: it fires at the first later
+    /// collective it matches (see [`crate::fault`]).
     pub fn inject(&self, fault: Fault) {
         self.drain();
-        lock(&self.inner).fault = Some(Armed {
+        lock(&self.inner).faults.push(Armed {
             fault,
             leave: Arc::clone(&self.leave),
             timeout: self.config().timeout,

@@ -299,3 +299,34 @@ fn a_fault_that_can_never_fire_is_refused_naming_the_flag() {
         fails_naming(&out, took, &[needle]);
     }
 }
+
+#[test]
+fn zero_inject_fault_adds_faults_and_a_bad_one_is_named() {
+    let dir = TempDir::new("fault-env");
+    learnable_corpus(&dir.0);
+    let run = |value: &str| {
+        let began = Instant::now();
+        let out = Command::new(env!("CARGO_BIN_EXE_zero-train"))
+            .args(args(&dir.0, &dir.0.join("env.jsonl"), &[]))
+            .args(["--backend", "local", "--world-size", "2"])
+            .env("ZERO_INJECT_FAULT", value)
+            .output()
+            .unwrap();
+        (out, began.elapsed())
+    };
+    let (out, took) = run("slow=1:rank=0,step=0; kill:rank=1,step=2");
+    fails_naming(
+        &out,
+        took,
+        &[
+            "injecting fault slow=1:rank=0",
+            "injected fault kill on rank 1 at",
+        ],
+    );
+    let (out, took) = run("kill:rank=1");
+    fails_naming(
+        &out,
+        took,
+        &["ZERO_INJECT_FAULT \"kill:rank=1\": step=S is required"],
+    );
+}
