@@ -222,6 +222,17 @@ impl TrainConfig {
         ] {
             in_range(key, value, 0, MAX_STEPS)?;
         }
+        // At stage 3 no rank holds the parameters whole: gathered first, every rank's
+        // fingerprint would hash the same values and check nothing.
+        if self.fingerprint_every > 0 && self.zero_stage == zero::ZeroStage::Zero3 {
+            return Err(out_of_range(
+                "fingerprint_every",
+                &self.fingerprint_every,
+                "0 at --zero-stage 3: fingerprints compare parameters every rank holds whole, \
+                 which no rank does at stage 3"
+                    .into(),
+            ));
+        }
         self.validate_reals()
     }
 

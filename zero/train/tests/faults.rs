@@ -281,7 +281,7 @@ fn a_diverged_unit_order_is_named_by_the_program_check_local_and_tcp() {
 }
 
 #[test]
-fn a_fault_that_can_never_fire_is_refused_naming_the_flag() {
+fn faults_and_fingerprints_that_cannot_work_are_refused_naming_the_flag() {
     let dir = TempDir::new("fault-bad-spec");
     learnable_corpus(&dir.0);
     for (spec, needle) in [

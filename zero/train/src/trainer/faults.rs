@@ -22,9 +22,8 @@ impl<'a, B: Placement> Trainer<'a, B> {
     }
 
     /// Compares a hash of the parameters this rank holds across ranks after `step` steps.
-    /// Below stage 3 every rank holds every parameter, so any difference is a divergence;
-    /// at stage 3 the units are gathered first, so every rank hashes the same values and
-    /// only a bad gather would show.
+    /// Below stage 3 (the only stages `--fingerprint-every` is accepted at) every rank holds
+    /// every parameter, so any difference is a divergence.
     ///
     /// # Errors
     /// [`TrainError::Diverged`] naming the ranks that differ from the majority; engine or
