@@ -1,6 +1,6 @@
 //! `zero-train launch`: torchelastic's restart loop for one machine. It starts N rank
-//! processes of the TCP backend with torchrun's variables, and when one fails it stops the
-//! others and starts all again from the newest complete state of `--save`, up to
+//! processes of the TCP backend with torchrun's variables (or, for `--backend mpi`, one
+//! `mpirun -np N`), and when one fails it stops the others and starts all again from the newest complete state of `--save`, up to
 //! `--max-restarts` times, with one rank fewer (down to `--min-nproc`) when the same rank
 //! failed twice in a row. The ranks learn the attempt from `TORCHELASTIC_RESTART_COUNT`.
 //!
@@ -26,8 +26,13 @@ pub struct LaunchArgs {
     /// Fewest ranks a restart may shrink to when a rank keeps failing (default: no shrink).
     #[arg(long, allow_negative_numbers = true)]
     pub min_nproc: Option<usize>,
-    /// The training flags every rank gets (after `--`); `--backend tcp` is added unless
-    /// given, and `--resume` is set to the newest complete state of `--save` on restarts.
+    /// The mpirun command, with its own flags, that starts the ranks of `--backend mpi`
+    /// (e.g. "mpirun --oversubscribe"); `-np N` and zero-train's path and flags follow it.
+    #[arg(long, default_value = "mpirun")]
+    pub mpirun: String,
+    /// The training flags every rank gets (after `--`); `--backend tcp` is added unless a
+    /// backend is given (tcp, nccl or mpi), and `--resume` is set to the newest complete
+    /// state of `--save` on restarts.
     #[arg(last = true, required = true)]
     pub train: Vec<String>,
 }
@@ -84,18 +89,19 @@ pub enum Decision {
 /// The rule: restart while the budget lasts (`restarts_done` of `policy.max_restarts`);
 /// with one rank fewer, not below `min_nproc`, when `failed_rank` also failed the attempt
 /// before (`previous_failed`) at the same world size, since restarting the same slot again
-/// would likely fail again; otherwise at the same world size.
+/// would likely fail again; otherwise at the same world size. `None`: the failed rank is
+/// not known (mpirun reports only its own status), which never shrinks the world.
 pub fn decide(
     policy: &Policy,
     restarts_done: u32,
     world: usize,
-    failed_rank: usize,
+    failed_rank: Option<usize>,
     previous_failed: Option<usize>,
 ) -> Decision {
     if restarts_done >= policy.max_restarts {
         return Decision::GiveUp;
     }
-    let keeps_failing = previous_failed == Some(failed_rank);
+    let keeps_failing = failed_rank.is_some() && previous_failed == failed_rank;
     if keeps_failing && world > policy.min_nproc {
         Decision::Restart { world: world - 1 }
     } else {
@@ -115,20 +121,17 @@ mod tests {
 
     #[test]
     fn a_first_failure_restarts_at_the_same_world() {
-        assert_eq!(
-            decide(&POLICY, 0, 4, 1, None),
-            Decision::Restart { world: 4 }
-        );
-        assert_eq!(
-            decide(&POLICY, 1, 4, 2, Some(1)),
-            Decision::Restart { world: 4 }
-        );
+        let same = Decision::Restart { world: 4 };
+        assert_eq!(decide(&POLICY, 0, 4, Some(1), None), same);
+        assert_eq!(decide(&POLICY, 1, 4, Some(2), Some(1)), same);
+        // An unknown rank (mpirun's failure) never counts as the same rank again.
+        assert_eq!(decide(&POLICY, 1, 4, None, None), same);
     }
 
     #[test]
     fn a_rank_failing_twice_in_a_row_shrinks_the_world_down_to_min_nproc() {
         assert_eq!(
-            decide(&POLICY, 1, 4, 1, Some(1)),
+            decide(&POLICY, 1, 4, Some(1), Some(1)),
             Decision::Restart { world: 3 }
         );
         let wide = Policy {
@@ -136,18 +139,18 @@ mod tests {
             ..POLICY
         };
         assert_eq!(
-            decide(&wide, 2, 3, 1, Some(1)),
+            decide(&wide, 2, 3, Some(1), Some(1)),
             Decision::Restart { world: 3 }
         );
     }
 
     #[test]
     fn the_budget_spent_gives_up_whatever_failed() {
-        assert_eq!(decide(&POLICY, 2, 4, 1, None), Decision::GiveUp);
+        assert_eq!(decide(&POLICY, 2, 4, Some(1), None), Decision::GiveUp);
         let none = Policy {
             max_restarts: 0,
             ..POLICY
         };
-        assert_eq!(decide(&none, 0, 4, 0, None), Decision::GiveUp);
+        assert_eq!(decide(&none, 0, 4, Some(0), None), Decision::GiveUp);
     }
 }

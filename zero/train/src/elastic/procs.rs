@@ -19,7 +19,8 @@ const POLL: Duration = Duration::from_millis(20);
 /// A rank that failed in an attempt.
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct Failure {
-    rank: usize,
+    /// The rank, or `None` for mpirun, which does not say which of its ranks failed.
+    rank: Option<usize>,
     status: String,
     /// Ended by a signal or with a SIGKILL's status (137), not by reporting an error.
     killed: bool,
@@ -38,7 +39,10 @@ fn cause_first(mut failures: Vec<Failure>) -> Vec<Failure> {
 
 /// `rank 1 exited with status 137 (killed) (also: rank 0 exited with status 1)`.
 fn describe_failures(failures: &[Failure]) -> String {
-    let text = |f: &Failure| format!("rank {} {}", f.rank, f.status);
+    let text = |f: &Failure| match f.rank {
+        Some(rank) => format!("rank {rank} {}", f.status),
+        None => format!("mpirun {}", f.status),
+    };
     let mut out = failures.first().map_or_else(String::new, text);
     if failures.len() > 1 {
         let rest: Vec<String> = failures[1..].iter().map(text).collect();
@@ -54,10 +58,11 @@ fn describe_failures(failures: &[Failure]) -> String {
 /// spent, naming the rank, its exit status and the budget.
 pub fn launch(args: &LaunchArgs) -> Result<(), String> {
     let policy = Policy::of(args)?;
-    if let Some(b) = flag_value(&args.train, "--backend").filter(|b| !["tcp", "nccl"].contains(b)) {
+    let backend = flag_value(&args.train, "--backend");
+    if let Some(b) = backend.filter(|b| !["tcp", "nccl", "mpi"].contains(b)) {
         return Err(format!(
-            "zero-train launch starts one process per rank with torchrun's variables: \
-             --backend tcp (the default here) or nccl, not {b}"
+            "zero-train launch starts one process per rank: --backend tcp (the default \
+             here), nccl (torchrun's variables) or mpi (through --mpirun), not {b}"
         ));
     }
     let save = flag_value(&args.train, "--save").map(PathBuf::from);
@@ -70,7 +75,11 @@ pub fn launch(args: &LaunchArgs) -> Result<(), String> {
         };
         let flags = rank_flags(&args.train, resume.as_deref());
         let attempt_began = Instant::now();
-        let Err(failures) = run_attempt(&flags, world, restarts)? else {
+        let outcome = match backend {
+            Some("mpi") => run_mpirun(&args.mpirun, &flags, world, restarts)?,
+            _ => run_attempt(&flags, world, restarts)?,
+        };
+        let Err(failures) = outcome else {
             eprintln!(
                 "zero-train launch: finished with {world} ranks after {restarts} restart(s) \
                  in {:.1} s",
@@ -83,7 +92,7 @@ pub fn launch(args: &LaunchArgs) -> Result<(), String> {
             attempt_began.elapsed().as_secs_f64(),
             describe_failures(&failures)
         );
-        let failed_rank = failures.first().map_or(0, |f| f.rank);
+        let failed_rank = failures.first().and_then(|f| f.rank);
         match decide(&policy, restarts, world, failed_rank, previous_failed) {
             Decision::GiveUp => {
                 return Err(format!(
@@ -103,7 +112,7 @@ pub fn launch(args: &LaunchArgs) -> Result<(), String> {
                     restarts + 1,
                     policy.max_restarts
                 );
-                previous_failed = (next == world).then_some(failed_rank);
+                previous_failed = failed_rank.filter(|_| next == world);
                 (world, restarts) = (next, restarts + 1);
             }
         }
@@ -214,7 +223,7 @@ fn watch(mut children: Vec<Child>) -> Result<(), Vec<Failure>> {
             running[rank] = false;
             first_failed.get_or_insert_with(Instant::now);
             failures.push(Failure {
-                rank,
+                rank: Some(rank),
                 status,
                 killed,
                 round,
@@ -244,6 +253,40 @@ fn was_killed(status: ExitStatus) -> bool {
         }
     }
     status.code() == Some(137)
+}
+
+/// Runs the attempt as one `mpirun -np world` of zero-train with `flags`: its ranks learn
+/// the attempt from the environment mpirun hands them. mpirun ends the job when a rank dies
+/// and reports only its own status, so the failure names no rank.
+///
+/// # Errors
+/// An empty `--mpirun`, or a command that cannot start.
+fn run_mpirun(
+    mpirun: &str,
+    flags: &[String],
+    world: usize,
+    attempt: u32,
+) -> Result<Result<(), Vec<Failure>>, String> {
+    let exe = std::env::current_exe().map_err(|e| format!("cannot find zero-train itself: {e}"))?;
+    let mut words = mpirun.split_whitespace();
+    let program = words.next().ok_or("--mpirun is empty")?;
+    let status = Command::new(program)
+        .args(words)
+        .args(["-np", &world.to_string()])
+        .arg(&exe)
+        .args(flags)
+        .env(RESTART_COUNT_ENV, attempt.to_string())
+        .status()
+        .map_err(|e| format!("cannot start {mpirun:?}: {e}"))?;
+    if status.success() {
+        return Ok(Ok(()));
+    }
+    Ok(Err(vec![Failure {
+        rank: None,
+        status: describe(status),
+        killed: was_killed(status),
+        round: 0,
+    }]))
 }
 
 /// Kills every child still running and reaps them all.
@@ -297,7 +340,7 @@ mod tests {
             "exited with status 1"
         };
         Failure {
-            rank,
+            rank: Some(rank),
             status: status.into(),
             killed,
             round,
@@ -313,9 +356,9 @@ mod tests {
         );
         // A peer reaped before the killed rank does not take the blame.
         let reaped_first = cause_first(vec![failure(0, false, 3), failure(2, true, 4)]);
-        assert_eq!(reaped_first[0].rank, 2);
+        assert_eq!(reaped_first[0].rank, Some(2));
         let errors = cause_first(vec![failure(2, false, 4), failure(1, false, 3)]);
-        assert_eq!(errors[0].rank, 1);
+        assert_eq!(errors[0].rank, Some(1));
     }
 
     #[test]
