@@ -11,7 +11,8 @@
 #      are installed from apt when missing, then the shared conformance suite runs as one
 #      process and under `mpirun -np 2` and `-np 4`, each bounded by `timeout`; then the
 #      engine's staging check (mpi_staging), zero-train over MPI against the local backend,
-#      and each injected fault over MPI named in the output (docs/faults.md; about 20 s).
+#      each injected fault over MPI named in the output, and `zero-train launch` restarting an
+#      MPI job to the local backend's states (docs/faults.md; about 30 s).
 #
 # ZERO_SKIP_MPI=1 skips step 4 (for machines where MPI cannot be installed). Steps 2 and 3 say
 # why they skipped where pip cannot fetch their packages.
@@ -186,3 +187,22 @@ if [[ "$(grep -o '"loss":[^,]*' "$work/slow-local.jsonl")" != \
   exit 1
 fi
 echo "slow=50:rank=1,step=1 : survived with the local backend's losses"
+
+# --- zero-train launch over MPI: a rank killed at step 3 of 6, restarted from the newest state,
+# ends with the local backend's states to the bit (docs/faults.md) --------------------------
+echo "== zero-train launch --backend mpi: kill at step 3 of 6, one restart"
+restart_args=(--data "$work/data" --layers 2 --heads 2 --dim 64 --seq-len 64 --steps 6
+  --batch-size 4 --micro-batch-size 2 --sample-tokens 0 --eval-every 0 --comm-timeout 10
+  --save-every 1)
+timeout 300 "$zt" "${restart_args[@]}" --backend local --world-size 2 --save "$work/unbroken" \
+  >"$work/log" 2>&1 || { cat "$work/log"; exit 1; }
+timeout 600 "$zt" launch --nproc-per-node 2 --max-restarts 1 --mpirun "mpirun ${mpirun_flags[*]}" \
+  -- "${restart_args[@]}" --backend mpi --save "$work/restarted" \
+  --inject-fault kill:rank=1,step=3 >"$work/log" 2>&1 || { cat "$work/log"; exit 1; }
+grep -q "restart 1 of 1 with 2 ranks from .*step-000003" "$work/log" ||
+  { cat "$work/log"; echo "test.sh: no restart from step 3" >&2; exit 1; }
+for piece in "$work/unbroken/step-000006"/rank-*.bin; do
+  cmp "$piece" "$work/restarted/step-000006/$(basename "$piece")" ||
+    { echo "test.sh: $(basename "$piece") differs after the MPI restart" >&2; exit 1; }
+done
+grep "^zero-train launch" "$work/log"
