@@ -3,21 +3,31 @@
 # and NCCL communicators, ZeRO stages on one GPU, and zero-train --device cuda (a smoke run and
 # the GPT-2 124M benchmark), in two modes (docs/gpu.md):
 #
-#   bash scripts/gpu-check.sh build   # here, with cargo: release test binaries -> gpu-bin/
-#   bash scripts/gpu-check.sh run     # on the GPU machine (no Rust toolchain): runs them
+#   bash scripts/gpu-check.sh build                 # here, with cargo: binaries -> gpu-bin/
+#   OUT=DIR bash gpu-bin/gpu-check.sh run [TIER]    # on the GPU machine (no Rust toolchain)
 #
 # `build` compiles the CUDA test binaries (cargo test --release --no-run --features cuda, for
-# -p zero-gpt, -p zero-comm, -p zero and -p zero-train) and zero-train and zero-bench, strips
-# them into the git-ignored gpu-bin/ with a copy of this script and of the Shakespeare token
-# files (data/shakespeare, prepared when missing). `run` makes the CUDA 13 libraries loadable
-# by cudarc (link_libs), then runs the steps most valuable first, each with its own time limit
-# cut to what the whole run's budget (GPU_CHECK_BUDGET_S, default 540 s: the device tool allows
-# 600 s a command) has left, so a hang costs one step and the steps before it keep their
-# results. Tests run with ZERO_GPT_REQUIRE_GPU=1 (a missing GPU fails instead of skipping).
-# Under $OUT (default target/gpu-check): summary.txt (one line a step, written as it ends:
-# passed / FAILED / TIMED OUT / NOT RUN, and the figures), progress.txt (each step's start,
-# for a run cut short), one log per step, nvidia-smi.txt, gpu-usage.csv, libs.txt, env.txt.
-# Exit status: 0 when every step passed.
+# -p zero-gpt, -p zero-comm, -p zero and -p zero-train), zero-train and zero-bench, strips them
+# into the git-ignored gpu-bin/ with a copy of this script, the Shakespeare token files
+# (data/shakespeare, prepared when missing) and cubin/: every kernel program compiled ahead
+# for sm_80 and sm_90 by zero-cubins (NVRTC from the PyPI wheel, no GPU needed).
+#
+# `run` makes the CUDA 13 libraries loadable by cudarc (link_libs), points ZERO_CUBIN_DIR at
+# cubin/, then runs the steps of TIER: `first` (what matters most: the kernels against the
+# CPU, NCCL at world size 1, the stages equal on the GPU, one GPT-2 training step), `rest`
+# (everything else), or `all` (the default: first, then the rest as far as time goes). One
+# budget, GPU_CHECK_BUDGET_S (default 360 s, so a second call still fits the machine's
+# time), cuts each step's own limit. A step is passed, FAILED, TIMED OUT, skipped (no GPU: a
+# dry run, which finishes in seconds) or not run (the budget is spent); only FAILED and TIMED
+# OUT make the exit status 1. The logs go to GPU_CHECK_WORK (default $TMPDIR/zero-gpu-check);
+# $OUT (default target/gpu-check) gets at most four files: summary.txt (a line a step, written
+# as it ends, with each training run's figures), failures.txt (the first panics and the
+# last 40 lines of each failed step's log), bench.txt (zero-bench's tables) and logs.tar.gz (every log, metrics
+# file, progress.txt, nvidia-smi.txt, gpu-usage.csv, libs.txt, env.txt; rewritten after each
+# step, so a run killed at any moment leaves one).
+# Test hooks: GPU_CHECK_DRY_RUN=1 skips every GPU step even on a GPU; GPU_CHECK_ASSUME_GPU=1
+# runs them without asking nvidia-smi, and GPU_CHECK_BIN names the binaries' folder
+# (scripts/check-gpu-dry-run.sh runs stand-in binaries that way).
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 mode="${1:-}"
@@ -54,13 +64,22 @@ for line in sys.stdin:
         [ -n "$exe" ] || { echo "gpu-check: no executable for test $t" >&2; exit 1; }
         strip -o "$bin/$t" "$exe"
     done
-    cargo build --release -p zero-benches --features cuda --bin zero-bench
+    cargo build --release -p zero-benches --features cuda --bin zero-bench --bin zero-cubins
     cargo build --release -p zero-train --features cuda --bin zero-train
     local target
     target=$(cargo metadata --format-version 1 --no-deps |
         python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')
     strip -o "$bin/zero-bench" "$target/release/zero-bench"
     strip -o "$bin/zero-train" "$target/release/zero-train"
+    # Every kernel program compiled ahead for sm_80 and sm_90 (NVRTC needs no GPU), so no
+    # process on the GPU machine compiles them again.
+    local nvrtc
+    if nvrtc=$(bash scripts/nvrtc-lib.sh); then
+        LD_LIBRARY_PATH="$nvrtc${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
+            "$target/release/zero-cubins" --out "$bin/cubin"
+    else
+        echo "gpu-check: WARNING: no NVRTC here: the GPU machine's processes compile the kernels" >&2
+    fi
     mkdir -p "$bin/data"
     local data=data/shakespeare
     if [ ! -f "$data/train.bin" ] || [ ! -f "$data/val.bin" ]; then
@@ -211,33 +230,53 @@ PY
 stamp() { echo "+$SECONDS s ($(date -u +%H:%M:%S))"; }
 note() { echo "$*" | tee -a "$OUT/summary.txt"; }
 
-# Runs step $1 with its log in $OUT/$1.log, in $OUT, for at most $2 seconds, cut to what the
-# whole run's budget has left. Sets STEP_RC (124 or 137: timed out, 125: not run) and
-# STEP_HOW (passed / FAILED / TIMED OUT / NOT RUN, with the seconds taken).
+# Packs every log, metrics file and the summary into $OUT/logs.tar.gz, replacing the last
+# archive only once the new one is whole: a run killed at any moment leaves one.
+pack() {
+    tar -czf "$OUT/logs.tar.gz.part" -C "$WORK" . -C "$OUT" summary.txt 2>/dev/null &&
+        mv -f "$OUT/logs.tar.gz.part" "$OUT/logs.tar.gz"
+}
+
+# Runs step $1 with its log in $WORK/$1.log, in $WORK, for at most $2 seconds, cut to what
+# the whole run's budget has left. Sets STEP_STATE (passed, failed, timed-out, skipped,
+# not-run), STEP_RC and STEP_HOW (the words for the summary). Only failed and timed-out set
+# FAILED: a step skipped for want of a GPU, or not run for want of time, is no failure.
 step() {
     local name="$1" limit="$2" left start
     shift 2
     left=$((BUDGET_S - SECONDS - 15))
     if [ "$left" -lt 20 ]; then
-        STEP_RC=125 STEP_HOW="NOT RUN (the ${BUDGET_S} s budget is spent)" FAILED=1
-        echo "$(stamp) $name: not run" >>"$OUT/progress.txt"
+        STEP_STATE=not-run STEP_RC=125 STEP_HOW="not run (the ${BUDGET_S} s budget is spent)"
+        echo "$(stamp) $name: not run" >>"$WORK/progress.txt"
         return 125
     fi
+    if [ -n "$NO_GPU" ]; then
+        STEP_STATE=skipped STEP_RC=0 STEP_HOW="skipped: $NO_GPU"
+        echo "$(stamp) $name: skipped" >>"$WORK/progress.txt"
+        return 0
+    fi
     [ "$limit" -le "$left" ] || limit=$left
-    echo "$(stamp) $name: started (limit $limit s)" >>"$OUT/progress.txt"
+    echo "$(stamp) $name: started (limit $limit s)" >>"$WORK/progress.txt"
     start=$SECONDS
     STEP_RC=0
-    (cd "$OUT" && exec timeout -k 10 "$limit" "$@") >"$OUT/$name.log" 2>&1 || STEP_RC=$?
+    (cd "$WORK" && exec timeout -k 10 "$limit" "$@") >"$WORK/$name.log" 2>&1 || STEP_RC=$?
     local took=$((SECONDS - start))
     case "$STEP_RC" in
-        0) STEP_HOW="passed in $took s" ;;
-        124 | 137) STEP_HOW="TIMED OUT after $took s (limit $limit s)" ;;
-        *) STEP_HOW="FAILED, exit $STEP_RC, after $took s" ;;
+        0) STEP_STATE=passed STEP_HOW="passed in $took s" ;;
+        124 | 137) STEP_STATE=timed-out STEP_HOW="TIMED OUT after $took s (limit $limit s)" ;;
+        *) STEP_STATE=failed STEP_HOW="FAILED, exit $STEP_RC, after $took s" ;;
     esac
-    echo "$(stamp) $name: $STEP_HOW" >>"$OUT/progress.txt"
-    if [ "$STEP_RC" -ne 0 ]; then
+    echo "$(stamp) $name: $STEP_HOW" >>"$WORK/progress.txt"
+    if [ "$STEP_STATE" != passed ]; then
         FAILED=1
-        STEP_HOW="$STEP_HOW (log ends: $(tail -c 2000 "$OUT/$name.log" | tr '\r' '\n' |
+        {
+            echo "== $name: $STEP_HOW"
+            # The first panics say why; the tail says where it stopped.
+            grep -m 3 -A 4 'panicked at' "$WORK/$name.log" && echo "-- log ends:"
+            tail -n 40 "$WORK/$name.log"
+            echo
+        } >>"$OUT/failures.txt"
+        STEP_HOW="$STEP_HOW (log ends: $(tail -c 2000 "$WORK/$name.log" | tr '\r' '\n' |
             grep -v '^[[:space:]]*$' | tail -n 1 | cut -c 1-200))"
     fi
     return "$STEP_RC"
@@ -249,77 +288,83 @@ test_step() {
     local t="$1" limit="$2" name="${3:-$1}"
     shift 3 2>/dev/null || shift $#
     step "$name" "$limit" "$BIN/$t" --test-threads 1 --nocapture "$@"
-    local result failed
-    result=$(grep -E '^test result' "$OUT/$name.log" 2>/dev/null | tail -n 1)
-    failed=$(grep -E '^test .* \.\.\. FAILED$' "$OUT/$name.log" 2>/dev/null |
-        sed -E 's/^test (.*) \.\.\. FAILED$/\1/' | paste -sd ' ' -)
+    local result="" failed=""
+    if [ -f "$WORK/$name.log" ]; then
+        result=$(grep -E '^test result' "$WORK/$name.log" | tail -n 1)
+        failed=$(grep -E '^test .* \.\.\. FAILED$' "$WORK/$name.log" |
+            sed -E 's/^test (.*) \.\.\. FAILED$/\1/' | paste -sd ' ' -)
+    fi
+    # The harness's result line says what the log's last line would.
+    [ -z "$result" ] || STEP_HOW="${STEP_HOW%% (log ends:*}"
     note "test $name: $STEP_HOW${result:+; $result}${failed:+; failed: $failed}"
+    pack
 }
 
-# A zero-bench run: its verdict and the table's closing line.
+# A zero-bench run: its verdict and the table's closing line; the table goes to bench.txt.
 bench_step() {
     local name="$1" limit="$2"
     shift 2
     step "$name" "$limit" "$@"
-    local avg
-    avg=$(grep -E '^# Avg bus' "$OUT/$name.log" 2>/dev/null || tail -n 1 "$OUT/$name.log" 2>/dev/null)
-    note "$name: $STEP_HOW; $avg (table in $name.log)"
+    local avg=""
+    if [ "$STEP_STATE" = passed ] || [ "$STEP_STATE" = failed ]; then
+        avg=$(grep -E '^# Avg bus' "$WORK/$name.log" || tail -n 1 "$WORK/$name.log")
+        { echo "== $name: $*"; cat "$WORK/$name.log"; echo; } >>"$OUT/bench.txt"
+    fi
+    note "$name: $STEP_HOW${avg:+; $avg}"
+    pack
 }
 
-run() {
-    set +e # every step runs whatever the earlier ones did
-    BIN="$here"
-    [ -f "$BIN/${TESTS[0]}" ] || BIN="$here/../gpu-bin"
-    if [ ! -f "$BIN/${TESTS[0]}" ]; then
-        echo "gpu-check: no test binaries in $BIN: run 'bash scripts/gpu-check.sh build' first" \
-            "(it needs cargo; the GPU machine has none)" >&2
-        exit 2
+# Whether this machine has a GPU to check: NO_GPU is empty when it has, else the reason.
+detect_gpu() {
+    NO_GPU=""
+    if [ "${GPU_CHECK_DRY_RUN:-0}" = 1 ]; then
+        NO_GPU="dry run (GPU_CHECK_DRY_RUN=1)"
+    elif [ "${GPU_CHECK_ASSUME_GPU:-0}" = 1 ]; then
+        NO_GPU=""
+    # grep -c reads all of nvidia-smi's output: an early exit (grep -q) could fail the
+    # pipeline with SIGPIPE under pipefail and hide a GPU.
+    elif [ "$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ')" = 0 ]; then
+        NO_GPU="no GPU (nvidia-smi lists none)"
     fi
-    # A copy that lost the executable bits must not fail every step.
-    chmod u+x "$BIN"/zero-* "${ALL_TESTS[@]/#/$BIN/}" 2>/dev/null
-    OUT="${OUT:-target/gpu-check}"
-    mkdir -p "$OUT"
-    OUT="$(cd "$OUT" && pwd)"
-    BUDGET_S="${GPU_CHECK_BUDGET_S:-540}"
-    FAILED=0
-    : >"$OUT/summary.txt"
-    : >"$OUT/progress.txt"
-    { nvidia-smi || echo "nvidia-smi failed"; } >"$OUT/nvidia-smi.txt" 2>&1
-    local gpu
-    gpu=$(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null |
-        head -n 1)
-    note "gpu-check run $(date -u '+%Y-%m-%d %H:%M:%S UTC'), budget ${BUDGET_S} s; GPU: ${gpu:-none (nvidia-smi.txt)}"
-    # Not in a subshell: link_libs exports LD_LIBRARY_PATH for the steps below.
-    link_libs "${TMPDIR:-/tmp}/zero-gpu-check-libs" >"$OUT/libs.txt" 2>&1
-    cat "$OUT/libs.txt"
-    export ZERO_GPT_REQUIRE_GPU=1 ZERO_GPT_REQUIRE_NVRTC=1 ZERO_COMM_REQUIRE_GPU=1 RUST_BACKTRACE=1
-    # cuBLAS is bitwise reproducible run to run only with a fixed workspace configuration
-    # (cuBLAS docs, "Results reproducibility"); the stage tests compare runs bit for bit.
-    export CUBLAS_WORKSPACE_CONFIG="${CUBLAS_WORKSPACE_CONFIG:-:4096:8}"
-    # One node: NCCL's bootstrap on loopback, no InfiniBand probing; its warnings in the logs.
-    export NCCL_SOCKET_IFNAME="${NCCL_SOCKET_IFNAME:-lo}" NCCL_IB_DISABLE="${NCCL_IB_DISABLE:-1}"
-    export NCCL_DEBUG="${NCCL_DEBUG:-WARN}"
-    { env | grep -E '^(LD_LIBRARY_PATH|CUDA|CUBLAS|NCCL|ZERO)' | sort; ldd --version 2>&1 | head -n 1; } \
-        >"$OUT/env.txt"
-    # The GPU's memory and load every second through the whole run (gpu-usage.csv; the
-    # times match progress.txt's); it also keeps the driver initialised between the steps.
-    nvidia-smi --query-gpu=timestamp,memory.used,utilization.gpu,power.draw --format=csv -l 1 \
-        >"$OUT/gpu-usage.csv" 2>&1 &
-    local sampler=$!
+}
+
+# The folder of the binaries gpu-check.sh build made: GPU_CHECK_BIN, this script's own
+# folder (gpu-bin/), or gpu-bin/ beside scripts/. Empty when none holds them.
+find_bin() {
+    local d
+    for d in "${GPU_CHECK_BIN:-}" "$here" "$here/../gpu-bin"; do
+        if [ -n "$d" ] && [ -f "$d/${TESTS[0]}" ]; then
+            (cd "$d" && pwd)
+            return
+        fi
+    done
+}
+
+# The steps that matter most, for a first call of at most 6 minutes: the kernels against
+# the CPU, NCCL at world size 1, the stages equal on the GPU, one GPT-2 training step.
+first_steps() {
     step preflight 20 "$BIN/zero-train" --version
     note "preflight (zero-train --version runs here): $STEP_HOW"
-    # Most valuable first: a timeout late in the list still leaves the proofs before it.
-    # Limits are about 3x the expected time on an H200, cut to the budget left.
     test_step cuda_kernels 60
     test_step cuda_model 45
     test_step kernels_cuda 45
-    # The join-timeout test waits out its 5 s timeout: a step of its own, so a hang in NCCL's
-    # abort costs that step only.
     local never_joins=a_group_whose_peer_never_joins_fails_within_its_timeout
     test_step nccl_device 60 nccl_device --skip "$never_joins"
+    if data_ready; then
+        train_one gpt2-step 60 "${GPT2[@]}" --steps 2 --world-size 1 --zero-stage 0 \
+            --micro-batch-size 16 --batch-size 16
+    fi
+    # The longest, last: a hang here costs no other step of the tier.
+    test_step cuda_stages 150
+}
+
+# The rest, in order of value, as far as the budget goes.
+rest_steps() {
+    local never_joins=a_group_whose_peer_never_joins_fails_within_its_timeout
+    # The join-timeout test waits out its 5 s timeout: a step of its own, so a hang in
+    # NCCL's abort costs that step only.
     test_step nccl_device 45 nccl_device-peer-never-joins --exact "$never_joins"
     test_step device_local_cuda 60
-    test_step cuda_stages 150
     train_runs
     bench_step zero-bench-nccl 90 env RANK=0 WORLD_SIZE=1 LOCAL_RANK=0 MASTER_ADDR=127.0.0.1 \
         MASTER_PORT=29517 "$BIN/zero-bench" all_reduce --backend nccl -b 1K -e 1G -f 4 -n 20 -w 5
@@ -333,8 +378,80 @@ run() {
     test_step nvrtc_compile 45
     test_step kernels_nvrtc 30
     test_step device_local_nvrtc 30
-    kill "$sampler" 2>/dev/null
-    note "gpu-check: finished at $(stamp), $([ "$FAILED" -eq 0 ] && echo 'every step passed' || echo 'SOME STEPS FAILED'); logs in $OUT"
+}
+
+# What the GPU steps need from the machine: the CUDA libraries where cudarc finds them, the
+# tests' strictness, reproducible cuBLAS, NCCL on one node, and the load sampled each second.
+prepare_gpu() {
+    { nvidia-smi || echo "nvidia-smi failed"; } >"$WORK/nvidia-smi.txt" 2>&1
+    # Not in a subshell: link_libs exports LD_LIBRARY_PATH for the steps below.
+    link_libs "${TMPDIR:-/tmp}/zero-gpu-check-libs" >"$WORK/libs.txt" 2>&1
+    export ZERO_GPT_REQUIRE_GPU=1 ZERO_GPT_REQUIRE_NVRTC=1 ZERO_COMM_REQUIRE_GPU=1 RUST_BACKTRACE=1
+    # cuBLAS is bitwise reproducible run to run only with a fixed workspace configuration
+    # (cuBLAS docs, "Results reproducibility"); the stage tests compare runs bit for bit.
+    export CUBLAS_WORKSPACE_CONFIG="${CUBLAS_WORKSPACE_CONFIG:-:4096:8}"
+    # One node: NCCL's bootstrap on loopback, no InfiniBand probing; its warnings in the logs.
+    export NCCL_SOCKET_IFNAME="${NCCL_SOCKET_IFNAME:-lo}" NCCL_IB_DISABLE="${NCCL_IB_DISABLE:-1}"
+    export NCCL_DEBUG="${NCCL_DEBUG:-WARN}"
+    nvidia-smi --query-gpu=timestamp,memory.used,utilization.gpu,power.draw --format=csv -l 1 \
+        >"$WORK/gpu-usage.csv" 2>&1 &
+    SAMPLER=$!
+}
+
+run() {
+    set +e # every step runs whatever the earlier ones did
+    local tier="${1:-all}"
+    case "$tier" in
+        first | rest | all) ;;
+        *) echo "usage: $0 run [first|rest|all]" >&2; exit 2 ;;
+    esac
+    BUDGET_S="${GPU_CHECK_BUDGET_S:-360}"
+    if ! [[ "$BUDGET_S" =~ ^[0-9]{1,6}$ ]]; then
+        echo "gpu-check: GPU_CHECK_BUDGET_S=$BUDGET_S: expected whole seconds" >&2
+        exit 2
+    fi
+    detect_gpu
+    BIN=$(find_bin)
+    if [ -z "$BIN" ] && [ -z "$NO_GPU" ]; then
+        echo "gpu-check: no test binaries in $here or $here/../gpu-bin: run" \
+            "'bash scripts/gpu-check.sh build' first (it needs cargo; the GPU machine has none)" >&2
+        exit 2
+    fi
+    OUT="${OUT:-target/gpu-check}"
+    WORK="${GPU_CHECK_WORK:-${TMPDIR:-/tmp}/zero-gpu-check}"
+    mkdir -p "$OUT" && rm -rf "$WORK" && mkdir -p "$WORK" || exit 2
+    OUT="$(cd "$OUT" && pwd)" WORK="$(cd "$WORK" && pwd)"
+    rm -f "$OUT"/summary.txt "$OUT"/failures.txt "$OUT"/bench.txt "$OUT"/logs.tar.gz*
+    : >"$OUT/summary.txt"
+    : >"$WORK/progress.txt"
+    FAILED=0 SAMPLER=""
+    local gpu
+    gpu=$(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null |
+        head -n 1)
+    note "gpu-check run $tier $(date -u '+%Y-%m-%d %H:%M:%S UTC'), budget ${BUDGET_S} s; GPU: ${gpu:-${NO_GPU:-see nvidia-smi.txt}}"
+    [ -n "$BIN" ] || note "binaries: none built here (a dry run needs none)"
+    # A copy that lost the executable bits must not fail every step.
+    [ -z "$BIN" ] || chmod u+x "$BIN"/zero-* "${ALL_TESTS[@]/#/$BIN/}" 2>/dev/null
+    if [ -n "$BIN" ] && [ -d "$BIN/cubin" ]; then
+        # Kernels compiled ahead by `build`: no process compiles them again (zero-alloc's
+        # nvrtc::prebuilt; another architecture still compiles with NVRTC).
+        export ZERO_CUBIN_DIR="$BIN/cubin"
+        note "prebuilt kernels: $(find "$BIN/cubin" -name '*.cubin' | wc -l) CUBINs in $BIN/cubin"
+    fi
+    # The GPU machine's memory reads small at first and grows as it is used (128 GiB in all),
+    # so the host-memory checks read this figure instead of MemAvailable.
+    export ZERO_HOST_MEMORY="${GPU_CHECK_HOST_MEMORY:-100G}"
+    [ -n "$NO_GPU" ] || prepare_gpu
+    { env | grep -E '^(LD_LIBRARY_PATH|CUDA|CUBLAS|NCCL|ZERO)' | sort; ldd --version 2>&1 | head -n 1; } \
+        >"$WORK/env.txt"
+    pack
+    case "$tier" in first | all) first_steps ;; esac
+    case "$tier" in rest | all) rest_steps ;; esac
+    [ -z "$SAMPLER" ] || kill "$SAMPLER" 2>/dev/null
+    local verdict="no step failed"
+    [ "$FAILED" -eq 0 ] || verdict="SOME STEPS FAILED (their log tails: failures.txt)"
+    note "gpu-check: finished at $(stamp): $verdict; every log in logs.tar.gz"
+    pack
     return "$FAILED"
 }
 
@@ -343,20 +460,19 @@ run() {
 # their losses compared; then GPT-2 124M (bf16, T = 1024, 8 steps) at stage 0 with one rank
 # and at stage 3 with four ranks on the GPU, the same 16 sequences a step.
 TORCHRUN_ONE=(env RANK=0 WORLD_SIZE=1 LOCAL_RANK=0 MASTER_ADDR=127.0.0.1 MASTER_PORT=29518)
-GPT2=(--model gpt2 --seq-len 1024 --precision bf16 --steps 8 --warmup-steps 0)
+GPT2=(--model gpt2 --seq-len 1024 --precision bf16 --warmup-steps 0)
+# Each zero-train run's state (passed, failed, ...), for the comparisons between runs.
+declare -A RUN_STATE=()
 
 train_runs() {
-    if [ ! -f "$BIN/data/train.bin" ]; then
-        note "zero-train --device cuda: NOT RUN (no token files in $BIN/data)"
-        return
-    fi
+    data_ready || return
     local n1=(--world-size 1 --zero-stage 2 --steps 10)
     train_one device-local-n1 45 "${n1[@]}"
     train_one nccl-n1 60 "${n1[@]}" --backend nccl
     compare_losses device-local-n1 nccl-n1
-    train_one gpt2-stage0-n1 120 "${GPT2[@]}" --world-size 1 --zero-stage 0 \
+    train_one gpt2-stage0-n1 120 "${GPT2[@]}" --steps 8 --world-size 1 --zero-stage 0 \
         --micro-batch-size 16 --batch-size 16
-    train_one gpt2-stage3-n4 120 "${GPT2[@]}" --world-size 4 --zero-stage 3 \
+    train_one gpt2-stage3-n4 120 "${GPT2[@]}" --steps 8 --world-size 4 --zero-stage 3 \
         --micro-batch-size 4 --batch-size 16
     compare_step_times gpt2-stage0-n1 gpt2-stage3-n4
 }
@@ -364,7 +480,7 @@ train_runs() {
 # The default model at N_d = 2, stage 3, 20 steps, and the same with its activation
 # checkpoints offloaded to pinned host memory.
 later_train_runs() {
-    [ -f "$BIN/data/train.bin" ] || return
+    data_ready || return
     local smoke=(--world-size 2 --zero-stage 3 --steps 20)
     train_one smoke 60 "${smoke[@]}"
     train_one smoke-offload 60 "${smoke[@]}" --activation-checkpointing --offload-activations
@@ -375,18 +491,18 @@ later_train_runs() {
 # cost in step time), then stage 0 at micro-batch 32 (is a larger micro-batch faster, and does
 # it fit).
 gpt2_more_stages() {
-    [ -f "$BIN/data/train.bin" ] || return
+    data_ready || return
     local stage
     for stage in 1 2; do
-        train_one "gpt2-stage$stage-n4" 90 "${GPT2[@]}" --world-size 4 --zero-stage "$stage" \
+        train_one "gpt2-stage$stage-n4" 90 "${GPT2[@]}" --steps 8 --world-size 4 --zero-stage "$stage" \
             --micro-batch-size 4 --batch-size 16
     done
-    train_one gpt2-stage2-n4-offload 90 "${GPT2[@]}" --world-size 4 --zero-stage 2 \
+    train_one gpt2-stage2-n4-offload 90 "${GPT2[@]}" --steps 8 --world-size 4 --zero-stage 2 \
         --micro-batch-size 4 --batch-size 16 --offload-optimizer
     compare_losses gpt2-stage2-n4 gpt2-stage2-n4-offload
     compare_step_times gpt2-stage2-n4 gpt2-stage2-n4-offload \
         "no target: the cost of the host AdamW and the copies"
-    train_one gpt2-stage0-n1-mb32 90 "${GPT2[@]}" --world-size 1 --zero-stage 0 \
+    train_one gpt2-stage0-n1-mb32 90 "${GPT2[@]}" --steps 8 --world-size 1 --zero-stage 0 \
         --micro-batch-size 32 --batch-size 32
 }
 
@@ -394,21 +510,38 @@ gpt2_more_stages() {
 # parameter, 1.56 B parameters, per rank): zero-train must refuse at start-up, naming the GPU's
 # memory and what fits, instead of failing in an allocation. Passes only on that refusal.
 expect_memory_refusal() {
-    [ -f "$BIN/data/train.bin" ] || return
+    data_ready || return
     local failed_before=$FAILED name=gpu-memory-refusal
     step "$name" 60 "$BIN/zero-train" --device cuda --data "$BIN/data" --model gpt2-xl \
         --seq-len 1024 --world-size 8 --zero-stage 0 --micro-batch-size 1 --batch-size 8 \
         --steps 1 --eval-every 0 --sample-tokens 0
-    local log="$OUT/$name.log" hint
-    if [ "$STEP_RC" -ne 0 ] && [ "$STEP_RC" -ne 124 ] && [ "$STEP_RC" -ne 137 ] &&
-        [ "$STEP_RC" -ne 125 ] && grep -q "the GPU's total memory" "$log"; then
-        FAILED=$failed_before
-        hint=$(grep -o "[^;]*; [^.]*fits[^.]*" "$log" | head -n 1 | sed 's/.*; //')
-        note "zero-train $name: passed: refused at start-up (${hint:-see $name.log})"
-    else
-        FAILED=1
-        note "zero-train $name: FAILED: no start-up refusal naming the GPU's memory ($STEP_HOW)"
-    fi
+    local log="$WORK/$name.log" hint
+    case "$STEP_STATE" in
+        skipped | not-run) note "zero-train $name: $STEP_HOW" ;;
+        failed)
+            if grep -q "the GPU's total memory" "$log"; then
+                FAILED=$failed_before
+                hint=$(grep -o "[^;]*; [^.]*fits[^.]*" "$log" | head -n 1 | sed 's/.*; //')
+                note "zero-train $name: passed: refused at start-up (${hint:-see $name.log})"
+            else
+                note "zero-train $name: FAILED: its error names no GPU memory ($STEP_HOW)"
+            fi
+            ;;
+        *)
+            FAILED=1
+            note "zero-train $name: FAILED: no start-up refusal naming the GPU's memory ($STEP_HOW)"
+            ;;
+    esac
+    pack
+}
+
+# True when the zero-train runs can start: the token files travelled with the binaries (or,
+# in a dry run, the steps are skipped anyway).
+data_ready() {
+    [ -n "$NO_GPU" ] && return 0
+    [ -f "$BIN/data/train.bin" ] && return 0
+    note "zero-train --device cuda: not run (no token files in $BIN/data)"
+    return 1
 }
 
 # zero-train run $1 (limit $2 s, flags $3...) on the GPU; its metrics summarised in summary.txt.
@@ -417,11 +550,13 @@ train_one() {
     shift 2
     local launch=()
     case " $* " in *" --backend nccl "*) launch=("${TORCHRUN_ONE[@]}") ;; esac
-    rm -f "$OUT/$name.jsonl"
+    rm -f "$WORK/$name.jsonl"
     step "$name" "$limit" "${launch[@]}" "$BIN/zero-train" --device cuda --data "$BIN/data" \
-        --eval-every 0 --sample-tokens 0 "$@" --metrics "$OUT/$name.jsonl"
+        --eval-every 0 --sample-tokens 0 "$@" --metrics "$WORK/$name.jsonl"
+    RUN_STATE[$name]=$STEP_STATE
+    case "$STEP_STATE" in skipped | not-run) note "zero-train $name: $STEP_HOW"; pack; return ;; esac
     local line
-    line=$(timeout 30 python3 - "$OUT/$name.jsonl" "$name" "${GPU_PEAK_FLOPS:-989.4e12}" <<'PY' 2>&1
+    line=$(timeout 30 python3 - "$WORK/$name.jsonl" "$name" "${GPU_PEAK_FLOPS:-989.4e12}" <<'PY' 2>&1
 import json, os, sys
 path, name, peak_flops = sys.argv[1], sys.argv[2], float(sys.argv[3])
 rows = []
@@ -456,12 +591,17 @@ print(text)
 PY
 )
     note "zero-train $name: $STEP_HOW; $line"
+    pack
 }
 
 # The losses of runs $1 and $2, step by step: equal within 1e-5 relative, or the check fails.
 compare_losses() {
     local line rc=0
-    line=$(timeout 30 python3 - "$OUT/$1.jsonl" "$OUT/$2.jsonl" <<'PY' 2>&1
+    if [ "${RUN_STATE[$1]:-}" != passed ] || [ "${RUN_STATE[$2]:-}" != passed ]; then
+        note "losses $1 vs $2: not compared ($1 ${RUN_STATE[$1]:-not run}, $2 ${RUN_STATE[$2]:-not run})"
+        return
+    fi
+    line=$(timeout 30 python3 - "$WORK/$1.jsonl" "$WORK/$2.jsonl" <<'PY' 2>&1
 import json, os, sys
 def losses(path):
     out = []
@@ -493,7 +633,11 @@ PY
 # at N_d = 4 within 30% of stage 0).
 compare_step_times() {
     local line target="${3:-target: at most 1.30x}"
-    line=$(timeout 30 python3 - "$OUT/$1.jsonl" "$OUT/$2.jsonl" "$target" <<'PY' 2>&1
+    if [ "${RUN_STATE[$1]:-}" != passed ] || [ "${RUN_STATE[$2]:-}" != passed ]; then
+        note "step time $2 / $1: not compared ($1 ${RUN_STATE[$1]:-not run}, $2 ${RUN_STATE[$2]:-not run})"
+        return
+    fi
+    line=$(timeout 30 python3 - "$WORK/$1.jsonl" "$WORK/$2.jsonl" "$target" <<'PY' 2>&1
 import json, os, sys
 def mean_step_ms(path):
     rows = []
@@ -517,6 +661,6 @@ PY
 
 case "$mode" in
     build) build ;;
-    run) run ;;
-    *) echo "usage: $0 build|run" >&2; exit 2 ;;
+    run) run "${2:-all}" ;;
+    *) echo "usage: $0 build | run [first|rest|all]" >&2; exit 2 ;;
 esac

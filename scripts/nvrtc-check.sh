@@ -1,30 +1,25 @@
 #!/usr/bin/env bash
 # Compiles every CUDA kernel source with NVRTC for sm_80 and sm_90, on any machine (no GPU,
 # no CUDA toolkit): NVRTC comes from the PyPI wheel nvidia-cuda-nvrtc-cu12, installed once
-# into a cache folder. Where pip cannot get the wheel, says why and exits 0 (skipped).
+# into a cache folder. Where pip cannot get the wheel, says why and exits 0 (skipped). First
+# it runs the unit tests of the feature-`cuda` code that need no GPU.
 #
 #   bash scripts/nvrtc-check.sh
 #
-# ZERO_RS_NVRTC_DIR overrides the cache folder (default ~/.cache/zero-rs/nvrtc).
+# scripts/nvrtc-lib.sh finds or installs the library (ZERO_RS_NVRTC_DIR: its cache folder).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-dir="${ZERO_RS_NVRTC_DIR:-$HOME/.cache/zero-rs/nvrtc}"
-lib="$dir/nvidia/cuda_nvrtc/lib"
-if ! ls "$lib"/libnvrtc.so.12 >/dev/null 2>&1; then
-    echo "nvrtc-check: installing nvidia-cuda-nvrtc-cu12 into $dir"
-    if ! command -v pip >/dev/null 2>&1 && ! command -v pip3 >/dev/null 2>&1; then
-        echo "nvrtc-check: SKIPPED: no pip on PATH to fetch the NVRTC wheel"
-        exit 0
-    fi
-    pip_cmd=$(command -v pip || command -v pip3)
-    mkdir -p "$dir"
-    if ! "$pip_cmd" install --quiet --disable-pip-version-check --no-deps --target "$dir" \
-        nvidia-cuda-nvrtc-cu12==12.9.86 2>"$dir/pip.log"; then
-        echo "nvrtc-check: SKIPPED: pip could not install nvidia-cuda-nvrtc-cu12:"
-        tail -n 5 "$dir/pip.log"
-        exit 0
-    fi
+# The unit tests of the code that exists only under feature `cuda` and needs no GPU (the
+# device views, the context owner, the cuBLAS handle's drop policy, NCCL's abort settling):
+# plain `cargo test` never compiles them.
+cargo test -p zero-alloc --features cuda --lib -- context:: cuda:: pinned::
+cargo test -p zero-comm --features cuda --lib -- nccl:: device_local::
+cargo test -p zero-gpt --features cuda --lib -- cuda::
+
+if ! lib=$(bash scripts/nvrtc-lib.sh); then
+    echo "nvrtc-check: SKIPPED: no NVRTC library (above: why)"
+    exit 0
 fi
 export LD_LIBRARY_PATH="$lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 # The test fails instead of skipping when it cannot load NVRTC: here it must compile.

@@ -4,7 +4,8 @@
 #
 #   1. cargo test --workspace              (no MPI needed: the `mpi` feature is off)
 #   2. every CUDA kernel compiled by NVRTC for sm_80 and sm_90 (scripts/nvrtc-check.sh: the
-#      NVRTC library comes from a PyPI wheel; no GPU needed)
+#      NVRTC library comes from a PyPI wheel; no GPU needed), and scripts/gpu-check.sh's
+#      packaging checked without a GPU (scripts/check-gpu-dry-run.sh)
 #   3. zero-train's safetensors export read back by Hugging Face's `safetensors` package and
 #      numpy (from PyPI, into a cache folder) and compared with its llm.c export
 #   4. the MPI backend (feature `mpi`): OpenMPI, its headers and libclang (rsmpi's bindgen)
@@ -12,7 +13,10 @@
 #      process and under `mpirun -np 2` and `-np 4`, each bounded by `timeout`; then the
 #      engine's staging check (mpi_staging), zero-train over MPI against the local backend,
 #      each injected fault over MPI named in the output, and `zero-train launch` restarting an
-#      MPI job to the local backend's states (docs/faults.md; about 30 s).
+#      MPI job to the local backend's states (docs/faults.md; about 30 s); then zero-train
+#      across 2 emulated hosts (scripts/cluster-check.sh: network namespaces with rate-limited
+#      links; skipped, saying why, where namespaces cannot be made) and scripts/cluster.sh's
+#      answers to bad input.
 #
 # ZERO_SKIP_MPI=1 skips step 4 (for machines where MPI cannot be installed). Steps 2 and 3 say
 # why they skipped where pip cannot fetch their packages.
@@ -30,6 +34,9 @@ cargo test --workspace
 echo "== NVRTC: every CUDA kernel source"
 bash scripts/nvrtc-check.sh
 
+echo "== the GPU check's packaging, without a GPU (dry run, spent budget, stand-in binaries)"
+bash scripts/check-gpu-dry-run.sh
+
 echo "== safetensors export read by Hugging Face's reader"
 bash scripts/check-export.sh
 
@@ -39,7 +46,8 @@ if [[ "${ZERO_SKIP_MPI:-0}" == 1 ]]; then
 fi
 
 # --- MPI -------------------------------------------------------------------------------
-mpi_packages=(openmpi-bin libopenmpi-dev libclang-dev)
+# iproute2 (ip, tc) for the emulated hosts of scripts/cluster-check.sh.
+mpi_packages=(openmpi-bin libopenmpi-dev libclang-dev iproute2)
 missing=()
 for p in "${mpi_packages[@]}"; do
   if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
@@ -50,7 +58,7 @@ if ((${#missing[@]})); then
   sudo=()
   if [[ "$(id -u)" != 0 ]]; then sudo=(sudo); fi
   if ! command -v apt-get >/dev/null 2>&1; then
-    echo "test.sh: install ${missing[*]} (OpenMPI, its headers, libclang) or set ZERO_SKIP_MPI=1" >&2
+    echo "test.sh: install ${missing[*]} (OpenMPI, its headers, libclang, iproute2) or set ZERO_SKIP_MPI=1" >&2
     exit 1
   fi
   echo "== installing ${missing[*]}"
@@ -206,3 +214,7 @@ for piece in "$work/unbroken/step-000006"/rank-*.bin; do
     { echo "test.sh: $(basename "$piece") differs after the MPI restart" >&2; exit 1; }
 done
 grep "^zero-train launch" "$work/log"
+
+# --- zero-train across emulated hosts: namespaces, 1 Gbit/s links, OpenMPI's TCP transport --
+echo "== zero-train across 2 emulated hosts (scripts/cluster.sh) against the local backend"
+bash scripts/cluster-check.sh "$zt"

@@ -1,7 +1,15 @@
 //! CUDA device memory behind an arena (feature `cuda`).
 //!
-//! The arena owns one `CudaSlice<u8>` and orders every copy on its own stream, so cudarc's
-//! per-slice event tracking is turned off: it would only add events to a single-stream user.
+//! The arena owns one `CudaSlice<u8>` and orders every copy on its own stream; its context
+//! comes from [`crate::context::untracked_context`], so cudarc adds no events to it.
+//!
+//! The allocation is the arena's `len` bytes followed by a move scratch of
+//! `min(len, MOVE_SCRATCH)` bytes that no block ever covers: a defragmentation that moves a
+//! block down by a short distance stages it through the scratch ([`crate::move_plan`]), so a
+//! 100 MB block moved by 256 B takes 50 copies, not 400k. (Rejected: borrowing free arena space
+//! as the scratch; the only free space during a move is the `distance` bytes below the block,
+//! which is exactly what is short.) The scratch is device memory the arena's `Stats` do not
+//! count: at most 4 MiB per CUDA arena, beside its capacity.
 
 use std::sync::Arc;
 
@@ -9,8 +17,9 @@ use cudarc::driver::{
     result as cu, sys, CudaContext, CudaSlice, CudaStream, DevicePtr, DriverError,
 };
 
+use crate::context::untracked_context;
 use crate::error::{AllocError, Result};
-use crate::libraries::CudaLibrary;
+use crate::move_plan::{plan_move_down, At};
 
 /// Maps a driver error to the crate error, keeping the CUDA code in the message.
 pub(crate) fn cuda_err(what: &'static str) -> impl Fn(DriverError) -> AllocError {
@@ -20,12 +29,8 @@ pub(crate) fn cuda_err(what: &'static str) -> impl Fn(DriverError) -> AllocError
     }
 }
 
-/// Opens the context of `ordinal`, after checking the driver library exists (cudarc panics
-/// when it does not).
-pub(crate) fn context(ordinal: usize) -> Result<Arc<CudaContext>> {
-    CudaLibrary::Driver.require()?;
-    CudaContext::new(ordinal).map_err(cuda_err("CudaContext::new"))
-}
+/// The most device memory a CUDA arena holds beside its capacity, as the scratch of its moves.
+pub(crate) const MOVE_SCRATCH: usize = 4 << 20;
 
 /// One device allocation and the stream that orders its copies.
 #[derive(Debug)]
@@ -37,20 +42,21 @@ pub(crate) struct DeviceRegion {
     _buf: CudaSlice<u8>,
     base: sys::CUdeviceptr,
     len: usize,
+    // The move scratch starts at `base + len`.
+    scratch_len: usize,
 }
 
 impl DeviceRegion {
     pub(crate) fn new(ordinal: usize, len: usize) -> Result<Self> {
-        let ctx = context(ordinal)?;
-        // SAFETY: event tracking orders other streams' uses of the allocation after its
-        // stream-ordered allocation and zeroing on `stream`. Every other stream that touches
-        // the region orders itself after `stream` (it waits for it from the host, or on an
-        // event recorded on it) before using an address, which gives the same ordering.
-        unsafe { ctx.disable_event_tracking() };
+        // Untracked (`crate::context`): every other stream that touches the region orders
+        // itself after `stream` (it waits for it from the host, or on an event recorded on
+        // it) before using an address, so it also comes after the allocation and zeroing.
+        let ctx = untracked_context(ordinal)?;
         let stream = ctx.default_stream();
         let copy_stream = ctx.new_stream().map_err(cuda_err("new_stream"))?;
+        let scratch_len = MOVE_SCRATCH.min(len);
         let buf = stream
-            .alloc_zeros::<u8>(len.max(1))
+            .alloc_zeros::<u8>((len + scratch_len).max(1))
             .map_err(cuda_err("alloc_zeros"))?;
         let base = {
             let (ptr, _sync) = buf.device_ptr(&stream);
@@ -62,6 +68,7 @@ impl DeviceRegion {
             _buf: buf,
             base,
             len,
+            scratch_len,
         })
     }
 
@@ -69,31 +76,36 @@ impl DeviceRegion {
         self.base
     }
 
-    /// Moves `len` bytes down from `src` to `dst` (offsets). A device memcpy of overlapping
-    /// ranges is undefined, so the move goes in ascending chunks no longer than the distance:
-    /// each chunk's destination only covers bytes already copied.
+    /// Moves `len` bytes down from `src` to `dst` (offsets), ranges possibly overlapping. A
+    /// device memcpy of overlapping ranges is undefined, so the move runs
+    /// [`plan_move_down`]'s copies, whose ranges never overlap, in order on the arena's stream.
+    /// Not run on a GPU.
     pub(crate) fn move_down(&self, src: usize, dst: usize, len: usize) -> Result<()> {
         assert!(
             dst < src && src + len <= self.len,
             "device move out of range"
         );
         self.bind()?;
-        let step = src - dst;
-        let mut done = 0;
-        while done < len {
-            let n = step.min(len - done);
-            // SAFETY: both ranges lie inside the allocation (asserted) and do not overlap
-            // (n <= src - dst); the copy is ordered on the arena's own stream.
+        let scratch = self.base + self.len as u64;
+        let address = |at| match at {
+            At::Region(offset) => self.base + offset as u64,
+            At::Scratch => scratch,
+        };
+        for step in plan_move_down(src, dst, len, self.scratch_len) {
+            // SAFETY: region ranges lie inside the arena's bytes (asserted: every planned
+            // range is within `dst..src + len`), a scratch range within the `scratch_len`
+            // bytes after them (a step never exceeds `scratch_len` when it touches the
+            // scratch); a step's two ranges do not overlap (the plan's guarantee, tested on
+            // the host); the steps run in order on the arena's own stream.
             unsafe {
                 cu::memcpy_dtod_async(
-                    self.base + (dst + done) as u64,
-                    self.base + (src + done) as u64,
-                    n,
+                    address(step.to),
+                    address(step.from),
+                    step.len,
                     self.stream.cu_stream(),
                 )
             }
             .map_err(cuda_err("memcpy_dtod_async"))?;
-            done += n;
         }
         Ok(())
     }
@@ -102,10 +114,7 @@ impl DeviceRegion {
     /// act on the current context, and an arena may be used from a thread that never bound
     /// it.
     fn bind(&self) -> Result<()> {
-        self.stream
-            .context()
-            .bind_to_thread()
-            .map_err(cuda_err("bind_to_thread"))
+        Ok(crate::context::bind(self.stream.context())?)
     }
 
     /// Copies host bytes into the region at `offset`, ordered on the default (arena) stream.
@@ -202,8 +211,8 @@ pub(crate) fn register_host(region: &mut crate::memory::HostRegion, ordinal: usi
     let Some((ptr, len)) = region.mapping() else {
         return Ok(());
     };
-    let ctx = context(ordinal)?;
-    ctx.bind_to_thread().map_err(cuda_err("bind_to_thread"))?;
+    let ctx = untracked_context(ordinal)?;
+    crate::context::bind(&ctx)?;
     let ptr = ptr.cast::<std::ffi::c_void>();
     // SAFETY: `ptr..ptr + len` is the region's own anonymous mapping, in whole pages (mmap
     // maps whole pages), and the region keeps it mapped until after the registration drops.
@@ -219,6 +228,10 @@ impl HostRegistration {
     /// stay mapped (CUDA requires registered memory to be unregistered before it is freed, and
     /// a new mapping at the same address would inherit the stale registration).
     pub(crate) fn unregister(self) -> bool {
+        // An earlier error is not this call's: log it and unregister all the same.
+        if let Err(err) = self.ctx.check_err() {
+            tracing::error!(error = ?err, "an earlier asynchronous CUDA error, reported now");
+        }
         if let Err(err) = self.ctx.bind_to_thread() {
             tracing::error!(error = %err, "cannot bind the context to unregister host memory");
             return false;

@@ -109,6 +109,15 @@ pub enum AllocError {
         #[source]
         source: std::io::Error,
     },
+    /// A file (a prebuilt CUBIN) could not be written or read.
+    #[error("{path}: {source}")]
+    Io {
+        /// The file.
+        path: String,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
     /// Lengths of a copy's source and destination differ.
     #[error("copy length mismatch: source {src} bytes, destination {dst} bytes")]
     LengthMismatch {

@@ -36,6 +36,8 @@
 mod arena;
 mod config;
 #[cfg(feature = "cuda")]
+pub mod context;
+#[cfg(feature = "cuda")]
 mod cuda;
 mod device;
 mod error;
@@ -45,6 +47,12 @@ mod lend;
 #[cfg(feature = "cuda")]
 mod libraries;
 mod memory;
+// Pure planning, compiled (and tested) without the feature; only the CUDA arena runs a plan.
+#[cfg_attr(
+    not(feature = "cuda"),
+    allow(dead_code, reason = "only the CUDA arena's moves run a plan")
+)]
+mod move_plan;
 pub mod nvrtc;
 mod offload;
 mod pinned;

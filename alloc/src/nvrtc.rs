@@ -8,17 +8,21 @@
 //! architecture, the first time it is loaded there; later loads share the functions.
 //! Rejected: compiling each kernel on first launch, which would put a compiler run (tens of
 //! milliseconds) inside the first training step. NVRTC needs no GPU, so CI compiles every
-//! program for [`CI_ARCHS`] on a machine without one.
+//! program for [`CI_ARCHS`] on a machine without one, and a folder of CUBINs compiled ahead
+//! ([`prebuilt`]) spares a GPU machine the compiler altogether.
 
 #[cfg(feature = "cuda")]
 mod cubin;
 #[cfg(feature = "cuda")]
 mod load;
+pub mod prebuilt;
 #[cfg(feature = "cuda")]
 mod test_support;
 
 #[cfg(feature = "cuda")]
-pub use load::LoadedKernels;
+pub use cubin::write_prebuilt;
+#[cfg(feature = "cuda")]
+pub use load::{ImageOrigin, LoadedKernels};
 #[cfg(feature = "cuda")]
 #[doc(hidden)]
 pub use test_support::{check_cubin, nvrtc_or_skip};
@@ -79,20 +83,26 @@ pub fn declared_kernels(text: &str) -> Vec<&str> {
         .collect()
 }
 
-/// The `sm_XY` name NVRTC takes for compute capability (major, minor) among those known
-/// here; `None` (NVRTC's default target, JIT-compiled by the driver) otherwise.
+/// The architectures known here: compute capability (major, minor) and the `sm_XY` name
+/// NVRTC takes for it.
+pub const KNOWN_ARCHS: &[((i32, i32), &str)] = &[
+    ((7, 5), "sm_75"),
+    ((8, 0), "sm_80"),
+    ((8, 6), "sm_86"),
+    ((8, 9), "sm_89"),
+    ((9, 0), "sm_90"),
+    ((10, 0), "sm_100"),
+    ((12, 0), "sm_120"),
+];
+
+/// The `sm_XY` name NVRTC takes for compute capability (major, minor) among
+/// [`KNOWN_ARCHS`]; `None` (NVRTC's default target, JIT-compiled by the driver) otherwise.
 #[must_use]
 pub fn arch_for(major: i32, minor: i32) -> Option<&'static str> {
-    Some(match (major, minor) {
-        (7, 5) => "sm_75",
-        (8, 0) => "sm_80",
-        (8, 6) => "sm_86",
-        (8, 9) => "sm_89",
-        (9, 0) => "sm_90",
-        (10, 0) => "sm_100",
-        (12, 0) => "sm_120",
-        _ => return None,
-    })
+    KNOWN_ARCHS
+        .iter()
+        .find(|(cc, _)| *cc == (major, minor))
+        .map(|&(_, name)| name)
 }
 
 /// The programs one crate loads together; `name` keys the per-device cache, so it is unique

@@ -103,7 +103,7 @@ impl PinnedBuffer {
     /// As [`new`](Self::new).
     #[cfg(feature = "cuda")]
     pub fn cuda(ordinal: usize, len: usize) -> Result<Self> {
-        let attempt = crate::cuda::context(ordinal).and_then(|ctx| {
+        let attempt = crate::context::untracked_context(ordinal).and_then(|ctx| {
             // SAFETY: the allocation is zeroed below before anyone can read it.
             let mut slice = unsafe { ctx.alloc_pinned_with_flags::<u8>(len.max(1), 0) }
                 .map_err(crate::cuda::cuda_err("cudaHostAlloc"))?;

@@ -63,3 +63,30 @@ fn a_program_that_does_not_compile_returns_the_log_for_ptx_and_cubin() {
         }
     }
 }
+
+#[test]
+fn prebuilt_cubins_are_written_for_each_arch_and_selected_by_a_device_of_that_arch() {
+    use zero_alloc::nvrtc::prebuilt::{image_source, ImageSource};
+    use zero_alloc::nvrtc::{write_prebuilt, KernelSet};
+    if !nvrtc_or_skip("prebuilt_cubins_are_written_and_selected") {
+        return;
+    }
+    static SET: KernelSet = KernelSet {
+        name: "prebuilt test",
+        programs: &[SCALE],
+    };
+    let dir = std::env::temp_dir().join(format!("zero-prebuilt-{}", std::process::id()));
+    let written = write_prebuilt(&dir, &[&SET], CI_ARCHS).unwrap();
+    assert_eq!(written.len(), CI_ARCHS.len());
+    // A device of capability 9.0 (an H100 or H200) selects the sm_90 file written above, and
+    // that file is the program's machine code.
+    let ImageSource::Prebuilt { path, arch } = image_source(&SCALE, (9, 0), Some(&dir)) else {
+        panic!("no prebuilt image selected in {}", dir.display());
+    };
+    assert_eq!(arch, "sm_90");
+    assert!(written.contains(&path), "{path:?} not among {written:?}");
+    let image = std::fs::read(&path).unwrap();
+    assert_eq!(check_cubin(&image, &["scale"]), Ok(()));
+    assert_eq!(image, SCALE.compile_cubin("sm_90").unwrap());
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -6,7 +6,7 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use cudarc::driver::{CudaContext, CudaSlice, CudaStream, DeviceRepr, ValidAsZeroBits};
+use cudarc::driver::{CudaSlice, CudaStream, DeviceRepr, ValidAsZeroBits};
 use half::{bf16, f16};
 use zero_comm::device_local::cuda::{create, CudaOps};
 use zero_comm::device_local::{DeviceLocalComm, DeviceOps};
@@ -36,7 +36,10 @@ pub fn run_device_local(cfg: &BenchConfig, report: &mut dyn FnMut(&Row)) -> Resu
         .map_err(|e| CommError::InvalidArgument {
             what: format!("--device cuda: {e}"),
         })?;
-    let ctx = CudaContext::new(0).map_err(cuda("cuCtxCreate"))?;
+    let ctx =
+        zero_alloc::context::untracked_context(0).map_err(|e| CommError::InvalidArgument {
+            what: format!("--device cuda: {e}"),
+        })?;
     let devices = create(&ctx, cfg.ranks, zero_comm::Config::default())?;
     let hosts = zero_comm::local::create(cfg.ranks)?;
     let rows = std::thread::scope(|s| {

@@ -255,3 +255,17 @@ impl CommError {
 
 /// The crate's result type.
 pub type Result<T, E = CommError> = std::result::Result<T, E>;
+
+/// A failed `zero_alloc::context::bind` of `backend`, keeping the driver's code; an error
+/// recorded earlier is named as such, not as the call that found it.
+#[cfg(feature = "cuda")]
+pub(crate) fn bind_error(
+    backend: &'static str,
+) -> impl Fn(zero_alloc::context::BindError) -> CommError {
+    move |e| CommError::Vendor {
+        backend,
+        call: e.op(),
+        name: format!("{:?}", e.driver_error()),
+        code: i64::from(e.driver_error().0 as u32),
+    }
+}

@@ -36,7 +36,8 @@ fn probe() -> Result<Arc<CudaContext>, String> {
     if !unsafe { cudarc::driver::sys::is_culib_present() } {
         return Err("the CUDA driver library (libcuda.so) was not found".into());
     }
-    let ctx = CudaContext::new(0).map_err(|e| format!("no CUDA device 0: {e:?}"))?;
+    let ctx =
+        zero_alloc::context::untracked_context(0).map_err(|e| format!("no CUDA device 0: {e}"))?;
     cuda::create(&ctx, 1, Config::default()).map_err(|e| e.to_string())?;
     Ok(ctx)
 }

@@ -15,10 +15,12 @@
 //!   it just before, on the same compiled program.
 
 use std::ffi::CString;
+use std::path::{Path, PathBuf};
 
 use cudarc::nvrtc::{result, sys};
 
-use super::Program;
+use super::prebuilt::cubin_file_name;
+use super::{KernelSet, Program};
 use crate::error::{AllocError, Result};
 use crate::libraries::CudaLibrary;
 
@@ -110,4 +112,31 @@ impl Program {
             .cubin()
             .map_err(|code| nvrtc_error(self, arch, &format!("nvrtcGetCUBIN: {code:?}")))
     }
+}
+
+/// Compiles every program of `sets` to a CUBIN for each of `archs` and writes it into `dir`
+/// under [`cubin_file_name`], where [`super::prebuilt::image_source`] finds it; returns the
+/// files written.
+///
+/// # Errors
+/// As [`Program::compile_cubin`]; [`AllocError::Io`] when a file cannot be written.
+pub fn write_prebuilt(
+    dir: &Path,
+    sets: &[&KernelSet],
+    archs: &[&'static str],
+) -> Result<Vec<PathBuf>> {
+    let io = |path: &Path| {
+        let path = path.display().to_string();
+        move |source| AllocError::Io { path, source }
+    };
+    std::fs::create_dir_all(dir).map_err(io(dir))?;
+    let mut written = Vec::new();
+    for program in sets.iter().flat_map(|set| set.programs) {
+        for &arch in archs {
+            let path = dir.join(cubin_file_name(program, arch));
+            std::fs::write(&path, program.compile_cubin(arch)?).map_err(io(&path))?;
+            written.push(path);
+        }
+    }
+    Ok(written)
 }

@@ -7,7 +7,10 @@ use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use cudarc::driver::{CudaContext, CudaFunction};
 use cudarc::nvrtc::{self, CompileError, CompileOptions, Ptx};
 
-use super::{arch_for, KernelSet, Program};
+use cudarc::driver::CudaModule;
+
+use super::prebuilt::{image_source, prebuilt_dir_from_env, ImageSource};
+use super::{KernelSet, Program};
 use crate::cuda::cuda_err;
 use crate::error::{AllocError, Result};
 use crate::libraries::CudaLibrary;
@@ -37,16 +40,29 @@ impl Program {
     }
 }
 
+/// Where a loaded program's image came from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ImageOrigin {
+    /// A prebuilt CUBIN read from this file ([`super::prebuilt`]).
+    Prebuilt(std::path::PathBuf),
+    /// A CUBIN NVRTC compiled in this process.
+    Compiled,
+    /// PTX NVRTC compiled in this process, for the driver's JIT.
+    Ptx,
+}
+
 /// Every kernel of a [`KernelSet`], loaded on one device.
 #[derive(Debug)]
 pub struct LoadedKernels {
     functions: HashMap<&'static str, CudaFunction>,
+    origins: Vec<(&'static str, ImageOrigin)>,
 }
 
 impl LoadedKernels {
-    /// The kernels of `set` on `ctx`'s device: compiled for its architecture (a CUBIN when
-    /// [`arch_for`] knows it, else PTX) and loaded on first use in the process, shared
-    /// afterwards.
+    /// The kernels of `set` on `ctx`'s device, loaded on first use in the process and shared
+    /// afterwards: for each program, the prebuilt CUBIN for the device's architecture in the
+    /// folder [`super::prebuilt::PREBUILT_DIR_VAR`] names, else one NVRTC compiles (a CUBIN when [`arch_for`]
+    /// knows the architecture, else PTX).
     ///
     /// # Errors
     /// As [`Program::compile`], or [`AllocError::Cuda`] when the driver refuses a module or
@@ -69,34 +85,66 @@ impl LoadedKernels {
     }
 
     fn build(ctx: &Arc<CudaContext>, set: &KernelSet) -> Result<Self> {
-        let (major, minor) = ctx
+        let capability = ctx
             .compute_capability()
             .map_err(cuda_err("cuDeviceGetAttribute(compute capability)"))?;
-        let arch = arch_for(major, minor);
+        let prebuilt = prebuilt_dir_from_env();
         let mut functions = HashMap::new();
+        let mut origins = Vec::new();
         for program in set.programs {
-            // A known architecture gets its machine code (no JIT, no driver-version trap:
-            // `cubin`); an unknown one PTX for the driver to JIT.
-            let image = match arch {
-                Some(arch) => Ptx::from_binary(program.compile_cubin(arch)?),
-                None => program.compile(None)?,
-            };
-            let module = ctx
-                .load_module(image)
-                .map_err(cuda_err("cuModuleLoadData"))?;
+            let source = image_source(program, capability, prebuilt.as_deref());
+            let (module, origin) = load_program(ctx, program, source)?;
             for &name in program.functions {
                 let f = module
                     .load_function(name)
                     .map_err(cuda_err("cuModuleGetFunction"))?;
                 functions.insert(name, f);
             }
+            origins.push((program.name, origin));
         }
-        Ok(Self { functions })
+        Ok(Self { functions, origins })
+    }
+
+    /// Where each program's image came from, in the set's order.
+    #[must_use]
+    pub fn origins(&self) -> &[(&'static str, ImageOrigin)] {
+        &self.origins
     }
 
     /// The kernel `name`, if the set defines it.
     #[must_use]
     pub fn get(&self, name: &str) -> Option<&CudaFunction> {
         self.functions.get(name)
+    }
+}
+
+/// Loads `program` on `ctx` from `source`. A prebuilt CUBIN that cannot be read or that the
+/// driver refuses is compiled again with NVRTC, with a warning naming the file: the image it
+/// replaces is the same program, so only time is lost.
+fn load_program(
+    ctx: &Arc<CudaContext>,
+    program: &Program,
+    source: ImageSource,
+) -> Result<(Arc<CudaModule>, ImageOrigin)> {
+    let load = |image: Ptx| ctx.load_module(image).map_err(cuda_err("cuModuleLoadData"));
+    match source {
+        ImageSource::Prebuilt { path, arch } => {
+            let loaded = std::fs::read(&path)
+                .map_err(|e| e.to_string())
+                .and_then(|bytes| load(Ptx::from_binary(bytes)).map_err(|e| e.to_string()));
+            match loaded {
+                Ok(module) => Ok((module, ImageOrigin::Prebuilt(path))),
+                Err(why) => {
+                    tracing::warn!("prebuilt {}: {why}; compiling with NVRTC", path.display());
+                    let module = load(Ptx::from_binary(program.compile_cubin(arch)?))?;
+                    Ok((module, ImageOrigin::Compiled))
+                }
+            }
+        }
+        ImageSource::CompileCubin(arch) => Ok((
+            load(Ptx::from_binary(program.compile_cubin(arch)?))?,
+            ImageOrigin::Compiled,
+        )),
+        ImageSource::CompilePtx => Ok((load(program.compile(None)?)?, ImageOrigin::Ptx)),
     }
 }

@@ -30,6 +30,8 @@ use zero_train::validate::{MAX_LAYERS_OR_HEADS, MAX_RANKS, MAX_WIDTH};
 /// sizes in bytes with K/M/G = powers of 1024).
 #[derive(Debug, Parser)]
 #[command(name = "zero-bench-memory", version)]
+// A flag given twice takes its last value.
+#[command(args_override_self = true)]
 struct Args {
     /// Data-parallel ranks (threads of this process).
     #[arg(long, default_value_t = 8)]

@@ -17,7 +17,7 @@ use zero_benches::collective::{bus_factor, run, run_on, BenchConfig, Measurement
 use zero_benches::memcpy::memcpy_bandwidth;
 use zero_benches::size::parse_size;
 use zero_comm::{DType, OpKind, ReduceOp};
-use zero_train::memory_fit::host_available_bytes;
+use zero_train::memory_fit::{host_available_bytes, host_memory_override, HOST_MEMORY_VAR};
 use zero_train::validate::MAX_RANKS;
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -52,6 +52,8 @@ enum Device {
 /// bandwidths in decimal GB/s).
 #[derive(Debug, Parser)]
 #[command(name = "zero-bench", version)]
+// A flag given twice takes its last value (nccl-tests and GNU tools do the same).
+#[command(args_override_self = true)]
 struct Args {
     /// The collective.
     op: Op,
@@ -393,6 +395,9 @@ fn main() -> ExitCode {
         Err(e) => return fail(e, 2),
     };
     let ranks_here = if world.is_none() { cfg.ranks } else { 1 };
+    if let Err(e) = host_memory_override() {
+        return fail(format!("{HOST_MEMORY_VAR}: {e}"), 2);
+    }
     if let Err(e) = fits_host(&cfg, ranks_here, host_available_bytes()) {
         return fail(e, 2);
     }

@@ -35,7 +35,8 @@ pub const REDUCE_PROGRAM: Program = Program {
     functions: &REDUCE_KERNELS,
     options: BITWISE_OPTIONS,
 };
-static REDUCE_SET: KernelSet = KernelSet {
+/// The device-local reduction as the kernel set zero-alloc loads (and `zero-cubins` builds ahead).
+pub static REDUCE_SET: KernelSet = KernelSet {
     name: "zero-comm device_local",
     programs: &[REDUCE_PROGRAM],
 };
@@ -105,16 +106,24 @@ impl CudaOps {
     }
 }
 
-/// Creates `n` ranks on `ctx`'s device, each with a new stream.
+/// Creates `n` ranks on `ctx`'s device, each with a new stream. `ctx` must come from
+/// `zero_alloc::context::untracked_context`: new streams would turn on cudarc's event
+/// tracking in a tracked context, whose events the workspace's views record too early.
 ///
 /// # Errors
-/// `InvalidArgument` for 0 or more than [`MAX_RANKS`] ranks; `Unavailable` or `Vendor`
-/// when the kernel cannot be compiled or loaded or a stream cannot be created.
+/// `InvalidArgument` for 0 or more than [`MAX_RANKS`] ranks or a context with event
+/// tracking on; `Unavailable` or `Vendor` when the kernel cannot be compiled or loaded or a
+/// stream cannot be created.
 pub fn create(
     ctx: &Arc<CudaContext>,
     n: usize,
     config: Config,
 ) -> Result<Vec<DeviceLocalComm<CudaOps>>> {
+    if ctx.is_event_tracking() {
+        return Err(CommError::InvalidArgument {
+            what: "device_local needs a context from zero_alloc::context::untracked_context".into(),
+        });
+    }
     if n > MAX_RANKS {
         return Err(CommError::InvalidArgument {
             what: format!("device_local supports at most {MAX_RANKS} ranks, asked for {n}"),
@@ -137,10 +146,8 @@ impl DeviceOps for CudaOps {
     type Event = CudaEvent;
 
     unsafe fn copy(&self, dst: u64, src: u64, bytes: usize) -> Result<()> {
-        self.stream
-            .context()
-            .bind_to_thread()
-            .map_err(driver("cuCtxSetCurrent"))?;
+        zero_alloc::context::bind(self.stream.context())
+            .map_err(crate::error::bind_error("device_local"))?;
         // SAFETY: forwarded from the caller's contract (S1-S4 of `mod.rs`); the stream is live.
         unsafe { result::memcpy_dtod_async(dst, src, bytes, self.stream.cu_stream()) }
             .map_err(driver("cuMemcpyDtoDAsync"))
@@ -157,6 +164,9 @@ impl DeviceOps for CudaOps {
         if elems == 0 {
             return Ok(());
         }
+        // cudarc's launch binds too, but would report an earlier error as the launch's.
+        zero_alloc::context::bind(self.stream.context())
+            .map_err(crate::error::bind_error("device_local"))?;
         let mut sources = Sources([0; MAX_RANKS]);
         sources
             .0
@@ -228,13 +238,14 @@ impl DeviceLocalComm<CudaOps> {
     ) -> Result<()> {
         let stream = Arc::clone(&self.ops.stream);
         let (send_len, recv_len) = (send.map(|s| s.len()), recv.len());
-        // The guards make the stream wait for the buffers' last writers and, when dropped
-        // after the call, record this rank's stream (past the peers' `done`) as their last use.
+        // The context is untracked (`create` checks it), so the guards only lend the
+        // addresses: writes queued on other streams are the caller's to order first (O2).
         let (sp, _send_guard) = send.map(|s| s.device_ptr(&stream)).unzip();
         let (rp, _recv_guard) = recv.device_ptr_mut(&stream);
         let send = sp.zip(send_len).map(|(addr, len)| RawBuf { addr, len });
         // SAFETY: the cudarc buffers are borrowed (live, disjoint: one is `&mut`) for the
-        // call, and their guards order every later use after this rank's stream (S4).
+        // call; later uses on this rank's stream follow the peers' reads (S4), and other
+        // streams order after it by zero_alloc::context's O2.
         unsafe {
             self.run_raw(
                 call,

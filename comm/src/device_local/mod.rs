@@ -36,9 +36,11 @@
 //!   element count, type, root and reduction.
 //! - S4 (lifetime): after the final committed exchange r's stream waits on every peer's
 //!   `done`, which marks the end of the peers' reads of r's buffers; so any later work on r's
-//!   stream (a write, or a stream-ordered free) follows those reads. The typed CUDA front-end
-//!   takes the buffers through cudarc's pointer guards on r's stream, dropped after that
-//!   wait, so other streams order after it too. Committed exchanges never time out: they
+//!   stream (a write, or a stream-ordered free) follows those reads. The CUDA ranks' context
+//!   has cudarc's event tracking off (`zero_alloc::context`, checked by `cuda::create`), so
+//!   the typed front-end's pointer guards record nothing: another stream that later uses a
+//!   buffer orders itself after r's stream (an event or a host synchronisation, that
+//!   module's O2). Committed exchanges never time out: they
 //!   follow only enqueues, which do not block; they fail only when a rank is gone, i.e. its
 //!   communicator was dropped (outside a call, or while panicking, which is a bug).
 

@@ -238,8 +238,7 @@ impl<'a> Group<'a> {
         };
         let raw = h.raw(&first)?;
         let ctx = self.stream.context();
-        ctx.bind_to_thread()
-            .map_err(driver_error("cuCtxSetCurrent"))?;
+        zero_alloc::context::bind(ctx).map_err(crate::error::bind_error("nccl"))?;
         let started = Instant::now();
         let deadline = started + h.config.timeout;
         // SAFETY: opens NCCL's per-thread group; takes no pointer (S2: this thread only).

@@ -5,6 +5,7 @@ use std::time::{Duration, Instant};
 
 use cudarc::nccl::sys;
 
+use super::abort::{abort_raw, destroy_raw};
 use super::ffi;
 use crate::config::Config;
 use crate::error::{BreakCause, CommError, Result};
@@ -143,10 +144,9 @@ impl Handle {
         if self.poison.borrow().is_none() {
             *self.poison.borrow_mut() = Some(cause);
         }
-        if !raw.is_null() {
-            // SAFETY: S1 (`raw` was live and is nulled above, so this is its last use), S2.
-            let _ = unsafe { sys::ncclCommAbort(raw) };
-        }
+        // SAFETY: S1 (`raw` is null, or was live and is nulled above, so this is its last
+        // use), S2. A failed abort is logged there; the caller is reporting `cause`.
+        let _logged = unsafe { abort_raw(raw) };
     }
 
     /// Waits for `done` under the group's timeout; turns a failure into the crate's error
@@ -220,13 +220,13 @@ impl Drop for Handle {
             .is_ok()
             // SAFETY: as above; finalize flushes outstanding work, bounded by the timeout.
             && unsafe { poll_until(raw, deadline, || Ok(true)) }.is_ok();
-        // SAFETY: S1: `raw` is not used after this.
-        let _ = unsafe {
-            if finalized {
-                sys::ncclCommDestroy(raw)
-            } else {
-                sys::ncclCommAbort(raw)
-            }
-        };
+        if !finalized {
+            // SAFETY: S1: `raw` is not used after this. A failed abort is logged there.
+            let _logged = unsafe { abort_raw(raw) };
+            return;
+        }
+        // SAFETY: S1: `raw` is live, finalized and not used after this. A failed destroy is
+        // logged there (a drop has nowhere to return it).
+        let _logged = unsafe { destroy_raw(raw) };
     }
 }

@@ -5,9 +5,9 @@ use std::os::raw::{c_char, c_int};
 use std::rc::Rc;
 use std::time::Instant;
 
-use cudarc::driver::CudaContext;
 use cudarc::nccl::sys;
 
+use super::abort::abort_raw;
 use super::comm::{available, new_id, unavailable, NcclComm, UniqueId};
 use super::ffi::{self, driver_error, nccl_error, ConfigV2_17};
 use super::handle::{poll_until, Handle, Stop};
@@ -38,9 +38,10 @@ impl NcclComm {
                 what: format!("NCCL rank {rank} of {size}"),
             });
         };
-        let ctx = CudaContext::new(device).map_err(driver_error("cuDevicePrimaryCtxRetain"))?;
-        ctx.bind_to_thread()
-            .map_err(driver_error("cuCtxSetCurrent"))?;
+        // Untracked (zero_alloc::context): the caller orders its buffers' other streams (S4).
+        let ctx = zero_alloc::context::untracked_context(device)
+            .map_err(|e| unavailable(format!("GPU {device}: {e}")))?;
+        zero_alloc::context::bind(&ctx).map_err(crate::error::bind_error("nccl"))?;
         let stream = ctx.new_stream().map_err(driver_error("cuStreamCreate"))?;
         let scratch = stream
             .alloc_zeros::<f32>(1)
@@ -57,8 +58,9 @@ impl NcclComm {
         let deadline = Instant::now() + config.timeout;
         // SAFETY: S1 (`raw` was just created), S2 (it has not left this thread).
         if let Err(stop) = unsafe { poll_until(raw, deadline, || Ok(true)) } {
-            // SAFETY: S1: `raw` is not used after this.
-            let _ = unsafe { sys::ncclCommAbort(raw) };
+            // SAFETY: S1: `raw` is not used after this. A failed abort is logged there;
+            // the error returned is why the join failed.
+            let _logged = unsafe { abort_raw(raw) };
             return Err(match stop {
                 Stop::Failed(code) => nccl_error("ncclCommInitRankConfig", code),
                 Stop::Other(e) => e,

@@ -9,13 +9,17 @@
 //!
 //! Protocol for one launch (a [`Group`] of one or more collectives) on rank r:
 //! 1. plan each collective from its buffers' lengths (`layout::plan`), taking each device
-//!    pointer on the communicator's stream, which makes that stream wait for the buffer's last
-//!    writer (cudarc's event tracking); [`NcclComm::wait_for`] orders after any other stream;
+//!    pointer on the communicator's stream; the workspace's contexts have cudarc's event
+//!    tracking off (`zero_alloc::context`), so [`NcclComm::wait_for`] orders the launch after
+//!    the buffers' writers on other streams (a buffer from a context with tracking on also
+//!    gets cudarc's wait);
 //! 2. `ncclGroupStart`, enqueue every collective, `ncclGroupEnd`: NCCL fuses them;
 //! 3. the communicator is non-blocking, so poll `ncclCommGetAsyncError` until the launch has
 //!    left `ncclInProgress`;
 //! 4. record an event on the stream: the [`NcclWork`] completes when it does; waiting polls the
-//!    event and `ncclCommGetAsyncError`, and past the group's timeout aborts the communicator.
+//!    event and `ncclCommGetAsyncError`, and past the group's timeout aborts the communicator
+//!    (`abort.rs`, every abort's one path: an abort in progress is polled to its end, bounded
+//!    in time, and a failed or unfinished one is logged and returned).
 //!
 //! Soundness, which every `// SAFETY:` comment in this module cites:
 //! - S1 (live handle): the raw `ncclComm_t` is used only between its successful creation and
@@ -35,6 +39,7 @@
 //!
 //! Nothing in this module has run on a GPU yet (see `docs/nccl.md`).
 
+mod abort;
 mod comm;
 mod enqueue;
 mod ffi;

@@ -6,6 +6,7 @@ use std::time::Instant;
 
 use cudarc::nccl::sys;
 
+use super::abort::abort_raw;
 use super::comm::NcclComm;
 use super::ffi::{self, driver_error};
 use super::handle::{poll_until, Handle};
@@ -29,8 +30,7 @@ impl NcclComm {
         let started = Instant::now();
         let raw = h.raw(&desc)?;
         let ctx = self.stream.context();
-        ctx.bind_to_thread()
-            .map_err(driver_error("cuCtxSetCurrent"))?;
+        zero_alloc::context::bind(ctx).map_err(crate::error::bind_error("nccl"))?;
         let stream = ctx.new_stream().map_err(driver_error("cuStreamCreate"))?;
         let scratch = stream
             .alloc_zeros::<f32>(1)
@@ -63,8 +63,9 @@ impl NcclComm {
         });
         h.record(&desc, started, counted.is_ok());
         if let Err(e) = counted {
-            // SAFETY: S1: `child` is not used after this.
-            let _ = unsafe { sys::ncclCommAbort(child) };
+            // SAFETY: S1: `child` is null (never created) or not used after this. A failed
+            // abort is logged there; the error returned is why the split failed.
+            let _logged = unsafe { abort_raw(child) };
             return Err(e);
         }
         let (rank, size) = (r.max(0) as usize, n.max(0) as usize);

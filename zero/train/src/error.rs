@@ -160,7 +160,7 @@ pub enum TrainError {
     #[error(
         "--offload-optimizer needs {} of host memory per rank ({per_rank} bytes: optimizer \
          states and one piece's staging, page-locked) x {ranks} rank(s) on this host, but it \
-         has {} available (MemAvailable): put fewer ranks on this host, or drop \
+         has {} available ({read}): put fewer ranks on this host, or drop \
          --offload-optimizer",
         zero_alloc::human_bytes(*per_rank),
         zero_alloc::human_bytes(*available)
@@ -172,6 +172,8 @@ pub enum TrainError {
         ranks: usize,
         /// The host's available memory.
         available: u64,
+        /// Where that figure was read (`MemAvailable`, or `ZERO_HOST_MEMORY` where set).
+        read: &'static str,
     },
     /// A file (the metrics log) could not be created or written.
     #[error(transparent)]

@@ -16,6 +16,7 @@ pub mod fault;
 mod fsio;
 pub mod init;
 mod launch;
+pub mod link_rate;
 mod llmc_header;
 pub mod memory_fit;
 pub mod metrics;

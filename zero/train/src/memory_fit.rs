@@ -2,9 +2,10 @@
 //! the model's activations), and, for a cap too small, which stage and options would fit.
 
 use super::bridge::{activation_arena_bytes, gpt_schedule, gpt_units, ActivationPlacement};
+use super::bytesize::{ByteSize, ByteSizeError};
 use super::config::TrainConfig;
 use super::error::TrainError;
-use zero::{plan_memory, MemoryPlan, PlanShape, Precision, ZeroStage};
+use zero::{plan_memory, plan_traffic, MemoryPlan, PlanShape, Precision, Traffic, ZeroStage};
 use zero_gpt::{GptConfig, ParamLayout};
 
 /// A training configuration as far as one rank's memory depends on it.
@@ -69,6 +70,23 @@ impl MemoryQuery {
             ..self.shape
         };
         Ok(plan_memory(&gpt_units(&layout), &schedule, shape)?)
+    }
+
+    /// Elements each rank hands to collectives over one optimizer step of `micro_steps`
+    /// micro-steps: the engine's own count ([`zero::Engine::traffic`]) replayed from the
+    /// GPT's schedule, without running it.
+    ///
+    /// # Errors
+    /// A plan error (zero ranks, overflow).
+    pub fn traffic(&self, micro_steps: u64) -> Result<Traffic, TrainError> {
+        let layout = ParamLayout::new(&self.model);
+        let schedule = gpt_schedule(&layout, self.placement.checkpoint_every);
+        Ok(plan_traffic(
+            &gpt_units(&layout),
+            &schedule,
+            self.shape,
+            micro_steps,
+        )?)
     }
 
     /// The same query at `stage` with checkpointing `every` (offload as asked).
@@ -188,11 +206,42 @@ pub fn launcher_local_size(var: impl Fn(&str) -> Option<String>) -> Option<usize
         .find(|n| (1..=crate::validate::MAX_RANKS).contains(n))
 }
 
-/// The memory this machine can give without swapping (`MemAvailable` of `/proc/meminfo`),
-/// or `None` where that cannot be read (not Linux, a malformed line).
+/// The environment variable that states the host memory a run may use, in place of
+/// `MemAvailable`: for machines whose reading is not what they can give, such as a virtual
+/// machine whose memory reads small at first and grows as it is used. A byte count (`100G`).
+pub const HOST_MEMORY_VAR: &str = "ZERO_HOST_MEMORY";
+
+/// The byte count [`HOST_MEMORY_VAR`] states, if it is set.
+///
+/// # Errors
+/// When it is set to something that is not a byte count. `zero-train` and `zero-bench` check
+/// this at start-up, so [`host_available_bytes`] can rely on it.
+pub fn host_memory_override() -> Result<Option<u64>, ByteSizeError> {
+    match std::env::var(HOST_MEMORY_VAR) {
+        Ok(text) => text.parse::<ByteSize>().map(|b| Some(b.0)),
+        Err(_) => Ok(None),
+    }
+}
+
+/// The memory this machine can give without swapping: [`HOST_MEMORY_VAR`] where set, else
+/// `MemAvailable` of `/proc/meminfo`; `None` where neither can be read (not Linux, a
+/// malformed line).
 #[must_use]
 pub fn host_available_bytes() -> Option<u64> {
+    if let Ok(Some(bytes)) = host_memory_override() {
+        return Some(bytes);
+    }
     mem_available(&std::fs::read_to_string("/proc/meminfo").ok()?)
+}
+
+/// What [`host_available_bytes`] read, for messages: the variable's name or `MemAvailable`.
+#[must_use]
+pub fn host_memory_name() -> &'static str {
+    if std::env::var_os(HOST_MEMORY_VAR).is_some() {
+        HOST_MEMORY_VAR
+    } else {
+        "MemAvailable"
+    }
 }
 
 /// `MemAvailable` of a `/proc/meminfo` text, in bytes.

@@ -71,6 +71,8 @@ pub struct RankReport {
     pub traffic_per_step: Traffic,
     /// Bytes zero-comm counted as sent per training step (all collectives).
     pub comm_bytes_sent_per_step: f64,
+    /// Bytes zero-comm counted as received per training step (all collectives).
+    pub comm_bytes_received_per_step: f64,
 }
 
 fn bytes_json(b: &ModelStateBytes) -> Value {
@@ -101,6 +103,7 @@ impl RankReport {
                 "all_gather_elements": t.all_gather,
                 "paper_elements": t.elements(),
                 "bytes_sent": self.comm_bytes_sent_per_step,
+                "bytes_received": self.comm_bytes_received_per_step,
             },
         })
     }

@@ -6,12 +6,13 @@
 //! states, the transient unit buffers of one step, the activations and, with
 //! `--offload-optimizer`, the host arena of the optimizer states.
 
-use zero::{expected_model_state_bytes, MemoryPlan, ZeroStage};
+use zero::{expected_model_state_bytes, MemoryPlan, Traffic, ZeroStage};
 use zero_alloc::human_bytes;
 use zero_gpt::{GptConfig, ParamLayout};
 
 use crate::config::{Backend, TrainConfig};
 use crate::error::TrainError;
+use crate::link_rate::LinkRate;
 use crate::memory_fit::MemoryQuery;
 
 /// One stage's plan for a run's flags.
@@ -23,6 +24,8 @@ pub struct StagePlan {
     pub plan: MemoryPlan,
     /// The paper's model-state bytes per rank (no padding).
     pub formula: f64,
+    /// Elements each rank hands to collectives per optimizer step (the engine's count).
+    pub traffic: Traffic,
 }
 
 /// The plans of every stage for `cfg`'s model, batch, precision, world size and options
@@ -41,6 +44,7 @@ pub fn stage_plans(cfg: &TrainConfig) -> Result<(GptConfig, Vec<StagePlan>), Tra
     let run_on = (cfg.world_size, zero_comm::StagingRule::None);
     let query = MemoryQuery::for_run(cfg, model, cfg.activation_placement(), run_on);
     let every = cfg.activation_placement().checkpoint_every;
+    let micro_steps = cfg.grad_accum_steps() as u64;
     let plans = ZeroStage::ALL
         .into_iter()
         .map(|stage| {
@@ -51,6 +55,7 @@ pub fn stage_plans(cfg: &TrainConfig) -> Result<(GptConfig, Vec<StagePlan>), Tra
                 stage,
                 plan,
                 formula: formula.total(),
+                traffic: query.with(stage, every).traffic(micro_steps)?,
             })
         })
         .collect::<Result<Vec<_>, TrainError>>()?;
@@ -62,7 +67,7 @@ pub fn stage_plans(cfg: &TrainConfig) -> Result<(GptConfig, Vec<StagePlan>), Tra
 ///
 /// # Errors
 /// As [`stage_plans`].
-pub fn plan_table(cfg: &TrainConfig) -> Result<String, TrainError> {
+pub fn plan_table(cfg: &TrainConfig, link: Option<LinkRate>) -> Result<String, TrainError> {
     let (model, plans) = stage_plans(cfg)?;
     let mut out = heading(cfg, &model);
     let limit = cfg.memory_limit.map(|l| l.0);
@@ -106,7 +111,42 @@ pub fn plan_table(cfg: &TrainConfig) -> Result<String, TrainError> {
         "# per rank: the arena's peak over a step, as a run with these flags allocates it; \
          activations as the CPU backend keeps them (f32), a GPU run adds its kernel scratch\n",
     );
+    if let Some(rate) = link {
+        out.push_str(&link_table(cfg, &plans, rate));
+    }
     Ok(out)
+}
+
+/// Each stage's traffic per optimizer step and its time on a link of `rate` each way: the
+/// bytes a rank sends and receives as zero-comm counts them ((N-1)/N of each array each way,
+/// twice for an all-reduce), the larger of the two at the rate. A lower bound on the step's
+/// communication: latency, protocol headers, the control collectives (loss, norm, overflow
+/// flag, a few floats each) and waiting for a slower peer are not in it.
+fn link_table(cfg: &TrainConfig, plans: &[StagePlan], rate: LinkRate) -> String {
+    let dtype = zero::Precision::from(cfg.precision).dtype();
+    let mut out = format!(
+        "communication per step at --link-rate {rate} each way, {} micro-step(s) per step:\n\
+         stage | traffic/step (elements: RS + AG + 2 x AR) | sent/rank | received/rank | \
+         time at the link rate\n",
+        cfg.grad_accum_steps(),
+    );
+    for p in plans {
+        let (sent, received) = p.traffic.ring_bytes(cfg.world_size, dtype);
+        let mark = if p.stage == cfg.zero_stage {
+            " <- asked"
+        } else {
+            ""
+        };
+        out.push_str(&format!(
+            "{} | {} | {} | {} | {:.1} ms{mark}\n",
+            p.stage as u8,
+            p.traffic.elements(),
+            human_bytes(sent),
+            human_bytes(received),
+            rate.seconds(sent.max(received)) * 1e3,
+        ));
+    }
+    out
 }
 
 fn heading(cfg: &TrainConfig, m: &GptConfig) -> String {

@@ -42,9 +42,10 @@ pub(crate) struct Trainer<'a, B: Placement = CpuBackend> {
     /// The step the run starts from (0, or the resumed state's).
     start: u64,
     out: RankOutput,
-    /// Collective traffic and bytes sent by the steps run so far.
+    /// Collective traffic, and bytes sent and received, by the steps run so far.
     traffic: Traffic,
     sent: u64,
+    received: u64,
     /// An `--async-save` whose pieces are being written, and when it started.
     pending_save: Option<(PendingSave, Instant)>,
     /// An injected `diverge` due at the next micro-step.
@@ -85,6 +86,7 @@ impl RankOutput {
                 optimizer_offloaded_bytes: 0,
                 traffic_per_step: Traffic::default(),
                 comm_bytes_sent_per_step: 0.0,
+                comm_bytes_received_per_step: 0.0,
             },
         })
     }
@@ -169,6 +171,7 @@ impl<'a, B: Placement> Trainer<'a, B> {
             out,
             traffic: Traffic::default(),
             sent: 0,
+            received: 0,
             pending_save: None,
             diverge: false,
         })
@@ -188,7 +191,7 @@ impl<'a, B: Placement> Trainer<'a, B> {
     pub(crate) fn step(&mut self, step: u64) -> Result<(), TrainError> {
         self.arm_faults(step);
         let began = Instant::now();
-        let (traffic_before, sent_before) = (self.engine.traffic(), self.bytes_sent());
+        let (traffic_before, sent_before) = (self.engine.traffic(), self.bytes_moved());
         let lr = self.schedule.lr(step);
         let accum = self.loader_config.grad_accum_steps;
         let arena_before = self.engine.arena().stats();
@@ -240,17 +243,21 @@ impl<'a, B: Placement> Trainer<'a, B> {
         Ok(())
     }
 
-    fn bytes_sent(&self) -> u64 {
-        self.engine.comm().stats().bytes_sent
+    /// Bytes sent and received so far, as zero-comm counts them.
+    fn bytes_moved(&self) -> (u64, u64) {
+        let stats = self.engine.comm().stats();
+        (stats.bytes_sent, stats.bytes_received)
     }
 
     /// Adds the traffic since `before` / `sent_before` to the run's totals.
-    fn count_traffic(&mut self, before: Traffic, sent_before: u64) {
+    fn count_traffic(&mut self, before: Traffic, sent_before: (u64, u64)) {
         let after = self.engine.traffic();
         self.traffic.all_reduce += after.all_reduce - before.all_reduce;
         self.traffic.reduce_scatter += after.reduce_scatter - before.reduce_scatter;
         self.traffic.all_gather += after.all_gather - before.all_gather;
-        self.sent += self.bytes_sent() - sent_before;
+        let now = self.bytes_moved();
+        self.sent += now.0 - sent_before.0;
+        self.received += now.1 - sent_before.1;
     }
 
     /// Mean validation loss over `eval_batches` global batches from the start of val.bin,
@@ -321,6 +328,7 @@ impl<'a, B: Placement> Trainer<'a, B> {
             all_gather: t.all_gather / steps_run,
         };
         report.comm_bytes_sent_per_step = self.sent as f64 / steps_run as f64;
+        report.comm_bytes_received_per_step = self.received as f64 / steps_run as f64;
         self.out
     }
 }

@@ -255,6 +255,12 @@ impl TrainConfig {
         if let Some(limit) = self.memory_limit {
             in_range("memory_limit", limit.0, 1, u64::MAX)?;
         }
+        if let Err(e) = crate::memory_fit::host_memory_override() {
+            let var = crate::memory_fit::HOST_MEMORY_VAR;
+            return Err(ConfigError::Invalid(format!(
+                "{var}: {e}; it states the host memory in place of MemAvailable, or unset it"
+            )));
+        }
         if self.offload_activations && !self.activation_checkpointing {
             return Err(ConfigError::Invalid(
                 "--offload-activations offloads the inputs that --activation-checkpointing \

@@ -458,3 +458,30 @@ fn a_model_larger_than_the_machine_is_refused_at_start_up_not_killed_mid_run() {
     refused(&args, "MemAvailable");
     refused(&args, "--memory-limit");
 }
+
+#[test]
+fn zero_host_memory_replaces_memavailable_and_a_value_that_is_no_byte_count_is_refused() {
+    let dir = TempDir::new("host_memory_override");
+    corpus(&dir.0);
+    let args = with(tiny_args(&dir.0), &["--steps", "1"]);
+    let run = |value: &str| {
+        let out = Command::new(env!("CARGO_BIN_EXE_zero-train"))
+            .args(&args)
+            .env("ZERO_HOST_MEMORY", value)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert!(!stderr.contains("panicked"), "{value}: {stderr}");
+        (out.status.success(), stderr)
+    };
+    let (ok, stderr) = run("lots");
+    assert!(
+        !ok && stderr.contains("ZERO_HOST_MEMORY: invalid byte count \"lots\""),
+        "{stderr}"
+    );
+    // The tiny model fits any machine, but not the 1 KiB this run is told it has.
+    let (ok, stderr) = run("1K");
+    assert!(!ok && stderr.contains("ZERO_HOST_MEMORY"), "{stderr}");
+    let (ok, stderr) = run("64G");
+    assert!(ok, "{stderr}");
+}

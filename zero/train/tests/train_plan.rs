@@ -183,3 +183,14 @@ fn under_a_memory_limit_each_stage_says_whether_it_fits() {
         assert_eq!(stage2.starts_with("yes"), stage2_fits, "{text}");
     }
 }
+
+#[test]
+fn a_flag_given_twice_takes_its_last_value() {
+    // plan_tiny gives --world-size 2; the later 4 wins, as in argparse and torchrun.
+    let (ok, stdout, stderr) = plan_tiny(&["--world-size", "4", "--batch-size", "4"]);
+    assert!(ok, "{stderr}");
+    assert!(stdout.contains("| 4 ranks |"), "{stdout}");
+    // Typed twice, the value still counts as typed: the default global batch does not apply.
+    let (ok, _, stderr) = plan_tiny(&["--world-size", "4", "--batch-size", "3"]);
+    assert!(!ok && stderr.contains("batch"), "{stderr}");
+}

@@ -25,7 +25,7 @@ mod source;
 use std::sync::{Arc, Mutex};
 
 use cudarc::driver::PushKernelArg;
-use cudarc::driver::{CudaContext, CudaSlice, CudaStream, DriverError, LaunchConfig};
+use cudarc::driver::{CudaSlice, CudaStream, DriverError, LaunchConfig};
 use zero_alloc::nvrtc::LoadedKernels;
 use zero_alloc::{AllocError, Arena, CudaLibrary, Device};
 
@@ -89,7 +89,7 @@ impl CudaKernels {
     /// driver error (no such device), or NVRTC's log.
     pub fn new(ordinal: usize) -> Result<Self> {
         CudaLibrary::require_all(&[CudaLibrary::Driver, CudaLibrary::Nvrtc]).map_err(setup)?;
-        let ctx = CudaContext::new(ordinal).map_err(driver("cuDevicePrimaryCtxRetain"))?;
+        let ctx = zero_alloc::context::untracked_context(ordinal).map_err(setup)?;
         let functions = LoadedKernels::for_context(&ctx, &ENGINE_KERNEL_SET).map_err(setup)?;
         let stream = ctx.default_stream();
         let overflow = stream.alloc_zeros::<u32>(1).map_err(driver("cuMemAlloc"))?;
@@ -121,10 +121,8 @@ impl CudaKernels {
                 ),
             });
         }
-        self.stream
-            .context()
-            .bind_to_thread()
-            .map_err(driver("cuCtxSetCurrent"))
+        // An error cudarc recorded earlier is named as such, not as this kernel's.
+        zero_alloc::context::bind(self.stream.context()).map_err(|e| setup(AllocError::from(e)))
     }
 
     /// The device address of `span`'s first element of `elem` bytes, after checking that

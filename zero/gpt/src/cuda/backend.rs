@@ -6,7 +6,8 @@
 //! V vocabulary, Vp padded vocabulary.
 //!
 //! Ordering: every launch goes to the backend's one stream, and views are made on that
-//! stream ([`DeviceSlice::of`]), so stream order alone sequences the kernels. Errors: the
+//! stream ([`DeviceSlice::of`]), so stream order alone sequences the kernels. The context is
+//! untracked (`zero_alloc::context`): views record no cudarc events. Errors: the
 //! trait's methods return nothing (the CPU kernels cannot fail), so a failed launch is
 //! recorded and the first one is returned by the next [`CudaBackend::synchronize`], as
 //! cudarc reports errors raised inside `Drop`. Buffers of the wrong length are caller bugs
@@ -17,12 +18,10 @@
 
 use std::sync::{Arc, Mutex, PoisonError};
 
-use cudarc::cublas::CudaBlas;
-use cudarc::driver::{
-    CudaContext, CudaSlice, CudaStream, DevicePtrMut, LaunchConfig, PushKernelArg,
-};
+use cudarc::driver::{CudaSlice, CudaStream, DevicePtrMut, LaunchConfig, PushKernelArg};
 
 use super::attention_gemm::{AttentionScratch, AttentionShape};
+use super::blas_handle::BlasHandle;
 use super::device::{DeviceIds, DeviceSlice};
 use super::gemm::GemmMath;
 use super::geometry::{self as geo, Geometry};
@@ -58,7 +57,7 @@ pub(super) fn driver_err(op: &'static str) -> impl Fn(cudarc::driver::DriverErro
 #[derive(Debug)]
 pub struct CudaBackend {
     stream: Arc<CudaStream>,
-    pub(super) blas: CudaBlas,
+    pub(super) blas: BlasHandle,
     kernels: Arc<LoadedKernels>,
     /// How every matrix product of this backend is computed.
     pub(super) math: GemmMath,
@@ -95,13 +94,14 @@ impl CudaBackend {
 
     fn build(ordinal: usize, default_stream: bool) -> Result<Self> {
         super::available()?;
-        let ctx = CudaContext::new(ordinal).map_err(driver_err("cuCtxCreate"))?;
+        // Untracked (zero_alloc::context): views carry no events; the stream orders.
+        let ctx = zero_alloc::context::untracked_context(ordinal)?;
         let stream = if default_stream {
             ctx.default_stream()
         } else {
             ctx.new_stream().map_err(driver_err("cuStreamCreate"))?
         };
-        let blas = CudaBlas::new(Arc::clone(&stream)).map_err(|e| GptError::Cuda {
+        let blas = BlasHandle::new(Arc::clone(&stream)).map_err(|e| GptError::Cuda {
             op: "cublasCreate",
             message: format!("{e:?}"),
         })?;
@@ -177,7 +177,7 @@ impl CudaBackend {
         geometry: Result<Geometry>,
         args: Result<Vec<Arg>>,
     ) {
-        let result = geometry.and_then(|g| {
+        let result = self.bind_context().and(geometry).and_then(|g| {
             let args = args?;
             if g.is_empty() {
                 return Ok(());
@@ -281,6 +281,7 @@ impl CudaBackend {
     }
 
     fn synchronize_stream(&self) -> Result<()> {
+        self.bind_context()?;
         self.stream
             .synchronize()
             .map_err(driver_err("cuStreamSynchronize"))

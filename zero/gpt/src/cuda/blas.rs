@@ -28,7 +28,7 @@ impl CudaBackend {
             // f32 (the handle's default pointer mode); the handle is bound to self.stream.
             unsafe {
                 cublas::result::gemm_ex(
-                    *self.blas.handle(),
+                    self.blas.raw(),
                     op(call.trans_a),
                     op(call.trans_b),
                     call.m,
@@ -68,7 +68,7 @@ impl CudaBackend {
         // f32; the handle is bound to self.stream.
         let result = unsafe {
             cublas::result::gemm_strided_batched_ex(
-                *self.blas.handle(),
+                self.blas.raw(),
                 op(call.trans_a),
                 op(call.trans_b),
                 call.m,
@@ -118,17 +118,14 @@ fn compute_type(math: GemmMath) -> cublasComputeType_t {
 }
 
 impl CudaBackend {
-    /// Makes the backend's context current on the calling thread. cuBLAS runs in whatever
+    /// Makes the backend's context current on the calling thread, reporting an error cudarc
+    /// recorded earlier as such (`zero_alloc::context::bind`). cuBLAS runs in whatever
     /// context is current, and unlike cudarc's kernel launches a raw cuBLAS call binds none:
     /// a product that is a rank thread's first CUDA call would otherwise run with no context.
-    fn bind_context(&self) -> Result<()> {
-        self.stream()
-            .context()
-            .bind_to_thread()
-            .map_err(|e| GptError::Cuda {
-                op: "cuCtxSetCurrent",
-                message: format!("{e:?}"),
-            })
+    /// Every operation of the backend starts here.
+    pub(super) fn bind_context(&self) -> Result<()> {
+        zero_alloc::context::bind(self.stream().context())
+            .map_err(|e| zero_alloc::AllocError::from(e).into())
     }
 }
 

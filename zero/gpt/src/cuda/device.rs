@@ -7,10 +7,16 @@
 //! for free. (Rejected: a `[f32]` holding a device address, which Rust may assume it can
 //! read.) Views are made only from a borrow of a cudarc `CudaSlice`, so the memory outlives
 //! the view, and `&mut` views only from `&mut CudaSlice`, so a mutable view is unique.
+//!
+//! Ordering: a view is made before the kernel that uses it is launched, so it must not record
+//! cudarc's read/write events (they would mark a point before the kernel). `of` and `of_mut`
+//! take slices of untracked contexts only (`zero_alloc::context::untracked_context`,
+//! asserted), whose pointer guards record nothing; kernels on the view's stream see the
+//! slice by stream order, and other streams order themselves by that module's O1 to O3.
 
 use std::ops::Range;
 
-use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut};
+use cudarc::driver::{CudaContext, CudaSlice, CudaStream, DevicePtr, DevicePtrMut};
 
 /// A zero-sized stand-in for one 4-byte device element.
 #[derive(Debug)]
@@ -18,7 +24,8 @@ use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut};
 pub struct Slot([u32; 0]);
 
 /// `addr`, or a dangling aligned address for an empty allocation whose address is 0: a
-/// view of no elements is never passed to a kernel that reads it.
+/// view of no elements is never passed to a kernel that reads it. The one rule for empty
+/// views: `of`, `of_mut` and `empty` all go through it, so no view is ever made at address 0.
 ///
 /// # Panics
 /// On a null address with a non-zero length (cudarc never hands one out).
@@ -28,6 +35,15 @@ fn non_null(addr: u64, len: usize) -> u64 {
     }
     assert_eq!(len, 0, "null device address for {len} elements");
     std::mem::align_of::<Slot>() as u64
+}
+
+/// Panics unless `ctx` has cudarc's event tracking off (see the module's ordering note).
+fn assert_untracked(ctx: &CudaContext) {
+    assert!(
+        !ctx.is_event_tracking(),
+        "device views need a context from zero_alloc::context::untracked_context: \
+         cudarc's events would be recorded when the view is made, before its kernel runs"
+    );
 }
 
 macro_rules! device_view {
@@ -44,7 +60,17 @@ macro_rules! device_view {
             /// `addr` must be a non-zero multiple of 4 and, for the lifetime `'a`, the start
             /// of `len` live device elements that nothing else writes while the view is
             /// used (or reads, for a `&mut` view).
+            ///
+            /// # Panics
+            /// On an address of 0 or one not a multiple of 4 (for no elements, use
+            /// [`Self::empty`]).
             pub unsafe fn from_raw<'a>(addr: u64, len: usize) -> &'a mut Self {
+                // A null or misaligned reference is undefined behaviour even to zero bytes;
+                // two compares per view turn a broken caller into a panic instead.
+                assert!(
+                    addr != 0 && addr % std::mem::align_of::<Slot>() as u64 == 0,
+                    "device view at address {addr:#x}: must be non-zero and 4-aligned"
+                );
                 let ptr = std::ptr::slice_from_raw_parts_mut(addr as usize as *mut Slot, len);
                 // SAFETY: Slot is zero-sized with alignment 4, so the slice spans no bytes;
                 // the caller guarantees addr is non-null and 4-aligned, which is all a
@@ -53,10 +79,25 @@ macro_rules! device_view {
                 unsafe { &mut *(ptr as *mut Self) }
             }
 
-            /// A read-only view of `s`; `stream` first waits for `s`'s last write (cudarc's
-            /// event tracking), so kernels launched on `stream` see its contents.
+            /// A view of no elements (at `non_null`'s dangling aligned address), for a
+            /// buffer that has no allocation.
+            #[must_use]
+            pub fn empty<'a>() -> &'a mut Self {
+                // SAFETY: `non_null(0, 0)` is non-zero and 4-aligned, and a view of no
+                // elements covers no device memory, so nothing can alias or outlive it.
+                unsafe { Self::from_raw(non_null(0, 0), 0) }
+            }
+
+            /// A read-only view of `s` for kernels launched on `stream`. It records no event
+            /// and waits for none: `s`'s writers are ordered before those kernels by stream
+            /// order (see the module's ordering note).
+            ///
+            /// # Panics
+            /// If `s`'s context has cudarc's event tracking on.
             pub fn of<'a>(s: &'a CudaSlice<$elem>, stream: &'a CudaStream) -> &'a Self {
-                let (addr, _record_read) = s.device_ptr(stream);
+                assert_untracked(s.context());
+                // Untracked: the guard neither waits nor records, it only lends the address.
+                let (addr, _no_event) = s.device_ptr(stream);
                 let addr = non_null(addr, s.len());
                 // SAFETY: cudarc allocations are 256-byte aligned (non_null handles the empty
                 // one) and hold
@@ -66,9 +107,13 @@ macro_rules! device_view {
             }
 
             /// A mutable view of `s` (see [`Self::of`]).
+            ///
+            /// # Panics
+            /// As [`Self::of`].
             pub fn of_mut<'a>(s: &'a mut CudaSlice<$elem>, stream: &'a CudaStream) -> &'a mut Self {
+                assert_untracked(s.context());
                 let len = s.len();
-                let (addr, _record_write) = s.device_ptr_mut(stream);
+                let (addr, _no_event) = s.device_ptr_mut(stream);
                 let addr = non_null(addr, len);
                 // SAFETY: as in `of`, and the view borrows `s` mutably, so it is unique.
                 unsafe { Self::from_raw(addr, len) }
@@ -195,6 +240,20 @@ mod tests {
     fn an_empty_allocation_at_address_zero_gets_an_aligned_dangling_address() {
         assert_eq!(non_null(0, 0), 4);
         assert_eq!(non_null(0x100, 3), 0x100);
+    }
+
+    #[test]
+    fn empty_views_have_no_elements_at_a_non_null_aligned_address() {
+        let (f, ids) = (DeviceSlice::empty(), DeviceIds::empty());
+        assert_eq!((f.len(), f.addr()), (0, 4));
+        assert_eq!((ids.len(), ids.addr()), (0, 4));
+    }
+
+    #[test]
+    #[should_panic(expected = "must be non-zero and 4-aligned")]
+    fn a_view_at_address_zero_panics_rather_than_making_a_null_reference() {
+        // SAFETY: deliberately broken (address 0); `from_raw` must refuse it.
+        let _ = unsafe { DeviceSlice::from_raw(0, 0) };
     }
 
     #[test]

@@ -50,15 +50,13 @@ impl ActivationMemory<DeviceSlice> for DeviceBuffer {
     fn floats(&self) -> &DeviceSlice {
         match &self.mem {
             Some(mem) => DeviceSlice::of(mem, &self.stream),
-            // SAFETY: a view of no elements at an aligned non-null address reads nothing.
-            None => unsafe { DeviceSlice::from_raw(std::mem::align_of::<f32>() as u64, 0) },
+            None => DeviceSlice::empty(),
         }
     }
     fn floats_mut(&mut self) -> &mut DeviceSlice {
         match &mut self.mem {
             Some(mem) => DeviceSlice::of_mut(mem, &self.stream),
-            // SAFETY: as in `floats`.
-            None => unsafe { DeviceSlice::from_raw(std::mem::align_of::<f32>() as u64, 0) },
+            None => DeviceSlice::empty(),
         }
     }
 }
@@ -67,9 +65,9 @@ impl CudaBackend {
     /// Makes the backend's context current on the calling thread (the raw driver calls
     /// below act on the current context); a failure is recorded and returns false.
     fn bound(&self) -> bool {
-        let r = self.stream().context().bind_to_thread();
+        let r = self.bind_context();
         let ok = r.is_ok();
-        self.record(r.map_err(driver_err("cuCtxSetCurrent")));
+        self.record(r);
         ok
     }
 

@@ -23,6 +23,9 @@ use zero_train::{train, TrainArgs};
     about = "Train GPT-2 with ZeRO stages 0-3"
 )]
 #[command(args_conflicts_with_subcommands = true)]
+// A flag given twice takes its last value, as argparse, torchrun and GNU tools do, so a
+// wrapper's defaults (scripts/train.sh) can be overridden on its command line.
+#[command(args_override_self = true)]
 struct Cli {
     #[command(subcommand)]
     command: Option<Command>,
@@ -52,11 +55,22 @@ enum Command {
     /// paper's formula, without training. It takes every training flag, so a run's command
     /// line can be planned as is; those that change no rank's memory (--steps, --lr, --save,
     /// ...) are checked and otherwise ignored.
-    Plan(Box<TrainArgs>),
-    /// Start --nproc-per-node rank processes (TCP backend, torchrun's variables) and restart
-    /// them all from the newest complete state of --save when one fails, up to
-    /// --max-restarts times (docs/faults.md).
+    #[command(args_override_self = true)]
+    Plan(Box<PlanArgs>),
+    /// Start --nproc-per-node rank processes (TCP backend, torchrun's variables; or one
+    /// mpirun for --backend mpi) and restart them all from the newest complete state of
+    /// --save when one fails, up to --max-restarts times (docs/faults.md).
     Launch(zero_train::elastic::LaunchArgs),
+}
+
+#[derive(clap::Args)]
+struct PlanArgs {
+    /// Also price each stage's traffic per step on a link of this rate each way (tc's
+    /// units, as `scripts/cluster.sh up` takes them: 1gbit, 250mbit, 100mbps).
+    #[arg(long, value_name = "RATE")]
+    link_rate: Option<zero_train::link_rate::LinkRate>,
+    #[command(flatten)]
+    train: TrainArgs,
 }
 
 fn main() -> ExitCode {
@@ -78,9 +92,11 @@ fn main() -> ExitCode {
         }) => prepare(&text, &out, val_fraction),
         Some(Command::Export(args)) => export(&args),
         Some(Command::Launch(args)) => zero_train::elastic::launch(&args),
-        Some(Command::Plan(args)) => plan_config(&args)
+        Some(Command::Plan(args)) => plan_config(&args.train)
             .map_err(|e| e.to_string())
-            .and_then(|cfg| zero_train::plan_report::plan_table(&cfg).map_err(|e| e.to_string()))
+            .and_then(|cfg| {
+                zero_train::plan_report::plan_table(&cfg, args.link_rate).map_err(|e| e.to_string())
+            })
             .map(|table| print!("{table}")),
         None => cli
             .train

@@ -98,7 +98,11 @@ impl Placement for CpuBackend {
 
     fn memory_budget(&self) -> Option<(&'static str, u64)> {
         let available = crate::memory_fit::host_available_bytes()?;
-        Some(("this machine's available memory (MemAvailable)", available))
+        let name = match crate::memory_fit::host_memory_name() {
+            "MemAvailable" => "this machine's available memory (MemAvailable)",
+            _ => "the host memory ZERO_HOST_MEMORY states",
+        };
+        Some((name, available))
     }
 
     fn offloaded_kept(
@@ -221,26 +225,37 @@ mod cuda {
         lent: Option<LentDevice>,
     }
 
-    impl LentBlock {
-        fn parts(&self) -> (u64, usize) {
-            self.lent
-                .as_ref()
-                .map_or((0, 0), |l| (l.ptr(), l.len() / 4))
-        }
-    }
-
     impl ActivationMemory<DeviceSlice> for LentBlock {
         fn floats(&self) -> &DeviceSlice {
-            let (addr, len) = self.parts();
-            // SAFETY: D1 (the whole lent block), D2 (the loan, owned here, keeps it pinned
-            // and its memory alive); a shared view while `&self` lives.
-            unsafe { DeviceSlice::from_raw(addr, len) }
+            match &self.lent {
+                // SAFETY: D1 (the whole lent block), D2 (the loan, owned here, keeps it
+                // pinned and its memory alive); a shared view while `&self` lives.
+                Some(l) => unsafe { DeviceSlice::from_raw(l.ptr(), l.len() / 4) },
+                // A buffer of no floats borrows nothing: no null address is made.
+                None => DeviceSlice::empty(),
+            }
         }
 
         fn floats_mut(&mut self) -> &mut DeviceSlice {
-            let (addr, len) = self.parts();
-            // SAFETY: as in `floats`; `&mut self` makes this the only view.
-            unsafe { DeviceSlice::from_raw(addr, len) }
+            match &mut self.lent {
+                // SAFETY: as in `floats`; `&mut self` makes this the only view.
+                Some(l) => unsafe { DeviceSlice::from_raw(l.ptr(), l.len() / 4) },
+                None => DeviceSlice::empty(),
+            }
+        }
+    }
+
+    #[cfg(test)]
+    mod tests {
+        use super::*;
+
+        #[test]
+        fn a_lent_buffer_of_no_floats_views_a_non_null_address() {
+            // No GPU needed: an empty buffer lends nothing and its views are not read.
+            let mut empty = LentBlock { lent: None };
+            assert_eq!(empty.floats().len(), 0);
+            assert_ne!(empty.floats().addr(), 0);
+            assert_ne!(empty.floats_mut().addr(), 0);
         }
     }
 }

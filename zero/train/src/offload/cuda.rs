@@ -27,7 +27,7 @@ use std::collections::VecDeque;
 use std::ffi::c_void;
 use std::sync::Arc;
 
-use cudarc::driver::{sys, CudaContext, CudaEvent, CudaStream, DriverError};
+use cudarc::driver::{sys, CudaEvent, CudaStream, DriverError};
 use zero::Engine;
 use zero_alloc::{Device, LentDevice, PinnedBuffer};
 use zero_gpt::cuda::DeviceSlice;
@@ -89,10 +89,9 @@ pub(crate) fn offloaded_device_inputs(
             return Err(zero::Error::Order(reason).into());
         }
     };
-    // The engine's arena is on this device, so the driver is present (cudarc would panic
-    // otherwise); `new` returns the device's primary context, the one the arena and the
-    // model's backend use.
-    let ctx = CudaContext::new(ordinal).map_err(driver("cuDevicePrimaryCtxRetain"))?;
+    // The device's primary context, the one the arena and the model's backend use, untracked
+    // like theirs: this file orders its streams by the events above (O1, O2).
+    let ctx = zero_alloc::context::untracked_context(ordinal).map_err(GptError::from)?;
     let mut slots = Vec::new();
     for _ in 0..staging_slots(segments) {
         slots.push(DeviceSlot {

@@ -136,6 +136,7 @@ fn refuse_offload_above_host(
         per_rank,
         ranks,
         available,
+        read: crate::memory_fit::host_memory_name(),
     })
 }
 
