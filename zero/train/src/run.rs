@@ -185,6 +185,18 @@ impl RankGroup {
         })
     }
 
+    /// After a failed run, leaves MPI unfinalised: a collective given up on may still be
+    /// pending (finalising is then erroneous) and, with a peer dead under `mpirun
+    /// --enable-recovery`, `MPI_Finalize` was seen to block forever (in about 1 run of 3 of a
+    /// killed peer on the loaded 2-core machine). The process exits with its error instead,
+    /// as the dead peer did; mpirun reports the abnormal end.
+    fn abandon_mpi(&mut self) {
+        #[cfg(feature = "mpi")]
+        if let Some(mpi) = self._mpi.take() {
+            std::mem::forget(mpi);
+        }
+    }
+
     /// True when this process hosts rank 0 (which reports).
     fn hosts_rank_zero(&self) -> bool {
         self.comms.first().is_some_and(|c| c.rank() == 0)
@@ -241,8 +253,11 @@ fn run_group(cfg: &TrainConfig, mut group: RankGroup) -> Result<RunSummary, Trai
         reporter: Reporter::new(cfg, group.hosts_rank_zero())?,
         attempt,
     };
-    let results = run_ranks(&shared, group.comms, devices);
+    let results = run_ranks(&shared, std::mem::take(&mut group.comms), devices);
     shared.reporter.finish_progress();
+    if results.iter().any(Result::is_err) {
+        group.abandon_mpi();
+    }
     if results.len() > 1 {
         // Every rank's own report (a dead or hung peer is named by each survivor); the
         // error returned below is one of them.
