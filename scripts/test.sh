@@ -13,7 +13,7 @@
 #      process and under `mpirun -np 2` and `-np 4`, each bounded by `timeout`; then the
 #      engine's staging check (mpi_staging), zero-train over MPI against the local backend,
 #      each injected fault over MPI named in the output, and `zero-train launch` restarting an
-#      MPI job to the local backend's states (docs/faults.md; about 30 s); then zero-train
+#      MPI job to the local backend's states (docs/faults.md; about 45 s); then zero-train
 #      across 2 emulated hosts (scripts/cluster-check.sh: network namespaces with rate-limited
 #      links; skipped, saying why, where namespaces cannot be made) and scripts/cluster.sh's
 #      answers to bad input.
@@ -157,7 +157,7 @@ done
 # the survivor's timeout names the op and number, the faulty rank's line names itself.
 echo "== zero-train --backend mpi: injected faults are named (mpirun --enable-recovery)"
 fault_base=(--data "$work/data" --layers 2 --heads 2 --dim 64 --seq-len 64 --steps 3
-  --micro-batch-size 2 --sample-tokens 0 --eval-every 0 --comm-timeout 3)
+  --micro-batch-size 2 --sample-tokens 0 --eval-every 0 --comm-timeout 5)
 fault_args=("${fault_base[@]}" --backend mpi)
 mpi_fault() { # NP EXPECTED-TEXT... -- FLAGS...
   local np=$1 out needles=()
@@ -175,9 +175,9 @@ mpi_fault() { # NP EXPECTED-TEXT... -- FLAGS...
   done
   echo "$* : named"
 }
-mpi_fault 2 "injected fault kill on rank 1 at" "timed out after 3" "on rank 0" -- \
+mpi_fault 2 "injected fault kill on rank 1 at" "timed out after 5" "on rank 0" -- \
   --batch-size 4 --inject-fault kill:rank=1,step=1
-mpi_fault 2 "injected fault hang on rank 1 at" "timed out after 3" "on rank 0" -- \
+mpi_fault 2 "injected fault hang on rank 1 at" "timed out after 5" "on rank 0" -- \
   --batch-size 4 --inject-fault hang:rank=1,step=1
 mpi_fault 3 "payload checksums differ" "ranks [1] hold a result" -- --batch-size 6 \
   --comm-checksums --inject-fault corrupt:rank=1,step=1,op=all_gather
