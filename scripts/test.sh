@@ -11,10 +11,12 @@
 #   4. the MPI backend (feature `mpi`): OpenMPI, its headers and libclang (rsmpi's bindgen)
 #      are installed from apt when missing, then the shared conformance suite runs as one
 #      process and under `mpirun -np 2` and `-np 4`, each bounded by `timeout`; then the
-#      engine's staging check (mpi_staging) and zero-train over MPI against the local backend;
-#      then zero-train across 2 emulated hosts (scripts/cluster-check.sh: network namespaces
-#      with rate-limited links; skipped, saying why, where namespaces cannot be made) and
-#      scripts/cluster.sh's answers to bad input.
+#      engine's staging check (mpi_staging), zero-train over MPI against the local backend,
+#      each injected fault over MPI named in the output, and `zero-train launch` restarting an
+#      MPI job to the local backend's states (docs/faults.md; about 45 s); then zero-train
+#      across 2 emulated hosts (scripts/cluster-check.sh: network namespaces with rate-limited
+#      links; skipped, saying why, where namespaces cannot be made) and scripts/cluster.sh's
+#      answers to bad input.
 #
 # ZERO_SKIP_MPI=1 skips step 4 (for machines where MPI cannot be installed). Steps 2 and 3 say
 # why they skipped where pip cannot fetch their packages.
@@ -148,6 +150,70 @@ for precision in fp32 bf16; do
     echo "$precision stage $stage: $(echo "$mpi_losses" | wc -l) losses equal to the bit"
   done
 done
+
+# --- injected faults over MPI: each named (docs/faults.md) -----------------------------------
+# Under --enable-recovery the survivors outlive a dead rank; mpirun's own exit status is then
+# not the ranks', so the checks read the output. MPI cannot tell which rank did not arrive:
+# the survivor's timeout names the op and number, the faulty rank's line names itself.
+echo "== zero-train --backend mpi: injected faults are named (mpirun --enable-recovery)"
+fault_base=(--data "$work/data" --layers 2 --heads 2 --dim 64 --seq-len 64 --steps 3
+  --micro-batch-size 2 --sample-tokens 0 --eval-every 0 --comm-timeout 5)
+fault_args=("${fault_base[@]}" --backend mpi)
+mpi_fault() { # NP EXPECTED-TEXT... -- FLAGS...
+  local np=$1 out needles=()
+  shift
+  while [[ $1 != -- ]]; do needles+=("$1"); shift; done
+  shift
+  out=$(timeout --kill-after=10 120 mpirun "${mpirun_flags[@]}" --enable-recovery -np "$np" \
+    "$zt" "${fault_args[@]}" "$@" 2>&1 || true)
+  for needle in "${needles[@]}"; do
+    if ! grep -qF -- "$needle" <<<"$out"; then
+      echo "$out" >&2
+      echo "test.sh: mpirun -np $np zero-train $*: no \"$needle\"" >&2
+      exit 1
+    fi
+  done
+  echo "$* : named"
+}
+mpi_fault 2 "injected fault kill on rank 1 at" "timed out after 5" "on rank 0" -- \
+  --batch-size 4 --inject-fault kill:rank=1,step=1
+mpi_fault 2 "injected fault hang on rank 1 at" "timed out after 5" "on rank 0" -- \
+  --batch-size 4 --inject-fault hang:rank=1,step=1
+mpi_fault 3 "payload checksums differ" "ranks [1] hold a result" -- --batch-size 6 \
+  --comm-checksums --inject-fault corrupt:rank=1,step=1,op=all_gather
+mpi_fault 2 "rank 1 made gather(3) at position 0" -- --batch-size 4 \
+  --inject-fault diverge:rank=1,step=1
+# A slow rank is survived: the losses are the local backend's, to the bit.
+timeout 300 "$zt" "${fault_base[@]}" --batch-size 4 --backend local --world-size 2 \
+  --metrics "$work/slow-local.jsonl" >"$work/log" 2>&1 || { cat "$work/log"; exit 1; }
+timeout 300 mpirun "${mpirun_flags[@]}" -np 2 "$zt" "${fault_args[@]}" --batch-size 4 \
+  --inject-fault slow=50:rank=1,step=1 --metrics "$work/slow-mpi.jsonl" >"$work/log" 2>&1 ||
+  { cat "$work/log"; exit 1; }
+if [[ "$(grep -o '"loss":[^,]*' "$work/slow-local.jsonl")" != \
+  "$(grep -o '"loss":[^,]*' "$work/slow-mpi.jsonl")" ]]; then
+  echo "test.sh: a slow MPI rank changed the losses" >&2
+  exit 1
+fi
+echo "slow=50:rank=1,step=1 : survived with the local backend's losses"
+
+# --- zero-train launch over MPI: a rank killed at step 3 of 6, restarted from the newest state,
+# ends with the local backend's states to the bit (docs/faults.md) --------------------------
+echo "== zero-train launch --backend mpi: kill at step 3 of 6, one restart"
+restart_args=(--data "$work/data" --layers 2 --heads 2 --dim 64 --seq-len 64 --steps 6
+  --batch-size 4 --micro-batch-size 2 --sample-tokens 0 --eval-every 0 --comm-timeout 10
+  --save-every 1)
+timeout 300 "$zt" "${restart_args[@]}" --backend local --world-size 2 --save "$work/unbroken" \
+  >"$work/log" 2>&1 || { cat "$work/log"; exit 1; }
+timeout 600 "$zt" launch --nproc-per-node 2 --max-restarts 1 --mpirun "mpirun ${mpirun_flags[*]}" \
+  -- "${restart_args[@]}" --backend mpi --save "$work/restarted" \
+  --inject-fault kill:rank=1,step=3 >"$work/log" 2>&1 || { cat "$work/log"; exit 1; }
+grep -q "restart 1 of 1 with 2 ranks from .*step-000003" "$work/log" ||
+  { cat "$work/log"; echo "test.sh: no restart from step 3" >&2; exit 1; }
+for piece in "$work/unbroken/step-000006"/rank-*.bin; do
+  cmp "$piece" "$work/restarted/step-000006/$(basename "$piece")" ||
+    { echo "test.sh: $(basename "$piece") differs after the MPI restart" >&2; exit 1; }
+done
+grep "^zero-train launch" "$work/log"
 
 # --- zero-train across emulated hosts: namespaces, 1 Gbit/s links, OpenMPI's TCP transport --
 echo "== zero-train across 2 emulated hosts (scripts/cluster.sh) against the local backend"

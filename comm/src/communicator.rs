@@ -8,6 +8,7 @@ use crate::backend::{Backend, Leave};
 use crate::config::Config;
 use crate::dtype::Element;
 use crate::error::{CommError, Result};
+use crate::fault;
 use crate::op::{OpDesc, OpKind};
 use crate::record::{History, Recorder, Stats};
 use crate::reduce_op::ReduceOp;
@@ -47,6 +48,10 @@ pub(crate) struct Inner {
     pub backend: Box<dyn Backend>,
     pub seq: u64,
     pub recorder: Arc<Mutex<Recorder>>,
+    /// Faults injected on purpose, waiting for their collectives ([`crate::fault`]).
+    pub faults: Vec<crate::fault::Armed>,
+    /// [`Config::checksums`].
+    pub checksums: bool,
 }
 
 pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -73,7 +78,7 @@ pub struct Communicator {
     size: usize,
     backend_name: &'static str,
     config: Config,
-    leave: Arc<dyn Leave>,
+    pub(crate) leave: Arc<dyn Leave>,
 }
 
 impl Communicator {
@@ -86,6 +91,8 @@ impl Communicator {
             backend,
             seq: 0,
             recorder: Arc::clone(&recorder),
+            faults: Vec::new(),
+            checksums: config.checksums,
         };
         Communicator {
             inner: Arc::new(Mutex::new(inner)),
@@ -304,9 +311,10 @@ pub(crate) fn execute<R>(
     desc: &OpDesc,
     f: impl FnOnce(&mut dyn Backend) -> Result<R>,
 ) -> Result<R> {
-    let size = inner.backend.size();
+    let (size, rank) = (inner.backend.size(), inner.backend.rank());
     let start = Instant::now();
-    let result = f(&mut *inner.backend);
+    let result =
+        fault::before_op(&mut inner.faults, rank, desc).and_then(|()| f(&mut *inner.backend));
     let elapsed = start.elapsed();
     let mut rec = lock(&inner.recorder);
     rec.record(desc, size, elapsed, result.is_ok());
@@ -375,13 +383,33 @@ fn count_of<T>(
     }
 }
 
-/// Validates and runs one data collective.
+/// Validates and runs one data collective; then fires an armed `Corrupt` fault and, with
+/// [`Config::checksums`], compares the result's hash across ranks ([`crate::fault`]).
 pub(crate) fn run_call<T: Element>(
     inner: &mut Inner,
     call: Collective,
     send: Option<&[T]>,
     recv: &mut [T],
 ) -> Result<()> {
+    let desc = run_unchecked(inner, call, send, recv)?;
+    let result: &mut [T] = match call {
+        Collective::Reduce(_, r) if r != inner.backend.rank() && send.is_some() => &mut [],
+        _ => recv,
+    };
+    fault::corrupt_result(&mut inner.faults, &desc, result);
+    if inner.checksums && fault::replicated_result(desc.kind) {
+        fault::check_result(inner, &desc, result)?;
+    }
+    Ok(())
+}
+
+/// Validates and runs one data collective; returns its descriptor.
+pub(crate) fn run_unchecked<T: Element>(
+    inner: &mut Inner,
+    call: Collective,
+    send: Option<&[T]>,
+    recv: &mut [T],
+) -> Result<OpDesc> {
     let (size, rank) = (inner.backend.size(), inner.backend.rank());
     let count = count_of(call, size, rank, send, recv)?;
     let (op, root) = match call {
@@ -416,5 +444,6 @@ pub(crate) fn run_call<T: Element>(
         Collective::AllGather => b.all_gather(&desc, s, r),
         Collective::Broadcast(root) => b.broadcast(&desc, s, r, root),
         Collective::Reduce(op, root) => b.reduce(&desc, s, r, op, root),
-    })
+    })?;
+    Ok(desc)
 }

@@ -14,6 +14,11 @@ pub struct Config {
     /// number. The local backend always performs this check (its soundness needs the counts to
     /// agree, and it costs N comparisons); backends where it costs a message honour this flag.
     pub debug_checks: bool,
+    /// Follow every collective whose result all ranks hold whole (all-reduce, all-gather,
+    /// broadcast) with an all-gather of a hash of each rank's result, and fail with
+    /// [`CommError::Corrupt`](crate::CommError::Corrupt) naming the ranks that differ.
+    /// Off by default: it costs one small collective and one pass over the result per call.
+    pub checksums: bool,
 }
 
 impl Default for Config {
@@ -22,6 +27,7 @@ impl Default for Config {
             timeout: Duration::from_secs(600),
             history_len: 16,
             debug_checks: false,
+            checksums: false,
         }
     }
 }

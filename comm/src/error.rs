@@ -202,6 +202,33 @@ pub enum CommError {
         /// What went wrong.
         what: String,
     },
+    /// A fault injected on purpose ([`crate::Fault`]) ended this rank's part.
+    #[error("injected fault {fault} on rank {rank} at {op} #{seq}")]
+    Injected {
+        /// The fault's name (`kill`, `hang`).
+        fault: &'static str,
+        /// The rank it was injected on.
+        rank: usize,
+        /// The operation.
+        op: OpKind,
+        /// Its sequence number.
+        seq: u64,
+    },
+    /// Payload checksums ([`crate::Config::checksums`]) show ranks holding different results
+    /// of a collective whose result must be the same everywhere.
+    #[error("{op} #{seq}: payload checksums differ on rank {rank}: ranks {ranks:?} hold a result unlike the others' (corrupted in flight or in memory){history}")]
+    Corrupt {
+        /// The operation.
+        op: OpKind,
+        /// Its sequence number.
+        seq: u64,
+        /// The rank reporting.
+        rank: usize,
+        /// The ranks whose result differs from the majority's (every rank without one).
+        ranks: Vec<usize>,
+        /// This rank's last operations.
+        history: Box<History>,
+    },
     /// A non-blocking operation was lost: its progress thread died before completing it.
     #[error("{op}: the progress thread of rank {rank} died before completing the operation")]
     ProgressLost {
@@ -218,7 +245,8 @@ impl CommError {
         match &mut self {
             CommError::Timeout { history, .. }
             | CommError::Broken { history, .. }
-            | CommError::Mismatch { history, .. } => **history = h.clone(),
+            | CommError::Mismatch { history, .. }
+            | CommError::Corrupt { history, .. } => **history = h.clone(),
             _ => {}
         }
         self

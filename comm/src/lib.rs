@@ -51,6 +51,7 @@ mod config;
 pub mod device_local;
 mod dtype;
 mod error;
+pub mod fault;
 pub mod local;
 #[cfg(feature = "mpi")]
 pub mod mpi;
@@ -70,6 +71,7 @@ pub use communicator_staging::{StagingLayout, StagingRule};
 pub use config::Config;
 pub use dtype::{BufMut, BufRef, DType, Element};
 pub use error::{BreakCause, CommError, Result};
+pub use fault::{Fault, FaultAction};
 pub use op::{OpDesc, OpKind};
 pub use record::{ring_bytes, History, OpRecord, Stats};
 pub use reduce_op::{reduce_slices, ReduceOp};

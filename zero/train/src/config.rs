@@ -174,6 +174,19 @@ pub struct TrainConfig {
     /// Seconds a rank waits for its peers (to join, or at a collective) before failing.
     #[arg(long, allow_negative_numbers = true, default_value_t = 600)]
     pub comm_timeout: u64,
+    /// Follow every collective whose result all ranks hold whole with a comparison of the
+    /// result's hash across ranks, and fail naming the ranks that differ (docs/faults.md).
+    #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "true", default_value_t = false, action = clap::ArgAction::Set)]
+    pub comm_checksums: bool,
+    /// Steps between cross-rank fingerprints of the parameters every rank holds whole: a hash
+    /// all-gathered, so a rank whose copy silently diverged is named (0 turns it off).
+    #[arg(long, allow_negative_numbers = true, default_value_t = 0)]
+    pub fingerprint_every: u64,
+    /// A fault injected on purpose, KIND:rank=R,step=S[,op=NAME][,seq=N][,attempt=K] with
+    /// KIND kill, hang, slow=MS, corrupt or diverge (repeatable; also ZERO_INJECT_FAULT,
+    /// `;`-separated; docs/faults.md).
+    #[arg(long, allow_hyphen_values = true)]
+    pub inject_fault: Vec<crate::fault::FaultSpec>,
 
     /// Optimizer steps to run.
     #[arg(long, allow_negative_numbers = true, default_value_t = 200)]

@@ -197,6 +197,22 @@ pub enum TrainError {
         /// The panic message.
         message: String,
     },
+    /// The cross-rank fingerprint (`--fingerprint-every`) found ranks whose parameters differ
+    /// from the majority's.
+    #[error(
+        "parameter fingerprint after step {step} (checked on rank {rank}): ranks {ranks:?} hold \
+         parameters unlike the other ranks' (hashes by rank: {hashes})"
+    )]
+    Diverged {
+        /// The steps completed.
+        step: u64,
+        /// The rank reporting.
+        rank: usize,
+        /// The ranks that differ (every rank when no hash has a majority).
+        ranks: Vec<usize>,
+        /// Every rank's hash, in hex.
+        hashes: String,
+    },
 }
 
 impl From<super::bridge::StepError> for TrainError {

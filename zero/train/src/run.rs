@@ -49,6 +49,8 @@ pub(crate) struct Shared<'a> {
     /// Opened only when the run evaluates (`--eval-every` above 0).
     pub(crate) val: Option<Arc<TokenFile>>,
     pub(crate) reporter: Reporter,
+    /// The launcher's attempt (`TORCHELASTIC_RESTART_COUNT`), which faults fire in.
+    pub(crate) attempt: u64,
 }
 
 /// What one rank returns.
@@ -73,6 +75,8 @@ pub fn train(cfg: &TrainConfig) -> Result<RunSummary, TrainError> {
         cfg.validate()?;
     }
     let mut cfg = cfg.clone();
+    let from_env = crate::fault::from_env().map_err(crate::error::ConfigError::Invalid)?;
+    cfg.inject_fault.extend(from_env);
     let group = RankGroup::new(&mut cfg)?;
     run_group(&cfg, group)
 }
@@ -123,6 +127,9 @@ fn run_loop<B: Placement>(
     for step in trainer.start()..cfg.steps {
         trainer.step(step)?;
         let (done, last) = (step + 1, step + 1 == cfg.steps);
+        if due(cfg.fingerprint_every, done) {
+            trainer.fingerprint(done)?;
+        }
         if cfg.eval_every > 0 && (last || due(cfg.eval_every, done)) {
             trainer.evaluate(done)?;
         }
@@ -178,6 +185,18 @@ impl RankGroup {
         })
     }
 
+    /// After a failed run, leaves MPI unfinalised: a collective given up on may still be
+    /// pending (finalising is then erroneous) and, with a peer dead under `mpirun
+    /// --enable-recovery`, `MPI_Finalize` was seen to block forever (in about 1 run of 3 of a
+    /// killed peer on the loaded 2-core machine). The process exits with its error instead,
+    /// as the dead peer did; mpirun reports the abnormal end.
+    fn abandon_mpi(&mut self) {
+        #[cfg(feature = "mpi")]
+        if let Some(mpi) = self._mpi.take() {
+            std::mem::forget(mpi);
+        }
+    }
+
     /// True when this process hosts rank 0 (which reports).
     fn hosts_rank_zero(&self) -> bool {
         self.comms.first().is_some_and(|c| c.rank() == 0)
@@ -216,6 +235,8 @@ fn run_group(cfg: &TrainConfig, mut group: RankGroup) -> Result<RunSummary, Trai
     // Under a launcher the world size has just been replaced by the launcher's.
     cfg.validate()?;
     cfg.validate_world()?;
+    let attempt = crate::fault::attempt_from_env().map_err(crate::error::ConfigError::Invalid)?;
+    cfg.validate_faults(attempt)?;
     let devices = match group.nccl.take() {
         Some(nccl) => vec![nccl],
         None => rank_devices(cfg, group.comms.len())?,
@@ -230,9 +251,22 @@ fn run_group(cfg: &TrainConfig, mut group: RankGroup) -> Result<RunSummary, Trai
             _ => Some(open_tokens(cfg, &model, VAL_FILE)?),
         },
         reporter: Reporter::new(cfg, group.hosts_rank_zero())?,
+        attempt,
     };
-    let results = run_ranks(&shared, group.comms, devices);
+    let results = run_ranks(&shared, std::mem::take(&mut group.comms), devices);
     shared.reporter.finish_progress();
+    if results.iter().any(Result::is_err) {
+        group.abandon_mpi();
+    }
+    if results.len() > 1 {
+        // Every rank's own report (a dead or hung peer is named by each survivor); the
+        // error returned below is one of them.
+        for (rank, result) in results.iter().enumerate() {
+            if let Err(e) = result {
+                eprintln!("zero-train: rank {rank}: {e}");
+            }
+        }
+    }
     let mut outputs = first_error(results)?;
     let ranks: Vec<RankReport> = outputs.iter().map(|o| o.report).collect();
     let first = outputs.swap_remove(0);

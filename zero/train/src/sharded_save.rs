@@ -164,7 +164,7 @@ pub fn start_save(
     } else {
         Ok(())
     };
-    agree(engine, &dir, began)?;
+    agree(engine, &dir, began).inspect_err(|_| discard_partial(engine, save, step))?;
     let partial = partial_dir(save, step);
     let writing = if background {
         let units = snapshot(engine)?;
@@ -207,7 +207,8 @@ pub fn finish_save(
             .into()),
         },
     };
-    let bytes = agree(engine, &dir, written)?;
+    let discard = |engine: &Engine| discard_partial(engine, &pending.save, pending.step);
+    let bytes = agree(engine, &dir, written).inspect_err(|_| discard(engine))?;
     let published = if engine.rank() == 0 {
         partitioning(engine).and_then(|layout| {
             publish(
@@ -223,8 +224,25 @@ pub fn finish_save(
     } else {
         Ok(())
     };
-    agree(engine, &dir, published)?;
+    agree(engine, &dir, published).inspect_err(|_| discard(engine))?;
     Ok((dir, bytes))
+}
+
+/// After a save failed on some rank (every rank knows by then, and none is still writing):
+/// rank 0 removes the partial folder, so a full disk is not kept full by a state that will
+/// never be published. A removal that fails is only a warning: the save's own error is the
+/// one to report.
+fn discard_partial(engine: &Engine, save: &Path, step: u64) {
+    let partial = partial_dir(save, step);
+    if engine.rank() != 0 || !partial.exists() {
+        return;
+    }
+    if let Err(e) = std::fs::remove_dir_all(&partial) {
+        tracing::warn!(
+            "could not remove the failed save's {}: {e}",
+            partial.display()
+        );
+    }
 }
 
 /// Saves in the foreground: [`start_save`] then [`finish_save`]. Collective.

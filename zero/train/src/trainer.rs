@@ -7,6 +7,7 @@
 //! [`report`]: Trainer::report
 
 mod engine_setup;
+mod faults;
 mod saving;
 
 use super::bridge::{arena_activations, eval_loss, micro_step, Placement};
@@ -47,6 +48,8 @@ pub(crate) struct Trainer<'a, B: Placement = CpuBackend> {
     received: u64,
     /// An `--async-save` whose pieces are being written, and when it started.
     pending_save: Option<(PendingSave, Instant)>,
+    /// An injected `diverge` due at the next micro-step.
+    diverge: bool,
 }
 
 impl<B: Placement> std::fmt::Debug for Trainer<'_, B> {
@@ -170,6 +173,7 @@ impl<'a, B: Placement> Trainer<'a, B> {
             sent: 0,
             received: 0,
             pending_save: None,
+            diverge: false,
         })
     }
 
@@ -185,6 +189,7 @@ impl<'a, B: Placement> Trainer<'a, B> {
     /// # Errors
     /// Data, model, engine or collective errors.
     pub(crate) fn step(&mut self, step: u64) -> Result<(), TrainError> {
+        self.arm_faults(step);
         let began = Instant::now();
         let (traffic_before, sent_before) = (self.engine.traffic(), self.bytes_moved());
         let lr = self.schedule.lr(step);
@@ -192,6 +197,10 @@ impl<'a, B: Placement> Trainer<'a, B> {
         let arena_before = self.engine.arena().stats();
         let mut local = 0.0f32;
         for _ in 0..accum {
+            if std::mem::take(&mut self.diverge) {
+                // The last unit first, where the declared program gathers unit 0.
+                self.engine.gather(self.engine.units().len() - 1)?;
+            }
             self.loader.next_micro_batch(&mut self.x, &mut self.y)?;
             local += micro_step(
                 &mut self.engine,

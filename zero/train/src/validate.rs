@@ -117,9 +117,10 @@ impl TrainConfig {
     /// [`ConfigError::OutOfRange`] naming `comm_timeout`.
     pub fn comm_config(&self) -> Result<zero_comm::Config, ConfigError> {
         in_range("comm_timeout", self.comm_timeout, 1, MAX_COMM_TIMEOUT_S)?;
-        Ok(zero_comm::Config::with_timeout(
-            std::time::Duration::from_secs(self.comm_timeout),
-        ))
+        Ok(zero_comm::Config {
+            checksums: self.comm_checksums,
+            ..zero_comm::Config::with_timeout(std::time::Duration::from_secs(self.comm_timeout))
+        })
     }
 
     fn validate_batch(&self) -> Result<(), ConfigError> {
@@ -178,6 +179,29 @@ impl TrainConfig {
         Ok(())
     }
 
+    /// Every `--inject-fault` names a step the run takes, and those of launcher attempt
+    /// `attempt` a rank of the world: a fault that can never fire is a typo. (A fault of
+    /// another attempt may name a rank that a shrunk world no longer has.)
+    ///
+    /// # Errors
+    /// [`ConfigError::OutOfRange`] naming the spec.
+    pub fn validate_faults(&self, attempt: u64) -> Result<(), ConfigError> {
+        for spec in &self.inject_fault {
+            let rank_ok = spec.attempt != attempt || spec.rank < self.world_size;
+            if !rank_ok || spec.step >= self.steps {
+                return Err(out_of_range(
+                    "inject_fault",
+                    spec,
+                    format!(
+                        "rank below the world size {} and step below --steps {}",
+                        self.world_size, self.steps
+                    ),
+                ));
+            }
+        }
+        Ok(())
+    }
+
     fn validate_batch_sizes(&self) -> Result<(), ConfigError> {
         in_range(
             "micro_batch_size",
@@ -194,8 +218,20 @@ impl TrainConfig {
             ("warmup_steps", self.warmup_steps),
             ("eval_every", self.eval_every),
             ("save_every", self.save_every),
+            ("fingerprint_every", self.fingerprint_every),
         ] {
             in_range(key, value, 0, MAX_STEPS)?;
+        }
+        // At stage 3 no rank holds the parameters whole: gathered first, every rank's
+        // fingerprint would hash the same values and check nothing.
+        if self.fingerprint_every > 0 && self.zero_stage == zero::ZeroStage::Zero3 {
+            return Err(out_of_range(
+                "fingerprint_every",
+                &self.fingerprint_every,
+                "0 at --zero-stage 3: fingerprints compare parameters every rank holds whole, \
+                 which no rank does at stage 3"
+                    .into(),
+            ));
         }
         self.validate_reals()
     }

@@ -7,6 +7,8 @@
 //! zero-train export --from SRC --to FILE      a model file (safetensors or llm.c) out of a
 //!                                             training state or another model file
 //! zero-train plan [FLAGS]                     each rank's memory at every stage, untrained
+//! zero-train launch --nproc-per-node N [--max-restarts K] [--min-nproc M] -- FLAGS
+//!                                             N rank processes, restarted from --save on failure
 //! ```
 
 use clap::{Parser, Subcommand};
@@ -55,6 +57,10 @@ enum Command {
     /// ...) are checked and otherwise ignored.
     #[command(args_override_self = true)]
     Plan(Box<PlanArgs>),
+    /// Start --nproc-per-node rank processes (TCP backend, torchrun's variables; or one
+    /// mpirun for --backend mpi) and restart them all from the newest complete state of
+    /// --save when one fails, up to --max-restarts times (docs/faults.md).
+    Launch(zero_train::elastic::LaunchArgs),
 }
 
 #[derive(clap::Args)]
@@ -85,6 +91,7 @@ fn main() -> ExitCode {
             val_fraction,
         }) => prepare(&text, &out, val_fraction),
         Some(Command::Export(args)) => export(&args),
+        Some(Command::Launch(args)) => zero_train::elastic::launch(&args),
         Some(Command::Plan(args)) => plan_config(&args.train)
             .map_err(|e| e.to_string())
             .and_then(|cfg| {
