@@ -60,6 +60,7 @@ enum Command {
     /// Start --nproc-per-node rank processes (TCP backend, torchrun's variables; or one
     /// mpirun for --backend mpi) and restart them all from the newest complete state of
     /// --save when one fails, up to --max-restarts times (docs/faults.md).
+    #[command(args_override_self = true)]
     Launch(zero_train::elastic::LaunchArgs),
 }
 
