@@ -213,7 +213,9 @@ pub const HOST_MEMORY_VAR: &str = "ZERO_HOST_MEMORY";
 
 /// [`HOST_MEMORY_VAR`]'s text, when it is set and not empty (an empty one counts as unset).
 fn host_memory_var() -> Option<String> {
-    std::env::var(HOST_MEMORY_VAR).ok().filter(|v| !v.is_empty())
+    std::env::var(HOST_MEMORY_VAR)
+        .ok()
+        .filter(|v| !v.is_empty())
 }
 
 /// The byte count [`HOST_MEMORY_VAR`] states, if it is set.
