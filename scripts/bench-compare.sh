@@ -6,9 +6,9 @@
 #   bash scripts/bench-compare.sh main
 #   REPS=7 STEPS=12 bash scripts/bench-compare.sh 9a06996 -- --world-size 2 --zero-stage 3
 #
-# 1. REV is checked out in a scratch worktree (target/bench-compare/rev) and both zero-train
-#    binaries are built in release mode in the project's target folder (the dependencies
-#    compile once), then copied beside it.
+# 1. REV is checked out in a scratch worktree (target/bench-compare/rev) and built in release
+#    mode in a target folder of its own (target/bench-compare/target-rev, kept for the next
+#    comparison), the working tree in the project's; both binaries are copied beside them.
 # 2. A generated corpus of GPT-2 tokens is prepared once (no download).
 # 3. REPS times (default 5), in the order REV, tree, tree, REV, ... (ABBA, so neither side
 #    always runs first), each binary trains STEPS steps (default 8) with the flags (default:
@@ -49,21 +49,21 @@ commit=$(git rev-parse --verify --quiet "$rev^{commit}") ||
 
 work="$root/target/bench-compare"
 mkdir -p "$work"
-# The project's own target folder: the dependencies are built already.
-export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$root/target}"
 
-# Builds zero-train from the tree at $1 and copies it to $2.
+# Builds zero-train from the tree at $1 in the target folder $2 and copies it to $3. Each
+# side has its own target folder: cargo names a workspace crate's artefacts by its path
+# inside the workspace, so two checkouts sharing one folder can link each other's crates.
 build() {
-    (cd "$1" && cargo build --release --quiet -p zero-train --bin zero-train)
-    cp "$CARGO_TARGET_DIR/release/zero-train" "$2"
+    (cd "$1" && CARGO_TARGET_DIR="$2" cargo build --release --quiet -p zero-train --bin zero-train)
+    cp "$2/release/zero-train" "$3"
 }
 
 echo "== building $rev ($commit) and the working tree"
 git worktree remove --force "$work/rev" >/dev/null 2>&1 || rm -rf "$work/rev"
 git worktree add --detach "$work/rev" "$commit" >/dev/null
 trap 'git worktree remove --force "$work/rev" >/dev/null 2>&1 || true' EXIT
-build "$work/rev" "$work/zero-train-rev"
-build "$root" "$work/zero-train-tree"
+build "$work/rev" "$work/target-rev" "$work/zero-train-rev"
+build "$root" "${CARGO_TARGET_DIR:-$root/target}" "$work/zero-train-tree"
 
 if [ ! -f "$work/data/train.bin" ]; then
     for i in $(seq 1 20000); do
