@@ -22,7 +22,7 @@ mod test_support;
 #[cfg(feature = "cuda")]
 pub use cubin::write_prebuilt;
 #[cfg(feature = "cuda")]
-pub use load::{ImageOrigin, LoadedKernels};
+pub use load::LoadedKernels;
 #[cfg(feature = "cuda")]
 #[doc(hidden)]
 pub use test_support::{check_cubin, nvrtc_or_skip};

@@ -40,22 +40,10 @@ impl Program {
     }
 }
 
-/// Where a loaded program's image came from.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum ImageOrigin {
-    /// A prebuilt CUBIN read from this file ([`super::prebuilt`]).
-    Prebuilt(std::path::PathBuf),
-    /// A CUBIN NVRTC compiled in this process.
-    Compiled,
-    /// PTX NVRTC compiled in this process, for the driver's JIT.
-    Ptx,
-}
-
 /// Every kernel of a [`KernelSet`], loaded on one device.
 #[derive(Debug)]
 pub struct LoadedKernels {
     functions: HashMap<&'static str, CudaFunction>,
-    origins: Vec<(&'static str, ImageOrigin)>,
 }
 
 impl LoadedKernels {
@@ -90,25 +78,17 @@ impl LoadedKernels {
             .map_err(cuda_err("cuDeviceGetAttribute(compute capability)"))?;
         let prebuilt = prebuilt_dir_from_env();
         let mut functions = HashMap::new();
-        let mut origins = Vec::new();
         for program in set.programs {
             let source = image_source(program, capability, prebuilt.as_deref());
-            let (module, origin) = load_program(ctx, program, source)?;
+            let module = load_program(ctx, program, source)?;
             for &name in program.functions {
                 let f = module
                     .load_function(name)
                     .map_err(cuda_err("cuModuleGetFunction"))?;
                 functions.insert(name, f);
             }
-            origins.push((program.name, origin));
         }
-        Ok(Self { functions, origins })
-    }
-
-    /// Where each program's image came from, in the set's order.
-    #[must_use]
-    pub fn origins(&self) -> &[(&'static str, ImageOrigin)] {
-        &self.origins
+        Ok(Self { functions })
     }
 
     /// The kernel `name`, if the set defines it.
@@ -125,26 +105,17 @@ fn load_program(
     ctx: &Arc<CudaContext>,
     program: &Program,
     source: ImageSource,
-) -> Result<(Arc<CudaModule>, ImageOrigin)> {
+) -> Result<Arc<CudaModule>> {
     let load = |image: Ptx| ctx.load_module(image).map_err(cuda_err("cuModuleLoadData"));
     match source {
-        ImageSource::Prebuilt { path, arch } => {
-            let loaded = std::fs::read(&path)
-                .map_err(|e| e.to_string())
-                .and_then(|bytes| load(Ptx::from_binary(bytes)).map_err(|e| e.to_string()));
-            match loaded {
-                Ok(module) => Ok((module, ImageOrigin::Prebuilt(path))),
-                Err(why) => {
-                    tracing::warn!("prebuilt {}: {why}; compiling with NVRTC", path.display());
-                    let module = load(Ptx::from_binary(program.compile_cubin(arch)?))?;
-                    Ok((module, ImageOrigin::Compiled))
-                }
-            }
-        }
-        ImageSource::CompileCubin(arch) => Ok((
-            load(Ptx::from_binary(program.compile_cubin(arch)?))?,
-            ImageOrigin::Compiled,
-        )),
-        ImageSource::CompilePtx => Ok((load(program.compile(None)?)?, ImageOrigin::Ptx)),
+        ImageSource::Prebuilt { path, arch } => std::fs::read(&path)
+            .map_err(|e| e.to_string())
+            .and_then(|bytes| load(Ptx::from_binary(bytes)).map_err(|e| e.to_string()))
+            .or_else(|why| {
+                tracing::warn!("prebuilt {}: {why}; compiling with NVRTC", path.display());
+                load(Ptx::from_binary(program.compile_cubin(arch)?))
+            }),
+        ImageSource::CompileCubin(arch) => load(Ptx::from_binary(program.compile_cubin(arch)?)),
+        ImageSource::CompilePtx => load(program.compile(None)?),
     }
 }

@@ -240,6 +240,17 @@ pub fn host_available_bytes() -> Option<u64> {
     mem_available(&std::fs::read_to_string("/proc/meminfo").ok()?)
 }
 
+/// What [`host_available_bytes`] read, in words for a refusal naming the memory a plan
+/// exceeds.
+#[must_use]
+pub fn host_memory_description() -> &'static str {
+    if host_memory_var().is_some() {
+        "the host memory ZERO_HOST_MEMORY states"
+    } else {
+        "this machine's available memory (MemAvailable)"
+    }
+}
+
 /// What [`host_available_bytes`] read, for messages: the variable's name or `MemAvailable`.
 #[must_use]
 pub fn host_memory_name() -> &'static str {

@@ -98,11 +98,7 @@ impl Placement for CpuBackend {
 
     fn memory_budget(&self) -> Option<(&'static str, u64)> {
         let available = crate::memory_fit::host_available_bytes()?;
-        let name = match crate::memory_fit::host_memory_name() {
-            "MemAvailable" => "this machine's available memory (MemAvailable)",
-            _ => "the host memory ZERO_HOST_MEMORY states",
-        };
-        Some((name, available))
+        Some((crate::memory_fit::host_memory_description(), available))
     }
 
     fn offloaded_kept(
