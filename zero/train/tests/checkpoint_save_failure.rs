@@ -4,13 +4,13 @@
 //! the disk full; the same run without the limit publishes its state.
 
 mod common;
-use common::{learnable_corpus, TempDir};
+use common::{command_line, learnable_corpus, TempDir};
 
 use std::path::Path;
 use std::process::{Command, Output};
 
 fn flags(data: &Path, save: &Path) -> Vec<String> {
-    let mut args: Vec<String> = [
+    let flags = [
         "--model",
         "tiny",
         "--seq-len",
@@ -27,13 +27,8 @@ fn flags(data: &Path, save: &Path) -> Vec<String> {
         "0",
         "--world-size",
         "2",
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect();
-    args.extend(["--data".into(), data.display().to_string()]);
-    args.extend(["--save".into(), save.display().to_string()]);
-    args
+    ];
+    command_line(&flags, &[("--data", data), ("--save", save)])
 }
 
 /// zero-train with `flags`, its files limited to `blocks` blocks of 512 bytes (POSIX sh).

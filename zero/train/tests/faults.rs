@@ -4,7 +4,7 @@
 //! only proves "no hang"), or, for `slow`, is survived with the unbroken run's losses.
 
 mod common;
-use common::{learnable_corpus, TempDir};
+use common::{command_line, learnable_corpus, stderr, TempDir};
 
 use std::net::TcpListener;
 use std::path::Path;
@@ -19,7 +19,7 @@ const TIMEOUT_S: u64 = 10;
 const NO_HANG: Duration = Duration::from_secs(3 * TIMEOUT_S + 60);
 
 fn args(data: &Path, metrics: &Path, extra: &[&str]) -> Vec<String> {
-    let mut args: Vec<String> = [
+    let flags = [
         "--model",
         "tiny",
         "--seq-len",
@@ -38,12 +38,8 @@ fn args(data: &Path, metrics: &Path, extra: &[&str]) -> Vec<String> {
         "0",
         "--comm-timeout",
         &TIMEOUT_S.to_string(),
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect();
-    args.extend(["--data".into(), data.display().to_string()]);
-    args.extend(["--metrics".into(), metrics.display().to_string()]);
+    ];
+    let mut args = command_line(&flags, &[("--data", data), ("--metrics", metrics)]);
     args.extend(extra.iter().map(|s| s.to_string()));
     args
 }
@@ -90,10 +86,6 @@ fn tcp(dir: &Path, world: usize, extra: &[&str]) -> (Vec<Output>, Duration) {
         .map(|c| c.wait_with_output().unwrap())
         .collect();
     (outs, began.elapsed())
-}
-
-fn stderr(out: &Output) -> String {
-    String::from_utf8_lossy(&out.stderr).into_owned()
 }
 
 /// A failed run, no panic, its stderr holding every one of `needles`; within [`NO_HANG`].

@@ -6,14 +6,14 @@
 //! process, no launcher).
 
 mod common;
-use common::{learnable_corpus, TempDir};
+use common::{command_line, learnable_corpus, stderr, TempDir};
 
 use std::path::Path;
 use std::process::{Command, Output};
 
 /// The tiny model, 6 steps, saving after every step.
 fn flags(data: &Path, save: &Path, metrics: &Path) -> Vec<String> {
-    let mut args: Vec<String> = [
+    let list = [
         "--model",
         "tiny",
         "--seq-len",
@@ -34,14 +34,11 @@ fn flags(data: &Path, save: &Path, metrics: &Path) -> Vec<String> {
         "10",
         "--save-every",
         "1",
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect();
-    args.extend(["--data".into(), data.display().to_string()]);
-    args.extend(["--save".into(), save.display().to_string()]);
-    args.extend(["--metrics".into(), metrics.display().to_string()]);
-    args
+    ];
+    command_line(
+        &list,
+        &[("--data", data), ("--save", save), ("--metrics", metrics)],
+    )
 }
 
 fn zero_train(args: &[String]) -> Output {
@@ -81,10 +78,6 @@ fn losses(metrics: &Path) -> Vec<String> {
         .filter_map(|line| line.split("\"loss\":").nth(1))
         .map(|rest| rest.split([',', '}']).next().unwrap_or("").to_string())
         .collect()
-}
-
-fn stderr(out: &Output) -> String {
-    String::from_utf8_lossy(&out.stderr).into_owned()
 }
 
 #[test]

@@ -71,3 +71,17 @@ pub fn model_units(cfg: &GptConfig, seed: u32) -> Vec<Vec<f32>> {
     units[0][cfg.vocab_size * cfg.channels..cfg.padded_vocab_size * cfg.channels].fill(0.0);
     units
 }
+
+/// A zero-train command line: `flags` as they are, then each `(flag, path)` pair.
+pub fn command_line(flags: &[&str], paths: &[(&str, &Path)]) -> Vec<String> {
+    let mut line: Vec<String> = flags.iter().map(|s| s.to_string()).collect();
+    for (flag, path) in paths {
+        line.extend([flag.to_string(), path.display().to_string()]);
+    }
+    line
+}
+
+/// A finished process's standard error, as text.
+pub fn stderr(out: &std::process::Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
