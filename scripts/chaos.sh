@@ -89,7 +89,7 @@ for s in "${specs[@]}"; do
     kill:*) needle="injected fault kill on rank $rank at" ;;
     hang:*) needle="timed out after" ;;
     corrupt:*) needle="payload checksums differ" ;;
-    diverge:*) needle="rank $rank made gather" ;;
+    diverge:*) needle="rank $rank ran a program it did not declare" ;;
     slow=*) continue ;;
   esac
   grep -qF "$needle" "$work/chaos.log" || fail "$s was not named ($needle)"

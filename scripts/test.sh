@@ -181,7 +181,7 @@ mpi_fault 2 "injected fault hang on rank 1 at" "timed out after 5" "on rank 0" -
   --batch-size 4 --inject-fault hang:rank=1,step=1
 mpi_fault 3 "payload checksums differ" "ranks [1] hold a result" -- --batch-size 6 \
   --comm-checksums --inject-fault corrupt:rank=1,step=1,op=all_gather
-mpi_fault 2 "rank 1 made gather(3) at position 0" -- --batch-size 4 \
+mpi_fault 2 "rank 1 ran a program it did not declare" -- --batch-size 4 \
   --inject-fault diverge:rank=1,step=1
 # A slow rank is survived: the losses are the local backend's, to the bit.
 timeout 300 "$zt" "${fault_base[@]}" --batch-size 4 --backend local --world-size 2 \

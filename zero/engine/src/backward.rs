@@ -9,7 +9,6 @@ use super::inflight::{InFlight, MAX_IN_FLIGHT};
 use super::kernels::Span;
 use super::policy::GradReduce;
 use super::precision::{with_store, Store};
-use super::schedule::UnitCall;
 use zero_alloc::Handle;
 use zero_comm::{Bucket, DType, ShardBuckets};
 
@@ -18,15 +17,13 @@ impl Engine {
     ///
     /// # Errors
     /// Unknown unit, a backward already begun, arena failures.
-    pub fn begin_backward(&mut self, unit: usize) -> Result<()> {
+    pub(crate) fn begin_backward(&mut self, unit: usize) -> Result<()> {
         self.check_unit(unit)?;
         if self.bufs[unit].unreduced.is_some() {
             return Err(Error::Order(format!(
                 "begin_backward of unit {unit} twice without end_backward"
             )));
         }
-        self.order
-            .visit(&self.comm, UnitCall::BeginBackward(unit))?;
         let padded = self.policies[unit].part.padded_numel();
         let h = self.alloc_transient::<f32>(padded)?;
         let zeroed = self
@@ -46,7 +43,11 @@ impl Engine {
     /// # Errors
     /// A unit not gathered or not in backward, a gradient unit listed twice, an arena without
     /// host memory (use [`Engine::unit_spans`] there).
-    pub fn views(&mut self, param_units: &[usize], grad_units: &[usize]) -> Result<UnitViews<'_>> {
+    pub(crate) fn views(
+        &mut self,
+        param_units: &[usize],
+        grad_units: &[usize],
+    ) -> Result<UnitViews<'_>> {
         let (params, grads) = self.unit_spans(param_units, grad_units)?;
         let mut views = self.arena.views();
         let mut p = Vec::with_capacity(params.len());
@@ -68,7 +69,7 @@ impl Engine {
     ///
     /// # Errors
     /// A unit not gathered or not in backward.
-    pub fn unit_spans(
+    pub(crate) fn unit_spans(
         &self,
         param_units: &[usize],
         grad_units: &[usize],
@@ -99,9 +100,8 @@ impl Engine {
     /// # Errors
     /// A unit not in backward, a divergent unit order, collective or arena failures (of this
     /// reduction or of an earlier one completed here).
-    pub fn end_backward(&mut self, unit: usize) -> Result<()> {
+    pub(crate) fn end_backward(&mut self, unit: usize) -> Result<()> {
         self.check_unit(unit)?;
-        self.order.visit(&self.comm, UnitCall::EndBackward(unit))?;
         let tmp = self.bufs[unit].unreduced.take().ok_or_else(|| {
             Error::Order(format!(
                 "end_backward of unit {unit} without begin_backward"
@@ -206,8 +206,7 @@ impl Engine {
     /// # Errors
     /// A micro-step that did not make every declared call; collective or arena failures of
     /// the reductions completed here.
-    pub fn end_micro_step(&mut self) -> Result<()> {
-        self.order.end_micro_step()?;
+    pub(crate) fn end_micro_step(&mut self) -> Result<()> {
         self.complete_reductions(0)?;
         self.micro_steps += 1;
         Ok(())

@@ -18,6 +18,7 @@
 //! give the same parameters to the bit.
 
 use super::collectives::Collectives;
+use super::declared::{confirm_same_schedules, Declared};
 use super::engine_ops::EngineOps;
 use super::error::{Error, Result};
 use super::formulas::{expected_model_state_bytes, ModelStateBytes};
@@ -25,8 +26,6 @@ use super::inflight::{InFlight, Prefetch};
 use super::kernels::Kernels;
 use super::loss_scale::LossScaler;
 use super::optimizer_home::OffloadedOptimizer;
-use super::order::confirm_same_schedule;
-use super::order::OrderCheck;
 use super::plan::{arena_config, check_fits, plan_memory, unit_policies, MemoryPlan, PlanShape};
 use super::policy::{UnitPolicy, ZeroStage};
 use super::precision::Precision;
@@ -91,6 +90,25 @@ impl Default for EngineConfig {
     }
 }
 
+impl EngineConfig {
+    /// What the memory plan of an engine with this configuration depends on, on a group of
+    /// `world` ranks whose collectives stage as `staging` says: the one mapping from the
+    /// knobs to the plan, used by the engine and by planners that run nothing.
+    pub fn plan_shape(&self, world: usize, staging: StagingRule) -> PlanShape {
+        PlanShape {
+            world,
+            stage: self.stage,
+            precision: self.precision,
+            persistence_threshold: self.persistence_threshold,
+            prefetch_units: self.prefetch_units,
+            reduce_bucket_bytes: self.reduce_bucket_bytes,
+            activation_bytes: self.activation_bytes,
+            staging,
+            offload_optimizer: self.offload_optimizer,
+        }
+    }
+}
+
 /// Elements this rank has handed to each kind of collective for model states.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Traffic {
@@ -142,7 +160,8 @@ pub struct Engine {
     /// Optimizer steps taken (Adam's t).
     pub(crate) steps: u64,
     pub(crate) traffic: Traffic,
-    pub(crate) order: OrderCheck,
+    /// The programs declared at start-up, and the call being made.
+    pub(crate) declared: Declared,
     /// fp16's dynamic loss scale (1 and inert otherwise).
     pub(crate) scaler: LossScaler,
     /// Bytes lent to the model for good ([`Engine::lend_f32`]), within the declared
@@ -151,52 +170,39 @@ pub struct Engine {
 }
 
 impl Engine {
-    /// Registers `specs` of a plain sequential model ([`Schedule::sequential`]); see
-    /// [`Engine::with_schedule`].
-    ///
-    /// # Errors
-    /// As [`Engine::with_schedule`].
-    pub fn new(
-        comm: Communicator,
-        specs: Vec<UnitSpec>,
-        config: EngineConfig,
-        init: impl FnMut(usize, &mut [f32]),
-    ) -> Result<Self> {
-        let schedule = Schedule::sequential(specs.len());
-        Self::with_schedule(comm, specs, &schedule, config, init)
-    }
-
-    /// Registers `specs` on this rank for micro-steps that make `schedule`'s calls: plans
-    /// the step's peak by replaying the schedule, allocates every buffer from a fresh arena
-    /// of that size (or the cap) and fills the parameters with `init(unit, whole_unit)`, which
-    /// must give the same values on every rank (seeded). Every rank must declare the same
-    /// schedule.
+    /// Registers `specs` on this rank for the passes of `programs` (the schedules of the
+    /// model's [`Program`](crate::Program)s: its training micro-step, its forward-only
+    /// passes), with model states in host memory. Plans the peak by replaying every
+    /// program, allocates every buffer from a fresh arena of that size (or the cap) and fills
+    /// the parameters with `init(unit, whole_unit)`, which must give the same values on every
+    /// rank (seeded). Every rank must declare the same programs, in the same order; only
+    /// declared programs run ([`Engine::micro_step`], [`Engine::forward`]).
     ///
     /// # Errors
     /// [`Error::DoesNotFit`] when the cap is too small (naming a stage that fits),
-    /// [`Error::BadUnit`] for inconsistent specs, [`Error::BadSchedule`] for a malformed
-    /// schedule or one that differs between ranks, arena and collective errors.
-    pub fn with_schedule(
+    /// [`Error::BadUnit`] for inconsistent specs, [`Error::BadProgram`] for a malformed
+    /// program or one that differs between ranks, arena and collective errors.
+    pub fn new(
         comm: Communicator,
         specs: Vec<UnitSpec>,
-        schedule: &Schedule,
+        programs: &[&Schedule],
         config: EngineConfig,
         init: impl FnMut(usize, &mut [f32]),
     ) -> Result<Self> {
-        Self::with_ops(comm, specs, schedule, config, EngineOps::host(), init)
+        Self::with_ops(comm, specs, programs, config, EngineOps::host(), init)
     }
 
-    /// As [`Engine::with_schedule`], with model states on `ops.device`, computed on by
+    /// As [`Engine::new`], with model states on `ops.device`, computed on by
     /// `ops.kernels` and moved by `ops.collectives` ([`EngineOps::host`] there). `comm` still
     /// carries the engine's control traffic (schedule agreement, overflow flag, norm
     /// partials).
     ///
     /// # Errors
-    /// As [`Engine::with_schedule`].
+    /// As [`Engine::new`].
     pub fn with_ops(
         comm: Communicator,
         specs: Vec<UnitSpec>,
-        schedule: &Schedule,
+        programs: &[&Schedule],
         config: EngineConfig,
         ops: EngineOps,
         mut init: impl FnMut(usize, &mut [f32]),
@@ -210,21 +216,11 @@ impl Engine {
             spec.check()
                 .map_err(|message| Error::BadUnit { unit, message })?;
         }
-        confirm_same_schedule(&comm, schedule)?;
-        let shape = PlanShape {
-            world: comm.size(),
-            stage: config.stage,
-            precision: config.precision,
-            persistence_threshold: config.persistence_threshold,
-            prefetch_units: config.prefetch_units,
-            reduce_bucket_bytes: config.reduce_bucket_bytes,
-            activation_bytes: config.activation_bytes,
-            staging: collectives.staging_rule(&comm),
-            offload_optimizer: config.offload_optimizer,
-        };
+        confirm_same_schedules(&comm, programs)?;
+        let shape = config.plan_shape(comm.size(), collectives.staging_rule(&comm));
         let memory_plan = match config.memory_limit {
-            Some(limit) => check_fits(&specs, schedule, shape, limit)?,
-            None => plan_memory(&specs, schedule, shape)?,
+            Some(limit) => check_fits(&specs, programs, shape, limit)?,
+            None => plan_memory(&specs, programs, shape)?,
         };
         let capacity = config.memory_limit.unwrap_or(memory_plan.total());
         let capacity = usize::try_from(capacity).unwrap_or(usize::MAX);
@@ -251,7 +247,7 @@ impl Engine {
         }
         let n_units = bufs.len();
         Ok(Self {
-            order: OrderCheck::new(comm.rank(), schedule),
+            declared: Declared::new(programs.iter().map(|&s| s.clone()).collect()),
             comm,
             arena,
             offloaded,

@@ -84,23 +84,6 @@ pub enum Error {
         /// What is wrong.
         message: String,
     },
-    /// The ranks do not make the same calls in the same order.
-    #[error(
-        "rank {rank} made call {got} at position {position} of the micro-step, but rank \
-         {other_rank} made {expected}: every rank must visit units in the same order"
-    )]
-    DivergentOrder {
-        /// This rank.
-        rank: usize,
-        /// Position in the micro-step's sequence of calls.
-        position: usize,
-        /// The call this rank made.
-        got: String,
-        /// A rank that disagrees.
-        other_rank: usize,
-        /// What that rank made.
-        expected: String,
-    },
     /// The gradients hold an inf or NaN (fp32 training has no loss scale to skip with).
     #[error("gradient norm is {norm} at step {step}: the gradients hold an inf or NaN")]
     NonFinite {
@@ -144,22 +127,6 @@ pub enum Error {
         /// The allowed range.
         expected: &'static str,
     },
-    /// A call the declared schedule does not make at this point.
-    #[error(
-        "rank {rank} made {got} at position {position} of the micro-step, where the declared \
-         schedule makes {declared}: declare the model's calls with Engine::with_schedule (the \
-         memory plan replays that schedule)"
-    )]
-    OffSchedule {
-        /// This rank.
-        rank: usize,
-        /// Position in the micro-step's sequence of calls.
-        position: usize,
-        /// The call made.
-        got: String,
-        /// The declared call at that position.
-        declared: String,
-    },
     /// The model borrows more arena bytes than it declared for its activations.
     #[error(
         "the model borrows {lent} bytes for good but declared {declared} \
@@ -171,9 +138,9 @@ pub enum Error {
         /// Bytes declared.
         declared: u64,
     },
-    /// A declared schedule is malformed, or differs between ranks.
-    #[error("the declared schedule {0}")]
-    BadSchedule(String),
+    /// A model's program is malformed, differs between ranks, or was not declared.
+    #[error("the model's program: {0}")]
+    BadProgram(String),
 }
 
 /// Result alias of crate `zero`.

@@ -8,7 +8,6 @@ use super::error::{Error, Result};
 use super::inflight::Prefetch;
 use super::kernels::Span;
 use super::precision::{with_store, Store};
-use super::schedule::UnitCall;
 use zero_alloc::Handle;
 
 impl Engine {
@@ -18,9 +17,8 @@ impl Engine {
     ///
     /// # Errors
     /// Unknown unit, a rank visiting units in another order, arena or collective failures.
-    pub fn gather(&mut self, unit: usize) -> Result<()> {
+    pub(crate) fn gather(&mut self, unit: usize) -> Result<()> {
         self.check_unit(unit)?;
-        self.order.visit(&self.comm, UnitCall::Gather(unit))?;
         if self.policies[unit].reads_stored {
             return Ok(());
         }
@@ -91,7 +89,7 @@ impl Engine {
     /// collectives in the same sequence.
     fn launch_prefetches<S: Store>(&mut self) -> Result<()> {
         let rank = self.comm.rank();
-        for unit in self.order.upcoming_gathers(self.config.prefetch_units) {
+        for unit in self.declared.upcoming_gathers(self.config.prefetch_units) {
             let policy = self.policies[unit];
             let b = &self.bufs[unit];
             if !policy.gathered() || b.gathered.is_some() || self.prefetched[unit].is_some() {
@@ -145,7 +143,7 @@ impl Engine {
     ///
     /// # Errors
     /// Unknown unit, or a release without a gather.
-    pub fn release(&mut self, unit: usize) -> Result<()> {
+    pub(crate) fn release(&mut self, unit: usize) -> Result<()> {
         self.check_unit(unit)?;
         let reads_stored = self.policies[unit].reads_stored;
         if !reads_stored && self.bufs[unit].gather_refs == 0 {
@@ -153,7 +151,6 @@ impl Engine {
                 "release of unit {unit} without a matching gather"
             )));
         }
-        self.order.visit(&self.comm, UnitCall::Release(unit))?;
         if reads_stored {
             return Ok(());
         }
@@ -180,7 +177,7 @@ impl Engine {
     ///
     /// # Errors
     /// [`Error::NotGathered`] outside gather/release where a copy is needed.
-    pub fn params(&self, unit: usize) -> Result<&[f32]> {
+    pub(crate) fn params(&self, unit: usize) -> Result<&[f32]> {
         let block = self.param_block(unit)?;
         Ok(&self.arena.slice::<f32>(block)?[..self.specs[unit].numel])
     }

@@ -1,33 +1,48 @@
 //! The ZeRO engine: partitioned optimizer states, gradients and parameters (stages 0-3)
-//! around any model that hands it its units.
+//! around any model that hands it its units and its program.
 //!
 //! A model registers its units ([`UnitSpec`]: a flat buffer, and where weight decay
-//! applies) and declares the calls of one micro-step ([`Schedule`]; [`Engine::new`] takes a
-//! plain sequential model's, as below); per micro-step it brackets each unit's forward with [`Engine::gather`] /
-//! [`Engine::release`] and each unit's backward with [`Engine::begin_backward`] /
-//! [`Engine::end_backward`], and per optimizer step calls [`Engine::step`]. The engine
-//! decides what each stage keeps and when it communicates.
+//! applies), declares its micro-step once as a [`Program`] of its own operations (each
+//! naming the units it reads and whose gradients it writes), and implements [`Model::run`]
+//! for one operation. The engine derives from the program when each unit is gathered,
+//! prefetched, released and reduced, plans the memory by replaying those calls, and runs
+//! them around the model's operations ([`Engine::micro_step`], [`Engine::forward`]);
+//! [`Engine::step`] applies the update. The decisions of each stage are the engine's.
 //!
 //! ```
-//! use zero::{Engine, EngineConfig, UnitSpec, ZeroStage};
+//! use zero::{Engine, EngineConfig, Model, Op, OpUnits, Program, UnitSpec, ZeroStage};
+//!
+//! /// One weight vector; the loss is the sum of its elements, so each gradient is 1.
+//! struct Sum;
+//!
+//! impl Model for Sum {
+//!     type Op = &'static str;
+//!     type Error = zero::Error;
+//!
+//!     fn run(&mut self, op: &Self::Op, units: &mut OpUnits<'_>) -> Result<(), zero::Error> {
+//!         if *op == "backward" {
+//!             units.views()?.1[0].fill(1.0);
+//!         }
+//!         Ok(())
+//!     }
+//! }
 //!
 //! let comms = zero_comm::local::create(2)?;
 //! std::thread::scope(|s| {
 //!     for comm in comms {
 //!         s.spawn(move || -> Result<(), zero::Error> {
+//!             let ops = vec![
+//!                 Op::new("forward").reads([0]),
+//!                 Op::new("backward").reads([0]).writes([0]),
+//!             ];
+//!             let program = Program::new(ops, 1).map_err(zero::Error::BadProgram)?;
 //!             let units = vec![UnitSpec::new("weights", 10)];
 //!             let config = EngineConfig { stage: ZeroStage::Zero3, ..EngineConfig::default() };
-//!             let mut engine = Engine::new(comm, units, config, |_, w| w.fill(1.0))?;
-//!             engine.gather(0)?; // stage 3: all-gather the unit
-//!             let y: f32 = engine.params(0)?.iter().sum(); // a "forward"
-//!             engine.release(0)?;
-//!             engine.gather(0)?; // backward needs the parameters again
-//!             engine.begin_backward(0)?;
-//!             let (_, mut grads) = engine.views(&[], &[0])?;
-//!             grads[0].fill(y / 10.0); // a "backward"
-//!             engine.end_backward(0)?; // reduce-scatter into this rank's shard
-//!             engine.release(0)?;
-//!             engine.end_micro_step()?;
+//!             let mut engine =
+//!                 Engine::new(comm, units, &[program.schedule()], config, |_, w| w.fill(1.0))?;
+//!             // Stage 3: all-gathers the unit, runs both operations, reduce-scatters the
+//!             // gradient into this rank's shard and frees the gathered copy.
+//!             engine.micro_step(&program, &mut Sum)?;
 //!             let report = engine.step(0.1)?;
 //!             assert!(report.grad_norm > 0.0);
 //!             Ok(())
@@ -41,6 +56,7 @@
 
 mod backward;
 pub mod collectives;
+mod declared;
 mod engine;
 mod engine_ops;
 mod error;
@@ -52,14 +68,16 @@ mod inflight;
 pub mod kernels;
 mod lending;
 mod loss_scale;
+mod model;
 pub mod optim;
 mod optimizer_home;
-mod order;
 pub mod partition;
 mod plan;
 mod policy;
 mod precision;
+mod program;
 mod replay;
+mod run;
 mod schedule;
 mod start;
 mod step;
@@ -79,11 +97,13 @@ pub use formulas::{
 pub use inflight::MAX_IN_FLIGHT;
 pub use kernels::{HostKernels, Kernels};
 pub use loss_scale::LossScaler;
+pub use model::{Model, OpUnits};
 pub use optimizer_home::OffloadPlan;
 pub use partition::{Partition, Shard};
 pub use plan::{check_fits, plan_memory, MemoryPlan, PlanShape};
 pub use policy::{ZeroStage, SHARD_ALIGN_ELEMS};
 pub use precision::Precision;
+pub use program::{Op, Program};
 pub use schedule::{Schedule, UnitCall};
 pub use step::StepReport;
 pub use traffic_plan::plan_traffic;

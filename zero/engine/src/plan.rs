@@ -105,21 +105,29 @@ pub(crate) fn unit_policies(specs: &[UnitSpec], shape: PlanShape) -> Result<Vec<
         .collect()
 }
 
-/// Plans the buffers of `specs` on one rank for micro-steps that make `schedule`'s calls.
+/// Plans the buffers of `specs` on one rank for passes that make the calls of any of
+/// `schedules` (a program's [`Program::schedule`](crate::Program::schedule): the training
+/// micro-step, a forward-only pass).
 ///
 /// Model states come from `model_state_bytes`, the same sum the padded formula uses; the
-/// transient peak from replaying the schedule and the optimizer step (`replay::Replay`).
+/// transient peak is the highest of replaying each schedule and the optimizer step
+/// (`replay::Replay`).
 ///
 /// # Errors
 /// A partition error (zero ranks, overflow), a malformed schedule.
 pub fn plan_memory(
     specs: &[UnitSpec],
-    schedule: &Schedule,
+    schedules: &[&Schedule],
     shape: PlanShape,
 ) -> Result<MemoryPlan> {
-    schedule.check(specs.len()).map_err(Error::BadSchedule)?;
     let policies = unit_policies(specs, shape)?;
-    let transient = Replay::new(&policies, shape).peak_of_step(schedule.calls())?;
+    // The optimizer step's own peak, with or without programs. (State import and export
+    // hold one whole f32 unit at a time, which a program gathering every unit covers.)
+    let mut transient = Replay::new(&policies, shape).peak_of_step(&[])?;
+    for schedule in schedules {
+        schedule.check(specs.len()).map_err(Error::BadProgram)?;
+        transient = transient.max(Replay::new(&policies, shape).peak_of_step(schedule.calls())?);
+    }
     let largest_collective = largest_collective_bytes(&policies, shape)?;
     let staging = shape.staging.bytes(largest_collective).ok_or_else(|| {
         Error::Order(format!(
@@ -202,12 +210,12 @@ pub(crate) fn model_state_bytes(policies: &[UnitPolicy], precision: Precision) -
 /// [`Error::DoesNotFit`](super::Error::DoesNotFit).
 pub fn check_fits(
     specs: &[UnitSpec],
-    schedule: &Schedule,
+    schedules: &[&Schedule],
     shape: PlanShape,
     limit: u64,
 ) -> Result<MemoryPlan> {
     let stage = shape.stage;
-    let plan = |stage| plan_memory(specs, schedule, PlanShape { stage, ..shape });
+    let plan = |stage| plan_memory(specs, schedules, PlanShape { stage, ..shape });
     let wanted = plan(stage)?;
     if wanted.total() <= limit {
         return Ok(wanted);
@@ -259,7 +267,7 @@ mod tests {
     }
 
     fn plan(stage: ZeroStage) -> MemoryPlan {
-        plan_memory(&units(), &Schedule::sequential(2), shape(stage)).unwrap()
+        plan_memory(&units(), &[&Schedule::sequential(2)], shape(stage)).unwrap()
     }
 
     #[test]
@@ -290,11 +298,11 @@ mod tests {
         let stage1 = plan(ZeroStage::Zero1).total();
         assert_eq!(stage1, 15360 + 10240);
         let schedule = Schedule::sequential(2);
-        let err = check_fits(&units(), &schedule, shape(ZeroStage::Zero0), stage1).unwrap_err();
+        let err = check_fits(&units(), &[&schedule], shape(ZeroStage::Zero0), stage1).unwrap_err();
         let msg = err.to_string();
         assert!(msg.contains("stage 1 fits (25600 bytes)"), "{msg}");
         assert!(msg.contains("34816"), "stage 0 needs 24576 + 10240: {msg}");
-        assert!(check_fits(&units(), &schedule, shape(ZeroStage::Zero1), stage1).is_ok());
+        assert!(check_fits(&units(), &[&schedule], shape(ZeroStage::Zero1), stage1).is_ok());
     }
 
     #[test]
@@ -304,7 +312,7 @@ mod tests {
                 reduce_bucket_bytes: bucket_bytes,
                 ..shape(stage)
             };
-            plan_memory(&units(), &Schedule::sequential(2), shape)
+            plan_memory(&units(), &[&Schedule::sequential(2)], shape)
                 .unwrap()
                 .largest_collective
         };
@@ -327,7 +335,7 @@ mod tests {
             },
             ..shape(ZeroStage::Zero3)
         };
-        let with = plan_memory(&units(), &Schedule::sequential(2), copies).unwrap();
+        let with = plan_memory(&units(), &[&Schedule::sequential(2)], copies).unwrap();
         let without = plan(ZeroStage::Zero3);
         // Collectives up to 4096 bytes over 4 ranks: input 4096, output 4096, mine 1024 and
         // counts 64 bytes = 9280, a block of 9472 in 256-byte arena blocks.
@@ -339,7 +347,7 @@ mod tests {
     #[test]
     fn a_malformed_schedule_is_refused() {
         let bad = Schedule::new(vec![crate::UnitCall::Gather(0)]);
-        let err = plan_memory(&units(), &bad, shape(ZeroStage::Zero0)).unwrap_err();
-        assert!(matches!(err, Error::BadSchedule(_)), "{err}");
+        let err = plan_memory(&units(), &[&bad], shape(ZeroStage::Zero0)).unwrap_err();
+        assert!(matches!(err, Error::BadProgram(_)), "{err}");
     }
 }

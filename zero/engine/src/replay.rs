@@ -22,8 +22,8 @@
 //! on every run and equals what the arena measures on the rank with the widest updated range
 //! (a last rank whose shard holds fewer real elements can peak lower in rule 6).
 
+use super::declared::upcoming_gathers;
 use super::inflight::MAX_IN_FLIGHT;
-use super::order::upcoming_gathers;
 use super::plan::{block_bytes, PlanShape};
 use super::policy::UnitPolicy;
 use super::schedule::UnitCall;

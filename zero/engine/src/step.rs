@@ -25,15 +25,6 @@ pub struct StepReport {
 }
 
 impl Engine {
-    /// Runs forward-only work (evaluation, sampling) outside the declared schedule: its calls
-    /// are not checked and launch no prefetches.
-    pub fn without_order_check<R>(&mut self, f: impl FnOnce(&mut Self) -> R) -> R {
-        let was = std::mem::replace(&mut self.order.enabled, false);
-        let out = f(self);
-        self.order.enabled = was;
-        out
-    }
-
     /// One optimizer step over the gradients accumulated since the last one, at learning
     /// rate `lr`. Gradients are averaged over ranks and micro-steps.
     ///
@@ -56,7 +47,6 @@ impl Engine {
         // Before the host reads below (overflow flags, norms), which would block on a
         // collective of a dead peer with no timeout.
         self.collectives.settle()?;
-        self.order.end_step();
         let loss_scale = self.scaler.scale;
         if self.config.precision == Precision::Fp16 && self.any_rank_overflowed()? {
             self.clear_grads()?;

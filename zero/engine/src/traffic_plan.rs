@@ -38,7 +38,7 @@ pub fn plan_traffic(
     shape: PlanShape,
     micro_steps: u64,
 ) -> Result<Traffic> {
-    schedule.check(specs.len()).map_err(Error::BadSchedule)?;
+    schedule.check(specs.len()).map_err(Error::BadProgram)?;
     let policies = unit_policies(specs, shape)?;
     let overflow = || Error::Order("the traffic of a step overflows".into());
     let mut micro = Traffic::default();

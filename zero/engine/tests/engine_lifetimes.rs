@@ -1,10 +1,14 @@
-//! The engine runs the calls its model declared, overlapping units included, and refuses a
-//! call the declaration does not make: the memory plan is a replay of that declaration.
+//! The engine runs the programs its model declared, overlapping units included, at the
+//! plan's peak; it refuses a program it was not declared and an operation reaching for a unit
+//! it did not declare, and a failed program leaves nothing held.
 
-use zero::{Engine, EngineConfig, Error, Schedule, UnitCall, UnitSpec, ZeroStage};
+mod common;
+
+use common::FnModel;
+use zero::{Engine, EngineConfig, Error, Op, OpUnits, Program, UnitCall, UnitSpec, ZeroStage};
 use UnitCall::{BeginBackward as Begin, EndBackward as End, Gather, Release};
 
-fn engine(calls: Vec<UnitCall>) -> Engine {
+fn engine(programs: &[&Program<&'static str>]) -> Engine {
     let comm = zero_comm::local::create(1).unwrap().remove(0);
     let config = EngineConfig {
         stage: ZeroStage::Zero3,
@@ -15,50 +19,52 @@ fn engine(calls: Vec<UnitCall>) -> Engine {
         UnitSpec::new("b", 300),
         UnitSpec::new("c", 300),
     ];
-    let schedule = Schedule::new(calls);
-    Engine::with_schedule(comm, units, &schedule, config, |_, w| w.fill(1.0)).unwrap()
+    let schedules: Vec<_> = programs.iter().map(|p| p.schedule()).collect();
+    Engine::new(comm, units, &schedules, config, |_, w| w.fill(1.0)).unwrap()
 }
 
-/// Unit 0 stays gathered with its gradient open across units 1 and 2.
-fn overlapping() -> Vec<UnitCall> {
-    vec![
-        Gather(0),
-        Begin(0),
-        Gather(1),
-        Begin(1),
-        End(1),
-        Release(1),
-        Gather(2),
-        Begin(2),
-        End(2),
-        Release(2),
-        End(0),
-        Release(0),
-    ]
+/// Unit 0 read and written by both operations: it stays gathered, its gradient open.
+fn overlapping() -> Program<&'static str> {
+    let ops = vec![
+        Op::new("x").reads([0, 1]).writes([0, 1]),
+        Op::new("y").reads([0, 2]).writes([0, 2]),
+    ];
+    Program::new(ops, 3).unwrap()
 }
 
-fn run(e: &mut Engine, calls: &[UnitCall]) -> Result<(), Error> {
-    make(e, calls)?;
-    e.end_micro_step()
-}
-
-fn make(e: &mut Engine, calls: &[UnitCall]) -> Result<(), Error> {
-    for &call in calls {
-        match call {
-            Gather(u) => e.gather(u)?,
-            Release(u) => e.release(u)?,
-            Begin(u) => e.begin_backward(u)?,
-            End(u) => e.end_backward(u)?,
-        }
+/// Fills every gradient the operation writes with 1.
+fn ones(_: &&'static str, units: &mut OpUnits<'_>) -> Result<(), Error> {
+    for g in units.views()?.1 {
+        g.fill(1.0);
     }
     Ok(())
 }
 
 #[test]
-fn overlapping_units_run_as_declared_and_peak_at_the_plan() {
-    let mut e = engine(overlapping());
+fn overlapping_units_derive_the_calls_written_out_here() {
+    let want = [
+        Gather(0),
+        Gather(1),
+        Begin(0),
+        Begin(1),
+        End(1),
+        Release(1),
+        Gather(2),
+        Begin(2),
+        End(0),
+        End(2),
+        Release(0),
+        Release(2),
+    ];
+    assert_eq!(overlapping().schedule().calls(), want);
+}
+
+#[test]
+fn overlapping_units_run_and_peak_at_the_plan() {
+    let program = overlapping();
+    let mut e = engine(&[&program]);
     for _ in 0..2 {
-        run(&mut e, &overlapping()).unwrap();
+        e.micro_step(&program, &mut FnModel::new(ones)).unwrap();
         e.step(1e-3).unwrap();
     }
     let peak = e.arena().stats().peak_allocated as u64;
@@ -68,32 +74,39 @@ fn overlapping_units_run_as_declared_and_peak_at_the_plan() {
 }
 
 #[test]
-fn a_call_off_the_schedule_is_refused_with_both_calls_named() {
-    let mut e = engine(overlapping());
-    e.gather(0).unwrap();
-    let err = e.gather(1).unwrap_err();
-    match &err {
-        Error::OffSchedule {
-            position: 1,
-            got,
-            declared,
-            ..
-        } => {
-            assert_eq!(got, "gather(1)");
-            assert_eq!(declared, "begin_backward(0)");
-        }
-        other => panic!("expected OffSchedule, got {other:?}"),
-    }
+fn a_program_not_declared_is_refused() {
+    let declared = overlapping();
+    let mut e = engine(&[&declared]);
+    let other = Program::new(vec![Op::new("z").reads([2]).writes([2])], 3).unwrap();
+    let err = e.micro_step(&other, &mut FnModel::new(ones)).unwrap_err();
+    assert!(
+        matches!(&err, Error::BadProgram(m) if m.contains("not declared")),
+        "{err}"
+    );
+    assert!(e.step(1e-3).is_err(), "no micro-step ran");
 }
 
 #[test]
-fn a_micro_step_that_stops_short_is_refused() {
-    let mut e = engine(overlapping());
-    make(&mut e, &overlapping()[..4]).unwrap();
-    assert!(matches!(
-        e.end_micro_step(),
-        Err(Error::OffSchedule { position: 4, .. })
-    ));
+fn an_operation_reaching_past_its_declaration_fails_and_the_engine_lets_go() {
+    let program = overlapping();
+    let mut e = engine(&[&program]);
+    let allocated = e.arena().stats().allocated;
+    let mut sneaky =
+        FnModel::new(|_: &&'static str, units: &mut OpUnits<'_>| units.params(2).map(|_| ()));
+    let err = e.micro_step(&program, &mut sneaky).unwrap_err();
+    assert!(err.to_string().contains("unit 2"), "{err}");
+    assert_eq!(e.arena().stats().allocated, allocated, "nothing held");
+    // The next micro-step runs from a clean state.
+    e.micro_step(&program, &mut FnModel::new(ones)).unwrap();
+    e.step(1e-3).unwrap();
+}
+
+#[test]
+fn a_forward_pass_must_write_no_gradient() {
+    let program = overlapping();
+    let mut e = engine(&[&program]);
+    let err = e.forward(&program, &mut FnModel::new(ones)).unwrap_err();
+    assert!(matches!(err, Error::BadProgram(_)), "{err}");
 }
 
 #[test]
@@ -104,7 +117,11 @@ fn the_model_may_borrow_only_what_it_declared() {
         ..EngineConfig::default()
     };
     let units = vec![UnitSpec::new("a", 100)];
-    let mut e = Engine::new(comm, units, config, |_, w| w.fill(1.0)).unwrap();
+    let program = common::sequential(1);
+    let mut e = Engine::new(comm, units, &[program.schedule()], config, |_, w| {
+        w.fill(1.0)
+    })
+    .unwrap();
     // 200 floats round up to 1024 bytes: exactly what was declared.
     let _kept = e.lend_f32(200).unwrap();
     assert!(matches!(

@@ -5,6 +5,8 @@
 //! protocol for ranks sharing one GPU, here on host memory) train to the same bits as the
 //! host communicator.
 
+mod common;
+
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 
@@ -12,8 +14,8 @@ use half::{bf16, f16};
 use zero::collectives::DeviceLocalCollectives;
 use zero::kernels::{AdamWBuffers, AdamWStep, Span};
 use zero::{
-    Collectives, Engine, EngineConfig, EngineOps, Error, HostCollectives, Kernels, Precision,
-    UnitSpec, ZeroStage,
+    Collectives, Engine, EngineConfig, EngineOps, Error, HostCollectives, Kernels, OpUnits,
+    Precision, UnitSpec, ZeroStage,
 };
 use zero_alloc::Arena;
 use zero_comm::DType;
@@ -307,32 +309,30 @@ fn rank_main(
         .enumerate()
         .map(|(u, &n)| UnitSpec::new(format!("u{u}"), n).with_decay(0..n / 2))
         .collect();
-    let schedule = zero::Schedule::sequential(specs.len());
+    let program = common::sequential(specs.len());
     let init = |u: usize, w: &mut [f32]| {
         for (i, x) in w.iter_mut().enumerate() {
             *x = ((i * 7 + u * 3) % 17) as f32 / 17.0 - 0.4;
         }
     };
-    let mut e = Engine::with_ops(comm, specs, &schedule, config, ops, init).unwrap();
+    let schedules = [program.schedule()];
+    let mut e = Engine::with_ops(comm, specs, &schedules, config, ops, init).unwrap();
     // Small enough for fp16 at its first loss scale, so no step is skipped.
     let scale = (e.rank() + 1) as f32 * 1e-3;
+    // Backward: the gradient of Σ w², times a rank-dependent scale.
+    let mut model =
+        common::FnModel::new(|&(backward, _): &(bool, usize), units: &mut OpUnits<'_>| {
+            if backward {
+                let (p, mut g) = units.views()?;
+                for (gi, &w) in g[0].iter_mut().zip(p[0]) {
+                    *gi = 2.0 * w * scale;
+                }
+            }
+            Ok(())
+        });
     let mut norms = vec![];
     for _ in 0..STEPS {
-        for u in 0..UNITS.len() {
-            e.gather(u).unwrap();
-            e.release(u).unwrap();
-        }
-        for u in (0..UNITS.len()).rev() {
-            e.gather(u).unwrap();
-            e.begin_backward(u).unwrap();
-            let (p, mut g) = e.views(&[u], &[u]).unwrap();
-            for (gi, &w) in g[0].iter_mut().zip(p[0]) {
-                *gi = 2.0 * w * scale;
-            }
-            e.end_backward(u).unwrap();
-            e.release(u).unwrap();
-        }
-        e.end_micro_step().unwrap();
+        e.micro_step(&program, &mut model).unwrap();
         norms.push(e.step(1e-2).unwrap().grad_norm);
     }
     let params = (0..UNITS.len())

@@ -173,13 +173,7 @@ impl<B: Backend> Activations<B> {
     /// The blocks of `layer`'s checkpointed segment (just `layer` without checkpointing).
     #[must_use]
     pub fn segment(&self, layer: usize) -> Range<usize> {
-        match self.every {
-            None => layer..layer + 1,
-            Some(k) => {
-                let start = layer - layer % k;
-                start..(start + k).min(self.config.num_layers)
-            }
-        }
+        crate::program::checkpoint_segment(layer, self.config.num_layers, self.every)
     }
 
     /// True when `layer`'s activations must be recomputed before its backward: its

@@ -36,6 +36,7 @@ mod init;
 pub mod kernels;
 mod layout;
 mod model;
+mod program;
 mod sample;
 mod views;
 
@@ -51,4 +52,5 @@ pub use error::{GptError, Result};
 pub use init::{init_params, init_unit, Rng, INIT_STD};
 pub use layout::{decays, ParamLayout, TensorSpec, UnitKind, UnitLayout};
 pub use model::Gpt;
+pub use program::{checkpoint_segment, forward_ops, is_recomputed, train_ops, GptOp};
 pub use sample::sample_top_k;

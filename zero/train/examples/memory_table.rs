@@ -39,8 +39,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                                 precision,
                                 ..EngineConfig::default()
                             };
-                            // Parameter values do not change the footprint: skip the init.
-                            let e = Engine::new(comm, units, cfg, |_, _| {})?;
+                            // Parameter values do not change the footprint: skip the init;
+                            // no program runs.
+                            let e = Engine::new(comm, units, &[], cfg, |_, _| {})?;
                             Ok::<_, zero::Error>((
                                 e.measured_model_state_bytes()?,
                                 e.expected_model_state_bytes(),

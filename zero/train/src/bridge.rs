@@ -1,30 +1,27 @@
-//! The bundled GPT driven through the ZeRO engine: its units registered, each micro-step's
-//! forward and backward bracketed unit by unit so the engine decides when parameters exist
-//! and when gradients are reduced.
+//! The bundled GPT driven through the ZeRO engine: its units registered, its passes declared
+//! as programs of zero-gpt's model calls ([`GptPrograms`]), and each call run on the units
+//! the engine hands it ([`GptPass`]); the engine derives when parameters exist and when
+//! gradients are reduced.
 //!
-//! The tied embedding (unit 0) is used at both ends of the pass, and each use is bracketed on
-//! its own: gathered for the embedding's forward and released; gathered again for the LM
-//! head and its backward down to its input, then released; the head's part of d(wte), which
-//! needs no parameters, then goes into a fresh gradient buffer reduced at once (so wte and
-//! its whole gradient are never held together);
-//! the encoder's backward at the very end opens a second gradient buffer for unit 0 and
-//! reduces it, the engine adding both reduced parts to the shard this rank keeps. So no
-//! whole copy of unit 0, parameters or gradient, lives across the blocks at stage 3. Every
-//! stage runs this same sequence, so every stage sums the same two parts in the same order.
-//! The whole sequence is declared to the engine ([`gpt_schedule`]), which plans the step's
-//! memory by replaying it and refuses a step that departs from it.
+//! The tied embedding (unit 0) is used at both ends of the pass: read by the embedding's
+//! forward, then released; read again by the LM head's forward and its backward down to its
+//! input, then released; the head's part of d(wte), which needs no parameters, goes into a
+//! fresh gradient buffer reduced at once (so wte and its whole gradient are never held
+//! together); the encoder's backward at the very end opens a second gradient buffer for
+//! unit 0 and reduces it, the engine adding both reduced parts to the shard this rank keeps.
+//! So no whole copy of unit 0, parameters or gradient, lives across the blocks at stage 3.
+//! Every stage runs this same program, so every stage sums the same two parts in the same
+//! order.
 
 mod placement;
-mod schedule;
 
 use crate::offload::staging_slots;
 pub use placement::{Placement, Views};
-pub use schedule::gpt_schedule;
-use zero::{Engine, EngineConfig, EngineOps, UnitSpec};
+use zero::{Engine, EngineConfig, EngineOps, Model, Op, OpUnits, Program, Schedule, UnitSpec};
 use zero_alloc::DEFAULT_ALIGNMENT;
 use zero_gpt::{
-    activation_buffers, Activations, Backend, Gpt, GptConfig, GptError, ParamLayout, UnitKind,
-    KEPT_INPUTS,
+    activation_buffers, forward_ops, train_ops, Activations, Backend, Gpt, GptConfig, GptError,
+    GptOp, ParamLayout, UnitKind, KEPT_INPUTS,
 };
 
 /// Why a GPT micro-step failed.
@@ -59,12 +56,12 @@ pub fn gpt_units(layout: &ParamLayout) -> Vec<UnitSpec> {
         .collect()
 }
 
-/// An engine for the GPT laid out as `layout`: its units registered and its micro-step
-/// declared ([`gpt_schedule`], checkpointing every `checkpoint_every` blocks or none), with
+/// An engine for the GPT laid out as `layout`: its units registered and its programs
+/// declared ([`GptPrograms`], checkpointing every `checkpoint_every` blocks or none), with
 /// `init(unit, whole_unit)` filling the parameters.
 ///
 /// # Errors
-/// As [`Engine::with_schedule`].
+/// As [`Engine::new`].
 pub fn gpt_engine(
     comm: zero_comm::Communicator,
     layout: &ParamLayout,
@@ -94,8 +91,15 @@ pub fn gpt_engine_on(
     ops: EngineOps,
     init: impl FnMut(usize, &mut [f32]),
 ) -> Result<Engine, zero::Error> {
-    let schedule = gpt_schedule(layout, checkpoint_every);
-    Engine::with_ops(comm, gpt_units(layout), &schedule, config, ops, init)
+    let programs = GptPrograms::new(layout, checkpoint_every)?;
+    Engine::with_ops(
+        comm,
+        gpt_units(layout),
+        &programs.schedules(),
+        config,
+        ops,
+        init,
+    )
 }
 
 /// Where a micro-batch's activations live, and how many are kept.
@@ -209,104 +213,101 @@ pub fn arena_activations<B: Placement>(
     Activations::with_backend_memory(model.backend(), config, b, t, every, lend, kept)
 }
 
-/// Forward through every unit; with targets, returns this rank's mean loss.
+/// The programs of the GPT laid out as `layout`, checkpointing every `checkpoint_every`
+/// blocks or none: its training micro-step and its forward pass (evaluation, sampling),
+/// from zero-gpt's declaration ([`zero_gpt::train_ops`], [`zero_gpt::forward_ops`]).
+#[derive(Debug, Clone)]
+pub struct GptPrograms {
+    /// One training micro-step.
+    pub train: Program<GptOp>,
+    /// One forward pass, no gradients.
+    pub forward: Program<GptOp>,
+}
+
+impl GptPrograms {
+    /// The programs of `layout` with checkpointing every `checkpoint_every` blocks or none.
+    ///
+    /// # Errors
+    /// A layout whose units do not match its layers (a broken invariant).
+    pub fn new(layout: &ParamLayout, checkpoint_every: Option<usize>) -> Result<Self, zero::Error> {
+        let layers = layout.final_norm_unit() - 1;
+        Ok(Self {
+            train: gpt_program(layout, train_ops(layers, checkpoint_every))?,
+            forward: gpt_program(layout, forward_ops(layers))?,
+        })
+    }
+
+    /// Both programs' calls, as the engine is told them at start-up.
+    pub fn schedules(&self) -> [&Schedule; 2] {
+        [self.train.schedule(), self.forward.schedule()]
+    }
+}
+
+/// The program of `ops` on the GPT laid out as `layout`: each call with the units it reads
+/// and writes ([`GptOp::reads`], [`GptOp::writes`]).
 ///
-/// Leaves the final norm and the embedding gathered for the head (released by [`backward`]
-/// or by the caller).
-fn forward<B: Placement>(
-    engine: &mut Engine,
-    model: &Gpt<B>,
-    acts: &mut Activations<B>,
-    tokens: &[u32],
-    targets: Option<&[u32]>,
-) -> Result<Option<f32>, StepError> {
-    let last = model.layout().final_norm_unit();
-    engine.gather(0)?;
-    model.embed_forward(acts, B::params(engine, 0)?, tokens)?;
-    engine.release(0)?;
-    for layer in 0..model.config().num_layers {
-        let unit = ParamLayout::block_unit(layer);
-        engine.gather(unit)?;
-        model.block_forward(acts, layer, B::params(engine, unit)?)?;
-        engine.release(unit)?;
-    }
-    engine.gather(last)?;
-    engine.gather(0)?;
-    let (wf, wte) = (B::params(engine, last)?, B::params(engine, 0)?);
-    let loss = model.head_forward(acts, wf, wte, targets)?;
-    Ok(loss)
+/// # Errors
+/// A call naming a layer the layout does not have.
+pub fn gpt_program(layout: &ParamLayout, ops: Vec<GptOp>) -> Result<Program<GptOp>, zero::Error> {
+    let layers = layout.final_norm_unit() - 1;
+    let ops = ops
+        .into_iter()
+        .map(|op| {
+            Op::new(op)
+                .reads(op.reads(layers))
+                .writes(op.writes(layers))
+        })
+        .collect();
+    Program::new(ops, layout.units().len()).map_err(zero::Error::BadProgram)
 }
 
-/// Backward in reverse unit order, each unit's gradient reduced as soon as it is complete:
-/// the embedding's twice, its head part first and its encoder part last.
-fn backward<B: Placement>(
-    engine: &mut Engine,
-    model: &Gpt<B>,
-    acts: &mut Activations<B>,
-) -> Result<(), StepError> {
-    let last = model.layout().final_norm_unit();
-    engine.begin_backward(last)?;
-    {
-        let (p, mut g) = B::views(engine, &[last, 0], &[last])?;
-        model.head_backward_input(acts, p[0], p[1], g[0])?;
-    }
-    engine.end_backward(last)?;
-    engine.release(last)?;
-    engine.release(0)?;
-    engine.begin_backward(0)?;
-    {
-        let (_, mut g) = B::views(engine, &[], &[0])?;
-        model.head_backward_weight(acts, g[0])?;
-    }
-    engine.end_backward(0)?;
-    for layer in (0..model.config().num_layers).rev() {
-        let unit = ParamLayout::block_unit(layer);
-        if acts.needs_recompute(layer) {
-            recompute_segment(engine, model, acts, layer)?;
-        } else {
-            engine.gather(unit)?;
-        }
-        engine.begin_backward(unit)?;
-        {
-            let (p, mut g) = B::views(engine, &[unit], &[unit])?;
-            model.block_backward(acts, layer, p[0], g[0])?;
-        }
-        engine.end_backward(unit)?;
-        engine.release(unit)?;
-    }
-    engine.begin_backward(0)?;
-    {
-        let (_, mut g) = B::views(engine, &[], &[0])?;
-        model.embed_backward(acts, g[0])?;
-    }
-    engine.end_backward(0)?;
-    Ok(())
+/// One pass of the GPT on one batch, as the engine runs it: each [`GptOp`] is the model
+/// call of the same name on the units the engine hands it.
+struct GptPass<'m, B: Backend> {
+    model: &'m Gpt<B>,
+    acts: &'m mut Activations<B>,
+    tokens: &'m [u32],
+    targets: Option<&'m [u32]>,
+    /// The head's mean loss (with targets).
+    loss: Option<f32>,
 }
 
-/// Activation checkpointing: runs forward again the blocks of `last`'s segment, each
-/// gathered in turn, and leaves `last` (the segment's last block, due for backward) gathered.
-fn recompute_segment<B: Placement>(
-    engine: &mut Engine,
-    model: &Gpt<B>,
-    acts: &mut Activations<B>,
-    last: usize,
-) -> Result<(), StepError> {
-    for layer in acts.segment(last) {
-        let unit = ParamLayout::block_unit(layer);
-        engine.gather(unit)?;
-        model.block_recompute(acts, layer, B::params(engine, unit)?)?;
-        if layer != last {
-            engine.release(unit)?;
+impl<B: Placement> Model for GptPass<'_, B> {
+    type Op = GptOp;
+    type Error = StepError;
+
+    fn run(&mut self, op: &GptOp, units: &mut OpUnits<'_>) -> Result<(), StepError> {
+        let (model, acts) = (self.model, &mut *self.acts);
+        let block = ParamLayout::block_unit;
+        match *op {
+            GptOp::Embed => model.embed_forward(acts, B::params(units, 0)?, self.tokens)?,
+            GptOp::Block(l) => model.block_forward(acts, l, B::params(units, block(l))?)?,
+            GptOp::Recompute(l) => model.block_recompute(acts, l, B::params(units, block(l))?)?,
+            GptOp::Head => {
+                let last = model.layout().final_norm_unit();
+                let (wf, wte) = (B::params(units, last)?, B::params(units, 0)?);
+                self.loss = model.head_forward(acts, wf, wte, self.targets)?;
+            }
+            GptOp::HeadBackwardInput => {
+                let (p, mut g) = B::views(units)?;
+                model.head_backward_input(acts, p[0], p[1], g[0])?;
+            }
+            GptOp::HeadBackwardWeight => model.head_backward_weight(acts, B::views(units)?.1[0])?,
+            GptOp::BlockBackward(l) => {
+                let (p, mut g) = B::views(units)?;
+                model.block_backward(acts, l, p[0], g[0])?;
+            }
+            GptOp::EmbedBackward => model.embed_backward(acts, B::views(units)?.1[0])?,
         }
+        Ok(())
     }
-    Ok(())
 }
 
 /// One training micro-step on this rank's (B, T) batch: forward, backward, and the
 /// reductions of every unit's gradient. Returns this rank's mean loss.
 ///
 /// # Errors
-/// Model errors (bad tokens, shapes) and engine errors (memory, communication, order).
+/// Model errors (bad tokens, shapes) and engine errors (memory, communication).
 pub fn micro_step<B: Placement>(
     engine: &mut Engine,
     model: &Gpt<B>,
@@ -314,10 +315,51 @@ pub fn micro_step<B: Placement>(
     tokens: &[u32],
     targets: &[u32],
 ) -> Result<f32, StepError> {
-    let loss = forward(engine, model, acts, tokens, Some(targets))?.unwrap_or(f32::NAN);
-    backward(engine, model, acts)?;
-    engine.end_micro_step()?;
-    Ok(loss)
+    let programs = GptPrograms::new(model.layout(), acts.checkpoint_every())?;
+    train_program(engine, &programs.train, model, acts, tokens, targets)
+}
+
+/// As [`micro_step`], running `program`, which the engine must have been declared.
+///
+/// # Errors
+/// As [`micro_step`]; a program the engine was not declared.
+pub fn train_program<B: Placement>(
+    engine: &mut Engine,
+    program: &Program<GptOp>,
+    model: &Gpt<B>,
+    acts: &mut Activations<B>,
+    tokens: &[u32],
+    targets: &[u32],
+) -> Result<f32, StepError> {
+    let mut pass = GptPass {
+        model,
+        acts,
+        tokens,
+        targets: Some(targets),
+        loss: None,
+    };
+    engine.micro_step(program, &mut pass)?;
+    Ok(pass.loss.unwrap_or(f32::NAN))
+}
+
+/// Runs the forward program on `tokens` (and `targets`, for a loss).
+fn forward_pass<B: Placement>(
+    engine: &mut Engine,
+    model: &Gpt<B>,
+    acts: &mut Activations<B>,
+    tokens: &[u32],
+    targets: Option<&[u32]>,
+) -> Result<Option<f32>, StepError> {
+    let programs = GptPrograms::new(model.layout(), acts.checkpoint_every())?;
+    let mut pass = GptPass {
+        model,
+        acts,
+        tokens,
+        targets,
+        loss: None,
+    };
+    engine.forward(&programs.forward, &mut pass)?;
+    Ok(pass.loss)
 }
 
 /// The mean loss on one batch, forward only (evaluation).
@@ -331,12 +373,8 @@ pub fn eval_loss<B: Placement>(
     tokens: &[u32],
     targets: &[u32],
 ) -> Result<f32, StepError> {
-    engine.without_order_check(|engine| {
-        let loss = forward(engine, model, acts, tokens, Some(targets))?;
-        engine.release(model.layout().final_norm_unit())?;
-        engine.release(0)?;
-        Ok(loss.unwrap_or(f32::NAN))
-    })
+    let loss = forward_pass(engine, model, acts, tokens, Some(targets))?;
+    Ok(loss.unwrap_or(f32::NAN))
 }
 
 /// Runs `f` on the logits (B, T, Vp) of a forward pass without targets (sampling).
@@ -350,29 +388,17 @@ pub fn with_logits<B: Placement, R>(
     tokens: &[u32],
     f: impl FnOnce(&[f32]) -> R,
 ) -> Result<R, StepError> {
-    engine.without_order_check(|engine| {
-        forward(engine, model, acts, tokens, None)?;
-        let out = f(&model.backend().to_host(model.logits(acts)?)?);
-        let last = model.layout().final_norm_unit();
-        engine.release(last)?;
-        engine.release(0)?;
-        Ok(out)
-    })
+    forward_pass(engine, model, acts, tokens, None)?;
+    Ok(f(&model.backend().to_host(model.logits(acts)?)?))
 }
 
-/// Every unit's whole parameters (for checkpoints and tests); gathers at stage 3.
+/// Every unit's whole parameters as a forward pass reads them (for checks and tests);
+/// gathers at stage 3.
 ///
 /// # Errors
 /// Engine errors.
 pub fn full_params(engine: &mut Engine) -> Result<Vec<Vec<f32>>, zero::Error> {
-    engine.without_order_check(|engine| {
-        (0..engine.units().len())
-            .map(|unit| {
-                engine.gather(unit)?;
-                let values = engine.params(unit)?.to_vec();
-                engine.release(unit)?;
-                Ok(values)
-            })
-            .collect()
-    })
+    (0..engine.units().len())
+        .map(|unit| engine.read_params(unit))
+        .collect()
 }

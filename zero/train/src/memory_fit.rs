@@ -1,7 +1,7 @@
 //! What one rank's arena must hold for a GPT training configuration (the engine's plan plus
 //! the model's activations), and, for a cap too small, which stage and options would fit.
 
-use super::bridge::{activation_arena_bytes, gpt_schedule, gpt_units, ActivationPlacement};
+use super::bridge::{activation_arena_bytes, gpt_units, ActivationPlacement, GptPrograms};
 use super::bytesize::{ByteSize, ByteSizeError};
 use super::config::TrainConfig;
 use super::error::TrainError;
@@ -64,26 +64,30 @@ impl MemoryQuery {
         let activation_bytes =
             activation_arena_bytes(&self.model, self.micro_batch, self.seq_len, self.placement)?;
         let layout = ParamLayout::new(&self.model);
-        let schedule = gpt_schedule(&layout, self.placement.checkpoint_every);
+        let programs = GptPrograms::new(&layout, self.placement.checkpoint_every)?;
         let shape = PlanShape {
             activation_bytes,
             ..self.shape
         };
-        Ok(plan_memory(&gpt_units(&layout), &schedule, shape)?)
+        Ok(plan_memory(
+            &gpt_units(&layout),
+            &programs.schedules(),
+            shape,
+        )?)
     }
 
     /// Elements each rank hands to collectives over one optimizer step of `micro_steps`
     /// micro-steps: the engine's own count ([`zero::Engine::traffic`]) replayed from the
-    /// GPT's schedule, without running it.
+    /// GPT's training program, without running it.
     ///
     /// # Errors
     /// A plan error (zero ranks, overflow).
     pub fn traffic(&self, micro_steps: u64) -> Result<Traffic, TrainError> {
         let layout = ParamLayout::new(&self.model);
-        let schedule = gpt_schedule(&layout, self.placement.checkpoint_every);
+        let programs = GptPrograms::new(&layout, self.placement.checkpoint_every)?;
         Ok(plan_traffic(
             &gpt_units(&layout),
-            &schedule,
+            programs.train.schedule(),
             self.shape,
             micro_steps,
         )?)

@@ -197,18 +197,17 @@ impl<'a, B: Placement> Trainer<'a, B> {
         let arena_before = self.engine.arena().stats();
         let mut local = 0.0f32;
         for _ in 0..accum {
-            if std::mem::take(&mut self.diverge) {
-                // The last unit first, where the declared program gathers unit 0.
-                self.engine.gather(self.engine.units().len() - 1)?;
-            }
             self.loader.next_micro_batch(&mut self.x, &mut self.y)?;
-            local += micro_step(
-                &mut self.engine,
-                &self.model,
-                &mut self.acts,
-                &self.x,
-                &self.y,
-            )?;
+            local += match std::mem::take(&mut self.diverge) {
+                true => self.diverged_micro_step()?,
+                false => micro_step(
+                    &mut self.engine,
+                    &self.model,
+                    &mut self.acts,
+                    &self.x,
+                    &self.y,
+                )?,
+            };
         }
         let mut loss = [local / accum as f32];
         self.engine

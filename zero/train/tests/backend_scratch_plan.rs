@@ -12,7 +12,7 @@
 use std::borrow::Cow;
 use std::sync::Mutex;
 
-use zero::{Engine, EngineConfig, ZeroStage};
+use zero::{Engine, EngineConfig, OpUnits, ZeroStage};
 use zero_gpt::{init_unit, Backend, Buffer, CpuBackend, Gpt, GptConfig, GptError, KeptInputs, Rng};
 use zero_train::bridge::{
     activation_arena_bytes, arena_activations, gpt_engine, micro_step, ActivationPlacement,
@@ -86,15 +86,11 @@ impl Backend for WithScratch {
 
 /// The CPU backend's placement: host slices of the arena.
 impl Placement for WithScratch {
-    fn params(engine: &Engine, unit: usize) -> Result<&[f32], zero::Error> {
-        CpuBackend::params(engine, unit)
+    fn params<'u>(units: &'u OpUnits<'_>, unit: usize) -> Result<&'u [f32], zero::Error> {
+        CpuBackend::params(units, unit)
     }
-    fn views<'e>(
-        engine: &'e mut Engine,
-        param_units: &[usize],
-        grad_units: &[usize],
-    ) -> Result<Views<'e, [f32]>, zero::Error> {
-        CpuBackend::views(engine, param_units, grad_units)
+    fn views<'u>(units: &'u mut OpUnits<'_>) -> Result<Views<'u, [f32]>, zero::Error> {
+        CpuBackend::views(units)
     }
     fn lend(engine: &mut Engine, len: usize) -> Result<Buffer, zero::Error> {
         CpuBackend::lend(engine, len)

@@ -63,8 +63,12 @@ fn on_ranks<T: Send>(
             .map(|comm| {
                 let f = &f;
                 s.spawn(move || {
+                    // No program runs, but import and export plan on a whole unit at a time,
+                    // which a sequential model's program makes room for.
+                    let program = zero::Schedule::sequential(SIZES.len());
                     let mut engine =
-                        Engine::new(comm, units(), config, |_, w| w.fill(0.5)).unwrap();
+                        Engine::new(comm, units(), &[&program], config, |_, w| w.fill(0.5))
+                            .unwrap();
                     f(&mut engine)
                 })
             })

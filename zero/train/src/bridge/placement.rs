@@ -5,7 +5,7 @@
 use std::borrow::Cow;
 
 use super::StepError;
-use zero::Engine;
+use zero::{Engine, OpUnits};
 use zero_gpt::{Backend, Buffer, CpuBackend, GptError, KeptInputs};
 
 /// Parameters (shared) and gradients (mutable) of some units in a backend's view type.
@@ -13,22 +13,18 @@ pub type Views<'e, S> = (Vec<&'e S>, Vec<&'e mut S>);
 
 /// A model backend whose views the engine's blocks can be given as.
 pub trait Placement: Backend + Sized {
-    /// `unit`'s gathered f32 parameters ([`Engine::params`]).
+    /// `unit`'s whole f32 parameters, read by the running operation ([`OpUnits::params`]).
     ///
     /// # Errors
-    /// As [`Engine::params`].
-    fn params(engine: &Engine, unit: usize) -> Result<&Self::Slice, zero::Error>;
+    /// As [`OpUnits::params`].
+    fn params<'u>(units: &'u OpUnits<'_>, unit: usize) -> Result<&'u Self::Slice, zero::Error>;
 
-    /// Parameters of `param_units` and unreduced gradients of `grad_units`
-    /// ([`Engine::views`]).
+    /// The parameters the running operation reads and the gradients it writes
+    /// ([`OpUnits::views`]).
     ///
     /// # Errors
-    /// As [`Engine::views`].
-    fn views<'e>(
-        engine: &'e mut Engine,
-        param_units: &[usize],
-        grad_units: &[usize],
-    ) -> Result<Views<'e, Self::Slice>, zero::Error>;
+    /// As [`OpUnits::views`].
+    fn views<'u>(units: &'u mut OpUnits<'_>) -> Result<Views<'u, Self::Slice>, zero::Error>;
 
     /// A block of `len` floats lent for good from the engine's arena, as a model buffer.
     ///
@@ -69,16 +65,12 @@ pub trait Placement: Backend + Sized {
 }
 
 impl Placement for CpuBackend {
-    fn params(engine: &Engine, unit: usize) -> Result<&[f32], zero::Error> {
-        engine.params(unit)
+    fn params<'u>(units: &'u OpUnits<'_>, unit: usize) -> Result<&'u [f32], zero::Error> {
+        units.params(unit)
     }
 
-    fn views<'e>(
-        engine: &'e mut Engine,
-        param_units: &[usize],
-        grad_units: &[usize],
-    ) -> Result<Views<'e, [f32]>, zero::Error> {
-        engine.views(param_units, grad_units)
+    fn views<'u>(units: &'u mut OpUnits<'_>) -> Result<Views<'u, [f32]>, zero::Error> {
+        units.views()
     }
 
     fn lend(engine: &mut Engine, len: usize) -> Result<Buffer, zero::Error> {
@@ -119,61 +111,49 @@ mod cuda {
     //!
     //! Soundness of the views made here from device addresses (cited by every `// SAFETY:`):
     //! - D1 (bounds): a view covers a span the engine returned for a live block of its arena
-    //!   (`Engine::unit_spans`, whose spans lie inside their blocks), or a whole lent block.
-    //! - D2 (lifetime): a view borrows the engine for its lifetime; blocks move or go only
-    //!   inside engine calls, which need that borrow to end; a lent block is pinned for good
-    //!   and its loan is owned by the buffer that views it.
+    //!   (`OpUnits::spans`, whose spans lie inside their blocks), or a whole lent block.
+    //! - D2 (lifetime): a view borrows the running operation's `OpUnits`, which borrows the
+    //!   engine; blocks move or go only inside engine calls, which need that borrow to end; a
+    //!   lent block is pinned for good and its loan is owned by the buffer that views it.
     //! - D3 (aliasing): the mutable views are unreduced gradient blocks, distinct from each
-    //!   other (`views` refuses a unit listed twice) and from every parameter block.
+    //!   other (a program's operation names a unit at most once in its writes) and from
+    //!   every parameter block.
     use super::{Placement, StepError, Views};
     use std::borrow::Cow;
     use zero::kernels::Span;
-    use zero::Engine;
-    use zero_alloc::LentDevice;
+    use zero::{Engine, OpUnits};
+    use zero_alloc::{Arena, LentDevice};
     use zero_gpt::cuda::{CudaBackend, DeviceSlice};
     use zero_gpt::GptError;
     use zero_gpt::{ActivationMemory, Buffer, KeptInputs};
 
     /// The device address of `span`'s first element (f32).
-    fn address(engine: &Engine, span: Span) -> Result<u64, zero::Error> {
-        let view = engine.arena().device_view(span.block)?;
+    fn address(arena: &Arena, span: Span) -> Result<u64, zero::Error> {
+        let view = arena.device_view(span.block)?;
         Ok(view.ptr + (span.start * 4) as u64)
     }
 
     impl Placement for CudaBackend {
-        fn params(engine: &Engine, unit: usize) -> Result<&DeviceSlice, zero::Error> {
-            let (p, _) = engine.unit_spans(&[unit], &[])?;
-            let addr = address(engine, p[0])?;
-            // SAFETY: D1 (an engine span), D2 (borrows the engine).
-            Ok(unsafe { DeviceSlice::from_raw(addr, p[0].len) })
+        fn params<'u>(units: &'u OpUnits<'_>, unit: usize) -> Result<&'u DeviceSlice, zero::Error> {
+            let span = units.param_span(unit)?;
+            let addr = address(units.arena(), span)?;
+            // SAFETY: D1 (an engine span), D2 (borrows the operation's units).
+            Ok(unsafe { DeviceSlice::from_raw(addr, span.len) })
         }
 
-        fn views<'e>(
-            engine: &'e mut Engine,
-            param_units: &[usize],
-            grad_units: &[usize],
-        ) -> Result<Views<'e, DeviceSlice>, zero::Error> {
-            let (p, g) = engine.unit_spans(param_units, grad_units)?;
-            if let Some(u) =
-                (1..grad_units.len()).find(|&i| grad_units[..i].contains(&grad_units[i]))
-            {
-                return Err(zero::Error::Order(format!(
-                    "gradients of unit {} asked for twice",
-                    grad_units[u]
-                )));
-            }
-            let engine: &'e Engine = engine;
+        fn views<'u>(units: &'u mut OpUnits<'_>) -> Result<Views<'u, DeviceSlice>, zero::Error> {
+            let (p, g) = units.spans()?;
+            let units: &'u OpUnits<'_> = units;
             let mut params = Vec::with_capacity(p.len());
             for s in p {
-                let addr = address(engine, s)?;
-                // SAFETY: D1, D2 (the engine is borrowed for 'e).
+                let addr = address(units.arena(), s)?;
+                // SAFETY: D1, D2 (the operation's units are borrowed for 'u).
                 params.push(&*unsafe { DeviceSlice::from_raw(addr, s.len) });
             }
             let mut grads = Vec::with_capacity(g.len());
             for s in g {
-                let addr = address(engine, s)?;
-                // SAFETY: D1, D2, D3 (distinct gradient blocks, checked above; never a
-                // parameter block).
+                let addr = address(units.arena(), s)?;
+                // SAFETY: D1, D2, D3 (distinct gradient blocks; never a parameter block).
                 grads.push(unsafe { DeviceSlice::from_raw(addr, s.len) });
             }
             Ok((params, grads))

@@ -2,9 +2,10 @@
 //! (`--fingerprint-every`) that catches a rank whose parameters silently diverged.
 
 use super::Trainer;
-use crate::bridge::{full_params, Placement};
+use crate::bridge::{full_params, gpt_program, train_program, Placement};
 use crate::error::TrainError;
 use crate::fault::due;
+use zero_gpt::train_ops;
 
 impl<'a, B: Placement> Trainer<'a, B> {
     /// Arms the faults due on this rank at `step` of this attempt: collective faults on the
@@ -19,6 +20,25 @@ impl<'a, B: Placement> Trainer<'a, B> {
                 None => self.diverge = true,
             }
         }
+    }
+
+    /// An injected `diverge`: the micro-step runs a program the engine was not declared
+    /// (the first block's forward before the embedding's), as a rank whose code departs
+    /// from its peers' would.
+    pub(super) fn diverged_micro_step(&mut self) -> Result<f32, TrainError> {
+        let layout = self.model.layout();
+        let mut ops = train_ops(layout.final_norm_unit() - 1, self.acts.checkpoint_every());
+        ops.swap(0, 1);
+        let program = gpt_program(layout, ops)?;
+        let (x, y) = (&self.x, &self.y);
+        Ok(train_program(
+            &mut self.engine,
+            &program,
+            &self.model,
+            &mut self.acts,
+            x,
+            y,
+        )?)
     }
 
     /// Compares a hash of the parameters this rank holds across ranks after `step` steps.

@@ -1,9 +1,12 @@
 //! The engine's memory and traffic match the paper's formulas (plus documented padding),
 //! and misuse fails with clear errors instead of hangs.
 
+mod common;
+
+use common::FnModel;
 use zero::{
-    expected_model_state_bytes, padded_model_state_bytes, Engine, EngineConfig, Error, Precision,
-    UnitSpec, ZeroStage, SHARD_ALIGN_ELEMS,
+    expected_model_state_bytes, padded_model_state_bytes, Engine, EngineConfig, Error, Op, OpUnits,
+    Precision, Program, UnitSpec, ZeroStage, SHARD_ALIGN_ELEMS,
 };
 
 /// Unit sizes that no world size divides evenly.
@@ -27,44 +30,77 @@ fn engine_in(comm: zero_comm::Communicator, stage: ZeroStage, precision: Precisi
         precision,
         ..EngineConfig::default()
     };
-    Engine::new(comm, units(), config, |u, w| w.fill(u as f32 + 1.0)).unwrap()
+    engine_with(comm, config)
 }
 
-/// The forward of a fake model from unit `from` on: every unit gathered and released.
-fn fake_forward(e: &mut Engine, from: usize) -> Result<(), Error> {
-    for u in from..SIZES.len() {
-        e.gather(u)?;
-        e.release(u)?;
-    }
-    Ok(())
+fn engine_with(comm: zero_comm::Communicator, config: EngineConfig) -> Engine {
+    let program = program();
+    Engine::new(comm, units(), &[program.schedule()], config, |u, w| {
+        w.fill(u as f32 + 1.0)
+    })
+    .unwrap()
 }
 
-/// Its backward, in reverse, each unit gathered again and given the parameters themselves
-/// as gradient; `poison` puts an inf into that unit's gradient on this rank.
-fn fake_backward(e: &mut Engine, poison: Option<usize>) -> Result<(), Error> {
-    for u in (0..SIZES.len()).rev() {
-        e.gather(u)?;
-        e.begin_backward(u)?;
-        {
-            let (p, mut g) = e.views(&[u], &[u])?;
+/// A fake model's operation: forward or backward of a unit, or the loss between them.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Fake {
+    Forward(usize),
+    Loss,
+    Backward(usize),
+}
+
+/// Forward over every unit, the loss (which reads no unit, so every unit is gathered again
+/// for backward, as the paper's 3 Psi assumes), backward in reverse.
+fn program() -> Program<Fake> {
+    let n = SIZES.len();
+    let mut ops: Vec<_> = (0..n)
+        .map(|u| Op::new(Fake::Forward(u)).reads([u]))
+        .collect();
+    ops.push(Op::new(Fake::Loss));
+    ops.extend(
+        (0..n)
+            .rev()
+            .map(|u| Op::new(Fake::Backward(u)).reads([u]).writes([u])),
+    );
+    Program::new(ops, n).unwrap()
+}
+
+/// The fake model: each backward gives the parameters themselves as gradient; `poison` puts
+/// an inf into that unit's gradient on this rank; `at` runs before each operation.
+fn fake(
+    poison: Option<usize>,
+    mut at: impl FnMut(Fake),
+) -> FnModel<Fake, impl FnMut(&Fake, &mut OpUnits<'_>) -> Result<(), Error>> {
+    FnModel::new(move |&op: &Fake, units: &mut OpUnits<'_>| {
+        at(op);
+        if let Fake::Backward(u) = op {
+            let (p, mut g) = units.views()?;
             g[0].copy_from_slice(p[0]);
             if poison == Some(u) {
                 g[0][3] = f32::INFINITY;
             }
         }
-        e.end_backward(u)?;
-        e.release(u)?;
-    }
-    e.end_micro_step()?;
-    Ok(())
+        Ok(())
+    })
+}
+
+/// One micro-step of the fake model.
+fn fake_micro_step(e: &mut Engine, poison: Option<usize>) -> Result<(), Error> {
+    e.micro_step(&program(), &mut fake(poison, |_| {}))
 }
 
 /// One optimizer step of the fake model.
 fn fake_step(e: &mut Engine) -> Result<(), Error> {
-    fake_forward(e, 0)?;
-    fake_backward(e, None)?;
+    fake_micro_step(e, None)?;
     e.step(1e-3)?;
     Ok(())
+}
+
+/// Every unit's whole parameters.
+fn params(e: &mut Engine) -> Vec<Vec<f32>> {
+    (0..SIZES.len())
+        .map(|u| e.read_params(u).unwrap())
+        .collect()
 }
 
 /// Runs `f` on every rank of a local group of `world` and collects the results.
@@ -190,7 +226,11 @@ fn a_cap_too_small_for_stage_zero_names_a_stage_that_fits() {
             memory_limit: Some(100_000),
             ..EngineConfig::default()
         };
-        Engine::new(c, units(), config, |_, w| w.fill(0.0)).map(|_| ())
+        let program = program();
+        Engine::new(c, units(), &[program.schedule()], config, |_, w| {
+            w.fill(0.0)
+        })
+        .map(|_| ())
     });
     for e in errors {
         let msg = e.unwrap_err().to_string();
@@ -200,29 +240,44 @@ fn a_cap_too_small_for_stage_zero_names_a_stage_that_fits() {
 }
 
 #[test]
-fn a_rank_that_visits_another_unit_gets_an_error_not_a_hang() {
+fn ranks_that_declare_different_programs_are_refused_at_start_up_naming_the_call() {
     let results = on_ranks(2, |c| {
-        let rank = c.rank();
-        let mut e = engine(c, ZeroStage::Zero3);
-        e.gather(rank).map(|_| ())
-    });
-    for r in results {
-        match r {
-            Err(Error::DivergentOrder { position: 0, .. }) => {}
-            other => panic!("expected a divergent order, got {other:?}"),
+        // Rank 1's forward visits unit 1 before unit 0.
+        let mut ops = vec![Op::new(0).reads([0]), Op::new(1).reads([1])];
+        if c.rank() == 1 {
+            ops.swap(0, 1);
         }
+        let program = Program::new(ops, SIZES.len()).unwrap();
+        let config = EngineConfig {
+            stage: ZeroStage::Zero3,
+            ..EngineConfig::default()
+        };
+        Engine::new(c, units(), &[program.schedule()], config, |_, w| {
+            w.fill(0.0)
+        })
+        .map(|_| ())
+    });
+    for (rank, r) in results.into_iter().enumerate() {
+        let msg = r.unwrap_err().to_string();
+        let (mine, theirs) = match rank {
+            0 => ("gather(0)", "gather(1)"),
+            _ => ("gather(1)", "gather(0)"),
+        };
+        assert!(msg.contains(&format!("makes {mine} at call 0")), "{msg}");
+        assert!(
+            msg.contains(&format!("rank {}'s makes {theirs}", 1 - rank)),
+            "{msg}"
+        );
     }
 }
 
 #[test]
-fn using_a_unit_outside_gather_is_an_error() {
+fn a_step_without_a_micro_step_and_an_unknown_unit_are_errors() {
     on_ranks(2, |c| {
         let mut e = engine(c, ZeroStage::Zero3);
-        assert!(matches!(e.params(0), Err(Error::NotGathered { unit: 0 })));
-        assert!(matches!(e.release(0), Err(Error::Order(_))));
         assert!(matches!(e.step(1e-3), Err(Error::Order(_))));
         assert!(matches!(
-            e.gather(9),
+            e.read_params(9),
             Err(Error::NoSuchUnit { unit: 9, units: 4 })
         ));
     });
@@ -237,9 +292,9 @@ fn gradient_clipping_on_shards_equals_clipping_whole() {
                 grad_clip: 0.5,
                 ..EngineConfig::default()
             };
-            let mut e = Engine::new(c, units(), config, |u, w| w.fill(u as f32 + 1.0)).unwrap();
+            let mut e = engine_with(c, config);
             fake_step(&mut e).unwrap();
-            zero_train::bridge::full_params(&mut e).unwrap()
+            params(&mut e)
         })
     };
     let whole = clip_norms(ZeroStage::Zero0);
@@ -251,17 +306,16 @@ fn gradient_clipping_on_shards_equals_clipping_whole() {
 fn an_fp16_overflow_on_one_rank_skips_the_step_everywhere() {
     let results = on_ranks(2, |c| {
         let mut e = engine_in(c, ZeroStage::Zero2, Precision::Fp16);
-        let before = zero_train::bridge::full_params(&mut e).unwrap();
+        let before = params(&mut e);
         let scale0 = e.loss_scale();
         let mut reports = vec![];
         for _ in 0..2 {
             // An inf in rank 1's gradient of unit 0.
             let poison = (e.rank() == 1).then_some(0);
-            fake_forward(&mut e, 0).unwrap();
-            fake_backward(&mut e, poison).unwrap();
+            fake_micro_step(&mut e, poison).unwrap();
             reports.push(e.step(1e-3).unwrap());
         }
-        let after = zero_train::bridge::full_params(&mut e).unwrap();
+        let after = params(&mut e);
         (before == after, scale0, reports, e.loss_scale())
     });
     for (unchanged, scale0, reports, scale) in results {
@@ -274,26 +328,23 @@ fn an_fp16_overflow_on_one_rank_skips_the_step_everywhere() {
 
 #[test]
 fn end_backward_launches_the_reduction_without_waiting_for_peers() {
-    // Rank 1 enters its end_backward only after rank 0's has returned: a blocking reduction
-    // on rank 0 would wait for rank 1 forever, so rank 1 gives up waiting after 10 s and the
-    // test fails instead of hanging.
+    // Rank 1 leaves the last unit's backward (whose reduction follows at once) only after
+    // rank 0 has run the next unit's backward: a blocking reduction on rank 0 would wait for
+    // rank 1 forever, so rank 1 gives up waiting after 10 s and the test fails instead of
+    // hanging.
     let baton = Baton::new();
+    let last = SIZES.len() - 1;
     let overlapped = on_ranks(2, |c| {
         let mut e = engine(c, ZeroStage::Zero2);
-        // The first step confirms each call with blocking collectives; the second runs
-        // free.
-        fake_step(&mut e).unwrap();
-        fake_forward(&mut e, 0).unwrap();
-        let u = SIZES.len() - 1;
-        e.gather(u).unwrap();
-        e.begin_backward(u).unwrap();
         let rank = e.rank();
-        let signalled = rank != 1 || baton.receive();
-        e.end_backward(u).unwrap();
-        if rank == 0 {
-            baton.pass();
-        }
-        e.release(u).unwrap();
+        let mut signalled = true;
+        let mut model = fake(None, |op| match (rank, op) {
+            (1, Fake::Backward(u)) if u == last => signalled = baton.receive(),
+            (0, Fake::Backward(u)) if u == last - 1 => baton.pass(),
+            _ => {}
+        });
+        e.micro_step(&program(), &mut model).unwrap();
+        drop(model);
         signalled
     });
     assert!(
@@ -304,25 +355,21 @@ fn end_backward_launches_the_reduction_without_waiting_for_peers() {
 
 #[test]
 fn stage_three_prefetches_the_next_unit_while_the_current_one_computes() {
-    // Step 2 of stage 3: both ranks gather unit 0, which also launches unit 1's all-gather.
-    // Rank 1 then waits for rank 0 to have gathered unit 1: without the prefetch that gather
-    // would need rank 1 to call it too, and rank 1 gives up after 10 s.
+    // Both ranks gather unit 0, which also launches unit 1's all-gather. Rank 1, in unit 0's
+    // forward, waits for rank 0 to reach unit 1's forward: without the prefetch unit 1's
+    // gather would need rank 1 to call it too, and rank 1 gives up after 10 s.
     let baton = Baton::new();
     let prefetched = on_ranks(2, |c| {
         let mut e = engine(c, ZeroStage::Zero3);
-        fake_step(&mut e).unwrap();
         let rank = e.rank();
-        e.gather(0).unwrap();
-        let signalled = rank != 1 || baton.receive();
-        e.release(0).unwrap();
-        e.gather(1).unwrap();
-        if rank == 0 {
-            baton.pass();
-        }
-        e.release(1).unwrap();
-        // Finish the step as recorded.
-        fake_forward(&mut e, 2).unwrap();
-        fake_backward(&mut e, None).unwrap();
+        let mut signalled = true;
+        let mut model = fake(None, |op| match (rank, op) {
+            (1, Fake::Forward(0)) => signalled = baton.receive(),
+            (0, Fake::Forward(1)) => baton.pass(),
+            _ => {}
+        });
+        e.micro_step(&program(), &mut model).unwrap();
+        drop(model);
         e.step(1e-3).unwrap();
         signalled
     });
@@ -334,8 +381,7 @@ fn a_resumed_fp16_scaler_halves_where_the_uninterrupted_one_does() {
     // One overflowing step (rank 1 puts an inf in unit 0's gradient) on an fp16 engine.
     let overflow = |e: &mut Engine| {
         let poison = (e.rank() == 1).then_some(0);
-        fake_forward(e, 0).unwrap();
-        fake_backward(e, poison).unwrap();
+        fake_micro_step(e, poison).unwrap();
         assert!(e.step(1e-3).unwrap().skipped);
     };
     // Uninterrupted: two overflows, the second halves the scale (hysteresis 2).
@@ -395,7 +441,7 @@ struct TwoArenas {
 fn offloaded_run(world: usize, stage: ZeroStage, precision: Precision) -> Vec<TwoArenas> {
     on_ranks(world, |c| {
         let config = offloaded(stage, precision);
-        let mut e = Engine::new(c, units(), config, |u, w| w.fill(u as f32 + 1.0)).unwrap();
+        let mut e = engine_with(c, config);
         let host = |e: &Engine| e.offload_arena().expect("an offload arena").stats();
         let (device_states, host_states) = (e.arena().stats().allocated, host(&e).allocated);
         fake_step(&mut e).unwrap();
@@ -449,13 +495,14 @@ fn offloaded_optimizer_states_leave_the_arena_for_the_host_one() {
 fn offloading_the_optimizer_fits_a_cap_the_states_do_not() {
     let (stage, precision, world) = (ZeroStage::Zero2, Precision::Bf16, 2);
     let cap = offloaded_run(world, stage, precision)[0].plan.total();
-    let shape = zero::PlanShape {
+    let config = EngineConfig {
         stage,
         precision,
-        ..zero_train::memory_fit::default_shape(world, stage, precision)
+        ..EngineConfig::default()
     };
-    let schedule = zero::Schedule::sequential(SIZES.len());
-    let refused = zero::check_fits(&units(), &schedule, shape, cap);
+    let shape = config.plan_shape(world, zero_comm::StagingRule::None);
+    let program = program();
+    let refused = zero::check_fits(&units(), &[program.schedule()], shape, cap);
     assert!(
         matches!(refused, Err(Error::DoesNotFit { .. })),
         "{refused:?}"
@@ -465,7 +512,7 @@ fn offloading_the_optimizer_fits_a_cap_the_states_do_not() {
             memory_limit: Some(cap),
             ..offloaded(stage, precision)
         };
-        let mut e = Engine::new(c, units(), config, |_, w| w.fill(1.0)).unwrap();
+        let mut e = engine_with(c, config);
         fake_step(&mut e).unwrap();
         fake_step(&mut e).unwrap();
         e.steps()
