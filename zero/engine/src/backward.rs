@@ -9,6 +9,7 @@ use super::inflight::{InFlight, MAX_IN_FLIGHT};
 use super::kernels::Span;
 use super::policy::GradReduce;
 use super::precision::{with_store, Store};
+use super::transient::{free_after, free_on_error};
 use zero_alloc::Handle;
 use zero_comm::{Bucket, DType, ShardBuckets};
 
@@ -29,10 +30,7 @@ impl Engine {
         let zeroed = self
             .kernels
             .fill_zero(&mut self.arena, DType::F32, Span::new(h, 0..padded));
-        if let Err(e) = zeroed {
-            self.arena.free(h)?;
-            return Err(e);
-        }
+        free_on_error(&mut self.arena, h, zeroed)?;
         self.bufs[unit].unreduced = Some(h);
         Ok(())
     }
@@ -120,8 +118,7 @@ impl Engine {
     /// changes a bit of the result.
     fn launch_reduce<S: Store>(&mut self, unit: usize, tmp: Handle) -> Result<()> {
         let result = self.launch_buckets::<S>(unit, tmp);
-        self.arena.free(tmp)?;
-        result
+        free_after(&mut self.arena, tmp, result)
     }
 
     fn launch_buckets<S: Store>(&mut self, unit: usize, tmp: Handle) -> Result<()> {
@@ -139,10 +136,7 @@ impl Engine {
                 self.kernels
                     .narrow(&mut self.arena, S::DTYPE, src, dst, scale)
             });
-            if let Err(e) = packed {
-                self.arena.free(staged)?;
-                return Err(e);
-            }
+            free_on_error(&mut self.arena, staged, packed)?;
             let op = match self.policies[unit].reduce {
                 GradReduce::AllReduce => {
                     self.traffic.all_reduce += elems as u64;
@@ -153,9 +147,10 @@ impl Engine {
                     InPlace::ReduceScatterAvg
                 }
             };
-            let flight =
-                self.collectives
-                    .launch(&self.comm, &mut self.arena, S::DTYPE, op, staged)?;
+            let flight = self
+                .collectives
+                .launch(&self.comm, &mut self.arena, S::DTYPE, op, staged);
+            let flight = free_on_error(&mut self.arena, staged, flight)?;
             self.in_flight
                 .push_back(InFlight::new::<S>(unit, layout, bucket, flight));
             self.complete_reductions(MAX_IN_FLIGHT)?;
@@ -195,8 +190,7 @@ impl Engine {
                 .accumulate(&mut self.arena, S::DTYPE, acc, piece)?;
             Ok(())
         });
-        self.arena.free(staged)?;
-        result
+        free_after(&mut self.arena, staged, result)
     }
 
     /// Marks the end of one micro-step (for gradient accumulation): completes every

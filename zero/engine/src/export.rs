@@ -14,6 +14,7 @@ use super::kernels::Span;
 use super::optimizer_home::StateHome;
 use super::partition::{Partition, Shard};
 use super::policy::UnitPolicy;
+use super::transient::free_after;
 use super::unit_buffers::{upload_whole, write_kept, write_params};
 use std::ops::Range;
 use zero_alloc::Handle;
@@ -324,8 +325,7 @@ impl Engine {
                 rank,
                 staged,
             );
-            self.arena.free(staged)?;
-            written?;
+            free_after(&mut self.arena, staged, written)?;
             let (master, m, v) = (b.master, b.m, b.v);
             let home = self.optimizer_home().arena;
             if let Some(master) = master {
@@ -378,6 +378,5 @@ fn with_whole_f32<R>(
         Span::new(full, 0..padded),
     );
     let result = gathered.and_then(|()| read_f32(home.arena, full, 0..numel));
-    home.arena.free(full)?;
-    Ok(f(result?))
+    Ok(f(free_after(home.arena, full, result)?))
 }

@@ -8,6 +8,7 @@ use super::error::{Error, Result};
 use super::inflight::Prefetch;
 use super::kernels::Span;
 use super::precision::{with_store, Store};
+use super::transient::{free_after, free_on_error};
 use zero_alloc::Handle;
 
 impl Engine {
@@ -71,16 +72,11 @@ impl Engine {
                 1.0,
             )
         })();
-        if let Some(h) = staged {
-            self.arena.free(h)?;
-        }
-        match result {
-            Ok(()) => Ok(out),
-            Err(e) => {
-                self.arena.free(out)?;
-                Err(e)
-            }
-        }
+        let result = match staged {
+            Some(h) => free_after(&mut self.arena, h, result),
+            None => result,
+        };
+        free_on_error(&mut self.arena, out, result.map(|()| out))
     }
 
     /// Stage 3: launches the all-gathers of the next `prefetch_units` units of the declared
@@ -104,10 +100,7 @@ impl Engine {
             let copied =
                 self.kernels
                     .copy(&mut self.arena, S::DTYPE, shard, Span::new(staged, chunk));
-            if let Err(e) = copied {
-                self.arena.free(staged)?;
-                return Err(e);
-            }
+            free_on_error(&mut self.arena, staged, copied)?;
             let flight = self.collectives.launch(
                 &self.comm,
                 &mut self.arena,
@@ -115,13 +108,7 @@ impl Engine {
                 InPlace::AllGather,
                 staged,
             );
-            let flight = match flight {
-                Ok(flight) => flight,
-                Err(e) => {
-                    self.arena.free(staged)?;
-                    return Err(e);
-                }
-            };
+            let flight = free_on_error(&mut self.arena, staged, flight)?;
             self.traffic.all_gather += padded as u64;
             self.prefetched[unit] = Some(Prefetch::new::<S>(flight));
         }

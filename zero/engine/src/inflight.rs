@@ -10,6 +10,7 @@ use super::engine::Engine;
 use super::error::Result;
 use super::kernels::Span;
 use super::precision::Store;
+use super::transient::{free_after, free_on_error};
 use std::marker::PhantomData;
 use zero_alloc::Handle;
 use zero_comm::{Bucket, ShardBuckets};
@@ -148,7 +149,7 @@ impl<S: Store> PendingGather for Gather<S> {
             Span::new(copy, 0..len),
             1.0,
         );
-        engine.arena.free(staged)?;
-        widened.map(|()| copy)
+        let widened = free_after(&mut engine.arena, staged, widened);
+        free_on_error(&mut engine.arena, copy, widened.map(|()| copy))
     }
 }

@@ -6,6 +6,7 @@
 use super::engine::Engine;
 use super::error::{Error, Result};
 use super::plan::arena_config;
+use super::transient::free_on_error;
 use zero_alloc::{Handle, Lent};
 
 impl Engine {
@@ -19,13 +20,8 @@ impl Engine {
     /// [`Error::Undeclared`] past the declared bytes; arena errors.
     pub fn lend_f32(&mut self, len: usize) -> Result<Lent<f32>> {
         let h = self.declared_block(len)?;
-        match self.arena.lend::<f32>(h) {
-            Ok(lent) => Ok(lent),
-            Err(e) => {
-                self.arena.free(h)?;
-                Err(e.into())
-            }
-        }
+        let lent = self.arena.lend::<f32>(h).map_err(Error::from);
+        free_on_error(&mut self.arena, h, lent)
     }
 
     /// As [`Engine::lend_f32`] on a CUDA arena: the block's device address, lent for good.
@@ -35,13 +31,8 @@ impl Engine {
     #[cfg(feature = "cuda")]
     pub fn lend_device_f32(&mut self, len: usize) -> Result<zero_alloc::LentDevice> {
         let h = self.declared_block(len)?;
-        match self.arena.lend_device(h) {
-            Ok(lent) => Ok(lent),
-            Err(e) => {
-                self.arena.free(h)?;
-                Err(e.into())
-            }
-        }
+        let lent = self.arena.lend_device(h).map_err(Error::from);
+        free_on_error(&mut self.arena, h, lent)
     }
 
     /// A block of `len` f32 elements within the declared activation bytes, counted there.

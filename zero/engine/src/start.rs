@@ -7,6 +7,7 @@ use super::kernels::Kernels;
 use super::optimizer_home::OffloadedOptimizer;
 use super::plan::MemoryPlan;
 use super::policy::UnitPolicy;
+use super::transient::{free_after, free_on_error};
 use super::unit_buffers::{upload_whole, write_kept, write_params, UnitBuffers};
 use zero_alloc::Arena;
 use zero_comm::Communicator;
@@ -32,8 +33,7 @@ pub(crate) fn allocate_units(
         init(unit, &mut host);
         let values = upload_whole(arena, kernels, policy, &host)?;
         let loaded = write_params(arena, kernels, policy, &b, precision, rank, values);
-        arena.free(values)?;
-        loaded?;
+        free_after(arena, values, loaded)?;
         if let Some(master) = b.master {
             let home = offloaded
                 .as_deref_mut()
@@ -73,13 +73,8 @@ pub(crate) fn provide_staging(
         ))
     })?;
     let h = arena.alloc_elems::<u64>(words)?;
-    let block = match arena.lend::<u64>(h) {
-        Ok(block) => block,
-        Err(e) => {
-            arena.free(h)?;
-            return Err(e.into());
-        }
-    };
+    let lent = arena.lend::<u64>(h).map_err(Error::from);
+    let block = free_on_error(arena, h, lent)?;
     comm.provide_staging(block, largest)?;
     Ok(())
 }

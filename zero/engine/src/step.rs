@@ -7,6 +7,7 @@ use super::engine::Engine;
 use super::error::{Error, Result};
 use super::kernels::{AdamWBuffers, AdamWStep, Span};
 use super::precision::{with_store, Precision, Store};
+use super::transient::free_after;
 use super::unit_buffers::zeroed;
 use crate::optim::{clip_coefficient, global_norm};
 use zero_comm::{DType, ReduceOp};
@@ -176,8 +177,7 @@ impl Engine {
             v: Span::new(b.v, o_at),
         };
         let updated = self.kernels.adamw(&mut self.arena, S::DTYPE, &bufs, step);
-        self.arena.free(grad32)?;
-        updated
+        free_after(&mut self.arena, grad32, updated)
     }
 
     /// The global gradient norm over every unit's real elements, of the gradients times

@@ -13,6 +13,24 @@ use super::engine::Engine;
 use super::error::Result;
 use zero_alloc::{AllocError, Arena, Handle};
 
+/// Frees `h`, a block `result` was computed with, and returns `result`: its error first, so
+/// a failing free never hides the failure that came before it.
+pub(crate) fn free_after<R>(arena: &mut Arena, h: Handle, result: Result<R>) -> Result<R> {
+    let freed = arena.free(h);
+    let value = result?;
+    freed?;
+    Ok(value)
+}
+
+/// Keeps `h` for the caller when `result` is a success and frees it when it is a failure,
+/// whose error wins over the free's.
+pub(crate) fn free_on_error<R>(arena: &mut Arena, h: Handle, result: Result<R>) -> Result<R> {
+    if result.is_err() {
+        let _ = arena.free(h);
+    }
+    result
+}
+
 impl Engine {
     /// A transient block of `len` elements of `T` (stale contents), best fit from below.
     pub(crate) fn alloc_transient<T: bytemuck::Pod>(&mut self, len: usize) -> Result<Handle> {

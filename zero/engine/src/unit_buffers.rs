@@ -1,10 +1,11 @@
 //! One unit's arena blocks on a rank, and how whole values are stored into them.
 
-use super::error::Result;
+use super::error::{Error, Result};
 use super::host_io::write_f32;
 use super::kernels::{Kernels, Span};
 use super::policy::UnitPolicy;
 use super::precision::Precision;
+use super::transient::free_on_error;
 use zero_alloc::{Arena, Handle};
 use zero_comm::DType;
 
@@ -87,10 +88,8 @@ pub(crate) fn upload_whole(
     values: &[f32],
 ) -> Result<Handle> {
     let full = zeroed(arena, kernels, DType::F32, policy.part.padded_numel())?;
-    if let Err(e) = arena.write_bytes(full, bytemuck::cast_slice(values)) {
-        arena.free(full)?;
-        return Err(e.into());
-    }
+    let written = arena.write_bytes(full, bytemuck::cast_slice(values));
+    free_on_error(arena, full, written.map_err(Error::from))?;
     Ok(full)
 }
 
