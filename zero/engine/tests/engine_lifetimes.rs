@@ -80,7 +80,7 @@ fn a_program_not_declared_is_refused() {
     let other = Program::new(vec![Op::new("z").reads([2]).writes([2])], 3).unwrap();
     let err = e.micro_step(&other, &mut FnModel::new(ones)).unwrap_err();
     assert!(
-        matches!(&err, Error::BadProgram(m) if m.contains("not declared")),
+        matches!(&err, Error::BadProgram(m) if m.contains("did not declare")),
         "{err}"
     );
     assert!(e.step(1e-3).is_err(), "no micro-step ran");
