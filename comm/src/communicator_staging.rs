@@ -15,8 +15,8 @@ use crate::communicator::{lock, Communicator};
 use crate::dtype::DType;
 use crate::error::{CommError, Result};
 
-/// The largest element any collective moves (f32), in bytes.
-const WIDEST_ELEMENT: u64 = DType::F32.size() as u64;
+/// The largest element any collective moves, in bytes.
+const WIDEST_ELEMENT: u64 = DType::WIDEST as u64;
 
 /// How a backend stages collectives, as a function of the largest collective's bytes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -68,8 +68,8 @@ impl StagingRule {
     ///
     /// Reduce and all-reduce receive one chunk of the array from every rank, chunks of at most
     /// `ceil(n / ranks)` elements, so `ranks` chunks are the array rounded up to a multiple of
-    /// `ranks` elements: at most the bytes rounded up to `ranks` f32s (a multiple of the
-    /// rounding for every narrower type).
+    /// `ranks` elements: at most the bytes rounded up to `ranks` of the widest elements (a
+    /// multiple of the rounding for every narrower type).
     pub fn layout(&self, largest_collective_bytes: u64) -> Option<StagingLayout> {
         let StagingRule::Copies { ranks, floor_bytes } = *self else {
             return Some(StagingLayout::default());

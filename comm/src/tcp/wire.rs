@@ -19,7 +19,7 @@ pub(crate) const MAX_ERROR_BYTES: usize = 1024;
 const NONE: u32 = u32::MAX;
 
 const KINDS: [OpKind; 7] = OpKind::ALL;
-const DTYPES: [DType; 3] = DType::ALL;
+const DTYPES: [DType; DType::ALL.len()] = DType::ALL;
 const OPS: [ReduceOp; 4] = ReduceOp::ALL;
 
 /// Whether a frame carries data or a failure.
