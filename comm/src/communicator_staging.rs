@@ -155,7 +155,7 @@ mod tests {
     /// rank receives) and the rank's own chunk.
     fn naive_high_water(ranks: usize, largest: u64) -> (u64, u64, u64) {
         let (mut input, mut output, mut mine) = (0u64, 0u64, 0u64);
-        for es in [2u64, 4] {
+        for es in [2u64, 4, 8] {
             for n in 0..=largest / es {
                 input = input.max(n * es);
                 for r in 0..ranks as u64 {
@@ -188,7 +188,7 @@ mod tests {
                 let words = |b: u64| b.div_ceil(8) * 8;
                 assert!(l.input >= input && l.output >= output && l.mine >= mine);
                 assert_eq!(l.counts, 16 * ranks as u64);
-                if largest % (4 * ranks as u64) == 0 {
+                if largest % (DType::WIDEST as u64 * ranks as u64) == 0 {
                     // Arrays that split evenly: the bound is reached.
                     let naive = (words(input), words(output), words(mine));
                     assert_eq!(

@@ -266,7 +266,7 @@ mod tests {
             len: 0,
         }
         .encode();
-        for (at, value) in [(0, b'X'), (12, 0), (12, 8), (13, 2), (14, 4), (15, 5)] {
+        for (at, value) in [(0, b'X'), (12, 0), (12, 8), (13, 2), (14, 7), (15, 5)] {
             let mut h = good;
             h[at] = value;
             assert!(Header::decode(&h).is_err(), "byte {at} = {value}");
