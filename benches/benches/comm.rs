@@ -7,11 +7,11 @@ use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use half::bf16;
-use zero_comm::{local, Collective, Element, ReduceOp};
+use zero_comm::{local, Collective, F32Element, ReduceOp};
 
 const RANKS: usize = 2;
 
-fn time_collective<T: Element>(call: Collective, count: usize, iters: u64) -> Duration {
+fn time_collective<T: F32Element>(call: Collective, count: usize, iters: u64) -> Duration {
     let comms = local::create(RANKS).expect("2 ranks");
     std::thread::scope(|s| {
         let hs: Vec<_> = comms

@@ -5,7 +5,9 @@
 use std::time::Instant;
 
 use half::{bf16, f16};
-use zero_comm::{local, Collective, CommError, Communicator, DType, Element, OpKind, ReduceOp};
+use zero_comm::{
+    local, with_element, Collective, CommError, Communicator, DType, Element, OpKind, ReduceOp,
+};
 
 /// What to run; the fields mirror nccl-tests' flags.
 #[derive(Debug, Clone)]
@@ -111,28 +113,34 @@ fn input(rank: usize, i: usize) -> f64 {
     ((rank * 7 + i * 3) % 11) as f64 - 5.0
 }
 
+/// A dtype's conversions from and to the f64 reference (inputs and sums are small integers,
+/// exact in every type).
 pub(crate) trait Round: Element {
     fn round(v: f64) -> Self;
+    fn to_f64(self) -> f64;
+    /// Relative precision, for avg's tolerance (integers have no avg).
     const EPS: f64;
 }
-impl Round for f32 {
-    fn round(v: f64) -> Self {
-        v as f32
-    }
-    const EPS: f64 = 1.0 / 8_388_608.0;
+
+macro_rules! round {
+    ($t:ty, $eps:expr, $round:expr, $back:expr) => {
+        impl Round for $t {
+            fn round(v: f64) -> Self {
+                $round(v)
+            }
+            fn to_f64(self) -> f64 {
+                $back(self)
+            }
+            const EPS: f64 = $eps;
+        }
+    };
 }
-impl Round for bf16 {
-    fn round(v: f64) -> Self {
-        bf16::from_f64(v)
-    }
-    const EPS: f64 = 1.0 / 128.0;
-}
-impl Round for f16 {
-    fn round(v: f64) -> Self {
-        f16::from_f64(v)
-    }
-    const EPS: f64 = 1.0 / 1024.0;
-}
+round!(f32, 1.0 / 8_388_608.0, |v| v as f32, f64::from);
+round!(bf16, 1.0 / 128.0, bf16::from_f64, bf16::to_f64);
+round!(f16, 1.0 / 1024.0, f16::from_f64, f16::to_f64);
+round!(i32, 0.0, |v| v as i32, f64::from);
+round!(i64, 0.0, |v| v as i64, |x| x as f64);
+round!(f64, f64::EPSILON, |v| v, |x| x);
 
 /// Reference value of element `i` of the reduction (f64, then rounded by the caller).
 fn reduced(i: usize, n: usize, op: ReduceOp) -> f64 {
@@ -150,11 +158,7 @@ fn reduced(i: usize, n: usize, op: ReduceOp) -> f64 {
 /// # Errors
 /// Any collective error, or an unsupported op.
 pub fn run(cfg: &BenchConfig, report: &mut (dyn FnMut(&Row) + Send)) -> Result<(), CommError> {
-    match cfg.dtype {
-        DType::F32 => run_typed::<f32>(cfg, report),
-        DType::Bf16 => run_typed::<bf16>(cfg, report),
-        DType::F16 => run_typed::<f16>(cfg, report),
-    }
+    with_element!(cfg.dtype, T => run_typed::<T>(cfg, report))
 }
 
 fn run_typed<T: Round>(
@@ -213,11 +217,7 @@ pub fn run_on(
         });
     }
     let report = std::sync::Mutex::new(report);
-    match cfg.dtype {
-        DType::F32 => rank_main::<f32>(cfg, call, comm, &report),
-        DType::Bf16 => rank_main::<bf16>(cfg, call, comm, &report),
-        DType::F16 => rank_main::<f16>(cfg, call, comm, &report),
-    }
+    with_element!(cfg.dtype, T => rank_main::<T>(cfg, call, comm, &report))
 }
 
 /// Buffer lengths (send, recv) for the out-of-place call on `count` elements.
@@ -384,14 +384,14 @@ pub(crate) fn wrong<T: Round>(
     let op = cfg.redop;
     let tol = |want: T| {
         if op == ReduceOp::Avg {
-            f64::from(want.to_f32()).abs() * T::EPS * 1.01
+            want.to_f64().abs() * T::EPS * 1.01
         } else {
             0.0
         }
     };
     // A NaN result counts as wrong.
     let bad = |got: T, want: T| {
-        let diff = (f64::from(got.to_f32()) - f64::from(want.to_f32())).abs();
+        let diff = (got.to_f64() - want.to_f64()).abs();
         diff.is_nan() || diff > tol(want)
     };
     let bad_count =
@@ -419,6 +419,13 @@ pub(crate) fn wrong<T: Round>(
 mod tests {
     use super::*;
 
+    fn op_reduces(op: OpKind) -> bool {
+        matches!(
+            op,
+            OpKind::AllReduce | OpKind::ReduceScatter | OpKind::Reduce
+        )
+    }
+
     fn cfg(op: OpKind, dtype: DType, redop: ReduceOp) -> BenchConfig {
         BenchConfig {
             op,
@@ -445,9 +452,15 @@ mod tests {
             OpKind::Reduce,
         ];
         for op in ops {
-            for dtype in [DType::F32, DType::Bf16, DType::F16] {
+            for dtype in DType::ALL {
                 for redop in [ReduceOp::Sum, ReduceOp::Avg, ReduceOp::Max, ReduceOp::Min] {
                     let mut rows = Vec::new();
+                    if op_reduces(op) && !redop.supports(dtype) {
+                        let e = run(&cfg(op, dtype, redop), &mut |r: &Row| rows.push(*r));
+                        let refused = matches!(e, Err(CommError::UnsupportedReduction { .. }));
+                        assert!(refused && rows.is_empty(), "{op} {dtype} {redop}: {e:?}");
+                        continue;
+                    }
                     run(&cfg(op, dtype, redop), &mut |r: &Row| rows.push(*r)).unwrap();
                     assert_eq!(rows.len(), 5, "{op} {dtype}"); // 24 B .. 6 KiB by 4
                     for r in rows {

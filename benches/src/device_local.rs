@@ -7,10 +7,9 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use cudarc::driver::{CudaSlice, CudaStream, DeviceRepr, ValidAsZeroBits};
-use half::{bf16, f16};
 use zero_comm::device_local::cuda::{create, CudaOps};
 use zero_comm::device_local::{DeviceLocalComm, DeviceOps};
-use zero_comm::{Collective, CommError, Communicator, DType, ReduceOp};
+use zero_comm::{Collective, CommError, Communicator, ReduceOp};
 
 use crate::collective::{fill, lengths, row, sizes, wrong, BenchConfig, Round, Row};
 
@@ -69,11 +68,9 @@ fn rank_rows(
     dev: DeviceLocalComm<CudaOps>,
     host: &Communicator,
 ) -> Result<Vec<Row>, CommError> {
-    match cfg.dtype {
-        DType::F32 => rank_main::<f32>(cfg, call, dev, host),
-        DType::Bf16 => rank_main::<bf16>(cfg, call, dev, host),
-        DType::F16 => rank_main::<f16>(cfg, call, dev, host),
-    }
+    // Reductions of i32, i64 and f64 are refused by the backend (its kernel reduces the f32
+    // family); their all-gather and broadcast run.
+    zero_comm::with_element!(cfg.dtype, T => rank_main::<T>(cfg, call, dev, host))
 }
 
 /// One call of `call` on the first elements of the device buffers.

@@ -7,9 +7,8 @@
 use std::time::Instant;
 
 use cudarc::driver::{CudaSlice, DeviceRepr, ValidAsZeroBits};
-use half::{bf16, f16};
 use zero_comm::nccl::{NcclComm, NcclWork};
-use zero_comm::{Collective, CommError, DType, ReduceOp};
+use zero_comm::{Collective, CommError, ReduceOp};
 
 use crate::collective::{fill, lengths, row, sizes, wrong, BenchConfig, Round, Row};
 
@@ -35,11 +34,7 @@ pub fn run_nccl(
     let call = cfg.call().ok_or_else(|| CommError::InvalidArgument {
         what: format!("{} has no data to benchmark", cfg.op),
     })?;
-    match cfg.dtype {
-        DType::F32 => rank_main::<f32>(cfg, call, comm, report),
-        DType::Bf16 => rank_main::<bf16>(cfg, call, comm, report),
-        DType::F16 => rank_main::<f16>(cfg, call, comm, report),
-    }
+    zero_comm::with_element!(cfg.dtype, T => rank_main::<T>(cfg, call, comm, report))
 }
 
 /// One launch of `call` on the first elements of the device buffers.

@@ -18,8 +18,9 @@ use crate::error::{CommError, Result};
 use crate::op::OpDesc;
 use crate::reduce_op::ReduceOp;
 
-/// One rank's endpoint of a group. Lengths have been checked against `desc` by the caller;
-/// the backend checks that ranks agree.
+/// One rank's endpoint of a group. Lengths have been checked against `desc` by the caller,
+/// and so has the reduction against the element type ([`ReduceOp::supports`]); the backend
+/// checks that ranks agree.
 ///
 /// In-place calls pass `send = None`; the layouts are NCCL's: in-place reduce-scatter leaves
 /// rank r's result at chunk r of `recv`, in-place all-gather reads rank r's input from chunk r.

@@ -6,7 +6,7 @@ use std::time::Instant;
 
 use crate::backend::{Backend, Leave};
 use crate::config::Config;
-use crate::dtype::Element;
+use crate::element::Element;
 use crate::error::{CommError, Result};
 use crate::fault;
 use crate::op::{OpDesc, OpKind};
@@ -38,6 +38,17 @@ impl Collective {
             Collective::AllGather => OpKind::AllGather,
             Collective::Broadcast(_) => OpKind::Broadcast,
             Collective::Reduce(..) => OpKind::Reduce,
+        }
+    }
+
+    /// [`CommError::UnsupportedReduction`] when the call reduces and its reduction is not
+    /// defined on `dtype` (avg on integers).
+    pub(crate) fn check_reduction(self, dtype: crate::DType) -> Result<()> {
+        match self {
+            Collective::AllReduce(op)
+            | Collective::ReduceScatter(op)
+            | Collective::Reduce(op, _) => op.check(self.kind(), dtype),
+            Collective::AllGather | Collective::Broadcast(_) => Ok(()),
         }
     }
 }
@@ -142,7 +153,8 @@ impl Communicator {
     /// this with a fixed `call`.
     ///
     /// # Errors
-    /// See [`CommError`]: wrong lengths or root, timeouts, a broken group, a mismatch.
+    /// See [`CommError`]: wrong lengths or root, avg on integers, timeouts, a broken group, a
+    /// mismatch.
     pub fn collective<T: Element>(
         &self,
         call: Collective,
@@ -418,6 +430,7 @@ pub(crate) fn run_unchecked<T: Element>(
         Collective::Broadcast(root) => (None, Some(root)),
         Collective::Reduce(op, root) => (Some(op), Some(root)),
     };
+    call.check_reduction(T::DTYPE)?;
     if let Some(root) = root.filter(|&r| r >= size) {
         return Err(CommError::Root {
             op: call.kind(),

@@ -15,8 +15,8 @@ use crate::communicator::{lock, Communicator};
 use crate::dtype::DType;
 use crate::error::{CommError, Result};
 
-/// The largest element any collective moves (f32), in bytes.
-const WIDEST_ELEMENT: u64 = DType::F32.size() as u64;
+/// The largest element any collective moves, in bytes.
+const WIDEST_ELEMENT: u64 = DType::WIDEST as u64;
 
 /// How a backend stages collectives, as a function of the largest collective's bytes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -68,8 +68,8 @@ impl StagingRule {
     ///
     /// Reduce and all-reduce receive one chunk of the array from every rank, chunks of at most
     /// `ceil(n / ranks)` elements, so `ranks` chunks are the array rounded up to a multiple of
-    /// `ranks` elements: at most the bytes rounded up to `ranks` f32s (a multiple of the
-    /// rounding for every narrower type).
+    /// `ranks` elements: at most the bytes rounded up to `ranks` of the widest elements (a
+    /// multiple of the rounding for every narrower type).
     pub fn layout(&self, largest_collective_bytes: u64) -> Option<StagingLayout> {
         let StagingRule::Copies { ranks, floor_bytes } = *self else {
             return Some(StagingLayout::default());
@@ -155,7 +155,7 @@ mod tests {
     /// rank receives) and the rank's own chunk.
     fn naive_high_water(ranks: usize, largest: u64) -> (u64, u64, u64) {
         let (mut input, mut output, mut mine) = (0u64, 0u64, 0u64);
-        for es in [2u64, 4] {
+        for es in [2u64, 4, 8] {
             for n in 0..=largest / es {
                 input = input.max(n * es);
                 for r in 0..ranks as u64 {
@@ -188,7 +188,7 @@ mod tests {
                 let words = |b: u64| b.div_ceil(8) * 8;
                 assert!(l.input >= input && l.output >= output && l.mine >= mine);
                 assert_eq!(l.counts, 16 * ranks as u64);
-                if largest % (4 * ranks as u64) == 0 {
+                if largest % (DType::WIDEST as u64 * ranks as u64) == 0 {
                     // Arrays that split evenly: the bound is reached.
                     let naive = (words(input), words(output), words(mine));
                     assert_eq!(

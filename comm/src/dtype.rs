@@ -2,11 +2,11 @@
 //!
 //! Backends see buffers as [`BufRef`] / [`BufMut`] (an enum over the element types) so the
 //! [`Backend`](crate::Backend) trait stays object-safe; users see generic `&[T]` through the
-//! [`Element`] trait.
+//! [`Element`](crate::Element) trait. This file is the one table of the types: their sizes,
+//! names and wire codes ([`DType::ALL`]), and the dispatch from a tag to a Rust type
+//! ([`with_element!`](crate::with_element)).
 
 use half::{bf16, f16};
-
-use crate::reduce_op::ReduceOp;
 
 /// The element type of a buffer, named as nccl-tests names it in its `type` column.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -17,35 +17,75 @@ pub enum DType {
     Bf16,
     /// IEEE binary16.
     F16,
+    /// Two's-complement 32-bit integer; sums wrap.
+    I32,
+    /// Two's-complement 64-bit integer; sums wrap.
+    I64,
+    /// IEEE binary64.
+    F64,
 }
 
 impl DType {
-    /// Every type, in declaration order (their wire codes are their indices here).
-    pub const ALL: [DType; 3] = [DType::F32, DType::Bf16, DType::F16];
+    /// Every type, in declaration order (their wire codes are their indices here, so new
+    /// types are appended).
+    pub const ALL: [DType; 6] = [
+        DType::F32,
+        DType::Bf16,
+        DType::F16,
+        DType::I32,
+        DType::I64,
+        DType::F64,
+    ];
 
     /// Bytes per element.
     pub const fn size(self) -> usize {
         match self {
-            DType::F32 => 4,
             DType::Bf16 | DType::F16 => 2,
+            DType::F32 | DType::I32 => 4,
+            DType::I64 | DType::F64 => 8,
         }
     }
 
-    /// The nccl-tests name (`float`, `bfloat16`, `half`).
+    /// Bytes of the largest element of any type (what staging rounds chunks to).
+    pub const WIDEST: usize = {
+        let mut widest = 0;
+        let mut i = 0;
+        while i < DType::ALL.len() {
+            if DType::ALL[i].size() > widest {
+                widest = DType::ALL[i].size();
+            }
+            i += 1;
+        }
+        widest
+    };
+
+    /// True for the integer types, whose sums wrap and which have no average.
+    pub const fn is_integer(self) -> bool {
+        matches!(self, DType::I32 | DType::I64)
+    }
+
+    /// The nccl-tests name (`float`, `bfloat16`, `half`, `int32`, `int64`, `double`).
     pub const fn name(self) -> &'static str {
         match self {
             DType::F32 => "float",
             DType::Bf16 => "bfloat16",
             DType::F16 => "half",
+            DType::I32 => "int32",
+            DType::I64 => "int64",
+            DType::F64 => "double",
         }
     }
 
-    /// Parses nccl-tests names and common aliases (`float`/`f32`, `bfloat16`/`bf16`, `half`/`f16`).
+    /// Parses nccl-tests names and common aliases (`float`/`f32`, `bfloat16`/`bf16`,
+    /// `half`/`f16`, `int32`/`i32`, `int64`/`i64`, `double`/`f64`).
     pub fn parse(s: &str) -> Option<DType> {
         match s {
             "float" | "f32" | "float32" => Some(DType::F32),
             "bfloat16" | "bf16" => Some(DType::Bf16),
             "half" | "f16" | "float16" => Some(DType::F16),
+            "int32" | "i32" => Some(DType::I32),
+            "int64" | "i64" => Some(DType::I64),
+            "double" | "f64" | "float64" => Some(DType::F64),
             _ => None,
         }
     }
@@ -57,275 +97,140 @@ impl std::fmt::Display for DType {
     }
 }
 
-mod sealed {
-    pub trait Sealed {}
-    impl Sealed for f32 {}
-    impl Sealed for half::bf16 {}
-    impl Sealed for half::f16 {}
-}
-
-/// A type a collective can reduce: `f32`, `bf16` or `f16`. Half types are widened to `f32`
-/// for accumulation and rounded once at the end.
-pub trait Element:
-    sealed::Sealed + Copy + Send + Sync + PartialEq + std::fmt::Debug + Default + 'static
-{
-    /// The tag of this type.
-    const DTYPE: DType;
-    /// Widens one value to `f32` (exact for every type here).
-    fn to_f32(self) -> f32;
-    /// Rounds an `f32` to this type (round to nearest even).
-    fn from_f32(v: f32) -> Self;
-    /// Widens `src` into `dst` (same length); the hot loop of every reduction.
-    fn load_block(src: &[Self], dst: &mut [f32]);
-    /// Rounds `src` into `dst` (same length).
-    fn store_block(src: &[f32], dst: &mut [Self]);
-    /// `acc = op(widen(a), widen(b))` element-wise (the first two inputs, fused).
-    #[inline]
-    fn accumulate2(acc: &mut [f32], a: &[Self], b: &[Self], tmp: &mut [f32], op: ReduceOp) {
-        Self::load_block(a, acc);
-        Self::accumulate(acc, b, tmp, op);
-    }
-    /// `acc = op(acc, widen(src))` element-wise; `tmp` (same length) is scratch for types
-    /// that widen through a slice conversion.
-    #[inline]
-    fn accumulate(acc: &mut [f32], src: &[Self], tmp: &mut [f32], op: ReduceOp) {
-        Self::load_block(src, tmp);
-        op.combine_with(acc, tmp, |x| x);
-    }
-    /// Tags a shared slice.
-    fn buf_ref(s: &[Self]) -> BufRef<'_>;
-    /// Tags a mutable slice.
-    fn buf_mut(s: &mut [Self]) -> BufMut<'_>;
-}
-
-impl Element for f32 {
-    const DTYPE: DType = DType::F32;
-    #[inline]
-    fn to_f32(self) -> f32 {
-        self
-    }
-    #[inline]
-    fn from_f32(v: f32) -> Self {
-        v
-    }
-    #[inline]
-    fn load_block(src: &[Self], dst: &mut [f32]) {
-        dst.copy_from_slice(src);
-    }
-    #[inline]
-    fn store_block(src: &[f32], dst: &mut [Self]) {
-        dst.copy_from_slice(src);
-    }
-    #[inline]
-    fn accumulate(acc: &mut [f32], src: &[Self], _tmp: &mut [f32], op: ReduceOp) {
-        op.combine_with(acc, src, |x| x);
-    }
-    #[inline]
-    fn accumulate2(acc: &mut [f32], a: &[Self], b: &[Self], _tmp: &mut [f32], op: ReduceOp) {
-        op.combine2_with(acc, a, b, |x| x);
-    }
-    fn buf_ref(s: &[Self]) -> BufRef<'_> {
-        BufRef::F32(s)
-    }
-    fn buf_mut(s: &mut [Self]) -> BufMut<'_> {
-        BufMut::F32(s)
-    }
-}
-
-/// bf16 -> f32 is a 16-bit shift; written by hand because `half`'s slice conversion for bf16
-/// is a scalar loop that caps reductions near 4-5 GB/s, while this form vectorises.
-#[inline]
-fn bf16_to_f32(x: bf16) -> f32 {
-    f32::from_bits(u32::from(x.to_bits()) << 16)
-}
-
-/// f32 bits -> bf16 bits, round to nearest even; NaN stays a (quiet) NaN. Integer-only and
-/// select-based so the slice loop vectorises (a float NaN test kept it near 8 GB/s).
-#[inline(always)]
-fn f32_bits_to_bf16_bits(bits: u32) -> u16 {
-    let rounded = bits.wrapping_add(0x7FFF + ((bits >> 16) & 1)) >> 16;
-    let quiet_nan = (bits >> 16) | 0x0040;
-    let is_nan = (bits & 0x7FFF_FFFF) > 0x7F80_0000;
-    (if is_nan { quiet_nan } else { rounded }) as u16
-}
-
-#[inline(always)]
-fn store_bf16(src: &[f32], dst: &mut [u16]) {
-    for (d, s) in dst.iter_mut().zip(src) {
-        *d = f32_bits_to_bf16_bits(s.to_bits());
-    }
-}
-
-/// [`store_bf16`] compiled for AVX2: the default x86-64 target (SSE2) has no packed
-/// 32-to-16-bit narrowing, so the portable build runs this loop scalar (~6 GB/s).
+/// Runs `$body` with the type alias `$T` bound to the Rust type of the [`DType`] `$dtype`
+/// (`f32`, `bf16`, `f16`, `i32`, `i64`, `f64`): the one dispatch from a tag to a type.
 ///
-/// # Safety
-/// The CPU must support AVX2.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
-unsafe fn store_bf16_avx2(src: &[f32], dst: &mut [u16]) {
-    store_bf16(src, dst);
-}
-
-#[inline]
-fn f32_to_bf16(v: f32) -> bf16 {
-    bf16::from_bits(f32_bits_to_bf16_bits(v.to_bits()))
-}
-
-impl Element for bf16 {
-    const DTYPE: DType = DType::Bf16;
-    #[inline]
-    fn to_f32(self) -> f32 {
-        bf16_to_f32(self)
-    }
-    #[inline]
-    fn from_f32(v: f32) -> Self {
-        f32_to_bf16(v)
-    }
-    #[inline]
-    fn load_block(src: &[Self], dst: &mut [f32]) {
-        for (d, s) in dst.iter_mut().zip(src) {
-            *d = bf16_to_f32(*s);
+/// ```
+/// use zero_comm::{with_element, DType, Element};
+///
+/// let bytes = |d: DType| with_element!(d, T => std::mem::size_of::<T>());
+/// assert!(DType::ALL.iter().all(|&d| bytes(d) == d.size()));
+/// assert_eq!(with_element!(DType::I64, T => T::DTYPE), DType::I64);
+/// ```
+#[macro_export]
+macro_rules! with_element {
+    ($dtype:expr, $T:ident => $body:expr) => {
+        match $dtype {
+            $crate::DType::F32 => {
+                type $T = f32;
+                $body
+            }
+            $crate::DType::Bf16 => {
+                type $T = $crate::__private::bf16;
+                $body
+            }
+            $crate::DType::F16 => {
+                type $T = $crate::__private::f16;
+                $body
+            }
+            $crate::DType::I32 => {
+                type $T = i32;
+                $body
+            }
+            $crate::DType::I64 => {
+                type $T = i64;
+                $body
+            }
+            $crate::DType::F64 => {
+                type $T = f64;
+                $body
+            }
         }
-    }
-    #[inline]
-    fn store_block(src: &[f32], dst: &mut [Self]) {
-        // Work on the raw bits (bf16 is Pod) so the loop is plain integer SIMD.
-        let dst: &mut [u16] = bytemuck::cast_slice_mut(dst);
-        #[cfg(target_arch = "x86_64")]
-        if std::is_x86_feature_detected!("avx2") {
-            // SAFETY: the CPU supports AVX2 (checked on the line above).
-            unsafe { store_bf16_avx2(src, dst) };
-            return;
+    };
+}
+
+/// Declares a buffer enum with one variant per [`DType`] and a macro that matches every
+/// variant with one body, so adding a type touches this list only.
+macro_rules! tagged_buffers {
+    ($($variant:ident($t:ty)),* $(,)?) => {
+        /// A dtype-tagged shared buffer: what a [`Backend`](crate::Backend) receives as input.
+        #[derive(Debug)]
+        pub enum BufRef<'a> {
+            $(
+                #[doc = concat!("`", stringify!($t), "` elements.")]
+                $variant(&'a [$t]),
+            )*
         }
-        store_bf16(src, dst);
-    }
-    #[inline]
-    fn accumulate(acc: &mut [f32], src: &[Self], _tmp: &mut [f32], op: ReduceOp) {
-        op.combine_with(acc, src, bf16_to_f32);
-    }
-    #[inline]
-    fn accumulate2(acc: &mut [f32], a: &[Self], b: &[Self], _tmp: &mut [f32], op: ReduceOp) {
-        op.combine2_with(acc, a, b, bf16_to_f32);
-    }
-    fn buf_ref(s: &[Self]) -> BufRef<'_> {
-        BufRef::Bf16(s)
-    }
-    fn buf_mut(s: &mut [Self]) -> BufMut<'_> {
-        BufMut::Bf16(s)
-    }
+
+        /// A dtype-tagged mutable buffer: what a [`Backend`](crate::Backend) writes results
+        /// into.
+        #[derive(Debug)]
+        pub enum BufMut<'a> {
+            $(
+                #[doc = concat!("`", stringify!($t), "` elements.")]
+                $variant(&'a mut [$t]),
+            )*
+        }
+
+        impl BufRef<'_> {
+            /// The element type.
+            pub fn dtype(&self) -> DType {
+                match self {
+                    $(BufRef::$variant(_) => DType::$variant,)*
+                }
+            }
+            /// Number of elements.
+            pub fn len(&self) -> usize {
+                match self {
+                    $(BufRef::$variant(s) => s.len(),)*
+                }
+            }
+            /// Address of the first element (dangling but aligned when empty).
+            pub fn as_ptr(&self) -> *const u8 {
+                match self {
+                    $(BufRef::$variant(s) => s.as_ptr().cast(),)*
+                }
+            }
+            /// The elements' bytes.
+            pub fn as_bytes(&self) -> &[u8] {
+                match self {
+                    $(BufRef::$variant(s) => bytemuck::cast_slice(s),)*
+                }
+            }
+        }
+
+        impl BufMut<'_> {
+            /// The element type.
+            pub fn dtype(&self) -> DType {
+                match self {
+                    $(BufMut::$variant(_) => DType::$variant,)*
+                }
+            }
+            /// Number of elements.
+            pub fn len(&self) -> usize {
+                match self {
+                    $(BufMut::$variant(s) => s.len(),)*
+                }
+            }
+            /// Address of the first element (dangling but aligned when empty).
+            pub fn as_mut_ptr(&mut self) -> *mut u8 {
+                match self {
+                    $(BufMut::$variant(s) => s.as_mut_ptr().cast(),)*
+                }
+            }
+            /// The elements' bytes, writable.
+            pub fn as_bytes_mut(&mut self) -> &mut [u8] {
+                match self {
+                    $(BufMut::$variant(s) => bytemuck::cast_slice_mut(s),)*
+                }
+            }
+        }
+    };
 }
 
-impl Element for f16 {
-    const DTYPE: DType = DType::F16;
-    #[inline]
-    fn to_f32(self) -> f32 {
-        f16::to_f32(self)
-    }
-    #[inline]
-    fn from_f32(v: f32) -> Self {
-        f16::from_f32(v)
-    }
-    #[inline]
-    fn load_block(src: &[Self], dst: &mut [f32]) {
-        use half::slice::HalfFloatSliceExt;
-        // `half` uses F16C here when the CPU has it (runtime detection).
-        src.convert_to_f32_slice(dst);
-    }
-    #[inline]
-    fn store_block(src: &[f32], dst: &mut [Self]) {
-        use half::slice::HalfFloatSliceExt;
-        dst.convert_from_f32_slice(src);
-    }
-    fn buf_ref(s: &[Self]) -> BufRef<'_> {
-        BufRef::F16(s)
-    }
-    fn buf_mut(s: &mut [Self]) -> BufMut<'_> {
-        BufMut::F16(s)
-    }
-}
-
-/// A dtype-tagged shared buffer: what a [`Backend`](crate::Backend) receives as input.
-#[derive(Debug)]
-pub enum BufRef<'a> {
-    /// f32 elements.
-    F32(&'a [f32]),
-    /// bf16 elements.
-    Bf16(&'a [bf16]),
-    /// f16 elements.
-    F16(&'a [f16]),
-}
-
-/// A dtype-tagged mutable buffer: what a [`Backend`](crate::Backend) writes results into.
-#[derive(Debug)]
-pub enum BufMut<'a> {
-    /// f32 elements.
-    F32(&'a mut [f32]),
-    /// bf16 elements.
-    Bf16(&'a mut [bf16]),
-    /// f16 elements.
-    F16(&'a mut [f16]),
-}
+tagged_buffers!(F32(f32), Bf16(bf16), F16(f16), I32(i32), I64(i64), F64(f64));
 
 impl BufRef<'_> {
-    /// The element type.
-    pub fn dtype(&self) -> DType {
-        match self {
-            BufRef::F32(_) => DType::F32,
-            BufRef::Bf16(_) => DType::Bf16,
-            BufRef::F16(_) => DType::F16,
-        }
-    }
-    /// Number of elements.
-    pub fn len(&self) -> usize {
-        match self {
-            BufRef::F32(s) => s.len(),
-            BufRef::Bf16(s) => s.len(),
-            BufRef::F16(s) => s.len(),
-        }
-    }
     /// True when the buffer holds no element.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
-    }
-    /// Address of the first element (dangling but aligned when empty).
-    pub fn as_ptr(&self) -> *const u8 {
-        match self {
-            BufRef::F32(s) => s.as_ptr().cast(),
-            BufRef::Bf16(s) => s.as_ptr().cast(),
-            BufRef::F16(s) => s.as_ptr().cast(),
-        }
     }
 }
 
 impl BufMut<'_> {
-    /// The element type.
-    pub fn dtype(&self) -> DType {
-        match self {
-            BufMut::F32(_) => DType::F32,
-            BufMut::Bf16(_) => DType::Bf16,
-            BufMut::F16(_) => DType::F16,
-        }
-    }
-    /// Number of elements.
-    pub fn len(&self) -> usize {
-        match self {
-            BufMut::F32(s) => s.len(),
-            BufMut::Bf16(s) => s.len(),
-            BufMut::F16(s) => s.len(),
-        }
-    }
     /// True when the buffer holds no element.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
-    }
-    /// Address of the first element (dangling but aligned when empty).
-    pub fn as_mut_ptr(&mut self) -> *mut u8 {
-        match self {
-            BufMut::F32(s) => s.as_mut_ptr().cast(),
-            BufMut::Bf16(s) => s.as_mut_ptr().cast(),
-            BufMut::F16(s) => s.as_mut_ptr().cast(),
-        }
     }
 }
 
@@ -334,43 +239,28 @@ mod tests {
     use super::*;
 
     #[test]
-    fn bf16_rounding_matches_half_crate() {
-        for bits in (0u32..=u32::MAX).step_by(65_537) {
-            let v = f32::from_bits(bits);
-            let ours = f32_to_bf16(v);
-            let theirs = bf16::from_f32(v);
-            if v.is_nan() {
-                assert!(ours.is_nan());
-            } else {
-                assert_eq!(ours.to_bits(), theirs.to_bits(), "{v:e}");
-            }
+    fn names_parse_back_and_sizes_are_the_rust_types() {
+        for d in DType::ALL {
+            assert_eq!(DType::parse(d.name()), Some(d));
+            assert_eq!(with_element!(d, T => std::mem::size_of::<T>()), d.size());
         }
+        assert_eq!(DType::WIDEST, 8);
+        assert_eq!(DType::parse("i64"), Some(DType::I64));
+        assert_eq!(DType::parse("int16"), None);
     }
 
     #[test]
-    fn bf16_store_block_matches_half_crate() {
-        let src: Vec<f32> = (0u32..=u32::MAX)
-            .step_by(40_009)
-            .map(f32::from_bits)
-            .collect();
-        let mut dst = vec![bf16::ZERO; src.len()];
-        bf16::store_block(&src, &mut dst);
-        for (v, got) in src.iter().zip(&dst) {
-            if v.is_nan() {
-                assert!(got.is_nan());
-            } else {
-                assert_eq!(got.to_bits(), bf16::from_f32(*v).to_bits(), "{v:e}");
-            }
-        }
-    }
-
-    #[test]
-    fn bf16_widening_is_exact() {
-        for bits in (0u16..=u16::MAX).step_by(7) {
-            let x = bf16::from_bits(bits);
-            if !x.is_nan() {
-                assert_eq!(bf16_to_f32(x), x.to_f32());
-            }
-        }
+    fn buffers_report_their_tag_length_and_bytes() {
+        let xs = [1i64, -2, 3];
+        let b = BufRef::I64(&xs);
+        assert_eq!(
+            (b.dtype(), b.len(), b.as_bytes().len()),
+            (DType::I64, 3, 24)
+        );
+        assert_eq!(&b.as_bytes()[8..16], &(-2i64).to_le_bytes());
+        let mut ys = [0f64; 2];
+        let mut m = BufMut::F64(&mut ys);
+        m.as_bytes_mut()[..8].copy_from_slice(&1.5f64.to_le_bytes());
+        assert_eq!(ys, [1.5, 0.0]);
     }
 }

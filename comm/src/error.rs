@@ -152,6 +152,17 @@ pub enum CommError {
         /// Receive dtype.
         recv: DType,
     },
+    /// A reduction the element type does not have: avg on an integer type (integer sums
+    /// wrap, and a mean would need a rounding rule; sum and divide instead).
+    #[error("{op}: {redop} is not defined on {dtype} elements (integers have sum, max and min)")]
+    UnsupportedReduction {
+        /// The operation.
+        op: OpKind,
+        /// The reduction asked for.
+        redop: crate::reduce_op::ReduceOp,
+        /// The element type.
+        dtype: DType,
+    },
     /// A bad argument outside any collective (group size 0, bucket too small, ...).
     #[error("invalid argument: {what}")]
     InvalidArgument {

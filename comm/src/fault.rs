@@ -29,7 +29,7 @@ use std::time::Duration;
 
 use crate::backend::Leave;
 use crate::communicator::{lock, run_unchecked, Collective, Communicator, Inner};
-use crate::dtype::Element;
+use crate::element::Element;
 use crate::error::{CommError, Result};
 use crate::op::{OpDesc, OpKind};
 
@@ -145,9 +145,10 @@ fn shares_process(backend: &str) -> bool {
     matches!(backend, "local" | "device_local")
 }
 
-/// Fires the first armed `Corrupt` that matches `desc`: flips bit 22 (the top mantissa bit
-/// of an f32, exact through bf16 and f16) of the largest-magnitude element of `result` (the
-/// first of equals), and disarms it.
+/// Fires the first armed `Corrupt` that matches `desc`: flips one significant bit
+/// ([`Element::flip_bit`]: bit 22, the top mantissa bit of an f32, exact through bf16 and
+/// f16; f64's top mantissa bit) of the largest-magnitude element of `result` (the first of
+/// equals), and disarms it.
 pub(crate) fn corrupt_result<T: Element>(armed: &mut Vec<Armed>, desc: &OpDesc, result: &mut [T]) {
     let Some(fires) = armed
         .iter()
@@ -157,12 +158,12 @@ pub(crate) fn corrupt_result<T: Element>(armed: &mut Vec<Armed>, desc: &OpDesc, 
         return;
     };
     let largest = (0..result.len()).fold(None, |best: Option<usize>, i| match best {
-        Some(b) if result[b].to_f32().abs() >= result[i].to_f32().abs() => Some(b),
+        Some(b) if result[b].magnitude() >= result[i].magnitude() => Some(b),
         _ => Some(i),
     });
     if let Some(i) = largest {
         armed.remove(fires);
-        result[i] = T::from_f32(f32::from_bits(result[i].to_f32().to_bits() ^ (1 << 22)));
+        result[i] = result[i].flip_bit();
     }
 }
 
@@ -205,7 +206,7 @@ pub(crate) fn check_result<T: Element>(
     desc: &OpDesc,
     result: &[T],
 ) -> Result<()> {
-    let mine = hash_f32_bits(result.iter().map(|v| v.to_f32()));
+    let mine = hash_words(result.iter().map(|v| v.hash_bits()));
     let ranks = outliers(&gather_hashes(inner, mine)?);
     if ranks.is_empty() {
         return Ok(());
@@ -224,8 +225,14 @@ pub(crate) fn check_result<T: Element>(
 /// changing any one value changes the hash. (Byte-wise FNV-1a cost four times the
 /// multiplications for nothing here.)
 pub fn hash_f32_bits(values: impl IntoIterator<Item = f32>) -> u64 {
-    values.into_iter().fold(0xcbf2_9ce4_8422_2325, |h: u64, v| {
-        (h ^ u64::from(v.to_bits())).wrapping_mul(0x0100_0000_01b3)
+    hash_words(values.into_iter().map(|v| u64::from(v.to_bits())))
+}
+
+/// The hash of [`hash_f32_bits`] over words of any width ([`Element::hash_bits`]: an f32's
+/// pattern for the f32 family, so their hashes are unchanged; 32 or 64 bits otherwise).
+pub fn hash_words(words: impl IntoIterator<Item = u64>) -> u64 {
+    words.into_iter().fold(0xcbf2_9ce4_8422_2325, |h: u64, w| {
+        (h ^ w).wrapping_mul(0x0100_0000_01b3)
     })
 }
 

@@ -3,9 +3,10 @@
 //! and MPI processes (`mpi`, feature `mpi`), and a device-buffer communicator over NCCL
 //! (`nccl::NcclComm`, feature `cuda`).
 //!
-//! - Blocking collectives over plain slices `&[T]` / `&mut [T]` (`T` = `f32`, `bf16`, `f16`;
-//!   halves reduce in f32), in-place and out-of-place, sum/avg/max/min, and `split` for
-//!   data-parallel x model-parallel grids.
+//! - Blocking collectives over plain slices `&[T]` / `&mut [T]` (`T` = `f32`, `bf16`, `f16`,
+//!   `i32`, `i64`, `f64`; halves reduce in f32, integer sums wrap, avg is for floats only),
+//!   in-place and out-of-place, sum/avg/max/min, and `split` for data-parallel x
+//!   model-parallel grids.
 //! - Non-blocking forms that take owned buffers and return them from [`Work::wait`],
 //!   completed in issue order by a progress thread per communicator.
 //! - [`ShardBuckets`]: the layout that reduces a partitioned tensor in fixed-size buckets.
@@ -50,6 +51,7 @@ mod communicator_staging;
 mod config;
 pub mod device_local;
 mod dtype;
+mod element;
 mod error;
 pub mod fault;
 pub mod local;
@@ -69,7 +71,8 @@ pub use bucket::{Bucket, ShardBuckets};
 pub use communicator::{Collective, Communicator};
 pub use communicator_staging::{StagingLayout, StagingRule};
 pub use config::Config;
-pub use dtype::{BufMut, BufRef, DType, Element};
+pub use dtype::{BufMut, BufRef, DType};
+pub use element::{Accumulator, Element, F32Element};
 pub use error::{BreakCause, CommError, Result};
 pub use fault::{Fault, FaultAction};
 pub use op::{OpDesc, OpKind};
@@ -77,3 +80,9 @@ pub use record::{ring_bytes, History, OpRecord, Stats};
 pub use reduce_op::{reduce_slices, ReduceOp};
 pub use scope::{Scope, ScopedWork};
 pub use work::Work;
+
+/// What [`with_element!`] expands to; not part of the API.
+#[doc(hidden)]
+pub mod __private {
+    pub use half::{bf16, f16};
+}

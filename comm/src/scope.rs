@@ -10,7 +10,7 @@
 use std::marker::PhantomData;
 
 use crate::communicator::{run_call, Collective, Communicator};
-use crate::dtype::Element;
+use crate::element::Element;
 use crate::error::Result;
 use crate::reduce_op::ReduceOp;
 use crate::work::Work;

@@ -14,7 +14,7 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 
 use crate::communicator::{lock, run_barrier, run_call, Collective, Communicator, Inner};
-use crate::dtype::Element;
+use crate::element::Element;
 use crate::error::{CommError, Result};
 use crate::op::OpKind;
 use crate::reduce_op::ReduceOp;

@@ -6,7 +6,7 @@ use std::time::Duration;
 use half::{bf16, f16};
 use proptest::prelude::*;
 use zero_comm::device_local::{self, DeviceLocalComm, HostOps};
-use zero_comm::{local, Collective, CommError, Config, Element, ReduceOp};
+use zero_comm::{local, Collective, CommError, Config, F32Element, ReduceOp};
 
 fn input(rank: usize, i: usize, salt: u32) -> f32 {
     // Fractions with many mantissa bits, so summation order and rounding matter.
@@ -15,7 +15,7 @@ fn input(rank: usize, i: usize, salt: u32) -> f32 {
 }
 
 /// Naive reduction of element i: widen, combine in rank order, divide, round once.
-fn naive<T: Element>(world: usize, i: usize, salt: u32, op: ReduceOp) -> T {
+fn naive<T: F32Element>(world: usize, i: usize, salt: u32, op: ReduceOp) -> T {
     let xs: Vec<f32> = (0..world)
         .map(|r| T::from_f32(input(r, i, salt)).to_f32())
         .collect();
@@ -33,14 +33,14 @@ fn naive<T: Element>(world: usize, i: usize, salt: u32, op: ReduceOp) -> T {
     T::from_f32(acc)
 }
 
-fn data<T: Element>(rank: usize, len: usize, salt: u32) -> Vec<T> {
+fn data<T: F32Element>(rank: usize, len: usize, salt: u32) -> Vec<T> {
     (0..len)
         .map(|i| T::from_f32(input(rank, i, salt)))
         .collect()
 }
 
 /// Runs `call` on every rank of a device-local group; returns each rank's recv.
-fn run_device<T: Element + Send>(
+fn run_device<T: F32Element + Send>(
     world: usize,
     call: Collective,
     in_place: bool,
@@ -72,7 +72,7 @@ fn run_device<T: Element + Send>(
 }
 
 /// The in-place buffer: the input itself, or for all-gather the input at chunk r.
-fn place<T: Element>(
+fn place<T: F32Element>(
     call: Collective,
     r: usize,
     world: usize,
@@ -90,7 +90,7 @@ fn place<T: Element>(
 }
 
 /// The same call through `zero_comm::local` (the host backend).
-fn run_local<T: Element + Send>(
+fn run_local<T: F32Element + Send>(
     world: usize,
     call: Collective,
     send_len: usize,
@@ -122,7 +122,13 @@ fn run_local<T: Element + Send>(
 }
 
 /// What rank r's recv must hold, from the naive reference.
-fn expected<T: Element>(world: usize, call: Collective, r: usize, per: usize, salt: u32) -> Vec<T> {
+fn expected<T: F32Element>(
+    world: usize,
+    call: Collective,
+    r: usize,
+    per: usize,
+    salt: u32,
+) -> Vec<T> {
     match call {
         Collective::AllReduce(op) => (0..per).map(|i| naive(world, i, salt, op)).collect(),
         Collective::ReduceScatter(op) => (r * per..(r + 1) * per)
@@ -136,11 +142,17 @@ fn expected<T: Element>(world: usize, call: Collective, r: usize, per: usize, sa
     }
 }
 
-fn bits<T: Element>(v: &[T]) -> Vec<u32> {
+fn bits<T: F32Element>(v: &[T]) -> Vec<u32> {
     v.iter().map(|x| x.to_f32().to_bits()).collect()
 }
 
-fn check<T: Element + Send>(world: usize, call: Collective, per: usize, in_place: bool, salt: u32) {
+fn check<T: F32Element + Send>(
+    world: usize,
+    call: Collective,
+    per: usize,
+    in_place: bool,
+    salt: u32,
+) {
     let (send_len, recv_len) = match call {
         Collective::ReduceScatter(_) => (per * world, per),
         Collective::AllGather => (per, per * world),

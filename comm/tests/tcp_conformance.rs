@@ -138,5 +138,14 @@ proptest! {
         let halves: Vec<Vec<bf16>> = ins.iter().map(|v| v.iter().map(|&f| bf16::from_f32(f)).collect()).collect();
         compare(n, &ins, op, root_pick % n);
         compare(n, &halves, op, root_pick % n);
+        // Wider types: f64 of the same values scaled past f32's precision, and integers over
+        // their whole range (sums wrap; avg is refused for integers, so they sum instead).
+        let wide: Vec<Vec<f64>> = ins.iter().map(|v| v.iter().map(|&f| f64::from(f) * (1.0 + 1e-12)).collect()).collect();
+        let int_op = if op == ReduceOp::Avg { ReduceOp::Sum } else { op };
+        let ints: Vec<Vec<i64>> = ins.iter().map(|v| v.iter().map(|&f| (f64::from(f) * 1e18) as i64).collect()).collect();
+        let ints32: Vec<Vec<i32>> = ints.iter().map(|v| v.iter().map(|&x| (x >> 20) as i32).collect()).collect();
+        compare(n, &wide, op, root_pick % n);
+        compare(n, &ints, int_op, root_pick % n);
+        compare(n, &ints32, int_op, root_pick % n);
     }
 }

@@ -75,7 +75,8 @@ struct Args {
     /// Check results (0/1).
     #[arg(short = 'c', long = "check", default_value_t = 1)]
     check: u8,
-    /// Element type: float, bfloat16, half (or f32, bf16, f16).
+    /// Element type: float, bfloat16, half, int32, int64, double (or f32, bf16, f16, i32,
+    /// i64, f64). Integers have no avg.
     #[arg(short = 'd', long = "datatype", default_value = "float")]
     dtype: String,
     /// Reduction: sum, avg, max, min.
@@ -118,7 +119,7 @@ fn config(a: &Args) -> Result<BenchConfig, String> {
     };
     let dtype = DType::parse(&a.dtype).ok_or_else(|| {
         format!(
-            "-d {:?}: unknown datatype (float, bfloat16 or half; also f32, bf16, f16)",
+            "-d {:?}: unknown datatype (float, bfloat16, half, int32, int64 or double; also f32, bf16, f16, i32, i64, f64)",
             a.dtype
         )
     })?;

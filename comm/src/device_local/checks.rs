@@ -74,6 +74,9 @@ pub(super) fn describe(
             })
         }
     };
+    if redop.is_some() && !matches!(dtype, DType::F32 | DType::Bf16 | DType::F16) {
+        return Err(super::ops::no_reduction(dtype));
+    }
     count
         .checked_mul(dtype.size())
         .ok_or_else(|| too_long(op))?;

@@ -14,7 +14,8 @@ use zero_alloc::AllocError;
 use super::{create_with_ops, DeviceLocalComm, DeviceOps, RawBuf};
 use crate::communicator::Collective;
 use crate::config::Config;
-use crate::dtype::{DType, Element};
+use crate::dtype::DType;
+use crate::element::Element;
 use crate::error::{CommError, Result};
 use crate::reduce_op::ReduceOp;
 
@@ -179,6 +180,7 @@ impl DeviceOps for CudaOps {
             DType::F32 => 0,
             DType::Bf16 => 1,
             DType::F16 => 2,
+            DType::I32 | DType::I64 | DType::F64 => return Err(super::ops::no_reduction(dtype)),
         }];
         let (n_src, elems64) = (srcs.len() as u32, elems as u64);
         let code: i32 = match op {

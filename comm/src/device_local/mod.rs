@@ -5,7 +5,9 @@
 //!
 //! Reductions combine the ranks' inputs in rank order 0..N-1 in f32 and round once, element
 //! by element, so results are bitwise those of the host [`crate::local`] backend, and
-//! all-reduce is literally reduce-scatter's phase followed by all-gather's.
+//! all-reduce is literally reduce-scatter's phase followed by all-gather's. Its kernel
+//! reduces the f32 family only: reductions of i32, i64 and f64 are refused in step 1
+//! ([`CommError::Unsupported`]); all-gather and broadcast move every type.
 //!
 //! The protocol is written once over [`DeviceOps`]: [`HostOps`] runs it on host memory (the
 //! CPU tests), `CudaOps` (feature `cuda`) on a CUDA stream with an NVRTC-compiled kernel.
@@ -58,7 +60,8 @@ pub use ops::{DeviceOps, HostOps};
 
 use crate::communicator::Collective;
 use crate::config::Config;
-use crate::dtype::{DType, Element};
+use crate::dtype::DType;
+use crate::element::Element;
 use crate::error::{BreakCause, CommError, Result};
 use rendezvous::Rendezvous;
 

@@ -5,7 +5,9 @@
 //! (`reduce.cu`): widen each input to f32 in rank order, sum (or max/min), divide by the
 //! number of ranks for Avg, round once to the element type.
 
-use crate::dtype::{DType, Element};
+use crate::dtype::DType;
+use crate::element::F32Element;
+use crate::error::CommError;
 use crate::error::Result;
 use crate::reduce_op::ReduceOp;
 
@@ -66,7 +68,7 @@ fn ptr(addr: u64) -> *mut u8 {
 ///
 /// # Safety
 /// As [`DeviceOps::reduce_in_rank_order`], with `T` the element type of `dtype`.
-unsafe fn reduce_elements<T: Element>(op: ReduceOp, dst: u64, srcs: &[u64], elems: usize) {
+unsafe fn reduce_elements<T: F32Element>(op: ReduceOp, dst: u64, srcs: &[u64], elems: usize) {
     let (dst, srcs): (*mut T, Vec<*const T>) = (
         ptr(dst).cast(),
         srcs.iter().map(|&s| ptr(s).cast_const().cast()).collect(),
@@ -93,6 +95,15 @@ unsafe fn reduce_elements<T: Element>(op: ReduceOp, dst: u64, srcs: &[u64], elem
     }
 }
 
+/// The device-local reduction kernel (`reduce.cu`) and its model here reduce the f32 family
+/// only; step 1 (`checks.rs`) refuses other types' reductions with this error.
+pub(crate) fn no_reduction(dtype: DType) -> CommError {
+    CommError::Unsupported {
+        backend: "device_local",
+        what: format!("reductions of {dtype} (its kernel reduces float, bfloat16 and half)"),
+    }
+}
+
 impl DeviceOps for HostOps {
     type Event = ();
 
@@ -116,6 +127,7 @@ impl DeviceOps for HostOps {
                 DType::F32 => reduce_elements::<f32>(op, dst, srcs, elems),
                 DType::Bf16 => reduce_elements::<half::bf16>(op, dst, srcs, elems),
                 DType::F16 => reduce_elements::<half::f16>(op, dst, srcs, elems),
+                DType::I32 | DType::I64 | DType::F64 => return Err(no_reduction(dtype)),
             }
         }
         Ok(())

@@ -1,7 +1,7 @@
 //! The local collectives: each rank works on its own share, reading peers' buffers in place.
 //!
-//! Every reduction reads the N inputs in rank order 0..N-1 and accumulates in f32, so results
-//! are bitwise identical whatever the timing. All-reduce is literally reduce-scatter's phase
+//! Every reduction reads the N inputs in rank order 0..N-1 and accumulates in the type's
+//! accumulator (f32 for the f32 family), so results are bitwise identical whatever the timing. All-reduce is literally reduce-scatter's phase
 //! followed by all-gather's phase over the same chunks.
 //!
 //! Soundness argument shared by every function here: the caller passed the entry wait, so
@@ -14,6 +14,7 @@ use crate::dtype::DType;
 use crate::error::Result;
 use crate::op::OpDesc;
 use crate::reduce_op::{reduce_raw, ReduceOp};
+use crate::with_element;
 
 use super::group::{Addr, Entered, Member};
 
@@ -29,14 +30,11 @@ unsafe fn reduce_any(dtype: DType, out: *mut u8, inputs: &[*mut u8], len: usize,
     fn cast<T>(v: &[*mut u8]) -> Vec<*const T> {
         v.iter().map(|p| p.cast_const().cast::<T>()).collect()
     }
-    // SAFETY: forwarded from the caller; the casts match `dtype`, which all ranks agreed on.
-    unsafe {
-        match dtype {
-            DType::F32 => reduce_raw::<f32>(out.cast(), &cast(inputs), len, op),
-            DType::Bf16 => reduce_raw::<half::bf16>(out.cast(), &cast(inputs), len, op),
-            DType::F16 => reduce_raw::<half::f16>(out.cast(), &cast(inputs), len, op),
-        }
-    }
+    with_element!(dtype, T => {
+        // SAFETY: forwarded from the caller; the casts match `dtype`, which all ranks agreed
+        // on, and the communicator checked that `op` supports it.
+        unsafe { reduce_raw::<T>(out.cast(), &cast(inputs), len, op) }
+    });
 }
 
 /// Copies `len` elements unless source and destination coincide.

@@ -7,7 +7,7 @@ use crate::op::{OpDesc, OpKind};
 use crate::reduce_op::ReduceOp;
 
 const KINDS: [OpKind; 7] = OpKind::ALL;
-const DTYPES: [DType; 3] = DType::ALL;
+const DTYPES: [DType; DType::ALL.len()] = DType::ALL;
 const OPS: [ReduceOp; 4] = ReduceOp::ALL;
 const NONE: u64 = u64::MAX;
 
@@ -56,7 +56,7 @@ mod tests {
     #[test]
     fn descriptors_round_trip() {
         for kind in KINDS {
-            for dtype in [None, Some(DType::Bf16)] {
+            for dtype in [None, Some(DType::Bf16), Some(DType::I64), Some(DType::F64)] {
                 for (root, op) in [(None, None), (Some(3), Some(ReduceOp::Min))] {
                     let d = OpDesc {
                         seq: 42,

@@ -13,12 +13,13 @@
 
 use std::ptr::NonNull;
 
-use bytemuck::Pod;
 use zero_alloc::Lent;
 
 use crate::communicator_staging::StagingLayout;
-use crate::dtype::{BufMut, BufRef, DType, Element};
+use crate::dtype::{BufMut, BufRef, DType};
+use crate::element::Element;
 use crate::reduce_op::{reduce_slices, ReduceOp};
+use crate::with_element;
 
 /// Words of a block lent from the rank's arena, carved by [`Stage::provide`].
 #[derive(Debug, Clone, Copy)]
@@ -176,23 +177,15 @@ impl Stage {
 
 /// The bytes of a tagged buffer.
 pub(crate) fn bytes_of<'a>(b: &'a BufRef<'_>) -> &'a [u8] {
-    match b {
-        BufRef::F32(s) => bytemuck::cast_slice(s),
-        BufRef::Bf16(s) => bytemuck::cast_slice(s),
-        BufRef::F16(s) => bytemuck::cast_slice(s),
-    }
+    b.as_bytes()
 }
 
 /// The bytes of a tagged buffer, writable.
 pub(crate) fn bytes_of_mut<'a>(b: &'a mut BufMut<'_>) -> &'a mut [u8] {
-    match b {
-        BufMut::F32(s) => bytemuck::cast_slice_mut(s),
-        BufMut::Bf16(s) => bytemuck::cast_slice_mut(s),
-        BufMut::F16(s) => bytemuck::cast_slice_mut(s),
-    }
+    b.as_bytes_mut()
 }
 
-fn reduce_typed<T: Element + Pod>(chunks: &[u8], out: &mut [u8], op: ReduceOp) {
+fn reduce_typed<T: Element>(chunks: &[u8], out: &mut [u8], op: ReduceOp) {
     let out: &mut [T] = bytemuck::cast_slice_mut(out);
     let all: &[T] = bytemuck::cast_slice(chunks);
     if out.is_empty() {
@@ -208,11 +201,7 @@ fn reduce_typed<T: Element + Pod>(chunks: &[u8], out: &mut [u8], op: ReduceOp) {
 /// Both slices come from element-aligned storage (a `Words` or a typed user slice), and
 /// `chunks.len()` is a multiple of `out.len()` by construction.
 pub(crate) fn reduce_chunks(dtype: DType, chunks: &[u8], out: &mut [u8], op: ReduceOp) {
-    match dtype {
-        DType::F32 => reduce_typed::<f32>(chunks, out, op),
-        DType::Bf16 => reduce_typed::<half::bf16>(chunks, out, op),
-        DType::F16 => reduce_typed::<half::f16>(chunks, out, op),
-    }
+    with_element!(dtype, T => reduce_typed::<T>(chunks, out, op));
 }
 
 #[cfg(test)]

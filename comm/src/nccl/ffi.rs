@@ -16,12 +16,16 @@ pub(crate) fn data_type(d: DType) -> sys::ncclDataType_t {
         DType::F32 => sys::ncclDataType_t::ncclFloat32,
         DType::Bf16 => sys::ncclDataType_t::ncclBfloat16,
         DType::F16 => sys::ncclDataType_t::ncclFloat16,
+        DType::I32 => sys::ncclDataType_t::ncclInt32,
+        DType::I64 => sys::ncclDataType_t::ncclInt64,
+        DType::F64 => sys::ncclDataType_t::ncclFloat64,
     }
 }
 
 /// NCCL's code for a reduction; `Avg` is NCCL's own `ncclAvg` (sum, then a division by the
 /// rank count in the element type), so half-precision averages may differ from the local
-/// backend's f32-accumulated ones in the last bit.
+/// backend's f32-accumulated ones in the last bit. Integer sums wrap in NCCL as here; avg on
+/// integers never reaches NCCL (`Group` refuses it, as every collective does).
 pub(crate) fn red_op(op: ReduceOp) -> sys::ncclRedOp_t {
     match op {
         ReduceOp::Sum => sys::ncclRedOp_t::ncclSum,
@@ -113,9 +117,13 @@ mod tests {
 
     #[test]
     fn dtypes_map_to_nccls_codes() {
-        // The numbers are nccl.h's: ncclFloat16 = 6, ncclFloat32 = 7, ncclBfloat16 = 9.
+        // The numbers are nccl.h's: ncclInt32 = 2, ncclInt64 = 4, ncclFloat16 = 6,
+        // ncclFloat32 = 7, ncclFloat64 = 8, ncclBfloat16 = 9.
+        assert_eq!(data_type(DType::I32) as u32, 2);
+        assert_eq!(data_type(DType::I64) as u32, 4);
         assert_eq!(data_type(DType::F16) as u32, 6);
         assert_eq!(data_type(DType::F32) as u32, 7);
+        assert_eq!(data_type(DType::F64) as u32, 8);
         assert_eq!(data_type(DType::Bf16) as u32, 9);
     }
 

@@ -15,7 +15,8 @@ use super::handle::Handle;
 use super::layout::{plan, Launch, Side};
 use super::work::NcclWork;
 use crate::communicator::Collective;
-use crate::dtype::{DType, Element};
+use crate::dtype::DType;
+use crate::element::Element;
 use crate::error::{BreakCause, Result};
 use crate::op::{OpDesc, OpKind};
 use crate::reduce_op::ReduceOp;
@@ -161,6 +162,7 @@ impl<'a> Group<'a> {
         recv: Option<RawDeviceBuf>,
     ) -> Result<()> {
         let (rank, size) = (self.handle.rank, self.handle.size);
+        call.check_reduction(dtype)?;
         let launch = plan(
             call,
             rank,
@@ -199,6 +201,7 @@ impl<'a> Group<'a> {
         recv: Option<&'a mut R>,
     ) -> Result<()> {
         let (rank, size) = (self.handle.rank, self.handle.size);
+        call.check_reduction(T::DTYPE)?;
         let send_len = send.map(|s| s.len());
         let recv_len = recv.as_ref().map(|r| r.len());
         let launch = plan(call, rank, size, in_place, send_len, recv_len)?;

@@ -6,12 +6,12 @@
 //! rooted elsewhere, the reduced array (`out`), in 8-byte words so that every element type's
 //! view of them is aligned.
 
-use bytemuck::Pod;
-
-use crate::dtype::{BufMut, BufRef, DType, Element};
+use crate::dtype::{BufMut, BufRef, DType};
+use crate::element::Element;
 use crate::error::{CommError, Result};
 use crate::op::{OpDesc, OpKind};
 use crate::reduce_op::{reduce_slices, ReduceOp};
+use crate::with_element;
 
 use super::star::{LenRule, Net};
 
@@ -69,22 +69,14 @@ pub(crate) fn contribution(desc: &OpDesc, size: usize, j: usize) -> Option<(usiz
 }
 
 fn bytes_ref<'a>(b: &'a BufRef<'_>) -> &'a [u8] {
-    match b {
-        BufRef::F32(s) => bytemuck::cast_slice(s),
-        BufRef::Bf16(s) => bytemuck::cast_slice(s),
-        BufRef::F16(s) => bytemuck::cast_slice(s),
-    }
+    b.as_bytes()
 }
 
 pub(crate) fn bytes_mut<'a>(b: &'a mut BufMut<'_>) -> &'a mut [u8] {
-    match b {
-        BufMut::F32(s) => bytemuck::cast_slice_mut(s),
-        BufMut::Bf16(s) => bytemuck::cast_slice_mut(s),
-        BufMut::F16(s) => bytemuck::cast_slice_mut(s),
-    }
+    b.as_bytes_mut()
 }
 
-fn reduce_typed<T: Element + Pod>(
+fn reduce_typed<T: Element>(
     inputs: &[u8],
     out: &mut [u8],
     ranks: usize,
@@ -101,17 +93,17 @@ fn reduce_typed<T: Element + Pod>(
 
 /// Reduces the `ranks` consecutive equal arrays of `inputs` into `out`, in rank order.
 fn reduce_bytes(
-    dtype: DType,
+    desc: &OpDesc,
     inputs: &[u8],
     out: &mut [u8],
     ranks: usize,
     op: ReduceOp,
 ) -> Result<()> {
-    let done = match dtype {
-        DType::F32 => reduce_typed::<f32>(inputs, out, ranks, op),
-        DType::Bf16 => reduce_typed::<half::bf16>(inputs, out, ranks, op),
-        DType::F16 => reduce_typed::<half::f16>(inputs, out, ranks, op),
-    };
+    // Peers' frames must carry this rank's (dtype, redop), which its communicator checked;
+    // checking again keeps the kernel's contract (no avg on integers) visible here.
+    let dtype = desc.dtype.unwrap_or(DType::F32);
+    op.check(desc.kind, dtype)?;
+    let done = with_element!(dtype, T => reduce_typed::<T>(inputs, out, ranks, op));
     done.ok_or_else(|| CommError::InvalidArgument {
         what: "tcp: staged buffers are misaligned or short (a bug)".into(),
     })
@@ -198,19 +190,18 @@ pub(crate) fn hub(
     }
     net.gather(&desc, round, gathered, &place)?;
     let whole = bytes_of_elems(&desc, desc.count).ok_or_else(|| too_big(&desc))?;
-    let dtype = desc.dtype.unwrap_or(DType::F32);
     let redop = op.unwrap_or(ReduceOp::Sum);
     match desc.kind {
         OpKind::AllReduce => {
             let recv = bytes_mut(&mut call.recv);
-            reduce_bytes(dtype, gathered, &mut recv[..whole], size, redop)?;
+            reduce_bytes(&desc, gathered, &mut recv[..whole], size, redop)?;
             let recv: &[u8] = recv;
             net.reply(&desc, &|_| recv)
         }
         OpKind::ReduceScatter => {
             let per = whole / size;
             let out = words(&mut stage.out, whole);
-            reduce_bytes(dtype, gathered, out, size, redop)?;
+            reduce_bytes(&desc, gathered, out, size, redop)?;
             // Rank 0's chunk starts at 0 both in place and out of place.
             bytes_mut(&mut call.recv)[..per].copy_from_slice(&out[..per]);
             let out: &[u8] = out;
@@ -227,11 +218,11 @@ pub(crate) fn hub(
             let root = desc.root.unwrap_or(0);
             if root == 0 {
                 let recv = bytes_mut(&mut call.recv);
-                reduce_bytes(dtype, gathered, &mut recv[..whole], size, redop)?;
+                reduce_bytes(&desc, gathered, &mut recv[..whole], size, redop)?;
                 return net.reply(&desc, &|_| &[]);
             }
             let out = words(&mut stage.out, whole);
-            reduce_bytes(dtype, gathered, out, size, redop)?;
+            reduce_bytes(&desc, gathered, out, size, redop)?;
             let out: &[u8] = out;
             net.reply(&desc, &|j| if j == root { out } else { &[] })
         }

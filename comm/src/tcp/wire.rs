@@ -19,7 +19,7 @@ pub(crate) const MAX_ERROR_BYTES: usize = 1024;
 const NONE: u32 = u32::MAX;
 
 const KINDS: [OpKind; 7] = OpKind::ALL;
-const DTYPES: [DType; 3] = DType::ALL;
+const DTYPES: [DType; DType::ALL.len()] = DType::ALL;
 const OPS: [ReduceOp; 4] = ReduceOp::ALL;
 
 /// Whether a frame carries data or a failure.
@@ -266,7 +266,7 @@ mod tests {
             len: 0,
         }
         .encode();
-        for (at, value) in [(0, b'X'), (12, 0), (12, 8), (13, 2), (14, 4), (15, 5)] {
+        for (at, value) in [(0, b'X'), (12, 0), (12, 8), (13, 2), (14, 7), (15, 5)] {
             let mut h = good;
             h[at] = value;
             assert!(Header::decode(&h).is_err(), "byte {at} = {value}");

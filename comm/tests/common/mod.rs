@@ -3,7 +3,7 @@
 #![allow(dead_code, reason = "each test binary uses a different subset")]
 
 use half::{bf16, f16};
-use zero_comm::{Communicator, Element, ReduceOp};
+use zero_comm::{Communicator, F32Element, ReduceOp};
 
 /// Runs `f` on every rank's thread and returns the results in rank order.
 pub fn run<R: Send>(comms: Vec<Communicator>, f: impl Fn(Communicator) -> R + Sync) -> Vec<R> {
@@ -18,7 +18,7 @@ pub fn run<R: Send>(comms: Vec<Communicator>, f: impl Fn(Communicator) -> R + Sy
 }
 
 /// Rounds an f64 to the element type (the reference's single rounding).
-pub trait FromF64: Element {
+pub trait FromF64: F32Element {
     fn from_f64(v: f64) -> Self;
     /// Relative precision (2^-mantissa bits) for the avg tolerance.
     const EPS: f64;

@@ -1,11 +1,15 @@
 //! The cases. Each is generic over the backend (it only sees a `Communicator`) and runs every
 //! dtype, every reduction, in place and out of place, at lengths 0, 1, non-multiples of the
-//! group size and sizes that cross the reduction kernel's 2048-element blocks.
+//! group size and sizes that cross the reduction kernel's 2048-element blocks. Integer types
+//! have no avg: every case checks that it is refused instead.
 
 use half::{bf16, f16};
 use zero_comm::{Collective, CommError, Communicator, ReduceOp};
 
-use super::data::{close, data, inputs, rank_order, reference, rough, same_bits, Val, OPS};
+use super::data::{
+    close, data, f64_rank_order, inputs, int_rank_order, rank_order, reference, rough, rough_f64,
+    same_bits, wide_ints, Val, OPS,
+};
 use super::{Case, Result};
 
 /// Every case, by name.
@@ -21,10 +25,22 @@ pub const CASES: &[(&str, Case)] = &[
     ("async_in_issue_order", case_async_in_issue_order),
     ("async_matches_blocking", case_async_matches_blocking),
     ("bitwise_rank_order", case_bitwise_rank_order),
+    ("f64_rank_order_bits", case_f64_rank_order_bits),
+    ("integer_sums_wrap", case_integer_sums_wrap),
     ("bad_arguments", case_bad_arguments),
 ];
 
 macro_rules! each_dtype {
+    ($f:ident ( $($arg:expr),* )) => {{
+        each_f32_dtype!($f($($arg),*));
+        $f::<i32>($($arg),*)?;
+        $f::<i64>($($arg),*)?;
+        $f::<f64>($($arg),*)?;
+    }};
+}
+
+/// The types reduced in f32.
+macro_rules! each_f32_dtype {
     ($f:ident ( $($arg:expr),* )) => {{
         $f::<f32>($($arg),*)?;
         $f::<bf16>($($arg),*)?;
@@ -32,10 +48,30 @@ macro_rules! each_dtype {
     }};
 }
 
+/// True (after checking the call was refused) when `op` is avg on an integer type: the
+/// refusal is an argument error on every rank, so the group stays in step.
+fn refused_avg<T: Val>(op: ReduceOp, call: impl FnOnce() -> zero_comm::Result<()>) -> Result<bool> {
+    if !(T::INTEGER && op == ReduceOp::Avg) {
+        return Ok(false);
+    }
+    let e = call();
+    ensure!(
+        matches!(e, Err(CommError::UnsupportedReduction { redop: ReduceOp::Avg, dtype, .. }) if dtype == T::DTYPE),
+        "avg on {:?}: want UnsupportedReduction, got {e:?}",
+        T::DTYPE
+    );
+    Ok(true)
+}
+
 fn all_reduce_t<T: Val>(c: &Communicator) -> Result {
     let n = c.size();
     for (k, len) in [0, 1, 7, 3 * n + 1, 4099].into_iter().enumerate() {
         for op in OPS {
+            if refused_avg::<T>(op, || {
+                c.all_reduce_in_place(&mut vec![T::default(); len], op)
+            })? {
+                continue;
+            }
             for in_place in [false, true] {
                 let ins = inputs::<T>(k as u64, n, len);
                 let mine = &ins[c.rank()];
@@ -66,6 +102,10 @@ fn reduce_scatter_t<T: Val>(c: &Communicator) -> Result {
     let (n, r) = (c.size(), c.rank());
     for (k, per) in [0, 1, 5, 2049].into_iter().enumerate() {
         for op in OPS {
+            let mut buf = vec![T::default(); n * per];
+            if refused_avg::<T>(op, || c.reduce_scatter_in_place(&mut buf, op))? {
+                continue;
+            }
             for in_place in [false, true] {
                 let ins = inputs::<T>(10 + k as u64, n, n * per);
                 let mine = &ins[r];
@@ -166,6 +206,10 @@ fn reduce_t<T: Val>(c: &Communicator) -> Result {
     for root in 0..n {
         for len in [0, 1, 2 * n + 1, 2500] {
             for op in OPS {
+                let mut buf = vec![T::default(); len];
+                if refused_avg::<T>(op, || c.reduce_in_place(&mut buf, op, root))? {
+                    continue;
+                }
                 for in_place in [false, true] {
                     let ins = inputs::<T>(40 + len as u64, n, len);
                     let mine = &ins[r];
@@ -373,7 +417,108 @@ fn bitwise_t<T: Val>(c: &Communicator) -> Result {
 /// in order, avg divided by N in f32, one final rounding (values whose sums round, so the
 /// reduction order shows), for every dtype and reduction.
 pub fn case_bitwise_rank_order(c: &Communicator) -> Result {
-    each_dtype!(bitwise_t(c));
+    each_f32_dtype!(bitwise_t(c));
+    Ok(())
+}
+
+/// f64 to the bit: every element combined in f64 over ranks 0..N-1 in order, avg divided by
+/// N, on values whose sums round (so the reduction order shows), checked against a plain
+/// loop.
+pub fn case_f64_rank_order_bits(c: &Communicator) -> Result {
+    let (n, r) = (c.size(), c.rank());
+    let len = 4 * n * 257;
+    let ins: Vec<Vec<f64>> = (0..n).map(|j| rough_f64(70, j, len)).collect();
+    for op in OPS {
+        let want = f64_rank_order(&ins, op);
+        let mut ar = ins[r].clone();
+        c.all_reduce_in_place(&mut ar, op)?;
+        let mut rs = vec![0f64; len / n];
+        c.reduce_scatter(&ins[r], &mut rs, op)?;
+        let mut rd = vec![0f64; len];
+        c.reduce(&ins[r], &mut rd, op, n - 1)?;
+        let what = |k: &str| format!("{k} f64 {op} vs rank-order f64 loop");
+        same_bits(&ar, &want, &what("all_reduce"))?;
+        let chunk = r * (len / n)..(r + 1) * (len / n);
+        same_bits(&rs, &want[chunk], &what("reduce_scatter"))?;
+        if r == n - 1 {
+            same_bits(&rd, &want, &what("reduce"))?;
+        }
+    }
+    Ok(())
+}
+
+/// Runs all-reduce, reduce-scatter and reduce (root 0) of `ins` and checks each against
+/// `want`, the rank-order loop's result.
+fn int_collectives<T: Val>(c: &Communicator, ins: &[Vec<T>], want: &[T], what: &str) -> Result {
+    let (n, r) = (c.size(), c.rank());
+    let len = want.len();
+    let mut ar = vec![T::default(); len];
+    c.all_reduce(&ins[r], &mut ar, ReduceOp::Sum)?;
+    let mut rs = ins[r].clone();
+    c.reduce_scatter_in_place(&mut rs, ReduceOp::Sum)?;
+    let mut rd = ins[r].clone();
+    c.reduce_in_place(&mut rd, ReduceOp::Sum, 0)?;
+    let chunk = r * (len / n)..(r + 1) * (len / n);
+    same_bits(&ar, want, &format!("all_reduce {what}"))?;
+    same_bits(
+        &rs[chunk.clone()],
+        &want[chunk],
+        &format!("reduce_scatter {what}"),
+    )?;
+    if r == 0 {
+        same_bits(&rd, want, &format!("reduce {what}"))?;
+    }
+    Ok(())
+}
+
+/// Integer sums are exact and wrap at the type's limits (two's complement, as NCCL and MPI
+/// sum integers); max and min are exact; checked against Rust's `wrapping_add` in rank order.
+pub fn case_integer_sums_wrap(c: &Communicator) -> Result {
+    let n = c.size();
+    let len = 2 * n * 1031; // crosses the kernel's 2048-element blocks
+    let wide: Vec<Vec<u64>> = (0..n).map(|j| wide_ints(80, j, len)).collect();
+    let ins64: Vec<Vec<i64>> = wide
+        .iter()
+        .map(|v| v.iter().map(|&x| x as i64).collect())
+        .collect();
+    let ins32: Vec<Vec<i32>> = wide
+        .iter()
+        .map(|v| v.iter().map(|&x| (x >> 32) as i32).collect())
+        .collect();
+    let sum64 = int_rank_order(&ins64, ReduceOp::Sum, i64::wrapping_add);
+    let sum32 = int_rank_order(&ins32, ReduceOp::Sum, i32::wrapping_add);
+    ensure!(
+        n == 1
+            || sum64
+                .iter()
+                .zip(&ins64[0])
+                .any(|(s, x)| s.checked_sub(*x).is_none()),
+        "the data should make some i64 sums wrap"
+    );
+    int_collectives(c, &ins64, &sum64, "i64 sum")?;
+    int_collectives(c, &ins32, &sum32, "i32 sum")?;
+    for op in [ReduceOp::Max, ReduceOp::Min] {
+        let want = int_rank_order(&ins64, op, i64::wrapping_add);
+        let mut got = ins64[c.rank()].clone();
+        c.all_reduce_in_place(&mut got, op)?;
+        same_bits(&got, &want, &format!("all_reduce i64 {op}"))?;
+    }
+    // The limits themselves: MAX + 1 wraps to MIN, MIN + MIN to 0.
+    let (r, last) = (c.rank(), n - 1);
+    let mut x = [
+        if r == 0 {
+            i64::MAX
+        } else if r == last {
+            1
+        } else {
+            0
+        },
+        i64::MIN,
+    ];
+    c.all_reduce_in_place(&mut x, ReduceOp::Sum)?;
+    let want_min_sum = if n % 2 == 0 { 0 } else { i64::MIN };
+    let want = [if n == 1 { i64::MAX } else { i64::MIN }, want_min_sum];
+    ensure!(x == want, "i64 limits: got {x:?}, want {want:?}");
     Ok(())
 }
 

@@ -57,6 +57,8 @@ macro_rules! stamp_every_case {
             async_in_issue_order,
             async_matches_blocking,
             bitwise_rank_order,
+            f64_rank_order_bits,
+            integer_sums_wrap,
             bad_arguments,
         );
     };

@@ -56,6 +56,13 @@ pub enum Error {
         /// Units registered.
         units: usize,
     },
+    /// A storage kernel was given an element type no [`crate::Precision`] stores (i32, i64,
+    /// f64: types zero-comm moves for the engine's own exchanges).
+    #[error("{dtype} is not a type model states are stored in (float, bfloat16, half)")]
+    NotStored {
+        /// The element type given.
+        dtype: zero_comm::DType,
+    },
     /// A kernel was given a range outside its block, or ranges of different lengths.
     #[error("kernel {kernel}: {message}")]
     BadSpan {

@@ -237,6 +237,9 @@ impl Staging {
         let stored = |arena: &mut Arena| match dtype {
             DType::F32 => arena.alloc_elems::<f32>(elems),
             DType::Bf16 | DType::F16 => arena.alloc_elems::<u16>(elems),
+            DType::I32 => arena.alloc_elems::<i32>(elems),
+            DType::I64 => arena.alloc_elems::<i64>(elems),
+            DType::F64 => arena.alloc_elems::<f64>(elems),
         };
         let grads = stored(arena)?;
         let scratch = match arena.alloc_elems::<f32>(elems) {

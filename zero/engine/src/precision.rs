@@ -6,7 +6,7 @@
 //! and reached through [`with_store!`], so each precision is written once.
 
 use bytemuck::Pod;
-use zero_comm::Element;
+use zero_comm::F32Element;
 
 /// How parameters and gradients are stored, and so what the optimizer keeps.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -19,10 +19,10 @@ pub enum Precision {
     Fp16,
 }
 
-/// A storage element type: reducible by zero-comm and viewable from the arena.
-pub(crate) trait Store: Element + Pod {}
+/// A storage element type: reducible by zero-comm in f32 and viewable from the arena.
+pub(crate) trait Store: F32Element + Pod {}
 
-impl<T: Element + Pod> Store for T {}
+impl<T: F32Element + Pod> Store for T {}
 
 /// Runs `$body` with the type alias `$S` bound to `$precision`'s storage type.
 macro_rules! with_store {
@@ -45,7 +45,9 @@ macro_rules! with_store {
 }
 pub(crate) use with_store;
 
-/// Runs `$body` with the type alias `$S` bound to the Rust type of a `zero_comm::DType`.
+/// Runs `$body` with the type alias `$S` bound to the Rust type of a `zero_comm::DType`;
+/// returns [`Error::NotStored`](crate::Error::NotStored) from the enclosing function for a
+/// type no precision stores.
 macro_rules! with_dtype {
     ($dtype:expr, $S:ident => $body:expr) => {
         match $dtype {
@@ -60,6 +62,9 @@ macro_rules! with_dtype {
             zero_comm::DType::F16 => {
                 type $S = half::f16;
                 $body
+            }
+            dtype @ (zero_comm::DType::I32 | zero_comm::DType::I64 | zero_comm::DType::F64) => {
+                return Err($crate::Error::NotStored { dtype })
             }
         }
     };

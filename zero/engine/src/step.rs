@@ -198,22 +198,20 @@ impl Engine {
                 .collect::<Result<_>>()?
         } else {
             let mine = self.partial_norm(self.rank(), factor)?;
-            let (hi, lo) = split_f64(mine);
-            let mut all = vec![0f32; 2 * world];
-            self.comm.all_gather(&[hi, lo], &mut all)?;
-            all.chunks_exact(2)
-                .map(|c| f64::from(c[0]) + f64::from(c[1]))
-                .collect()
+            let mut all = vec![0f64; world];
+            self.comm.all_gather(&[mine], &mut all)?;
+            all
         };
         Ok(global_norm(&partials))
     }
 
-    /// Sum of squares of rank `r`'s shards, rounded through the (hi, lo) f32 pair that the
-    /// exchange sends, so a partial computed locally equals one received.
+    /// Sum of squares of rank `r`'s shards, as the exchange sends it (an f64, unchanged), so
+    /// a partial computed locally equals one received. It is rounded to the sum of two f32
+    /// (about 48 bits) first: that is what partials were while collectives carried only f32,
+    /// and keeping it keeps norms, clipping and so every saved run bitwise as before.
     fn partial_norm(&mut self, r: usize, factor: f32) -> Result<f64> {
         let sum = with_store!(self.config.precision, S => self.sum_of_squares::<S>(r, factor))?;
-        let (hi, lo) = split_f64(sum);
-        Ok(f64::from(hi) + f64::from(lo))
+        Ok(round_to_f32_pair(sum))
     }
 
     fn sum_of_squares<S: Store>(&mut self, r: usize, factor: f32) -> Result<f64> {
@@ -231,8 +229,10 @@ impl Engine {
     }
 }
 
-/// An f64 as the sum of two f32 (about 48 significant bits), since collectives carry f32.
-fn split_f64(x: f64) -> (f32, f32) {
+/// `x` rounded to the nearest sum of two f32 `hi + lo` (about 48 significant bits), `hi`
+/// being `x` rounded to f32.
+fn round_to_f32_pair(x: f64) -> f64 {
     let hi = x as f32;
-    (hi, (x - f64::from(hi)) as f32)
+    let lo = (x - f64::from(hi)) as f32;
+    f64::from(hi) + f64::from(lo)
 }

@@ -74,6 +74,9 @@ pub(crate) fn zeroed(
     let h = match dtype {
         DType::F32 => arena.alloc_elems::<f32>(len)?,
         DType::Bf16 | DType::F16 => arena.alloc_elems::<u16>(len)?,
+        DType::I32 => arena.alloc_elems::<i32>(len)?,
+        DType::I64 => arena.alloc_elems::<i64>(len)?,
+        DType::F64 => arena.alloc_elems::<f64>(len)?,
     };
     kernels.fill_zero(arena, dtype, Span::new(h, 0..len))?;
     Ok(h)

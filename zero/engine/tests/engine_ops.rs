@@ -94,6 +94,7 @@ fn read_as(arena: &Arena, dtype: DType, span: Span) -> Vec<f32> {
         DType::F32 => read::<f32>(arena, span),
         DType::Bf16 => read::<bf16>(arena, span),
         DType::F16 => read::<f16>(arena, span),
+        other => panic!("the engine stores no {other}"),
     }
 }
 
@@ -102,6 +103,7 @@ fn write_as(arena: &mut Arena, dtype: DType, span: Span, values: &[f32]) {
         DType::F32 => write::<f32>(arena, span, values),
         DType::Bf16 => write::<bf16>(arena, span, values),
         DType::F16 => write::<f16>(arena, span, values),
+        other => panic!("the engine stores no {other}"),
     }
 }
 

@@ -69,6 +69,7 @@ fn encode(dtype: DType, xs: &[f32]) -> Vec<u8> {
             .iter()
             .flat_map(|&x| f16::from_f32(x).to_le_bytes())
             .collect(),
+        other => panic!("the engine stores no {other}"),
     }
 }
 

@@ -4,7 +4,7 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use zero_alloc::Arena;
-use zero_comm::{DType, Element};
+use zero_comm::{DType, F32Element};
 
 use super::{part, part_mut};
 

@@ -67,6 +67,11 @@ pub fn typed(kernel: &str, dtype: DType) -> String {
         DType::F32 => "f32",
         DType::Bf16 => "bf16",
         DType::F16 => "f16",
+        // engine.cu has no kernels for these (no precision stores them): the lookup of the
+        // name fails with `Error::Device` ("no kernel named ...").
+        DType::I32 => "i32",
+        DType::I64 => "i64",
+        DType::F64 => "f64",
     };
     format!("{kernel}_{suffix}")
 }
