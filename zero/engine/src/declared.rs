@@ -120,12 +120,7 @@ fn all_gather_codes(comm: &Communicator, codes: &[i64]) -> Result<Vec<Vec<i64>>>
     if codes.is_empty() {
         return Ok(vec![Vec::new(); comm.size()]);
     }
-    // Codes travel as f32, exact below 2^24: far beyond any real unit count or call count.
-    let mine: Vec<f32> = codes.iter().map(|&c| c as f32).collect();
-    let mut all = vec![0f32; codes.len() * comm.size()];
-    comm.all_gather(&mine, &mut all)?;
-    Ok(all
-        .chunks_exact(codes.len())
-        .map(|c| c.iter().map(|&x| x as i64).collect())
-        .collect())
+    let mut all = vec![0i64; codes.len() * comm.size()];
+    comm.all_gather(codes, &mut all)?;
+    Ok(all.chunks_exact(codes.len()).map(<[i64]>::to_vec).collect())
 }
