@@ -7,7 +7,7 @@ use super::engine::{Engine, UnitViews};
 use super::error::{Error, Result};
 use super::inflight::{InFlight, MAX_IN_FLIGHT};
 use super::kernels::Span;
-use super::policy::GradReduce;
+use super::planning::policy::GradReduce;
 use super::precision::{with_store, Store};
 use super::transient::{free_after, free_on_error};
 use zero_alloc::Handle;

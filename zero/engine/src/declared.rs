@@ -9,7 +9,7 @@
 //! launches the same ones.
 
 use super::error::{Error, Result};
-use super::schedule::{Schedule, UnitCall};
+use super::planning::schedule::{upcoming_gathers, Schedule, UnitCall};
 use zero_comm::Communicator;
 
 /// The declared schedules and the position in the running one.
@@ -56,23 +56,6 @@ impl Declared {
             None => Vec::new(),
         }
     }
-}
-
-/// The first `k` distinct units gathered in `calls[from..]`: what is prefetched after the
-/// call at `from - 1`. The memory plan's replay and the engine use this one rule.
-pub(crate) fn upcoming_gathers(calls: &[UnitCall], from: usize, k: usize) -> Vec<usize> {
-    let mut out = Vec::with_capacity(k);
-    for call in calls.iter().skip(from) {
-        if out.len() == k {
-            break;
-        }
-        if let UnitCall::Gather(unit) = *call {
-            if !out.contains(&unit) {
-                out.push(unit);
-            }
-        }
-    }
-    out
 }
 
 /// Confirms that every rank declared the same schedules: their count and lengths, then their

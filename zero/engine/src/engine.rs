@@ -21,17 +21,20 @@ use super::collectives::Collectives;
 use super::declared::{confirm_same_schedules, Declared};
 use super::engine_ops::EngineOps;
 use super::error::{Error, Result};
-use super::formulas::{expected_model_state_bytes, ModelStateBytes};
 use super::inflight::{InFlight, Prefetch};
 use super::kernels::Kernels;
 use super::loss_scale::LossScaler;
 use super::optimizer_home::OffloadedOptimizer;
-use super::plan::{arena_config, check_fits, plan_memory, unit_policies, MemoryPlan, PlanShape};
-use super::policy::{UnitPolicy, ZeroStage};
+use super::planning::formulas::{expected_model_state_bytes, ModelStateBytes};
+use super::planning::plan::{
+    arena_config, check_fits, plan_memory, unit_policies, MemoryPlan, PlanShape,
+};
+use super::planning::policy::{UnitPolicy, ZeroStage};
+use super::planning::schedule::Schedule;
+use super::planning::traffic_plan::Traffic;
+use super::planning::unit::UnitSpec;
 use super::precision::Precision;
-use super::schedule::Schedule;
 use super::start::{allocate_units, provide_staging};
-use super::unit::UnitSpec;
 use super::unit_buffers::UnitBuffers;
 use crate::optim::AdamW;
 use std::collections::VecDeque;
@@ -109,26 +112,8 @@ impl EngineConfig {
     }
 }
 
-/// Elements this rank has handed to each kind of collective for model states.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Traffic {
-    /// Elements all-reduced.
-    pub all_reduce: u64,
-    /// Elements reduce-scattered (whole arrays).
-    pub reduce_scatter: u64,
-    /// Elements all-gathered (whole arrays).
-    pub all_gather: u64,
-}
-
-impl Traffic {
-    /// Paper accounting: an all-reduce moves 2x its array, the others 1x.
-    pub fn elements(&self) -> u64 {
-        2 * self.all_reduce + self.reduce_scatter + self.all_gather
-    }
-}
-
 /// Parameters (shared) and unreduced gradients (mutable) of some units, from
-/// [`Engine::views`], in the order the units were asked for.
+/// [`OpUnits::views`](crate::OpUnits::views), in the order the operation declared them.
 pub type UnitViews<'a> = (Vec<&'a [f32]>, Vec<&'a mut [f32]>);
 
 /// The ZeRO engine of one data-parallel rank.

@@ -1,6 +1,6 @@
 //! The one error type of crate `zero`: the engine, its partitions and its optimizer.
 
-use super::policy::ZeroStage;
+use super::planning::policy::ZeroStage;
 
 /// What can go wrong in the ZeRO engine, its partitioning or its optimizer.
 #[derive(Debug, thiserror::Error)]

@@ -15,10 +15,7 @@ use std::marker::PhantomData;
 use zero_alloc::Handle;
 use zero_comm::{Bucket, ShardBuckets};
 
-/// Gradient buckets allowed in flight before `end_backward` waits for the oldest. Two keep
-/// the communicator busy behind the backward without letting staged buckets pile up; the
-/// memory plan reserves room for them.
-pub const MAX_IN_FLIGHT: usize = 2;
+pub use super::planning::MAX_IN_FLIGHT;
 
 /// One launched reduction, type-erased over the storage element so the engine can queue
 /// reductions of any precision together.

@@ -16,9 +16,9 @@
 //!
 //! Collectives over model states go through the sibling trait
 //! [`Collectives`](crate::Collectives). Not behind either: checkpoint export and import, and
-//! the views a model reads ([`Engine::params`](crate::Engine::params),
-//! [`Engine::views`](crate::Engine::views)), which are host slices; so an engine trains on
-//! host arenas only, whatever its kernels and collectives.
+//! the views a model reads ([`OpUnits::params`](crate::OpUnits::params),
+//! [`OpUnits::views`](crate::OpUnits::views)), which are host slices (a model on a device
+//! arena reads [`OpUnits::spans`](crate::OpUnits::spans) instead).
 
 #[cfg(feature = "cuda")]
 pub mod cuda;

@@ -5,7 +5,7 @@
 
 use super::engine::Engine;
 use super::error::{Error, Result};
-use super::plan::arena_config;
+use super::planning::plan::arena_config;
 use super::transient::free_on_error;
 use zero_alloc::{Handle, Lent};
 

@@ -8,8 +8,8 @@
 use super::engine::Engine;
 use super::error::{Error, Result};
 use super::model::{Model, OpUnits};
-use super::program::Program;
-use super::schedule::UnitCall;
+use super::planning::program::Program;
+use super::planning::schedule::UnitCall;
 
 impl Engine {
     /// One training micro-step: runs `program` (declared at start-up) on `model`, its

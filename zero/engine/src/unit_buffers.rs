@@ -3,7 +3,7 @@
 use super::error::{Error, Result};
 use super::host_io::write_f32;
 use super::kernels::{Kernels, Span};
-use super::policy::UnitPolicy;
+use super::planning::policy::UnitPolicy;
 use super::precision::Precision;
 use super::transient::free_on_error;
 use zero_alloc::{Arena, Handle};

@@ -6,13 +6,13 @@
 //! declared schedule ([`Replay`]).
 
 use super::formulas::ModelStateBytes;
-use super::optimizer_home::{plan_offload, OffloadPlan};
+use super::offload_plan::{plan_offload, OffloadPlan};
 use super::policy::{UnitPolicy, ZeroStage};
-use super::precision::Precision;
 use super::replay::Replay;
 use super::schedule::Schedule;
 use super::unit::UnitSpec;
-use super::{Error, Result};
+use crate::error::{Error, Result};
+use crate::precision::Precision;
 use zero_alloc::ArenaConfig;
 use zero_comm::{ShardBuckets, StagingRule};
 
@@ -207,7 +207,7 @@ pub(crate) fn model_state_bytes(policies: &[UnitPolicy], precision: Precision) -
 /// Checks `stage` against a memory cap; on failure names the lowest stage that fits.
 ///
 /// # Errors
-/// [`Error::DoesNotFit`](super::Error::DoesNotFit).
+/// [`Error::DoesNotFit`](crate::error::Error::DoesNotFit).
 pub fn check_fits(
     specs: &[UnitSpec],
     schedules: &[&Schedule],
@@ -234,7 +234,7 @@ pub fn check_fits(
             .unwrap_or(u64::MAX);
         format!("no stage fits at this world size (stage 3 needs {best} bytes): add ranks")
     });
-    Err(super::Error::DoesNotFit {
+    Err(crate::error::Error::DoesNotFit {
         stage,
         needed: wanted.total(),
         limit,

@@ -5,11 +5,11 @@
 //! Notation follows the paper: Ψ parameters, N_d data-parallel ranks, K bytes of optimizer
 //! state per parameter (K = 12 for mixed-precision Adam: fp32 master weights, m and v).
 
-use super::error::Result;
 use super::partition::Partition;
 use super::plan::model_state_bytes;
 use super::policy::{UnitPolicy, ZeroStage};
-use super::precision::Precision;
+use crate::error::Result;
+use crate::precision::Precision;
 
 /// Model-state bytes on one rank, by kind.
 #[derive(Debug, Clone, Copy, PartialEq, Default)]

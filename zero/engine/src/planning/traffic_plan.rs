@@ -18,13 +18,30 @@
 //!
 //! [`Engine::traffic`]: crate::Engine::traffic
 
-use super::engine::Traffic;
 use super::plan::{unit_policies, PlanShape};
 use super::policy::GradReduce;
 use super::schedule::{Schedule, UnitCall};
 use super::unit::UnitSpec;
-use super::{Error, Result};
+use crate::error::{Error, Result};
 use zero_comm::{ring_bytes, DType, OpDesc, OpKind};
+
+/// Elements this rank has handed to each kind of collective for model states.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Traffic {
+    /// Elements all-reduced.
+    pub all_reduce: u64,
+    /// Elements reduce-scattered (whole arrays).
+    pub reduce_scatter: u64,
+    /// Elements all-gathered (whole arrays).
+    pub all_gather: u64,
+}
+
+impl Traffic {
+    /// Paper accounting: an all-reduce moves 2x its array, the others 1x.
+    pub fn elements(&self) -> u64 {
+        2 * self.all_reduce + self.reduce_scatter + self.all_gather
+    }
+}
 
 /// Elements one rank hands to each kind of collective over one optimizer step of
 /// `micro_steps` micro-steps, each making `schedule`'s calls on `specs` (the engine's

@@ -13,10 +13,10 @@
 //! | 2 | whole | shard | shard | reduce-scatter |
 //! | 3 | shard (whole under the persistence threshold) | shard | shard | reduce-scatter |
 
-use super::error::Result;
 use super::partition::{Partition, Shard};
-use super::precision::Precision;
 use super::unit::UnitSpec;
+use crate::error::Result;
+use crate::precision::Precision;
 use std::fmt;
 use std::ops::Range;
 

@@ -22,14 +22,18 @@
 //! on every run and equals what the arena measures on the rank with the widest updated range
 //! (a last rank whose shard holds fewer real elements can peak lower in rule 6).
 
-use super::declared::upcoming_gathers;
-use super::inflight::MAX_IN_FLIGHT;
 use super::plan::{block_bytes, PlanShape};
 use super::policy::UnitPolicy;
+use super::schedule::upcoming_gathers;
 use super::schedule::UnitCall;
-use super::Result;
+use crate::error::Result;
 use std::collections::VecDeque;
 use zero_comm::ShardBuckets;
+
+/// Gradient buckets allowed in flight before a reduction waits for the oldest. Two keep
+/// the communicator busy behind the backward without letting staged buckets pile up; the
+/// memory plan reserves room for them.
+pub const MAX_IN_FLIGHT: usize = 2;
 
 /// Replay state: live transient bytes, their peak, and each unit's transient blocks.
 pub(crate) struct Replay<'a> {

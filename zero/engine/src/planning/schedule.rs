@@ -1,22 +1,23 @@
-//! The calls a model makes to the engine in one micro-step, declared up front.
+//! The engine calls of one pass, in order: what a [`Program`](crate::Program) derives from
+//! its operations.
 //!
 //! The memory plan replays this sequence against the engine's allocation rules
 //! ([`crate::plan_memory`]), so the plan is the step's peak rather than a bound; the engine
-//! records what the model really calls on the first step and refuses a step that departs from
-//! the declaration, so the plan cannot silently stop describing the run.
+//! makes exactly these calls when it runs the program, so the plan cannot silently stop
+//! describing the run.
 
 use std::fmt;
 
 /// One engine call of a micro-step, naming its unit.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum UnitCall {
-    /// [`Engine::gather`](crate::Engine::gather).
+    /// Make the unit's whole f32 parameters available (all-gathered where sharded).
     Gather(usize),
-    /// [`Engine::release`](crate::Engine::release).
+    /// End a use begun by a gather; the last frees the gathered copy.
     Release(usize),
-    /// [`Engine::begin_backward`](crate::Engine::begin_backward).
+    /// Open a zeroed f32 gradient buffer for the unit.
     BeginBackward(usize),
-    /// [`Engine::end_backward`](crate::Engine::end_backward).
+    /// Reduce the unit's gradient across ranks into the part this rank keeps.
     EndBackward(usize),
 }
 
@@ -132,6 +133,23 @@ impl Schedule {
         }
         Ok(())
     }
+}
+
+/// The first `k` distinct units gathered in `calls[from..]`: what is prefetched after the
+/// call at `from - 1`. The memory plan's replay and the engine use this one rule.
+pub(crate) fn upcoming_gathers(calls: &[UnitCall], from: usize, k: usize) -> Vec<usize> {
+    let mut out = Vec::with_capacity(k);
+    for call in calls.iter().skip(from) {
+        if out.len() == k {
+            break;
+        }
+        if let UnitCall::Gather(unit) = *call {
+            if !out.contains(&unit) {
+                out.push(unit);
+            }
+        }
+    }
+    out
 }
 
 #[cfg(test)]
