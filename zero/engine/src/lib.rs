@@ -80,7 +80,7 @@ pub use inflight::MAX_IN_FLIGHT;
 pub use kernels::{HostKernels, Kernels};
 pub use loss_scale::LossScaler;
 pub use optimizer_home::OffloadPlan;
-pub use partition::{Partition, Shard};
+pub use partition::{Partition, Shard, MAX_RANKS};
 pub use plan::{check_fits, plan_memory, MemoryPlan, PlanShape};
 pub use policy::{ZeroStage, SHARD_ALIGN_ELEMS};
 pub use precision::Precision;

@@ -7,11 +7,11 @@
 //! `micro_batch_size`); unknown keys are errors. [`crate::TrainArgs`] layers flags over the
 //! file over the defaults, and [`TrainConfig::validate`] checks every value's range.
 
-use super::bytesize::ByteSize;
 use clap::{Args, FromArgMatches, ValueEnum};
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
 use zero::ZeroStage;
+use zero_alloc::ByteSize;
 use zero_gpt::GptConfig;
 
 use crate::error::ConfigError;

@@ -11,13 +11,13 @@ use std::path::{Path, PathBuf};
 use clap::{Args, ValueEnum};
 use zero_gpt::GptConfig;
 
-use crate::bytesize::ByteSize;
 use crate::checkpoint::{
     export_safetensors, export_sharded_safetensors, locate_model_file, read_model_file,
     resolve_state_dir, write_hf_config, LlmcCheckpoint, ModelShape, SafetensorsDtype,
     ShardedReader,
 };
 use crate::error::{IoError, TrainError};
+use zero_alloc::ByteSize;
 
 /// The file formats `export` writes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]

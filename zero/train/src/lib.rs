@@ -4,7 +4,6 @@
 
 pub mod args;
 pub mod bridge;
-pub mod bytesize;
 pub mod checkpoint;
 pub mod config;
 pub mod data;
@@ -33,7 +32,7 @@ mod trainer;
 pub mod validate;
 
 pub use args::TrainArgs;
-pub use bytesize::ByteSize;
 pub use config::{Backend, Device, PrecisionArg, TrainConfig};
 pub use error::{ConfigError, TrainError};
 pub use run::{model_config, train, RunSummary};
+pub use zero_alloc::ByteSize;

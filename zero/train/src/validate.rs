@@ -9,8 +9,8 @@ use super::error::ConfigError;
 use std::fmt::Display;
 use zero_gpt::ParamLayout;
 
-/// Most ranks one run starts (the local backend runs each as a thread).
-pub const MAX_RANKS: usize = 1024;
+/// Most ranks one run starts.
+pub use zero::MAX_RANKS;
 /// Most optimizer steps (and warm-up, evaluation and save intervals) a run counts.
 pub const MAX_STEPS: u64 = 1 << 40;
 /// Most tokens in one global batch (`batch_size * seq_len`): 1 GiB of u32 token ids.
@@ -255,8 +255,8 @@ impl TrainConfig {
         if let Some(limit) = self.memory_limit {
             in_range("memory_limit", limit.0, 1, u64::MAX)?;
         }
-        if let Err(e) = crate::memory_fit::host_memory_override() {
-            let var = crate::memory_fit::HOST_MEMORY_VAR;
+        if let Err(e) = zero_alloc::host_memory_override() {
+            let var = zero_alloc::HOST_MEMORY_VAR;
             return Err(ConfigError::Invalid(format!(
                 "{var}: {e}; it states the host memory in place of MemAvailable, or unset it"
             )));

@@ -209,7 +209,7 @@ fn export_writes_hugging_faces_sharded_layout() {
         format: ExportFormat::Safetensors,
         dtype: ExportDtype::Fp32,
         heads: None,
-        max_shard_size: Some(zero_train::bytesize::ByteSize(max)),
+        max_shard_size: Some(zero_train::ByteSize(max)),
     };
     assert_eq!(export(&args).unwrap(), cfg);
     let index: serde_json::Value =
@@ -247,7 +247,7 @@ fn export_writes_hugging_faces_sharded_layout() {
     // A second export into the folder is refused by name, and the first stays as it was
     // (a reader would otherwise take the old index for the new shards).
     let again = ExportArgs {
-        max_shard_size: Some(zero_train::bytesize::ByteSize(1 << 30)),
+        max_shard_size: Some(zero_train::ByteSize(1 << 30)),
         ..args
     };
     let err = export(&again).unwrap_err().to_string();
@@ -284,7 +284,7 @@ fn a_failed_sharded_export_leaves_nothing_and_wrong_flags_are_refused() {
         format,
         dtype: ExportDtype::Fp32,
         heads: Some(cfg.num_heads),
-        max_shard_size: Some(zero_train::bytesize::ByteSize(4096)),
+        max_shard_size: Some(zero_train::ByteSize(4096)),
     };
     let llmc = export(&args(ExportFormat::Llmc, &out))
         .unwrap_err()

@@ -4,10 +4,11 @@
 use crate::bridge::{activation_arena_bytes, gpt_engine_on, Placement};
 use crate::config::{Backend, Device};
 use crate::error::TrainError;
-use crate::memory_fit::{host_available_bytes, launcher_local_size, MemoryQuery};
+use crate::memory_fit::{launcher_local_size, MemoryQuery};
 use crate::run::Shared;
 use zero::optim::AdamW;
 use zero::{Engine, EngineConfig, EngineOps};
+use zero_alloc::host_available_bytes;
 use zero_comm::Communicator;
 use zero_gpt::{init_unit, Gpt};
 
@@ -136,7 +137,7 @@ fn refuse_offload_above_host(
         per_rank,
         ranks,
         available,
-        read: crate::memory_fit::host_memory_name(),
+        read: zero_alloc::host_memory_name(),
     })
 }
 
