@@ -9,7 +9,7 @@
 //! and `--batch-size` left out is one micro-batch per local rank.
 
 use super::config::TrainConfig;
-use super::error::{ConfigError, IoError};
+use super::error::ConfigError;
 use clap::parser::ValueSource;
 use clap::{Arg, ArgMatches, Args, Command, FromArgMatches};
 use serde_json::{Map, Value};
@@ -95,13 +95,8 @@ impl TrainArgs {
 
     /// The file's configuration and the keys it sets.
     fn read_toml_file(path: &Path) -> Result<(TrainConfig, Vec<String>), ConfigError> {
-        let text = std::fs::read_to_string(path).map_err(|source| {
-            ConfigError::Read(IoError {
-                op: "read config file",
-                path: path.to_path_buf(),
-                source,
-            })
-        })?;
+        let text =
+            std::fs::read_to_string(path).map_err(crate::fsio::failed("read config file", path))?;
         let parse_error = |e: toml::de::Error| ConfigError::Parse {
             path: path.to_path_buf(),
             message: explain_toml_error(&text, &e),

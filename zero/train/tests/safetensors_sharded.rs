@@ -11,7 +11,7 @@ use std::path::Path;
 use serde_json::json;
 use zero_gpt::GptConfig;
 use zero_train::checkpoint::{
-    export_safetensors, model_file_config, read_model_file, write_hf_config, Error,
+    export_safetensors, model_file_config, read_model_file, write_hf_config, CheckpointError,
     SafetensorsDtype, SafetensorsError,
 };
 
@@ -94,7 +94,7 @@ fn edit_index(dir: &Path, edit: impl FnOnce(&mut serde_json::Value)) {
 
 fn index_error(dir: &Path) -> String {
     match read_model_file(&dir.join("model.safetensors.index.json"), None) {
-        Err(Error::Safetensors {
+        Err(CheckpointError::Safetensors {
             source: SafetensorsError::BadIndex { reason },
             ..
         }) => reason,
@@ -154,7 +154,7 @@ fn a_missing_shard_names_the_shard_file() {
     let gone = dir.0.join("model-00002-of-00002.safetensors");
     std::fs::remove_file(&gone).unwrap();
     match read_model_file(&dir.0, None) {
-        Err(Error::Io(e)) => assert!(e.to_string().contains("model-00002-of-00002")),
+        Err(CheckpointError::Io(e)) => assert!(e.to_string().contains("model-00002-of-00002")),
         other => panic!("expected an I/O error naming the shard, got {other:?}"),
     }
 }
@@ -164,7 +164,7 @@ fn a_folder_without_a_model_is_refused_by_name() {
     let dir = TempDir::new("sharded-empty");
     assert!(matches!(
         read_model_file(&dir.0, None),
-        Err(Error::NoModelInFolder { .. })
+        Err(CheckpointError::NoModelInFolder { .. })
     ));
 }
 
@@ -270,7 +270,10 @@ fn a_failed_sharded_export_leaves_nothing_and_wrong_flags_are_refused() {
     let short = &units[..units.len() - 1];
     let err = export_sharded_safetensors(&cfg, short.iter(), SafetensorsDtype::F32, &out, 4096)
         .unwrap_err();
-    assert!(matches!(err, Error::ShapeMismatch { .. }), "{err}");
+    assert!(
+        matches!(err, CheckpointError::ShapeMismatch { .. }),
+        "{err}"
+    );
     assert_eq!(
         std::fs::read_dir(&out).unwrap().count(),
         0,

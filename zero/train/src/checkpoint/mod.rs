@@ -24,7 +24,7 @@
 //! assert_eq!(LlmcCheckpoint::from_bytes(&bytes)?, ckpt);
 //! let units = ckpt.to_units()?;
 //! assert_eq!(units.len(), 2 + 2); // embeddings, one per layer, final LayerNorm
-//! # Ok::<(), zero_train::checkpoint::Error>(())
+//! # Ok::<(), zero_train::checkpoint::CheckpointError>(())
 //! ```
 
 mod checksum;
@@ -43,7 +43,7 @@ mod sharded;
 mod sharded_read;
 mod sharded_write;
 
-pub use error::{Error, FormatError, Result, SafetensorsError};
+pub use error::{CheckpointError, LlmcFormatError, Result, SafetensorsError};
 pub use hf::hf_config_json;
 pub use hf_export::{export_safetensors, write_hf_config, SafetensorsDtype};
 pub use hf_import::{read_safetensors, read_safetensors_bytes, safetensors_config};
