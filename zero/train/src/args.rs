@@ -14,6 +14,7 @@ use clap::parser::ValueSource;
 use clap::{Arg, ArgMatches, Args, Command, FromArgMatches};
 use serde_json::{Map, Value};
 use std::path::{Path, PathBuf};
+use zero_gpt::GptConfig;
 
 /// `zero-train`'s training flags: `--config FILE` and every [`TrainConfig`] flag.
 #[derive(Debug, Clone, Default)]
@@ -110,14 +111,15 @@ impl TrainArgs {
     }
 
     /// Typed flags over the `--config` file (if any) over defaults, fitted to the
-    /// `--init-from` file ([`crate::init::fit_to_file`]), validated.
+    /// `--init-from` file ([`crate::init::fit_to_file`]), validated; with the model it asks
+    /// for ([`TrainConfig::validate`]).
     ///
     /// # Errors
     /// A [`ConfigError`] naming the file or the flag whose value is wrong.
-    pub fn resolve(&self) -> Result<TrainConfig, ConfigError> {
+    pub fn resolve(&self) -> Result<(TrainConfig, GptConfig), ConfigError> {
         let config = self.merge()?;
-        config.validate()?;
-        Ok(config)
+        let model = config.validate()?;
+        Ok((config, model))
     }
 
     /// As [`TrainArgs::resolve`], without the checks of the whole configuration (each value

@@ -382,12 +382,12 @@ impl TrainConfig {
 
     /// The model shape this configuration asks for: the shape of the `--init-from` file when
     /// one is given (shape flags must then agree with it), else the preset with explicit
-    /// overrides.
+    /// overrides. Called by [`validate`](Self::validate) alone, which hands the shape on.
     ///
     /// # Errors
     /// An unknown preset, an invalid shape, an unreadable `--init-from` file or a shape flag
     /// that contradicts it.
-    pub fn model_config(&self) -> Result<GptConfig, ConfigError> {
+    pub(crate) fn model_config(&self) -> Result<GptConfig, ConfigError> {
         if let Some(path) = &self.init_from {
             return crate::init::file_model(path, self);
         }

@@ -34,5 +34,5 @@ pub mod validate;
 pub use args::TrainArgs;
 pub use config::{Backend, Device, PrecisionArg, TrainConfig};
 pub use error::{ConfigError, TrainError};
-pub use run::{model_config, train, RunSummary};
+pub use run::{train, RunSummary};
 pub use zero_alloc::ByteSize;

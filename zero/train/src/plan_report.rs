@@ -36,10 +36,9 @@ pub struct StagePlan {
 /// A configuration `zero-train` would refuse, a model file that cannot be read
 /// (`--init-from`), or a plan that overflows.
 pub fn stage_plans(cfg: &TrainConfig) -> Result<(GptConfig, Vec<StagePlan>), TrainError> {
-    cfg.validate()?;
+    let model = cfg.validate()?;
     // A launched run's --world-size is the plan's statement of the launcher's ranks.
     cfg.validate_world()?;
-    let model = cfg.model_config()?;
     let psi = ParamLayout::new(&model).num_params() as u64;
     let run_on = (cfg.world_size, zero_comm::StagingRule::None);
     let query = MemoryQuery::for_run(cfg, model, cfg.activation_placement(), run_on);

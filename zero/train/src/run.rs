@@ -32,14 +32,6 @@ pub struct RunSummary {
     pub ranks: Vec<RankReport>,
 }
 
-/// The model shape a configuration asks for: the preset, with explicit overrides.
-///
-/// # Errors
-/// An unknown preset or an invalid shape.
-pub fn model_config(cfg: &TrainConfig) -> Result<GptConfig, TrainError> {
-    Ok(cfg.model_config()?)
-}
-
 /// Everything the ranks of this process share, read-only except the reporter.
 #[derive(Debug)]
 pub(crate) struct Shared<'a> {
@@ -69,16 +61,17 @@ pub(crate) struct RankOutput {
 /// Any [`TrainError`]; an invalid `cfg` before any rank starts; a rank's failure stops
 /// every rank.
 pub fn train(cfg: &TrainConfig) -> Result<RunSummary, TrainError> {
-    if cfg.backend == Backend::Local {
-        // Before any communicator or thread exists (under a launcher the world size is the
-        // launcher's, checked once known in `run_group`).
-        cfg.validate()?;
-    }
+    // With the local backend, before any communicator or thread exists; under a launcher
+    // the world size is the launcher's, so `run_group` checks once it is known.
+    let model = match cfg.backend {
+        Backend::Local => Some(cfg.validate()?),
+        _ => None,
+    };
     let mut cfg = cfg.clone();
     let from_env = crate::fault::from_env().map_err(crate::error::ConfigError::Invalid)?;
     cfg.inject_fault.extend(from_env);
     let group = RankGroup::new(&mut cfg)?;
-    run_group(&cfg, group)
+    run_group(&cfg, group, model)
 }
 
 /// One rank's run on its device: the trainer of its backend, then [`run_loop`].
@@ -231,9 +224,17 @@ fn open_tokens(
     Ok(Arc::new(TokenFile::open_with_vocab(&path, vocab)?))
 }
 
-fn run_group(cfg: &TrainConfig, mut group: RankGroup) -> Result<RunSummary, TrainError> {
-    // Under a launcher the world size has just been replaced by the launcher's.
-    cfg.validate()?;
+/// Runs the ranks of `group`; `model` is the shape `train` resolved before joining, or `None`
+/// under a launcher, whose world size has just replaced the configured one.
+fn run_group(
+    cfg: &TrainConfig,
+    mut group: RankGroup,
+    model: Option<GptConfig>,
+) -> Result<RunSummary, TrainError> {
+    let model = match model {
+        Some(model) => model,
+        None => cfg.validate()?,
+    };
     cfg.validate_world()?;
     let attempt = crate::fault::attempt_from_env().map_err(crate::error::ConfigError::Invalid)?;
     cfg.validate_faults(attempt)?;
@@ -241,7 +242,6 @@ fn run_group(cfg: &TrainConfig, mut group: RankGroup) -> Result<RunSummary, Trai
         Some(nccl) => vec![nccl],
         None => rank_devices(cfg, group.comms.len())?,
     };
-    let model = cfg.model_config()?;
     let shared = Shared {
         cfg,
         model,

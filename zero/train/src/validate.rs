@@ -7,7 +7,7 @@
 use super::config::TrainConfig;
 use super::error::ConfigError;
 use std::fmt::Display;
-use zero_gpt::ParamLayout;
+use zero_gpt::{GptConfig, ParamLayout};
 
 /// Most ranks one run starts.
 pub use zero::MAX_RANKS;
@@ -76,20 +76,24 @@ fn short(x: f32) -> String {
 }
 
 impl TrainConfig {
-    /// Checks every value's range and the relations between values; under a launcher all but
-    /// [`validate_world`](Self::validate_world), which needs the joined world size.
+    /// Checks every value's range and the relations between values (under a launcher all but
+    /// [`validate_world`](Self::validate_world), which needs the joined world size), and
+    /// returns the model the configuration asks for: the one place it is resolved (an
+    /// `--init-from` file is read here), for the caller to carry.
     ///
     /// # Errors
     /// [`ConfigError::OutOfRange`] naming the flag, the value and what would be right;
-    /// [`ConfigError::Model`] for an unknown preset or an invalid model shape.
-    pub fn validate(&self) -> Result<(), ConfigError> {
-        self.validate_shape()?;
+    /// [`ConfigError::Model`] for an unknown preset or an invalid model shape; the errors of
+    /// an `--init-from` file.
+    pub fn validate(&self) -> Result<GptConfig, ConfigError> {
+        let model = self.validate_shape()?;
         self.validate_batch()?;
         self.validate_schedule()?;
-        self.validate_engine()
+        self.validate_engine(&model)?;
+        Ok(model)
     }
 
-    fn validate_shape(&self) -> Result<(), ConfigError> {
+    fn validate_shape(&self) -> Result<GptConfig, ConfigError> {
         let optional = [
             ("layers", self.layers, MAX_LAYERS_OR_HEADS),
             ("heads", self.heads, MAX_LAYERS_OR_HEADS),
@@ -106,8 +110,7 @@ impl TrainConfig {
         if self.sample_tokens > 0 {
             in_range("top_k", self.top_k, 1, MAX_WIDTH)?;
         }
-        self.model_config()?;
-        Ok(())
+        self.model_config()
     }
 
     /// The communicators' settings: `comm_timeout` checked (a launcher's ranks build their
@@ -245,7 +248,7 @@ impl TrainConfig {
         finite_in("grad_clip", self.grad_clip, 0.0, f32::MAX)
     }
 
-    fn validate_engine(&self) -> Result<(), ConfigError> {
+    fn validate_engine(&self, model: &GptConfig) -> Result<(), ConfigError> {
         in_range(
             "reduce_bucket_size",
             self.reduce_bucket_size.0,
@@ -268,7 +271,6 @@ impl TrainConfig {
                     .into(),
             ));
         }
-        let model = self.model_config()?;
         // A segment longer than the model is the whole model: a larger K is a typo.
         in_range(
             "checkpoint_every",
@@ -276,7 +278,7 @@ impl TrainConfig {
             1,
             model.num_layers,
         )?;
-        let units = ParamLayout::new(&model).num_units();
+        let units = ParamLayout::new(model).num_units();
         in_range("prefetch_units", self.prefetch_units, 0, units)
     }
 }

@@ -103,8 +103,8 @@ fn main() -> ExitCode {
             .train
             .resolve()
             .map_err(|e| e.to_string())
-            .and_then(|cfg| {
-                eprintln!("zero-train: {}", start_up_line(&cfg));
+            .and_then(|(cfg, model)| {
+                eprintln!("zero-train: {}", start_up_line(&cfg, &model));
                 train(&cfg).map(|_| ()).map_err(|e| e.to_string())
             }),
     };
@@ -124,7 +124,7 @@ fn plan_config(
     args: &TrainArgs,
 ) -> Result<zero_train::config::TrainConfig, zero_train::error::ConfigError> {
     if args.explicit_keys()?.iter().any(|k| k == "batch_size") {
-        args.resolve()
+        args.resolve().map(|(cfg, _)| cfg)
     } else {
         let mut cfg = args.merge()?;
         cfg.batch_size = cfg.one_micro_batch_per_rank();
@@ -162,25 +162,22 @@ fn export(args: &zero_train::export::ExportArgs) -> Result<(), String> {
 }
 
 /// What a training run says before it starts: the model, stage, ranks, batch and steps.
-fn start_up_line(cfg: &zero_train::config::TrainConfig) -> String {
+fn start_up_line(cfg: &zero_train::config::TrainConfig, m: &zero_gpt::GptConfig) -> String {
     // Other backends take the world size from their launcher, known once joined.
     let ranks = match cfg.backend {
         zero_train::config::Backend::Local if cfg.world_size == 1 => "1 rank".into(),
         zero_train::config::Backend::Local => format!("{} ranks", cfg.world_size),
         _ => "ranks from the launcher".to_string(),
     };
-    // The shape the run builds: the preset's, flags applied, or the --init-from file's (an
-    // unreadable file is reported by `train`).
+    // The shape the run builds: the preset's, flags applied, or the --init-from file's.
     let name = match &cfg.init_from {
         Some(path) => format!("from {}", path.display()),
         None => cfg.model.clone(),
     };
-    let shape = cfg.model_config().map_or(String::new(), |m| {
-        format!(
-            " (L {}, C {}, NH {}, V {})",
-            m.num_layers, m.channels, m.num_heads, m.vocab_size
-        )
-    });
+    let shape = format!(
+        " (L {}, C {}, NH {}, V {})",
+        m.num_layers, m.channels, m.num_heads, m.vocab_size
+    );
     let offload = if cfg.offload_optimizer {
         " (optimizer offloaded to the host)"
     } else {
