@@ -57,6 +57,7 @@ mod optimizer_home;
 mod order;
 pub mod partition;
 mod plan;
+mod plan_shape;
 mod policy;
 mod precision;
 mod replay;

@@ -10,7 +10,8 @@
 use clap::{Args, FromArgMatches, ValueEnum};
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
-use zero::ZeroStage;
+use zero::optim::AdamW;
+use zero::{EngineConfig, ZeroStage};
 use zero_alloc::ByteSize;
 use zero_gpt::GptConfig;
 
@@ -364,6 +365,28 @@ impl TrainConfig {
             checkpoint_every: self.checkpoint_every(),
             offload: self.offload_activations,
             backend_scratch: 0,
+        }
+    }
+
+    /// The engine's knobs as this run's flags set them, with the model's `activation_bytes`
+    /// in the arena: the one mapping of the flags to the engine, whose
+    /// [`plan_shape`](EngineConfig::plan_shape) is the plan's.
+    pub fn engine_config(&self, activation_bytes: u64) -> EngineConfig {
+        EngineConfig {
+            stage: self.zero_stage,
+            precision: self.precision.into(),
+            reduce_bucket_bytes: usize::try_from(self.reduce_bucket_size.0).unwrap_or(usize::MAX),
+            persistence_threshold: self.param_persistence_threshold,
+            prefetch_units: self.prefetch_units,
+            grad_clip: self.grad_clip,
+            adam: AdamW {
+                weight_decay: self.weight_decay,
+                ..AdamW::default()
+            },
+            memory_limit: self.memory_limit.map(|m| m.0),
+            defragment: !self.no_defragment,
+            activation_bytes,
+            offload_optimizer: self.offload_optimizer,
         }
     }
 

@@ -4,7 +4,9 @@
 use super::bridge::{activation_arena_bytes, gpt_schedule, gpt_units, ActivationPlacement};
 use super::config::TrainConfig;
 use super::error::TrainError;
-use zero::{plan_memory, plan_traffic, MemoryPlan, PlanShape, Precision, Traffic, ZeroStage};
+use zero::{
+    plan_memory, plan_traffic, EngineConfig, MemoryPlan, PlanShape, Precision, Traffic, ZeroStage,
+};
 use zero_gpt::{GptConfig, ParamLayout};
 
 /// A training configuration as far as one rank's memory depends on it.
@@ -25,34 +27,31 @@ pub struct MemoryQuery {
 
 impl MemoryQuery {
     /// The query of a run configured by `cfg`, building `model` with its activations placed
-    /// as `placement` says, on `world` ranks whose backend stages as `staging`: the one
-    /// mapping of a run's flags to the plan, for the trainer's start-up check and
-    /// `zero-train plan`.
+    /// as `placement` says, whose engine plans as `shape` says (its
+    /// [`EngineConfig::plan_shape`](zero::EngineConfig::plan_shape)): for the trainer's
+    /// start-up check and `zero-train plan`.
     pub fn for_run(
         cfg: &TrainConfig,
         model: GptConfig,
         placement: ActivationPlacement,
-        (world, staging): (usize, zero_comm::StagingRule),
+        shape: PlanShape,
     ) -> Self {
         Self {
             model,
             micro_batch: cfg.micro_batch_size,
             seq_len: cfg.seq_len,
             placement,
-            shape: PlanShape {
-                world,
-                stage: cfg.zero_stage,
-                precision: cfg.precision.into(),
-                persistence_threshold: cfg.param_persistence_threshold,
-                prefetch_units: cfg.prefetch_units,
-                reduce_bucket_bytes: usize::try_from(cfg.reduce_bucket_size.0)
-                    .unwrap_or(usize::MAX),
-                // `plan` fills it from the model's formula.
-                activation_bytes: 0,
-                staging,
-                offload_optimizer: cfg.offload_optimizer,
-            },
+            shape,
         }
+    }
+
+    /// The query of `cfg`'s run on `world` ranks of a backend that stages nothing (the local
+    /// one), its activations placed as the flags say.
+    pub fn for_flags(cfg: &TrainConfig, model: GptConfig, world: usize) -> Self {
+        let shape = cfg
+            .engine_config(0)
+            .plan_shape(world, zero_comm::StagingRule::None);
+        Self::for_run(cfg, model, cfg.activation_placement(), shape)
     }
 
     /// The engine's plan with this configuration's activations.
@@ -179,20 +178,16 @@ fn added_flags(checkpointing: bool, offload: bool) -> &'static str {
     }
 }
 
-/// The default plan knobs of a fp32 run on `world` ranks at `stage` (4 MiB buckets, one unit
-/// prefetched, no persistence threshold, and a backend that stages nothing: the local one).
+/// The plan knobs of an engine's defaults at `stage` and `precision` on `world` ranks (4 MiB
+/// buckets, one unit prefetched, no persistence threshold), with a backend that stages
+/// nothing: the local one.
 pub fn default_shape(world: usize, stage: ZeroStage, precision: Precision) -> PlanShape {
-    PlanShape {
-        world,
+    let engine = EngineConfig {
         stage,
         precision,
-        persistence_threshold: 0,
-        prefetch_units: 1,
-        reduce_bucket_bytes: 4 << 20,
-        activation_bytes: 0,
-        staging: zero_comm::StagingRule::None,
-        offload_optimizer: false,
-    }
+        ..EngineConfig::default()
+    };
+    engine.plan_shape(world, zero_comm::StagingRule::None)
 }
 
 /// Processes a launcher started on this host (torchrun's `LOCAL_WORLD_SIZE`, OpenMPI's

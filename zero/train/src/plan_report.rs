@@ -40,8 +40,7 @@ pub fn stage_plans(cfg: &TrainConfig) -> Result<(GptConfig, Vec<StagePlan>), Tra
     // A launched run's --world-size is the plan's statement of the launcher's ranks.
     cfg.validate_world()?;
     let psi = ParamLayout::new(&model).num_params() as u64;
-    let run_on = (cfg.world_size, zero_comm::StagingRule::None);
-    let query = MemoryQuery::for_run(cfg, model, cfg.activation_placement(), run_on);
+    let query = MemoryQuery::for_flags(cfg, model, cfg.world_size);
     let every = cfg.activation_placement().checkpoint_every;
     let micro_steps = cfg.grad_accum_steps() as u64;
     let plans = ZeroStage::ALL
