@@ -23,8 +23,8 @@ use zero_gpt::{init_unit, Gpt, GptConfig, ParamLayout, Rng};
 use zero_train::bridge::{
     activation_arena_bytes, arena_activations, gpt_engine, micro_step, ActivationPlacement,
 };
-use zero_train::memory_fit::MemoryQuery;
-use zero_train::validate::{MAX_LAYERS_OR_HEADS, MAX_RANKS, MAX_WIDTH};
+use zero_train::cli::validate::{MAX_LAYERS_OR_HEADS, MAX_RANKS, MAX_WIDTH};
+use zero_train::plan::memory_fit::MemoryQuery;
 
 /// The largest GPT each ZeRO stage trains under a per-rank memory cap (fp32, local ranks;
 /// sizes in bytes with K/M/G = powers of 1024).

@@ -8,8 +8,8 @@ use common::{learnable_corpus, TempDir};
 
 use std::path::{Path, PathBuf};
 use zero::ZeroStage;
+use zero_train::checkpoint::resume::verify_state;
 use zero_train::checkpoint::CheckpointError;
-use zero_train::resume::verify_state;
 use zero_train::{train, PrecisionArg, TrainConfig, TrainError};
 
 /// Largest |loss difference| allowed between a run resumed at another world size or stage

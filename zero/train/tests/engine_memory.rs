@@ -452,7 +452,7 @@ fn offloading_the_optimizer_fits_a_cap_the_states_do_not() {
     let shape = zero::PlanShape {
         stage,
         precision,
-        ..zero_train::memory_fit::default_shape(world, stage, precision)
+        ..zero_train::plan::memory_fit::default_shape(world, stage, precision)
     };
     let schedule = zero::Schedule::sequential(SIZES.len());
     let refused = zero::check_fits(&units(), &schedule, shape, cap);

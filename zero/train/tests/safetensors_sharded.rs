@@ -170,8 +170,8 @@ fn a_folder_without_a_model_is_refused_by_name() {
 
 #[test]
 fn export_converts_a_sharded_hugging_face_folder_to_llmc_bit_exact() {
+    use zero_train::checkpoint::export::{export, ExportArgs, ExportDtype, ExportFormat};
     use zero_train::checkpoint::LlmcCheckpoint;
-    use zero_train::export::{export, ExportArgs, ExportDtype, ExportFormat};
     let dir = TempDir::new("sharded-export");
     let (cfg, units) = sharded_model(&dir.0, 2);
     let to = dir.0.join("out").join("model.bin");
@@ -194,7 +194,7 @@ fn export_converts_a_sharded_hugging_face_folder_to_llmc_bit_exact() {
 /// folder reads back as the units exported.
 #[test]
 fn export_writes_hugging_faces_sharded_layout() {
-    use zero_train::export::{export, ExportArgs, ExportDtype, ExportFormat};
+    use zero_train::checkpoint::export::{export, ExportArgs, ExportDtype, ExportFormat};
     let dir = TempDir::new("sharded-out");
     let cfg = GptConfig::tiny();
     let units = model_units(&cfg, 9);
@@ -261,8 +261,8 @@ fn export_writes_hugging_faces_sharded_layout() {
 /// `--format llmc` and a file as `--to` are refused with `--max-shard-size`.
 #[test]
 fn a_failed_sharded_export_leaves_nothing_and_wrong_flags_are_refused() {
+    use zero_train::checkpoint::export::{export, ExportArgs, ExportDtype, ExportFormat};
     use zero_train::checkpoint::export_sharded_safetensors;
-    use zero_train::export::{export, ExportArgs, ExportDtype, ExportFormat};
     let dir = TempDir::new("sharded-fail");
     let cfg = GptConfig::tiny();
     let units = model_units(&cfg, 3);

@@ -5,8 +5,8 @@ use clap::Parser;
 use proptest::prelude::*;
 use std::path::{Path, PathBuf};
 use zero::ZeroStage;
-use zero_train::config::Device;
-use zero_train::validate::{MAX_BATCH_TOKENS, MAX_RANKS};
+use zero_train::cli::config::Device;
+use zero_train::cli::validate::{MAX_BATCH_TOKENS, MAX_RANKS};
 use zero_train::{ByteSize, ConfigError, TrainArgs, TrainConfig};
 
 #[derive(Parser)]

@@ -187,7 +187,7 @@ pub struct TrainConfig {
     /// KIND kill, hang, slow=MS, corrupt or diverge (repeatable; also ZERO_INJECT_FAULT,
     /// `;`-separated; docs/faults.md).
     #[arg(long, allow_hyphen_values = true)]
-    pub inject_fault: Vec<crate::fault::FaultSpec>,
+    pub inject_fault: Vec<crate::run::fault::FaultSpec>,
 
     /// Optimizer steps to run.
     #[arg(long, allow_negative_numbers = true, default_value_t = 200)]
@@ -412,7 +412,7 @@ impl TrainConfig {
     /// that contradicts it.
     pub(crate) fn model_config(&self) -> Result<GptConfig, ConfigError> {
         if let Some(path) = &self.init_from {
-            return crate::init::file_model(path, self);
+            return crate::checkpoint::init::file_model(path, self);
         }
         let preset = GptConfig::preset(&self.model)?;
         let (vocab, layers, heads, dim) = (

@@ -1,9 +1,9 @@
 //! What one rank's arena must hold for a GPT training configuration (the engine's plan plus
 //! the model's activations), and, for a cap too small, which stage and options would fit.
 
-use super::bridge::{activation_arena_bytes, gpt_schedule, gpt_units, ActivationPlacement};
-use super::config::TrainConfig;
-use super::error::TrainError;
+use crate::bridge::{activation_arena_bytes, gpt_schedule, gpt_units, ActivationPlacement};
+use crate::cli::config::TrainConfig;
+use crate::error::TrainError;
 use zero::{
     plan_memory, plan_traffic, EngineConfig, MemoryPlan, PlanShape, Precision, Traffic, ZeroStage,
 };

@@ -4,8 +4,8 @@
 //! Each refusal is a [`ConfigError::OutOfRange`] naming the flag (and its config key), the
 //! value given and what would be right.
 
-use super::config::TrainConfig;
-use super::error::ConfigError;
+use crate::cli::config::TrainConfig;
+use crate::error::ConfigError;
 use std::fmt::Display;
 use zero_gpt::{GptConfig, ParamLayout};
 
@@ -128,7 +128,7 @@ impl TrainConfig {
 
     fn validate_batch(&self) -> Result<(), ConfigError> {
         // A launcher's ranks learn the world size once joined; `run_group` checks it then.
-        if self.backend == crate::config::Backend::Local {
+        if self.backend == crate::cli::config::Backend::Local {
             self.validate_world()?;
         } else {
             self.validate_batch_sizes()?;

@@ -2,9 +2,9 @@
 //! the memory cap, or above the machine's available memory when no cap is given.
 
 use crate::bridge::{activation_arena_bytes, gpt_engine_on, Placement};
-use crate::config::{Backend, Device};
+use crate::cli::config::{Backend, Device};
 use crate::error::TrainError;
-use crate::memory_fit::{launcher_local_size, MemoryQuery};
+use crate::plan::memory_fit::{launcher_local_size, MemoryQuery};
 use crate::run::Shared;
 use zero::{Engine, EngineOps};
 use zero_alloc::host_available_bytes;

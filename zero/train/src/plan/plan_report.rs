@@ -10,10 +10,10 @@ use zero::{expected_model_state_bytes, MemoryPlan, Traffic, ZeroStage};
 use zero_alloc::human_bytes;
 use zero_gpt::{GptConfig, ParamLayout};
 
-use crate::config::{Backend, TrainConfig};
+use crate::cli::config::{Backend, TrainConfig};
 use crate::error::TrainError;
-use crate::link_rate::LinkRate;
-use crate::memory_fit::MemoryQuery;
+use crate::plan::link_rate::LinkRate;
+use crate::plan::memory_fit::MemoryQuery;
 
 /// One stage's plan for a run's flags.
 #[derive(Debug, Clone, Copy, PartialEq)]

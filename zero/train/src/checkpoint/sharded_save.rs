@@ -11,11 +11,11 @@
 //! (A pinned buffer was rejected for the snapshot: the states are already in host memory,
 //! and nothing copies them to a device.)
 
-use super::error::TrainError;
 use crate::checkpoint::{
     begin_save, partial_dir, publish, step_dir, CheckpointError, Partitioning, PieceWriter,
     UnitPartition,
 };
+use crate::error::TrainError;
 use std::path::{Path, PathBuf};
 use std::thread::JoinHandle;
 use zero::{Engine, Precision, StateKind};

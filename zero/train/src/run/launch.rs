@@ -10,9 +10,9 @@
 //!
 //! Under NCCL the host communicator carries the engine's control traffic (schedule agreement,
 //! the overflow flag, norm partials) and rank 0's NCCL unique id; the model states move on
-//! NCCL ([`crate::device`]).
+//! NCCL ([`crate::run::device`]).
 
-use crate::config::Backend;
+use crate::cli::config::Backend;
 use crate::error::TrainError;
 use zero_comm::bootstrap::LaunchEnv;
 use zero_comm::Communicator;

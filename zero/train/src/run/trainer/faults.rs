@@ -4,7 +4,7 @@
 use super::Trainer;
 use crate::bridge::{full_params, Placement};
 use crate::error::TrainError;
-use crate::fault::due;
+use crate::run::fault::due;
 
 impl<'a, B: Placement> Trainer<'a, B> {
     /// Arms the faults due on this rank at `step` of this attempt: collective faults on the

@@ -8,8 +8,8 @@
 //! mapped to their fields): `--seq-len` left out is cut to an `--init-from` file's context,
 //! and `--batch-size` left out is one micro-batch per local rank.
 
-use super::config::TrainConfig;
-use super::error::ConfigError;
+use crate::cli::config::TrainConfig;
+use crate::error::ConfigError;
 use clap::parser::ValueSource;
 use clap::{Arg, ArgMatches, Args, Command, FromArgMatches};
 use serde_json::{Map, Value};
@@ -111,7 +111,7 @@ impl TrainArgs {
     }
 
     /// Typed flags over the `--config` file (if any) over defaults, fitted to the
-    /// `--init-from` file ([`crate::init::fit_to_file`]), validated; with the model it asks
+    /// `--init-from` file ([`crate::checkpoint::init::fit_to_file`]), validated; with the model it asks
     /// for ([`TrainConfig::validate`]).
     ///
     /// # Errors
@@ -144,7 +144,7 @@ impl TrainArgs {
         }
         let mut config: TrainConfig = serde_json::from_value(Value::Object(merged))
             .map_err(|e| ConfigError::Invalid(e.to_string()))?;
-        crate::init::fit_to_file(&mut config, &explicit)?;
+        crate::checkpoint::init::fit_to_file(&mut config, &explicit)?;
         derive_batch_size(&mut config, &explicit);
         Ok(config)
     }
@@ -156,7 +156,7 @@ impl TrainArgs {
 /// must then divide into them.
 fn derive_batch_size(config: &mut TrainConfig, explicit: &[String]) {
     let given = explicit.iter().any(|k| k == "batch_size");
-    if !given && config.backend == crate::config::Backend::Local {
+    if !given && config.backend == crate::cli::config::Backend::Local {
         config.batch_size = config.one_micro_batch_per_rank();
     }
 }
@@ -244,7 +244,7 @@ fn to_map(value: &TrainConfig) -> Result<Map<String, Value>, ConfigError> {
 #[cfg(test)]
 mod tests {
     use super::{closest_key, edit_distance, to_map, ALIASES};
-    use crate::config::TrainConfig;
+    use crate::cli::config::TrainConfig;
 
     #[test]
     fn edit_distance_counts_single_character_edits() {
