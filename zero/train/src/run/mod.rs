@@ -2,9 +2,9 @@
 //! one rank its launcher started it as on MPI, TCP and NCCL), each driving the GPT through its
 //! ZeRO engine over its own part of every global batch.
 //!
-//! Beside the run itself: the launcher a process joins ([`launch`]) and `zero-train launch`,
+//! Beside the run itself: the launcher a process joins (`launch`) and `zero-train launch`,
 //! which restarts failed ranks ([`elastic`]); the device each rank computes on ([`device`]);
-//! one rank's training state ([`trainer`]); faults injected on purpose ([`fault`]); what rank 0
+//! one rank's training state (`trainer`); faults injected on purpose ([`fault`]); what rank 0
 //! reports (`metrics`, `progress`, `report`, [`resident`]) and the closing sample.
 
 pub mod device;
