@@ -34,6 +34,7 @@
 #![warn(missing_docs)]
 
 mod arena;
+mod bytesize;
 mod config;
 #[cfg(feature = "cuda")]
 pub mod context;
@@ -43,6 +44,7 @@ mod device;
 mod error;
 mod free_list;
 mod handle;
+mod host_memory;
 mod lend;
 #[cfg(feature = "cuda")]
 mod libraries;
@@ -63,10 +65,15 @@ pub mod testing;
 mod view;
 
 pub use arena::{Arena, DefragReport};
+pub use bytesize::{ByteSize, ByteSizeError};
 pub use config::{ArenaConfig, Backing, DEFAULT_ALIGNMENT};
 pub use device::Device;
 pub use error::{AllocError, Result};
 pub use handle::{Block, Handle};
+pub use host_memory::{
+    host_available_bytes, host_memory_description, host_memory_name, host_memory_override,
+    HOST_MEMORY_VAR,
+};
 pub use lend::Lent;
 #[cfg(feature = "cuda")]
 pub use lend::LentDevice;

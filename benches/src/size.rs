@@ -1,12 +1,12 @@
 //! nccl-tests' size arguments: integers with optional K/M/G/T suffixes (powers of 1024), read
-//! by the trainer's one byte-count parser ([`zero_train::bytesize::ByteSize`]).
+//! by the trainer's one byte-count parser ([`zero_alloc::ByteSize`]).
 
 /// Parses `"8"`, `"128K"`, `"32M"`, `"1G"` (case-insensitive, optional `B` after a suffix).
 ///
 /// # Errors
 /// A message naming the bad input.
 pub fn parse_size(s: &str) -> Result<u64, String> {
-    s.parse::<zero_train::bytesize::ByteSize>()
+    s.parse::<zero_alloc::ByteSize>()
         .map(|b| b.0)
         .map_err(|e| e.to_string())
 }

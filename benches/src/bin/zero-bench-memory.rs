@@ -17,14 +17,14 @@ use std::process::ExitCode;
 use std::time::Instant;
 
 use clap::Parser;
-use zero::{EngineConfig, Precision, ZeroStage};
+use zero::{EngineConfig, ZeroStage};
 use zero_benches::size::parse_size;
 use zero_gpt::{init_unit, Gpt, GptConfig, ParamLayout, Rng};
 use zero_train::bridge::{
     activation_arena_bytes, arena_activations, gpt_engine, micro_step, ActivationPlacement,
 };
-use zero_train::memory_fit::{default_shape, MemoryQuery};
-use zero_train::validate::{MAX_LAYERS_OR_HEADS, MAX_RANKS, MAX_WIDTH};
+use zero_train::cli::validate::{MAX_LAYERS_OR_HEADS, MAX_RANKS, MAX_WIDTH};
+use zero_train::plan::memory_fit::MemoryQuery;
 
 /// The largest GPT each ZeRO stage trains under a per-rank memory cap (fp32, local ranks;
 /// sizes in bytes with K/M/G = powers of 1024).
@@ -96,6 +96,16 @@ fn params(model: &GptConfig) -> usize {
     ParamLayout::new(model).num_params()
 }
 
+/// The engine's defaults (fp32, 4 MiB buckets, one unit prefetched) at `stage`, the optimizer
+/// offloaded as asked: what both the search's plans and the measured runs build.
+fn engine_config(args: &Args, stage: ZeroStage) -> EngineConfig {
+    EngineConfig {
+        stage,
+        offload_optimizer: args.offload_optimizer,
+        ..EngineConfig::default()
+    }
+}
+
 fn fits(args: &Args, model: &GptConfig, stage: ZeroStage, every: Option<usize>) -> bool {
     let query = MemoryQuery {
         model: *model,
@@ -106,10 +116,8 @@ fn fits(args: &Args, model: &GptConfig, stage: ZeroStage, every: Option<usize>) 
             offload: false,
             backend_scratch: 0, // the CPU backend's
         },
-        shape: zero::PlanShape {
-            offload_optimizer: args.offload_optimizer,
-            ..default_shape(args.ranks, stage, Precision::Fp32)
-        },
+        // The local backend's ranks: it stages nothing.
+        shape: engine_config(args, stage).plan_shape(args.ranks, zero_comm::StagingRule::None),
     };
     query
         .plan()
@@ -158,12 +166,10 @@ fn train(
         backend_scratch: 0, // the CPU backend's
     };
     let engine_config = EngineConfig {
-        stage,
         memory_limit: cap,
         activation_bytes: activation_arena_bytes(&model, b, t, placement)
             .map_err(|e| e.to_string())?,
-        offload_optimizer: args.offload_optimizer,
-        ..EngineConfig::default()
+        ..engine_config(args, stage)
     };
     let comms = zero_comm::local::create(args.ranks).map_err(|e| e.to_string())?;
     let results: Vec<Result<(Peaks, f64), String>> = std::thread::scope(|s| {

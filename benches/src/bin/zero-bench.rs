@@ -13,12 +13,12 @@
 use std::process::ExitCode;
 
 use clap::{Parser, ValueEnum};
+use zero::MAX_RANKS;
+use zero_alloc::{host_available_bytes, host_memory_override, HOST_MEMORY_VAR};
 use zero_benches::collective::{bus_factor, run, run_on, BenchConfig, Measurement, Row};
 use zero_benches::memcpy::memcpy_bandwidth;
 use zero_benches::size::parse_size;
 use zero_comm::{DType, OpKind, ReduceOp};
-use zero_train::memory_fit::{host_available_bytes, host_memory_override, HOST_MEMORY_VAR};
-use zero_train::validate::MAX_RANKS;
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
 #[value(rename_all = "snake_case")]

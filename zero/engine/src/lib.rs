@@ -91,7 +91,7 @@ pub use planning::formulas::{
 };
 pub use planning::offload_plan::OffloadPlan;
 pub use planning::partition;
-pub use planning::partition::{Partition, Shard};
+pub use planning::partition::{Partition, Shard, MAX_RANKS};
 pub use planning::plan::{check_fits, plan_memory, MemoryPlan, PlanShape};
 pub use planning::policy::{ZeroStage, SHARD_ALIGN_ELEMS};
 pub use planning::program::{Op, Program};

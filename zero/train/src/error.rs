@@ -1,4 +1,12 @@
 //! Everything that can stop a training run, each with what the user needs to fix it.
+//!
+//! One error type per concern: [`ConfigError`] (flags and the config file),
+//! [`DataError`](crate::data::DataError) (token files; [`TokenFileError`](crate::data::TokenFileError)
+//! for their bytes), [`CheckpointError`](crate::checkpoint::CheckpointError) (model files and
+//! training states; [`LlmcFormatError`](crate::checkpoint::LlmcFormatError) and
+//! [`SafetensorsError`](crate::checkpoint::SafetensorsError) for the bytes of each format) and
+//! [`TrainError`], a run's, which wraps them. Each carries [`IoError`] for its I/O failures,
+//! made by one helper (`fsio::failed`).
 
 use std::path::PathBuf;
 
@@ -22,7 +30,7 @@ pub struct IoError {
 pub enum ConfigError {
     /// The config file could not be read.
     #[error(transparent)]
-    Read(IoError),
+    Read(#[from] IoError),
     /// The config file is not valid TOML for these keys.
     #[error("config file {path}: {message}")]
     Parse {
@@ -55,7 +63,7 @@ pub enum ConfigError {
     },
     /// The `--init-from` file cannot be read.
     #[error("--init-from: {0}")]
-    InitFrom(Box<crate::checkpoint::Error>),
+    InitFrom(Box<crate::checkpoint::CheckpointError>),
     /// A shape flag contradicts the shape the `--init-from` file brings.
     #[error(
         "--{flag} {given} contradicts {path}, whose model has {field} = {found}: the file brings \
@@ -102,10 +110,10 @@ pub enum TrainError {
     Model(#[from] zero_gpt::GptError),
     /// Token files are missing or corrupt.
     #[error(transparent)]
-    Data(#[from] crate::data::Error),
+    Data(#[from] crate::data::DataError),
     /// A checkpoint could not be written or read.
     #[error(transparent)]
-    Checkpoint(#[from] crate::checkpoint::Error),
+    Checkpoint(#[from] crate::checkpoint::CheckpointError),
     /// The ZeRO engine failed (memory, communication, unit order), or its optimizer or
     /// schedule refused its settings.
     #[error(transparent)]

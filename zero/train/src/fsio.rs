@@ -12,9 +12,14 @@ use std::path::{Path, PathBuf};
 
 use crate::error::IoError;
 
-/// `map_err` adapter: `file.sync_all().map_err(failed("sync", &path))`.
-pub(crate) fn failed(op: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> IoError {
-    let path = path.to_path_buf();
+/// `map_err` adapter: `file.sync_all().map_err(failed("sync", &path))`: the one way this
+/// crate turns an I/O failure into an [`IoError`] naming the operation and the path (each
+/// error enum converts an `IoError` with `?`).
+pub(crate) fn failed(
+    op: &'static str,
+    path: impl AsRef<Path>,
+) -> impl FnOnce(std::io::Error) -> IoError {
+    let path = path.as_ref().to_path_buf();
     move |source| IoError { op, path, source }
 }
 

@@ -1,39 +1,23 @@
-//! The reference trainer: token data, checkpoints, the bridge that drives the bundled GPT
-//! (`zero-gpt`) through the ZeRO engine (`zero`), and the `zero-train` binary's library.
+//! The reference trainer, by concern: what the user types ([`cli`]), the memory and traffic
+//! a run would need ([`plan`]), the run itself and its ranks ([`run`]), token data
+//! ([`data`]), model files and training states ([`checkpoint`]), the bridge that drives the
+//! bundled GPT (`zero-gpt`) through the ZeRO engine (`zero`) ([`bridge`], with its activation
+//! offload, [`offload`]), and the errors of them all ([`error`]).
 #![warn(missing_docs)]
 
-pub mod args;
 pub mod bridge;
-pub mod bytesize;
 pub mod checkpoint;
-pub mod config;
+pub mod cli;
 pub mod data;
-pub mod device;
-pub mod elastic;
 pub mod error;
-pub mod export;
-pub mod fault;
 mod fsio;
-pub mod init;
-mod launch;
-pub mod link_rate;
 mod llmc_header;
-pub mod memory_fit;
-pub mod metrics;
 pub mod offload;
-pub mod plan_report;
-mod progress;
-mod report;
-pub mod resident;
-pub mod resume;
+pub mod plan;
 pub mod run;
-mod sample;
-mod sharded_save;
-mod trainer;
-pub mod validate;
 
-pub use args::TrainArgs;
-pub use bytesize::ByteSize;
-pub use config::{Backend, Device, PrecisionArg, TrainConfig};
+pub use cli::args::TrainArgs;
+pub use cli::config::{Backend, Device, PrecisionArg, TrainConfig};
 pub use error::{ConfigError, TrainError};
-pub use run::{model_config, train, RunSummary};
+pub use run::{train, RunSummary};
+pub use zero_alloc::ByteSize;

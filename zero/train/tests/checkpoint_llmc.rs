@@ -3,7 +3,9 @@
 use std::path::PathBuf;
 
 use proptest::prelude::*;
-use zero_train::checkpoint::{Error, FormatError, LlmcCheckpoint, ModelShape, LLMC_HEADER_BYTES};
+use zero_train::checkpoint::{
+    CheckpointError, LlmcCheckpoint, LlmcFormatError, ModelShape, LLMC_HEADER_BYTES,
+};
 use zero_train::error::IoError;
 
 fn tiny() -> ModelShape {
@@ -28,9 +30,9 @@ fn temp_dir(name: &str) -> PathBuf {
     dir
 }
 
-fn format_error(err: Error) -> FormatError {
+fn format_error(err: CheckpointError) -> LlmcFormatError {
     match err {
-        Error::Format { source, .. } => source,
+        CheckpointError::Format { source, .. } => source,
         other => panic!("expected a format error, got {other:?}"),
     }
 }
@@ -204,12 +206,12 @@ fn wrong_unit_sizes_are_refused() {
     units[1].pop();
     assert!(matches!(
         LlmcCheckpoint::from_units(s, &units),
-        Err(Error::ShapeMismatch { .. })
+        Err(CheckpointError::ShapeMismatch { .. })
     ));
     units.pop();
     assert!(matches!(
         LlmcCheckpoint::from_units(s, &units),
-        Err(Error::ShapeMismatch { .. })
+        Err(CheckpointError::ShapeMismatch { .. })
     ));
 }
 
@@ -222,7 +224,7 @@ fn file_round_trip_and_missing_file() {
     assert_eq!(LlmcCheckpoint::load(&path).unwrap(), ckpt);
     assert!(matches!(
         LlmcCheckpoint::load(dir.join("absent.bin")),
-        Err(Error::Io(IoError { op: "open", .. }))
+        Err(CheckpointError::Io(IoError { op: "open", .. }))
     ));
     std::fs::remove_dir_all(dir).unwrap();
 }
@@ -237,13 +239,13 @@ fn truncated_file_names_the_file() {
     assert!(err.to_string().contains("cut.bin"), "{err}");
     assert!(matches!(
         format_error(err),
-        FormatError::LengthMismatch { .. }
+        LlmcFormatError::LengthMismatch { .. }
     ));
     std::fs::write(&path, &bytes[..100]).unwrap();
     let err = format_error(LlmcCheckpoint::load(&path).unwrap_err());
     assert_eq!(
         err,
-        FormatError::TruncatedHeader {
+        LlmcFormatError::TruncatedHeader {
             expected: LLMC_HEADER_BYTES,
             got: 100
         }
@@ -257,7 +259,7 @@ fn foreign_and_other_version_files_are_refused() {
         format_error(LlmcCheckpoint::from_bytes(&header_with(&[(0, 20_240_520)])).unwrap_err());
     assert!(matches!(
         err,
-        FormatError::BadMagic {
+        LlmcFormatError::BadMagic {
             found: 20_240_520,
             ..
         }
@@ -265,7 +267,7 @@ fn foreign_and_other_version_files_are_refused() {
     let err = format_error(LlmcCheckpoint::from_bytes(&header_with(&[(1, 5)])).unwrap_err());
     assert_eq!(
         err,
-        FormatError::BadVersion {
+        LlmcFormatError::BadVersion {
             supported: 3,
             found: 5
         }
@@ -274,24 +276,24 @@ fn foreign_and_other_version_files_are_refused() {
 
 #[test]
 fn invalid_dimensions_are_refused() {
-    let cases: [(&[(usize, i32)], FormatError); 4] = [
+    let cases: [(&[(usize, i32)], LlmcFormatError); 4] = [
         (
             &[(4, 0)],
-            FormatError::BadDimension {
+            LlmcFormatError::BadDimension {
                 field: "layers",
                 value: 0,
             },
         ),
         (
             &[(6, -4)],
-            FormatError::BadDimension {
+            LlmcFormatError::BadDimension {
                 field: "channels",
                 value: -4,
             },
         ),
         (
             &[(5, 3)],
-            FormatError::InvalidModel {
+            LlmcFormatError::InvalidModel {
                 field: "channels",
                 value: 4,
                 reason: "must be a multiple of num_heads",
@@ -299,7 +301,7 @@ fn invalid_dimensions_are_refused() {
         ),
         (
             &[(7, 4)],
-            FormatError::InvalidModel {
+            LlmcFormatError::InvalidModel {
                 field: "padded_vocab_size",
                 value: 4,
                 reason: "must be >= vocab_size",
@@ -327,7 +329,7 @@ fn a_forged_layer_or_head_count_is_refused_before_the_size_table_is_built() {
         ] {
             assert_eq!(
                 format_error(err),
-                FormatError::InvalidModel {
+                LlmcFormatError::InvalidModel {
                     field,
                     value: 1 << 30,
                     reason: "must be at most 1024",
@@ -343,7 +345,7 @@ fn absurd_sizes_fail_before_allocating() {
     let overflow = header_with(&[(5, 1), (6, i32::MAX)]);
     assert!(matches!(
         format_error(LlmcCheckpoint::from_bytes(&overflow).unwrap_err()),
-        FormatError::InvalidModel {
+        LlmcFormatError::InvalidModel {
             field: "channels",
             ..
         }
@@ -352,25 +354,25 @@ fn absurd_sizes_fail_before_allocating() {
     let bytes_overflow = header_with(&[(4, 1), (5, 1), (6, 1 << 29)]);
     assert_eq!(
         format_error(LlmcCheckpoint::from_bytes(&bytes_overflow).unwrap_err()),
-        FormatError::SizeOverflow
+        LlmcFormatError::SizeOverflow
     );
     // 50 trillion parameters: representable, so it must be the length check that refuses,
     // on the stream path too (which would otherwise try to read 200 TB).
     let huge = header_with(&[(4, 1000), (5, 1), (6, 65_536)]);
     assert!(matches!(
         format_error(LlmcCheckpoint::from_bytes(&huge).unwrap_err()),
-        FormatError::LengthMismatch { .. }
+        LlmcFormatError::LengthMismatch { .. }
     ));
     assert!(matches!(
         format_error(LlmcCheckpoint::read_from(&huge[..]).unwrap_err()),
-        FormatError::LengthMismatch { .. }
+        LlmcFormatError::LengthMismatch { .. }
     ));
     let dir = temp_dir("huge");
     let path = dir.join("huge.bin");
     std::fs::write(&path, &huge).unwrap();
     assert!(matches!(
         format_error(LlmcCheckpoint::load(&path).unwrap_err()),
-        FormatError::LengthMismatch { .. }
+        LlmcFormatError::LengthMismatch { .. }
     ));
     std::fs::remove_dir_all(dir).unwrap();
 }
@@ -381,10 +383,10 @@ fn trailing_bytes_are_refused() {
     bytes.push(0);
     assert!(matches!(
         format_error(LlmcCheckpoint::from_bytes(&bytes).unwrap_err()),
-        FormatError::LengthMismatch { .. }
+        LlmcFormatError::LengthMismatch { .. }
     ));
     assert!(matches!(
         format_error(LlmcCheckpoint::read_from(&bytes[..]).unwrap_err()),
-        FormatError::LengthMismatch { .. }
+        LlmcFormatError::LengthMismatch { .. }
     ));
 }

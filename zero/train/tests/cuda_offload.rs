@@ -15,7 +15,7 @@ use zero_train::bridge::{
     activation_arena_bytes, arena_activations, gpt_engine_on, micro_step, ActivationPlacement,
     Placement,
 };
-use zero_train::device::cuda::{ranks, CudaRank};
+use zero_train::run::device::cuda::{ranks, CudaRank};
 
 const T: usize = 8;
 const ROWS: usize = 2;

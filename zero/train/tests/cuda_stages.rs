@@ -85,7 +85,7 @@ fn cpu_run(world: usize, config: EngineConfig) -> Run {
 }
 
 fn gpu_run(world: usize, config: EngineConfig) -> Option<Run> {
-    use zero_train::device::cuda::{gemm_math, ranks};
+    use zero_train::run::device::cuda::{gemm_math, ranks};
     let math = gemm_math(config.precision);
     let devices = match ranks(0, world, zero_comm::Config::default(), math) {
         Ok(devices) => devices,

@@ -3,7 +3,7 @@
 use std::sync::Arc;
 
 use proptest::prelude::*;
-use zero_train::data::{DataLoader, Error, LoaderConfig, TokenFile};
+use zero_train::data::{DataError, DataLoader, LoaderConfig, TokenFile};
 
 fn file(n: usize) -> Arc<TokenFile> {
     // Distinct-ish values so that a wrong offset shows.
@@ -145,21 +145,21 @@ fn bad_configurations_are_refused() {
     let f = file(100);
     assert!(matches!(
         DataLoader::new(f.clone(), cfg(0, 4, 0, 1, 1, 0, false)),
-        Err(Error::InvalidConfig { .. })
+        Err(DataError::InvalidConfig { .. })
     ));
     assert!(matches!(
         DataLoader::new(f.clone(), cfg(1, 4, 2, 2, 1, 0, false)),
-        Err(Error::InvalidConfig { .. })
+        Err(DataError::InvalidConfig { .. })
     ));
     assert!(matches!(
         DataLoader::new(f.clone(), cfg(usize::MAX, 4, 0, 1, 1, 0, false)),
-        Err(Error::InvalidConfig { .. })
+        Err(DataError::InvalidConfig { .. })
     ));
     let err = DataLoader::new(f.clone(), cfg(10, 10, 0, 1, 1, 0, false)).unwrap_err();
     assert!(
         matches!(
             err,
-            Error::NotEnoughTokens {
+            DataError::NotEnoughTokens {
                 needed: 101,
                 available: 100
             }
@@ -170,7 +170,7 @@ fn bad_configurations_are_refused() {
     let (mut x, mut y) = (vec![0; 7], vec![0; 8]);
     assert!(matches!(
         ok.next_micro_batch(&mut x, &mut y),
-        Err(Error::BufferSize {
+        Err(DataError::BufferSize {
             expected: 8,
             got: 7
         })

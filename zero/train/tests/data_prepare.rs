@@ -2,7 +2,7 @@
 
 use std::path::PathBuf;
 
-use zero_train::data::{prepare, Error, TokenFile, GPT2_EOT};
+use zero_train::data::{prepare, DataError, TokenFile, GPT2_EOT};
 
 fn temp_dir(name: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("zero-prepare-{name}-{}", std::process::id()));
@@ -44,25 +44,28 @@ fn bad_inputs_are_refused() {
     let out = dir.join("out");
     assert!(matches!(
         prepare(&[], &out, 0.1),
-        Err(Error::InvalidPrepare { .. })
+        Err(DataError::InvalidPrepare { .. })
     ));
     let text = dir.join("t.txt");
     std::fs::write(&text, "some text here").unwrap();
     assert!(matches!(
         prepare(std::slice::from_ref(&text), &out, 0.0),
-        Err(Error::InvalidPrepare { .. })
+        Err(DataError::InvalidPrepare { .. })
     ));
     assert!(matches!(
         prepare(&[text], &out, 1.0),
-        Err(Error::InvalidPrepare { .. })
+        Err(DataError::InvalidPrepare { .. })
     ));
     let missing = dir.join("missing.txt");
-    assert!(matches!(prepare(&[missing], &out, 0.1), Err(Error::Io(_))));
+    assert!(matches!(
+        prepare(&[missing], &out, 0.1),
+        Err(DataError::Io(_))
+    ));
     let latin1 = dir.join("latin1.txt");
     std::fs::write(&latin1, [b'a', 0xe9, b'b']).unwrap();
     assert!(matches!(
         prepare(&[latin1], &out, 0.1),
-        Err(Error::NotUtf8 { valid_up_to: 1, .. })
+        Err(DataError::NotUtf8 { valid_up_to: 1, .. })
     ));
     std::fs::remove_dir_all(dir).unwrap();
 }

@@ -3,7 +3,9 @@
 use std::path::PathBuf;
 
 use proptest::prelude::*;
-use zero_train::data::{Error, FormatError, TokenFile, GPT2_VOCAB, HEADER_BYTES, TOKEN_MAGIC};
+use zero_train::data::{
+    DataError, TokenFile, TokenFileError, GPT2_VOCAB, HEADER_BYTES, TOKEN_MAGIC,
+};
 use zero_train::error::IoError;
 
 fn temp_dir(name: &str) -> PathBuf {
@@ -12,9 +14,9 @@ fn temp_dir(name: &str) -> PathBuf {
     dir
 }
 
-fn format_error(err: Error) -> FormatError {
+fn format_error(err: DataError) -> TokenFileError {
     match err {
-        Error::Format { source, .. } => source,
+        DataError::Format { source, .. } => source,
         other => panic!("expected a format error, got {other:?}"),
     }
 }
@@ -57,7 +59,7 @@ fn file_round_trip_through_disk() {
 fn missing_file_is_an_io_error_naming_it() {
     let err = TokenFile::open("/nonexistent/zero/train.bin").unwrap_err();
     assert!(
-        matches!(err, Error::Io(IoError { op: "open", .. })),
+        matches!(err, DataError::Io(IoError { op: "open", .. })),
         "{err:?}"
     );
     assert!(err.to_string().contains("/nonexistent/zero/train.bin"));
@@ -72,7 +74,7 @@ fn truncated_header_is_reported_with_the_file_name() {
     assert!(err.to_string().contains("short.bin"), "{err}");
     assert_eq!(
         format_error(err),
-        FormatError::TruncatedHeader {
+        TokenFileError::TruncatedHeader {
             expected: HEADER_BYTES,
             got: 100
         }
@@ -89,7 +91,7 @@ fn truncated_payload_is_a_count_mismatch() {
     let err = format_error(TokenFile::open(&path).unwrap_err());
     assert_eq!(
         err,
-        FormatError::CountMismatch {
+        TokenFileError::CountMismatch {
             header_tokens: 10,
             expected_bytes: 20,
             payload_bytes: 17
@@ -106,7 +108,7 @@ fn trailing_bytes_are_a_count_mismatch() {
     assert!(
         matches!(
             err,
-            FormatError::CountMismatch {
+            TokenFileError::CountMismatch {
                 payload_bytes: 10,
                 ..
             }
@@ -123,7 +125,7 @@ fn foreign_file_is_a_bad_magic() {
     assert!(
         matches!(
             err,
-            FormatError::BadMagic {
+            TokenFileError::BadMagic {
                 expected: TOKEN_MAGIC,
                 ..
             }
@@ -139,7 +141,7 @@ fn version_two_is_refused() {
     let err = format_error(TokenFile::from_bytes(&bytes, GPT2_VOCAB).unwrap_err());
     assert_eq!(
         err,
-        FormatError::BadVersion {
+        TokenFileError::BadVersion {
             supported: 1,
             found: 2
         }
@@ -151,7 +153,7 @@ fn negative_count_is_refused() {
     let mut bytes = TokenFile::from_tokens(vec![]).unwrap().to_bytes();
     bytes[8..12].copy_from_slice(&(-1i32).to_le_bytes());
     let err = format_error(TokenFile::from_bytes(&bytes, GPT2_VOCAB).unwrap_err());
-    assert_eq!(err, FormatError::NegativeCount { count: -1 });
+    assert_eq!(err, TokenFileError::NegativeCount { count: -1 });
 }
 
 #[test]
@@ -163,7 +165,7 @@ fn huge_count_in_a_stream_does_not_allocate_the_claim() {
     assert!(
         matches!(
             err,
-            FormatError::CountMismatch {
+            TokenFileError::CountMismatch {
                 payload_bytes: 8,
                 ..
             }
@@ -179,7 +181,7 @@ fn token_outside_vocab_is_refused_with_its_index() {
     let err = format_error(TokenFile::from_bytes(&bytes, GPT2_VOCAB).unwrap_err());
     assert_eq!(
         err,
-        FormatError::TokenOutOfRange {
+        TokenFileError::TokenOutOfRange {
             index: 1,
             token: 60_000,
             vocab: GPT2_VOCAB

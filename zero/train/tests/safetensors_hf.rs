@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use serde_json::json;
 use zero_gpt::{GptConfig, ParamLayout};
 use zero_train::checkpoint::{
-    export_safetensors, read_safetensors, read_safetensors_bytes, write_hf_config, Error,
+    export_safetensors, read_safetensors, read_safetensors_bytes, write_hf_config, CheckpointError,
     LlmcCheckpoint, ModelShape, SafetensorsDtype, SafetensorsError,
 };
 
@@ -288,7 +288,7 @@ fn hf_files_without_prefix_and_with_mask_buffers_are_read_and_transposed() {
 
 fn st_error(bytes: &[u8]) -> SafetensorsError {
     match read_safetensors_bytes(bytes, 2) {
-        Err(Error::Safetensors { source, .. }) => source,
+        Err(CheckpointError::Safetensors { source, .. }) => source,
         other => panic!("expected a safetensors error, got {other:?}"),
     }
 }
@@ -401,7 +401,7 @@ fn heads_come_from_the_caller_or_config_json_and_must_agree() {
     assert!(
         matches!(
             err,
-            Error::Safetensors {
+            CheckpointError::Safetensors {
                 source: SafetensorsError::MissingHeads,
                 ..
             }
@@ -428,7 +428,7 @@ fn a_wrong_unit_count_or_length_writes_nothing() {
     units[2].pop();
     let err = export_safetensors(&cfg, units.iter(), SafetensorsDtype::F32, &path).unwrap_err();
     assert!(
-        matches!(err, Error::ShapeMismatch { ref what, .. } if what == "unit 2"),
+        matches!(err, CheckpointError::ShapeMismatch { ref what, .. } if what == "unit 2"),
         "{err}"
     );
     units.truncate(2);
@@ -436,7 +436,7 @@ fn a_wrong_unit_count_or_length_writes_nothing() {
     assert!(
         matches!(
             err,
-            Error::ShapeMismatch {
+            CheckpointError::ShapeMismatch {
                 expected: 4,
                 got: 2,
                 ..

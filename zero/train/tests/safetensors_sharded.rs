@@ -11,7 +11,7 @@ use std::path::Path;
 use serde_json::json;
 use zero_gpt::GptConfig;
 use zero_train::checkpoint::{
-    export_safetensors, model_file_config, read_model_file, write_hf_config, Error,
+    export_safetensors, model_file_config, read_model_file, write_hf_config, CheckpointError,
     SafetensorsDtype, SafetensorsError,
 };
 
@@ -94,7 +94,7 @@ fn edit_index(dir: &Path, edit: impl FnOnce(&mut serde_json::Value)) {
 
 fn index_error(dir: &Path) -> String {
     match read_model_file(&dir.join("model.safetensors.index.json"), None) {
-        Err(Error::Safetensors {
+        Err(CheckpointError::Safetensors {
             source: SafetensorsError::BadIndex { reason },
             ..
         }) => reason,
@@ -154,7 +154,7 @@ fn a_missing_shard_names_the_shard_file() {
     let gone = dir.0.join("model-00002-of-00002.safetensors");
     std::fs::remove_file(&gone).unwrap();
     match read_model_file(&dir.0, None) {
-        Err(Error::Io(e)) => assert!(e.to_string().contains("model-00002-of-00002")),
+        Err(CheckpointError::Io(e)) => assert!(e.to_string().contains("model-00002-of-00002")),
         other => panic!("expected an I/O error naming the shard, got {other:?}"),
     }
 }
@@ -164,14 +164,14 @@ fn a_folder_without_a_model_is_refused_by_name() {
     let dir = TempDir::new("sharded-empty");
     assert!(matches!(
         read_model_file(&dir.0, None),
-        Err(Error::NoModelInFolder { .. })
+        Err(CheckpointError::NoModelInFolder { .. })
     ));
 }
 
 #[test]
 fn export_converts_a_sharded_hugging_face_folder_to_llmc_bit_exact() {
+    use zero_train::checkpoint::export::{export, ExportArgs, ExportDtype, ExportFormat};
     use zero_train::checkpoint::LlmcCheckpoint;
-    use zero_train::export::{export, ExportArgs, ExportDtype, ExportFormat};
     let dir = TempDir::new("sharded-export");
     let (cfg, units) = sharded_model(&dir.0, 2);
     let to = dir.0.join("out").join("model.bin");
@@ -194,7 +194,7 @@ fn export_converts_a_sharded_hugging_face_folder_to_llmc_bit_exact() {
 /// folder reads back as the units exported.
 #[test]
 fn export_writes_hugging_faces_sharded_layout() {
-    use zero_train::export::{export, ExportArgs, ExportDtype, ExportFormat};
+    use zero_train::checkpoint::export::{export, ExportArgs, ExportDtype, ExportFormat};
     let dir = TempDir::new("sharded-out");
     let cfg = GptConfig::tiny();
     let units = model_units(&cfg, 9);
@@ -209,7 +209,7 @@ fn export_writes_hugging_faces_sharded_layout() {
         format: ExportFormat::Safetensors,
         dtype: ExportDtype::Fp32,
         heads: None,
-        max_shard_size: Some(zero_train::bytesize::ByteSize(max)),
+        max_shard_size: Some(zero_train::ByteSize(max)),
     };
     assert_eq!(export(&args).unwrap(), cfg);
     let index: serde_json::Value =
@@ -247,7 +247,7 @@ fn export_writes_hugging_faces_sharded_layout() {
     // A second export into the folder is refused by name, and the first stays as it was
     // (a reader would otherwise take the old index for the new shards).
     let again = ExportArgs {
-        max_shard_size: Some(zero_train::bytesize::ByteSize(1 << 30)),
+        max_shard_size: Some(zero_train::ByteSize(1 << 30)),
         ..args
     };
     let err = export(&again).unwrap_err().to_string();
@@ -261,8 +261,8 @@ fn export_writes_hugging_faces_sharded_layout() {
 /// `--format llmc` and a file as `--to` are refused with `--max-shard-size`.
 #[test]
 fn a_failed_sharded_export_leaves_nothing_and_wrong_flags_are_refused() {
+    use zero_train::checkpoint::export::{export, ExportArgs, ExportDtype, ExportFormat};
     use zero_train::checkpoint::export_sharded_safetensors;
-    use zero_train::export::{export, ExportArgs, ExportDtype, ExportFormat};
     let dir = TempDir::new("sharded-fail");
     let cfg = GptConfig::tiny();
     let units = model_units(&cfg, 3);
@@ -270,7 +270,10 @@ fn a_failed_sharded_export_leaves_nothing_and_wrong_flags_are_refused() {
     let short = &units[..units.len() - 1];
     let err = export_sharded_safetensors(&cfg, short.iter(), SafetensorsDtype::F32, &out, 4096)
         .unwrap_err();
-    assert!(matches!(err, Error::ShapeMismatch { .. }), "{err}");
+    assert!(
+        matches!(err, CheckpointError::ShapeMismatch { .. }),
+        "{err}"
+    );
     assert_eq!(
         std::fs::read_dir(&out).unwrap().count(),
         0,
@@ -284,7 +287,7 @@ fn a_failed_sharded_export_leaves_nothing_and_wrong_flags_are_refused() {
         format,
         dtype: ExportDtype::Fp32,
         heads: Some(cfg.num_heads),
-        max_shard_size: Some(zero_train::bytesize::ByteSize(4096)),
+        max_shard_size: Some(zero_train::ByteSize(4096)),
     };
     let llmc = export(&args(ExportFormat::Llmc, &out))
         .unwrap_err()

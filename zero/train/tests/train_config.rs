@@ -5,8 +5,8 @@ use clap::Parser;
 use proptest::prelude::*;
 use std::path::{Path, PathBuf};
 use zero::ZeroStage;
-use zero_train::config::Device;
-use zero_train::validate::{MAX_BATCH_TOKENS, MAX_RANKS};
+use zero_train::cli::config::Device;
+use zero_train::cli::validate::{MAX_BATCH_TOKENS, MAX_RANKS};
 use zero_train::{ByteSize, ConfigError, TrainArgs, TrainConfig};
 
 #[derive(Parser)]
@@ -20,7 +20,7 @@ fn parse(flags: &[&str]) -> Result<TrainArgs, clap::Error> {
 }
 
 fn resolve(flags: &[&str]) -> Result<TrainConfig, ConfigError> {
-    parse(flags).unwrap().resolve()
+    parse(flags).unwrap().resolve().map(|(cfg, _)| cfg)
 }
 
 /// A TOML file in its own temporary directory, removed on drop.
@@ -304,7 +304,7 @@ proptest! {
             seed: samples.1 as u64,
             ..TrainConfig::default()
         };
-        if cfg.validate().is_ok() {
+        if let Ok(model) = cfg.validate() {
             prop_assert!((1..=MAX_RANKS).contains(&cfg.world_size));
             let per_step = cfg.grad_accum_steps() * cfg.micro_batch_size * cfg.world_size;
             prop_assert_eq!(per_step, cfg.batch_size);
@@ -312,7 +312,7 @@ proptest! {
             prop_assert!(cfg.lr.is_finite() && cfg.lr > 0.0);
             prop_assert!((0.0..=1.0).contains(&cfg.min_lr_ratio));
             prop_assert!(cfg.grad_clip.is_finite() && cfg.weight_decay.is_finite());
-            let units = cfg.model_config().unwrap().num_layers + 2;
+            let units = model.num_layers + 2;
             prop_assert!(cfg.prefetch_units <= units);
         }
     }

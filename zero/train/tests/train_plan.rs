@@ -8,7 +8,7 @@ use std::path::Path;
 use std::process::Command;
 use zero::ZeroStage;
 use zero_gpt::Rng;
-use zero_train::plan_report::stage_plans;
+use zero_train::plan::plan_report::stage_plans;
 use zero_train::{train, ByteSize, PrecisionArg, TrainConfig};
 
 fn corpus(dir: &Path) {

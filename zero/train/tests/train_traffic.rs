@@ -8,7 +8,7 @@ use common::{write_corpus, TempDir};
 use std::path::Path;
 use zero::ZeroStage;
 use zero_gpt::Rng;
-use zero_train::plan_report::stage_plans;
+use zero_train::plan::plan_report::stage_plans;
 use zero_train::{train, PrecisionArg, TrainConfig};
 
 fn corpus(dir: &Path) {

@@ -10,7 +10,7 @@ use zero_train::bridge::{
     activation_arena_bytes, arena_activations, gpt_engine, micro_step, ActivationPlacement,
     StepError,
 };
-use zero_train::memory_fit::{default_shape, MemoryQuery};
+use zero_train::plan::memory_fit::{default_shape, MemoryQuery};
 
 const T: usize = 16;
 const B: usize = 2;

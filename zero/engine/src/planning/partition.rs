@@ -43,6 +43,10 @@ impl Shard {
     }
 }
 
+/// Most ranks the workspace's tools start (`zero-train --world-size`, `zero-bench --ranks`):
+/// the local backend runs each as a thread, and every rank keeps per-peer tables.
+pub const MAX_RANKS: usize = 1024;
+
 /// The split of one unit of `numel` elements across `world` ranks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Partition {

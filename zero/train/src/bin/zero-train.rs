@@ -49,7 +49,7 @@ enum Command {
     },
     /// Write a model (Hugging Face safetensors + config.json, one file or sharded, or llm.c
     /// model.bin) from a training state, an llm.c model.bin or a safetensors file or folder.
-    Export(zero_train::export::ExportArgs),
+    Export(zero_train::checkpoint::export::ExportArgs),
     /// Print each rank's memory for these training flags at every ZeRO stage (model states,
     /// activations, transient buffers, the offloaded optimizer's host arena) beside the
     /// paper's formula, without training. It takes every training flag, so a run's command
@@ -61,7 +61,7 @@ enum Command {
     /// mpirun for --backend mpi) and restart them all from the newest complete state of
     /// --save when one fails, up to --max-restarts times (docs/faults.md).
     #[command(args_override_self = true)]
-    Launch(zero_train::elastic::LaunchArgs),
+    Launch(zero_train::run::elastic::LaunchArgs),
 }
 
 #[derive(clap::Args)]
@@ -69,7 +69,7 @@ struct PlanArgs {
     /// Also price each stage's traffic per step on a link of this rate each way (tc's
     /// units, as `scripts/cluster.sh up` takes them: 1gbit, 250mbit, 100mbps).
     #[arg(long, value_name = "RATE")]
-    link_rate: Option<zero_train::link_rate::LinkRate>,
+    link_rate: Option<zero_train::plan::link_rate::LinkRate>,
     #[command(flatten)]
     train: TrainArgs,
 }
@@ -92,19 +92,20 @@ fn main() -> ExitCode {
             val_fraction,
         }) => prepare(&text, &out, val_fraction),
         Some(Command::Export(args)) => export(&args),
-        Some(Command::Launch(args)) => zero_train::elastic::launch(&args),
+        Some(Command::Launch(args)) => zero_train::run::elastic::launch(&args),
         Some(Command::Plan(args)) => plan_config(&args.train)
             .map_err(|e| e.to_string())
             .and_then(|cfg| {
-                zero_train::plan_report::plan_table(&cfg, args.link_rate).map_err(|e| e.to_string())
+                zero_train::plan::plan_report::plan_table(&cfg, args.link_rate)
+                    .map_err(|e| e.to_string())
             })
             .map(|table| print!("{table}")),
         None => cli
             .train
             .resolve()
             .map_err(|e| e.to_string())
-            .and_then(|cfg| {
-                eprintln!("zero-train: {}", start_up_line(&cfg));
+            .and_then(|(cfg, model)| {
+                eprintln!("zero-train: {}", start_up_line(&cfg, &model));
                 train(&cfg).map(|_| ()).map_err(|e| e.to_string())
             }),
     };
@@ -122,9 +123,9 @@ fn main() -> ExitCode {
 /// training; the local backend derives it that way too).
 fn plan_config(
     args: &TrainArgs,
-) -> Result<zero_train::config::TrainConfig, zero_train::error::ConfigError> {
+) -> Result<zero_train::cli::config::TrainConfig, zero_train::error::ConfigError> {
     if args.explicit_keys()?.iter().any(|k| k == "batch_size") {
-        args.resolve()
+        args.resolve().map(|(cfg, _)| cfg)
     } else {
         let mut cfg = args.merge()?;
         cfg.batch_size = cfg.one_micro_batch_per_rank();
@@ -148,8 +149,8 @@ fn prepare(text: &[PathBuf], out: &Path, val_fraction: f64) -> Result<(), String
 }
 
 /// `zero-train export`: a model file from a training state or another model file.
-fn export(args: &zero_train::export::ExportArgs) -> Result<(), String> {
-    let model = zero_train::export::export(args).map_err(|e| e.to_string())?;
+fn export(args: &zero_train::checkpoint::export::ExportArgs) -> Result<(), String> {
+    let model = zero_train::checkpoint::export::export(args).map_err(|e| e.to_string())?;
     eprintln!(
         "exported {} layers, {} channels, {} heads, vocab {} to {}",
         model.num_layers,
@@ -162,25 +163,22 @@ fn export(args: &zero_train::export::ExportArgs) -> Result<(), String> {
 }
 
 /// What a training run says before it starts: the model, stage, ranks, batch and steps.
-fn start_up_line(cfg: &zero_train::config::TrainConfig) -> String {
+fn start_up_line(cfg: &zero_train::cli::config::TrainConfig, m: &zero_gpt::GptConfig) -> String {
     // Other backends take the world size from their launcher, known once joined.
     let ranks = match cfg.backend {
-        zero_train::config::Backend::Local if cfg.world_size == 1 => "1 rank".into(),
-        zero_train::config::Backend::Local => format!("{} ranks", cfg.world_size),
+        zero_train::cli::config::Backend::Local if cfg.world_size == 1 => "1 rank".into(),
+        zero_train::cli::config::Backend::Local => format!("{} ranks", cfg.world_size),
         _ => "ranks from the launcher".to_string(),
     };
-    // The shape the run builds: the preset's, flags applied, or the --init-from file's (an
-    // unreadable file is reported by `train`).
+    // The shape the run builds: the preset's, flags applied, or the --init-from file's.
     let name = match &cfg.init_from {
         Some(path) => format!("from {}", path.display()),
         None => cfg.model.clone(),
     };
-    let shape = cfg.model_config().map_or(String::new(), |m| {
-        format!(
-            " (L {}, C {}, NH {}, V {})",
-            m.num_layers, m.channels, m.num_heads, m.vocab_size
-        )
-    });
+    let shape = format!(
+        " (L {}, C {}, NH {}, V {})",
+        m.num_layers, m.channels, m.num_heads, m.vocab_size
+    );
     let offload = if cfg.offload_optimizer {
         " (optimizer offloaded to the host)"
     } else {

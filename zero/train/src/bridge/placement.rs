@@ -89,8 +89,8 @@ impl Placement for CpuBackend {
     }
 
     fn memory_budget(&self) -> Option<(&'static str, u64)> {
-        let available = crate::memory_fit::host_available_bytes()?;
-        Some((crate::memory_fit::host_memory_description(), available))
+        let available = zero_alloc::host_available_bytes()?;
+        Some((zero_alloc::host_memory_description(), available))
     }
 
     fn offloaded_kept(

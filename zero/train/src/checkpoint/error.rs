@@ -5,11 +5,11 @@ use std::path::PathBuf;
 use crate::error::IoError;
 
 /// Result alias of the checkpoint module.
-pub type Result<T, E = Error> = std::result::Result<T, E>;
+pub type Result<T, E = CheckpointError> = std::result::Result<T, E>;
 
 /// What is wrong with the bytes of an llm.c checkpoint.
 #[derive(Debug, thiserror::Error, Clone, PartialEq, Eq)]
-pub enum FormatError {
+pub enum LlmcFormatError {
     /// Fewer bytes than the 1024-byte header.
     #[error("truncated header: {got} bytes, the header is {expected}")]
     TruncatedHeader {
@@ -172,7 +172,7 @@ pub enum SafetensorsError {
 
 /// Errors of the checkpoint module.
 #[derive(Debug, thiserror::Error)]
-pub enum Error {
+pub enum CheckpointError {
     /// An I/O operation on a file or folder failed.
     #[error(transparent)]
     Io(#[from] IoError),
@@ -183,7 +183,7 @@ pub enum Error {
         path: PathBuf,
         /// What is wrong.
         #[source]
-        source: FormatError,
+        source: LlmcFormatError,
     },
     /// A malformed safetensors file.
     #[error("safetensors {path}: {source}")]

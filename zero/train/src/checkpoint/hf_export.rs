@@ -15,7 +15,7 @@ use std::path::Path;
 use serde_json::json;
 use zero_gpt::GptConfig;
 
-use super::error::{Error, Result};
+use super::error::{CheckpointError, Result};
 use super::hf::{hf_config_json, hf_tensors, HfTensor};
 use super::layout::ModelShape;
 
@@ -80,7 +80,7 @@ fn header_json(tensors: &[HfTensor], dtype: SafetensorsDtype) -> Result<Vec<u8>>
         );
         at = end;
     }
-    let mut bytes = serde_json::to_vec(&map).map_err(|source| Error::Json {
+    let mut bytes = serde_json::to_vec(&map).map_err(|source| CheckpointError::Json {
         path: "<safetensors header>".into(),
         source,
     })?;
@@ -122,9 +122,9 @@ fn write_tensor(
 /// next is asked for.
 ///
 /// # Errors
-/// [`Error::Format`] for an invalid `config`; [`Error::ShapeMismatch`] when a unit has the
+/// [`CheckpointError::Format`] for an invalid `config`; [`CheckpointError::ShapeMismatch`] when a unit has the
 /// wrong length or there are too few or too many units (the file is then not written);
-/// [`Error::Io`] naming the file.
+/// [`CheckpointError::Io`] naming the file.
 pub fn export_safetensors<U: AsRef<[f32]>>(
     config: &GptConfig,
     units: impl IntoIterator<Item = U>,
@@ -140,7 +140,7 @@ pub fn export_safetensors<U: AsRef<[f32]>>(
 pub(crate) fn checked_tensors(config: &GptConfig) -> Result<Vec<HfTensor>> {
     ModelShape::from_config(config)
         .validate()
-        .map_err(|source| Error::Format {
+        .map_err(|source| CheckpointError::Format {
             path: "<config>".into(),
             source,
         })?;
@@ -186,7 +186,7 @@ pub(crate) struct UnitCursor<U, I> {
     current: Option<(usize, U)>,
     taken: usize,
     /// Why the last [`UnitCursor::unit`] failed (its `io::Error` only stops the writer).
-    refused: Option<Error>,
+    refused: Option<CheckpointError>,
 }
 
 impl<U: AsRef<[f32]>, I: Iterator<Item = U>> UnitCursor<U, I> {
@@ -251,8 +251,8 @@ impl<U: AsRef<[f32]>, I: Iterator<Item = U>> UnitCursor<U, I> {
     }
 }
 
-fn shape_err(what: &str, expected: usize, got: usize) -> Error {
-    Error::ShapeMismatch {
+fn shape_err(what: &str, expected: usize, got: usize) -> CheckpointError {
+    CheckpointError::ShapeMismatch {
         what: what.into(),
         expected,
         got,
@@ -262,7 +262,7 @@ fn shape_err(what: &str, expected: usize, got: usize) -> Error {
 /// Writes `config.json` for HF's `GPT2LMHeadModel` (see [`hf_config_json`]), atomically.
 ///
 /// # Errors
-/// [`Error::Json`] or [`Error::Io`] naming the file.
+/// [`CheckpointError::Json`] or [`CheckpointError::Io`] naming the file.
 pub fn write_hf_config(
     config: &GptConfig,
     dtype: SafetensorsDtype,
@@ -270,7 +270,7 @@ pub fn write_hf_config(
 ) -> Result<()> {
     let path = path.as_ref();
     let json = hf_config_json(config, dtype.torch_name());
-    let text = serde_json::to_vec_pretty(&json).map_err(|source| Error::Json {
+    let text = serde_json::to_vec_pretty(&json).map_err(|source| CheckpointError::Json {
         path: path.to_path_buf(),
         source,
     })?;

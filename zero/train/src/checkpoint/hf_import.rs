@@ -14,11 +14,11 @@ use std::path::{Path, PathBuf};
 
 use zero_gpt::{GptConfig, GptError, ParamLayout};
 
-use super::error::{Error, Result, SafetensorsError};
+use super::error::{CheckpointError, Result, SafetensorsError};
 use super::hf::{hf_tensors, parse_hf_dims, HfDims, HfTensor};
 use super::layout::ModelShape;
 use super::safetensors::{read_header, Entry, ReadFail};
-use crate::error::IoError;
+use crate::fsio::failed;
 
 /// Bytes read per call while decoding a tensor.
 const CHUNK_BYTES: usize = 1 << 18;
@@ -32,9 +32,9 @@ const PREFIX: &str = "transformer.";
 /// directory. A `config.json` that is present must agree with the tensors.
 ///
 /// # Errors
-/// [`Error::Safetensors`] naming the file, and the tensor where one is at fault: truncated
+/// [`CheckpointError::Safetensors`] naming the file, and the tensor where one is at fault: truncated
 /// file, corrupt header, unsupported dtype, missing, unexpected or wrongly shaped tensor,
-/// no head count, a model the model refuses; [`Error::Io`] when reading fails.
+/// no head count, a model the model refuses; [`CheckpointError::Io`] when reading fails.
 pub fn read_safetensors(
     path: impl AsRef<Path>,
     n_head: Option<usize>,
@@ -74,49 +74,32 @@ fn with_file<T>(
 /// The dimensions the `config.json` beside `path` states (none when there is no such file).
 ///
 /// # Errors
-/// [`Error::Io`] when it exists but cannot be read; [`SafetensorsError::BadConfig`] when
+/// [`CheckpointError::Io`] when it exists but cannot be read; [`SafetensorsError::BadConfig`] when
 /// it does not parse.
 pub(super) fn sidecar_dims(path: &Path) -> Result<HfDims> {
     let config_path = path.with_file_name("config.json");
     match std::fs::read(&config_path) {
-        Ok(text) => parse_hf_dims(&text).map_err(|reason| Error::Safetensors {
+        Ok(text) => parse_hf_dims(&text).map_err(|reason| CheckpointError::Safetensors {
             path: path.to_path_buf(),
             source: SafetensorsError::BadConfig { reason },
         }),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(HfDims::default()),
-        Err(source) => Err(Error::Io(IoError {
-            op: "read",
-            path: config_path,
-            source,
-        })),
+        Err(source) => Err(failed("read", &config_path)(source).into()),
     }
 }
 
 /// `path` opened for buffered reading, and its length.
 pub(super) fn open(path: &Path) -> Result<(BufReader<File>, u64)> {
-    let io = |op| {
-        move |source| {
-            Error::Io(IoError {
-                op,
-                path: path.to_path_buf(),
-                source,
-            })
-        }
-    };
-    let file = File::open(path).map_err(io("open"))?;
-    let len = file.metadata().map_err(io("stat"))?.len();
+    let file = File::open(path).map_err(failed("open", path))?;
+    let len = file.metadata().map_err(failed("stat", path))?.len();
     Ok((BufReader::new(file), len))
 }
 
 /// A read failure of the file at `path` as the module's error, naming the file.
-pub(super) fn file_error(path: &Path, e: ReadFail) -> Error {
+pub(super) fn file_error(path: &Path, e: ReadFail) -> CheckpointError {
     match e {
-        ReadFail::Io(source) => Error::Io(IoError {
-            op: "read",
-            path: path.to_path_buf(),
-            source,
-        }),
-        ReadFail::Format(source) => Error::Safetensors {
+        ReadFail::Io(source) => failed("read", path)(source).into(),
+        ReadFail::Format(source) => CheckpointError::Safetensors {
             path: path.to_path_buf(),
             source,
         },

@@ -16,14 +16,13 @@ use std::path::{Path, PathBuf};
 
 use zero_gpt::GptConfig;
 
-use super::error::{Error, Result, SafetensorsError};
+use super::error::{CheckpointError, Result, SafetensorsError};
 use super::hf::HfDims;
 use super::hf_import::{
     assemble, file_error, infer_config_of, located, open, sidecar_dims, AssembleFail, Located, Part,
 };
 use super::safetensors::{read_header, MAX_HEADER_BYTES};
-use crate::error::IoError;
-use crate::fsio::is_plain_file_name;
+use crate::fsio::{failed, is_plain_file_name};
 
 /// The index file's name in a Hugging Face model folder.
 pub const HF_INDEX_FILE: &str = "model.safetensors.index.json";
@@ -40,8 +39,8 @@ struct Shards {
 /// model's layout, as `read_safetensors` does for one file.
 ///
 /// # Errors
-/// [`Error::Safetensors`] naming the index (a bad index, a missing or extra tensor, a wrong
-/// shape) or the shard at fault (its header, a truncated tensor); [`Error::Io`] naming the
+/// [`CheckpointError::Safetensors`] naming the index (a bad index, a missing or extra tensor, a wrong
+/// shape) or the shard at fault (its header, a truncated tensor); [`CheckpointError::Io`] naming the
 /// file that cannot be read.
 pub fn read_sharded_safetensors(
     index: impl AsRef<Path>,
@@ -70,14 +69,14 @@ pub fn sharded_safetensors_config(
         .map_err(|e| index_error(index, e))
 }
 
-fn index_error(index: &Path, source: SafetensorsError) -> Error {
-    Error::Safetensors {
+fn index_error(index: &Path, source: SafetensorsError) -> CheckpointError {
+    CheckpointError::Safetensors {
         path: index.to_path_buf(),
         source,
     }
 }
 
-fn bad_index(index: &Path, reason: String) -> Error {
+fn bad_index(index: &Path, reason: String) -> CheckpointError {
     index_error(index, SafetensorsError::BadIndex { reason })
 }
 
@@ -123,21 +122,12 @@ fn open_shards(index: &Path) -> Result<Shards> {
 
 /// The `weight_map` of the index file at `index` ([`parse_hf_index`]).
 fn read_weight_map(index: &Path) -> Result<HashMap<String, String>> {
-    let io = |op| {
-        move |source| {
-            Error::Io(IoError {
-                op,
-                path: index.to_path_buf(),
-                source,
-            })
-        }
-    };
     let mut text = Vec::new();
     File::open(index)
-        .map_err(io("open"))?
+        .map_err(failed("open", index))?
         .take(MAX_HEADER_BYTES + 1)
         .read_to_end(&mut text)
-        .map_err(io("read"))?;
+        .map_err(failed("read", index))?;
     parse_hf_index(&text).map_err(|source| index_error(index, source))
 }
 

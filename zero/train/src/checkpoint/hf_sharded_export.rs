@@ -19,10 +19,11 @@ use std::path::{Path, PathBuf};
 use serde_json::json;
 use zero_gpt::GptConfig;
 
-use super::error::{Error, Result};
+use super::error::{CheckpointError, Result};
 use super::hf::HfTensor;
 use super::hf_export::{checked_tensors, write_tensors_file, SafetensorsDtype, UnitCursor};
 use super::hf_sharded::HF_INDEX_FILE;
+use crate::fsio::failed;
 
 /// The file name HF gives a single-file model.
 pub const HF_SINGLE_FILE: &str = "model.safetensors";
@@ -32,8 +33,8 @@ pub const HF_SINGLE_FILE: &str = "model.safetensors";
 /// written, the index last (or the one `model.safetensors`).
 ///
 /// # Errors
-/// As [`export_safetensors`](super::export_safetensors); [`Error::ModelFolderInUse`] for a
-/// folder that holds a model already; [`Error::Io`] naming the folder or file that could not
+/// As [`export_safetensors`](super::export_safetensors); [`CheckpointError::ModelFolderInUse`] for a
+/// folder that holds a model already; [`CheckpointError::Io`] naming the folder or file that could not
 /// be read or written. No model file is left behind on failure.
 pub fn export_sharded_safetensors<U: AsRef<[f32]>>(
     config: &GptConfig,
@@ -49,16 +50,9 @@ pub fn export_sharded_safetensors<U: AsRef<[f32]>>(
     } else {
         (0..runs.len()).map(|i| shard_name(i, runs.len())).collect()
     };
-    let io = |op, source| {
-        Error::Io(crate::error::IoError {
-            op,
-            path: dir.to_path_buf(),
-            source,
-        })
-    };
-    std::fs::create_dir_all(dir).map_err(|e| io("create the folder", e))?;
-    if let Some(found) = model_file_in(dir).map_err(|e| io("list", e))? {
-        return Err(Error::ModelFolderInUse {
+    std::fs::create_dir_all(dir).map_err(failed("create the folder", dir))?;
+    if let Some(found) = model_file_in(dir).map_err(failed("list", dir))? {
+        return Err(CheckpointError::ModelFolderInUse {
             path: dir.to_path_buf(),
             found,
         });

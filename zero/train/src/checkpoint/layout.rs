@@ -12,7 +12,7 @@
 use serde::{Deserialize, Serialize};
 use zero_gpt::{GptConfig, GptError, ParamLayout};
 
-use super::error::{Error, FormatError, Result};
+use super::error::{CheckpointError, LlmcFormatError, Result};
 
 /// Model dimensions as llm.c's checkpoint header records them (its six words, its names).
 ///
@@ -79,19 +79,19 @@ impl ModelShape {
     /// Checks the model (the model's own rules) and that its byte count is addressable.
     ///
     /// # Errors
-    /// [`FormatError::InvalidModel`] naming the field, or [`FormatError::SizeOverflow`].
-    pub fn validate(&self) -> Result<(), FormatError> {
+    /// [`LlmcFormatError::InvalidModel`] naming the field, or [`LlmcFormatError::SizeOverflow`].
+    pub fn validate(&self) -> Result<(), LlmcFormatError> {
         self.config().validate().map_err(|e| match e {
             GptError::InvalidConfig {
                 field,
                 value,
                 reason,
-            } => FormatError::InvalidModel {
+            } => LlmcFormatError::InvalidModel {
                 field,
                 value,
                 reason,
             },
-            _ => FormatError::SizeOverflow,
+            _ => LlmcFormatError::SizeOverflow,
         })?;
         // An upper bound on the byte count, so the layout's unchecked sums cannot overflow:
         // every block tensor is at most 4C wide, so a block holds at most 16C^2 + 16C.
@@ -106,7 +106,7 @@ impl ModelShape {
             .and_then(|blocks| blocks.checked_add(embeddings?))
             .and_then(|b| b.checked_add(c.checked_mul(2)?))
             .and_then(|b| b.checked_mul(4));
-        bound.map(|_| ()).ok_or(FormatError::SizeOverflow)
+        bound.map(|_| ()).ok_or(LlmcFormatError::SizeOverflow)
     }
 
     /// The model's size table (call [`ModelShape::validate`] first).
@@ -172,7 +172,7 @@ impl ModelShape {
 
     /// Validates, mapping a bad shape to an error without a file name.
     fn checked(&self) -> Result<()> {
-        self.validate().map_err(|source| Error::Format {
+        self.validate().map_err(|source| CheckpointError::Format {
             path: "<shape>".into(),
             source,
         })
@@ -181,7 +181,7 @@ impl ModelShape {
     /// Splits a flat buffer in llm.c order into per-unit buffers.
     ///
     /// # Errors
-    /// [`Error::Format`] for an invalid shape, [`Error::ShapeMismatch`] if `flat` is not
+    /// [`CheckpointError::Format`] for an invalid shape, [`CheckpointError::ShapeMismatch`] if `flat` is not
     /// `num_params()` long.
     pub fn llmc_to_units(&self, flat: &[f32]) -> Result<Vec<Vec<f32>>> {
         self.checked()?;
@@ -207,7 +207,7 @@ impl ModelShape {
     /// [`ModelShape::llmc_to_units`]).
     ///
     /// # Errors
-    /// [`Error::Format`] for an invalid shape, [`Error::ShapeMismatch`] if the unit count or
+    /// [`CheckpointError::Format`] for an invalid shape, [`CheckpointError::ShapeMismatch`] if the unit count or
     /// a unit's length is wrong.
     pub fn units_to_llmc<U: AsRef<[f32]>>(&self, units: &[U]) -> Result<Vec<f32>> {
         self.checked()?;
@@ -231,7 +231,7 @@ pub(crate) fn check_len(what: &str, expected: usize, got: usize) -> Result<()> {
     if expected == got {
         Ok(())
     } else {
-        Err(Error::ShapeMismatch {
+        Err(CheckpointError::ShapeMismatch {
             what: what.to_string(),
             expected,
             got,

@@ -10,10 +10,9 @@ use std::fs::File;
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 
-use super::error::{Error, FormatError, Result};
+use super::error::{CheckpointError, LlmcFormatError, Result};
 use super::layout::ModelShape;
-use crate::error::IoError;
-use crate::fsio::read_up_to;
+use crate::fsio::{failed, read_up_to};
 
 /// Magic number of llm.c float32 model checkpoints.
 pub const LLMC_MAGIC: i32 = 20_240_326;
@@ -32,30 +31,30 @@ pub struct LlmcCheckpoint {
     params: Vec<f32>,
 }
 
-fn format_err(path: &Path, source: FormatError) -> Error {
-    Error::Format {
+fn format_err(path: &Path, source: LlmcFormatError) -> CheckpointError {
+    CheckpointError::Format {
         path: path.to_path_buf(),
         source,
     }
 }
 
 /// Parses and validates the header; returns the shape and the parameter byte count.
-fn parse_header(header: &[u8]) -> Result<(ModelShape, u64), FormatError> {
+fn parse_header(header: &[u8]) -> Result<(ModelShape, u64), LlmcFormatError> {
     if header.len() < LLMC_HEADER_BYTES {
-        return Err(FormatError::TruncatedHeader {
+        return Err(LlmcFormatError::TruncatedHeader {
             expected: LLMC_HEADER_BYTES,
             got: header.len(),
         });
     }
     let word = |i: usize| crate::llmc_header::word(header, i);
     if word(0) != LLMC_MAGIC {
-        return Err(FormatError::BadMagic {
+        return Err(LlmcFormatError::BadMagic {
             expected: LLMC_MAGIC,
             found: word(0),
         });
     }
     if word(1) != LLMC_VERSION {
-        return Err(FormatError::BadVersion {
+        return Err(LlmcFormatError::BadVersion {
             supported: LLMC_VERSION,
             found: word(1),
         });
@@ -65,7 +64,7 @@ fn parse_header(header: &[u8]) -> Result<(ModelShape, u64), FormatError> {
         usize::try_from(v)
             .ok()
             .filter(|&v| v > 0)
-            .ok_or(FormatError::BadDimension {
+            .ok_or(LlmcFormatError::BadDimension {
                 field,
                 value: i64::from(v),
             })
@@ -82,11 +81,11 @@ fn parse_header(header: &[u8]) -> Result<(ModelShape, u64), FormatError> {
     Ok((shape, shape.num_params() as u64 * 4))
 }
 
-fn check_len(expected_bytes: u64, got_bytes: u64) -> Result<(), FormatError> {
+fn check_len(expected_bytes: u64, got_bytes: u64) -> Result<(), LlmcFormatError> {
     if expected_bytes == got_bytes {
         Ok(())
     } else {
-        Err(FormatError::LengthMismatch {
+        Err(LlmcFormatError::LengthMismatch {
             expected_bytes,
             got_bytes,
         })
@@ -104,20 +103,11 @@ fn decode_f32(bytes: &[u8], out: &mut Vec<f32>) {
 /// Opens a checkpoint file and checks its header and length; returns the file positioned
 /// after the header, the shape and the parameter byte count.
 fn open_checked(path: &Path) -> Result<(File, ModelShape, u64)> {
-    let io = |op| {
-        move |source| {
-            Error::Io(IoError {
-                op,
-                path: path.to_path_buf(),
-                source,
-            })
-        }
-    };
-    let mut file = File::open(path).map_err(io("open"))?;
+    let mut file = File::open(path).map_err(failed("open", path))?;
     let mut header = vec![0u8; LLMC_HEADER_BYTES];
-    let got = read_up_to(&mut file, &mut header).map_err(io("read"))?;
+    let got = read_up_to(&mut file, &mut header).map_err(failed("read", path))?;
     let (shape, expected) = parse_header(&header[..got]).map_err(|e| format_err(path, e))?;
-    let file_len = file.metadata().map_err(io("stat"))?.len();
+    let file_len = file.metadata().map_err(failed("stat", path))?.len();
     check_len(expected, file_len.saturating_sub(LLMC_HEADER_BYTES as u64))
         .map_err(|e| format_err(path, e))?;
     Ok((file, shape, expected))
@@ -127,7 +117,7 @@ impl LlmcCheckpoint {
     /// A model of `shape` with every parameter zero.
     ///
     /// # Errors
-    /// [`Error::Format`] if the shape is invalid.
+    /// [`CheckpointError::Format`] if the shape is invalid.
     pub fn zeros(shape: ModelShape) -> Result<Self> {
         shape
             .validate()
@@ -141,13 +131,13 @@ impl LlmcCheckpoint {
     /// Wraps flat parameters in llm.c order.
     ///
     /// # Errors
-    /// [`Error::Format`] for an invalid shape, [`Error::ShapeMismatch`] for a wrong length.
+    /// [`CheckpointError::Format`] for an invalid shape, [`CheckpointError::ShapeMismatch`] for a wrong length.
     pub fn from_flat(shape: ModelShape, params: Vec<f32>) -> Result<Self> {
         shape
             .validate()
             .map_err(|e| format_err(Path::new("<shape>"), e))?;
         if params.len() != shape.num_params() {
-            return Err(Error::ShapeMismatch {
+            return Err(CheckpointError::ShapeMismatch {
                 what: "llm.c parameters".into(),
                 expected: shape.num_params(),
                 got: params.len(),
@@ -199,18 +189,14 @@ impl LlmcCheckpoint {
     /// Loads a checkpoint file, checking its length against the header before allocating.
     ///
     /// # Errors
-    /// [`Error::Io`] if the file cannot be opened or read; [`Error::Format`] naming the file
+    /// [`CheckpointError::Io`] if the file cannot be opened or read; [`CheckpointError::Format`] naming the file
     /// for a truncated, foreign, wrong-version, absurd or length-mismatched file.
     pub fn load(path: impl AsRef<Path>) -> Result<Self> {
         let path = path.as_ref();
         let (mut file, shape, expected) = open_checked(path)?;
         // The length was checked against the file, so reserving it all is safe here.
         let params = read_params(&mut file, expected, shape.num_params()).map_err(|e| match e {
-            ReadError::Io(source) => Error::Io(IoError {
-                op: "read",
-                path: path.to_path_buf(),
-                source,
-            }),
+            ReadError::Io(source) => failed("read", path)(source).into(),
             ReadError::Format(source) => format_err(path, source),
         })?;
         Ok(Self { shape, params })
@@ -228,7 +214,7 @@ impl LlmcCheckpoint {
     /// Parses a checkpoint held in memory (the entry point of the fuzz target).
     ///
     /// # Errors
-    /// [`Error::Format`] (path `<memory>`) as for [`LlmcCheckpoint::load`].
+    /// [`CheckpointError::Format`] (path `<memory>`) as for [`LlmcCheckpoint::load`].
     pub fn from_bytes(bytes: &[u8]) -> Result<Self> {
         let path = Path::new("<memory>");
         let (shape, expected) = parse_header(bytes).map_err(|e| format_err(path, e))?;
@@ -243,25 +229,15 @@ impl LlmcCheckpoint {
     /// announces; memory grows with the bytes present, not with the header's claim.
     ///
     /// # Errors
-    /// [`Error::Io`] on read failure, [`Error::Format`] (path `<stream>`) on malformed data.
+    /// [`CheckpointError::Io`] on read failure, [`CheckpointError::Format`] (path `<stream>`) on malformed data.
     pub fn read_from(mut reader: impl Read) -> Result<Self> {
         let path = PathBuf::from("<stream>");
         let mut header = vec![0u8; LLMC_HEADER_BYTES];
-        let got = read_up_to(&mut reader, &mut header).map_err(|source| {
-            Error::Io(IoError {
-                op: "read",
-                path: path.clone(),
-                source,
-            })
-        })?;
+        let got = read_up_to(&mut reader, &mut header).map_err(failed("read", &path))?;
         let (shape, expected) = parse_header(&header[..got]).map_err(|e| format_err(&path, e))?;
         let reserve = shape.num_params().min(CHUNK_BYTES / 4);
         let params = read_params(&mut reader, expected, reserve).map_err(|e| match e {
-            ReadError::Io(source) => Error::Io(IoError {
-                op: "read",
-                path: path.clone(),
-                source,
-            }),
+            ReadError::Io(source) => failed("read", &path)(source).into(),
             ReadError::Format(source) => format_err(&path, source),
         })?;
         Ok(Self { shape, params })
@@ -302,7 +278,7 @@ impl LlmcCheckpoint {
     /// the directory fsynced.
     ///
     /// # Errors
-    /// [`Error::Io`] naming the file.
+    /// [`CheckpointError::Io`] naming the file.
     pub fn save(&self, path: impl AsRef<Path>) -> Result<()> {
         Ok(crate::fsio::write_atomic(path.as_ref(), |w| {
             self.write_to(w)
@@ -312,7 +288,7 @@ impl LlmcCheckpoint {
 
 enum ReadError {
     Io(std::io::Error),
-    Format(FormatError),
+    Format(LlmcFormatError),
 }
 
 /// Reads exactly `expected` parameter bytes in chunks, then checks nothing follows.
@@ -330,7 +306,7 @@ fn read_params(
         let want = remaining.min(CHUNK_BYTES as u64) as usize;
         let got = read_up_to(reader, &mut buf[..want]).map_err(ReadError::Io)?;
         if got < want {
-            return Err(ReadError::Format(FormatError::LengthMismatch {
+            return Err(ReadError::Format(LlmcFormatError::LengthMismatch {
                 expected_bytes: expected,
                 got_bytes: expected - remaining + got as u64,
             }));
@@ -340,7 +316,7 @@ fn read_params(
     }
     let extra = read_up_to(reader, &mut buf[..1]).map_err(ReadError::Io)?;
     if extra > 0 {
-        return Err(ReadError::Format(FormatError::LengthMismatch {
+        return Err(ReadError::Format(LlmcFormatError::LengthMismatch {
             expected_bytes: expected,
             got_bytes: expected + 1,
         }));

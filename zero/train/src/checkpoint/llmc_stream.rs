@@ -12,10 +12,9 @@ use std::fs::File;
 use std::io::{Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 
-use super::error::{Error, Result};
+use super::error::{CheckpointError, Result};
 use super::layout::{check_len, ModelShape};
 use super::llmc::{header_bytes, LLMC_HEADER_BYTES};
-use crate::error::IoError;
 use crate::fsio::{failed, sync_parent, with_suffix};
 
 /// Bytes converted per write.
@@ -36,9 +35,9 @@ impl LlmcStreamWriter {
     /// every parameter.
     ///
     /// # Errors
-    /// [`Error::Format`] for an invalid shape, [`Error::Io`] naming the file.
+    /// [`CheckpointError::Format`] for an invalid shape, [`CheckpointError::Io`] naming the file.
     pub fn create(path: &Path, shape: ModelShape) -> Result<Self> {
-        shape.validate().map_err(|source| Error::Format {
+        shape.validate().map_err(|source| CheckpointError::Format {
             path: path.to_path_buf(),
             source,
         })?;
@@ -65,7 +64,7 @@ impl LlmcStreamWriter {
     /// fails at start-up, not after the training it was meant to keep.
     ///
     /// # Errors
-    /// [`Error::Io`] naming the folder or file.
+    /// [`CheckpointError::Io`] naming the folder or file.
     pub fn check_destination(path: &Path) -> Result<()> {
         if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
             std::fs::create_dir_all(dir).map_err(failed("create directory", dir))?;
@@ -79,12 +78,12 @@ impl LlmcStreamWriter {
     /// Writes unit `unit`'s parameters (its whole, unpadded elements) where llm.c keeps them.
     ///
     /// # Errors
-    /// [`Error::ShapeMismatch`] for a unit that does not exist or a wrong length,
-    /// [`Error::Io`] naming the file.
+    /// [`CheckpointError::ShapeMismatch`] for a unit that does not exist or a wrong length,
+    /// [`CheckpointError::Io`] naming the file.
     pub fn write_unit(&mut self, unit: usize, values: &[f32]) -> Result<()> {
         let sizes = self.shape.unit_sizes();
         let Some(&size) = sizes.get(unit) else {
-            return Err(Error::ShapeMismatch {
+            return Err(CheckpointError::ShapeMismatch {
                 what: format!("units of the model (unit {unit} was written)"),
                 expected: sizes.len(),
                 got: unit + 1,
@@ -92,13 +91,10 @@ impl LlmcStreamWriter {
         };
         check_len(&format!("unit {unit}"), size, values.len())?;
         let tmp = self.tmp.clone();
-        let file = self.file.as_mut().ok_or_else(|| {
-            Error::Io(IoError {
-                op: "write",
-                path: tmp.clone(),
-                source: std::io::ErrorKind::BrokenPipe.into(),
-            })
-        })?;
+        let file = self
+            .file
+            .as_mut()
+            .ok_or_else(|| failed("write", &tmp)(std::io::ErrorKind::BrokenPipe.into()))?;
         let mut buf = Vec::with_capacity(4 * CHUNK_FLOATS);
         for (flat, range) in self.shape.unit_pieces(unit) {
             let at = LLMC_HEADER_BYTES as u64 + 4 * flat as u64;
@@ -117,10 +113,10 @@ impl LlmcStreamWriter {
     /// Publishes the file once every unit is written.
     ///
     /// # Errors
-    /// [`Error::ShapeMismatch`] naming a unit never written, [`Error::Io`] naming the file.
+    /// [`CheckpointError::ShapeMismatch`] naming a unit never written, [`CheckpointError::Io`] naming the file.
     pub fn finish(mut self) -> Result<()> {
         if let Some(missing) = self.written.iter().position(|w| !w) {
-            return Err(Error::ShapeMismatch {
+            return Err(CheckpointError::ShapeMismatch {
                 what: format!("units written before unit {missing} is"),
                 expected: self.written.len(),
                 got: self.written.iter().filter(|w| **w).count(),

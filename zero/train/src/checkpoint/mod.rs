@@ -10,7 +10,10 @@
 //!   [`export_sharded_safetensors`] writes.
 //! - The sharded training state the trainer saves and resumes ([`PieceWriter`],
 //!   [`publish`], [`ShardedReader`]): one piece file per rank plus a manifest, readable at
-//!   any world size and stage.
+//!   any world size and stage; a run's saving and resuming of it ([`resume`], with the
+//!   background save of `sharded_save`).
+//! - A run started from another tool's model file ([`init`], `--init-from`) and `zero-train
+//!   export` ([`export`]).
 //!
 //! Dimension legend: L layers, NH heads, C channels, maxT context length, V vocabulary,
 //! Vp vocabulary padded (to a multiple of 128 in llm.c) for fast matrix products.
@@ -24,26 +27,30 @@
 //! assert_eq!(LlmcCheckpoint::from_bytes(&bytes)?, ckpt);
 //! let units = ckpt.to_units()?;
 //! assert_eq!(units.len(), 2 + 2); // embeddings, one per layer, final LayerNorm
-//! # Ok::<(), zero_train::checkpoint::Error>(())
+//! # Ok::<(), zero_train::checkpoint::CheckpointError>(())
 //! ```
 
 mod checksum;
 mod error;
+pub mod export;
 mod hf;
 mod hf_export;
 mod hf_import;
 mod hf_sharded;
 mod hf_sharded_export;
+pub mod init;
 mod layout;
 mod llmc;
 mod llmc_stream;
 mod model_file;
+pub mod resume;
 mod safetensors;
 mod sharded;
 mod sharded_read;
+mod sharded_save;
 mod sharded_write;
 
-pub use error::{Error, FormatError, Result, SafetensorsError};
+pub use error::{CheckpointError, LlmcFormatError, Result, SafetensorsError};
 pub use hf::hf_config_json;
 pub use hf_export::{export_safetensors, write_hf_config, SafetensorsDtype};
 pub use hf_import::{read_safetensors, read_safetensors_bytes, safetensors_config};

@@ -8,12 +8,12 @@ use std::path::{Path, PathBuf};
 
 use zero_gpt::GptConfig;
 
-use super::error::{Error, Result};
+use super::error::{CheckpointError, Result};
 use super::hf_import::{read_safetensors, safetensors_config};
 use super::hf_sharded::{read_sharded_safetensors, sharded_safetensors_config, HF_INDEX_FILE};
 use super::llmc::{LlmcCheckpoint, LLMC_MAGIC};
 use super::safetensors::MAX_HEADER_BYTES;
-use crate::error::IoError;
+use crate::fsio::{failed, read_up_to};
 
 /// The formats `--init-from` reads.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -32,22 +32,13 @@ impl ModelFileFormat {
     /// `{`, or when the file is too short to tell (the reader then names what is missing).
     ///
     /// # Errors
-    /// [`Error::Io`] when the file cannot be opened or read; [`Error::UnknownModelFile`]
+    /// [`CheckpointError::Io`] when the file cannot be opened or read; [`CheckpointError::UnknownModelFile`]
     /// when it starts like neither.
     pub fn detect(path: &Path) -> Result<Self> {
-        let io = |op| {
-            move |source| {
-                Error::Io(IoError {
-                    op,
-                    path: path.to_path_buf(),
-                    source,
-                })
-            }
-        };
         let mut start = [0u8; 9];
-        let mut file = File::open(path).map_err(io("open"))?;
-        let got = crate::fsio::read_up_to(&mut file, &mut start).map_err(io("read"))?;
-        Self::from_start(&start[..got]).ok_or_else(|| Error::UnknownModelFile {
+        let mut file = File::open(path).map_err(failed("open", path))?;
+        let got = read_up_to(&mut file, &mut start).map_err(failed("read", path))?;
+        Self::from_start(&start[..got]).ok_or_else(|| CheckpointError::UnknownModelFile {
             path: path.to_path_buf(),
         })
     }
@@ -73,7 +64,7 @@ impl ModelFileFormat {
 /// told by its first bytes.
 ///
 /// # Errors
-/// [`Error::NoModelInFolder`], and as [`ModelFileFormat::detect`].
+/// [`CheckpointError::NoModelInFolder`], and as [`ModelFileFormat::detect`].
 pub fn locate_model_file(path: &Path) -> Result<(PathBuf, ModelFileFormat)> {
     if path.is_dir() {
         let candidates = [
@@ -84,7 +75,7 @@ pub fn locate_model_file(path: &Path) -> Result<(PathBuf, ModelFileFormat)> {
             .into_iter()
             .map(|(name, format)| (path.join(name), format))
             .find(|(file, _)| file.is_file())
-            .ok_or_else(|| Error::NoModelInFolder {
+            .ok_or_else(|| CheckpointError::NoModelInFolder {
                 path: path.to_path_buf(),
             });
     }

@@ -29,7 +29,7 @@
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 
-use super::error::{Error, Result};
+use super::error::{CheckpointError, Result};
 use crate::fsio::{failed, with_suffix, write_atomic};
 
 /// Format name in the manifest.
@@ -185,14 +185,14 @@ pub fn complete_states(save: &Path) -> Result<Vec<(u64, PathBuf)>> {
 /// folder `DIR/latest` names; else (no `latest`) the highest complete `step-N` in `DIR`.
 ///
 /// # Errors
-/// [`Error::BadState`] when `latest` names a folder that is not a complete state, or when
+/// [`CheckpointError::BadState`] when `latest` names a folder that is not a complete state, or when
 /// `DIR` holds no state.
 pub fn resolve_state_dir(dir: &Path) -> Result<PathBuf> {
     if dir.join(MANIFEST).is_file() {
         return Ok(dir.to_path_buf());
     }
     if !dir.exists() {
-        return Err(Error::BadState {
+        return Err(CheckpointError::BadState {
             path: dir.to_path_buf(),
             reason: "no such folder".into(),
         });
@@ -203,7 +203,7 @@ pub fn resolve_state_dir(dir: &Path) -> Result<PathBuf> {
         let name = text.trim();
         let target = dir.join(name);
         if step_of(name).is_none() || !target.join(MANIFEST).is_file() {
-            return Err(Error::BadState {
+            return Err(CheckpointError::BadState {
                 path: latest,
                 reason: format!(
                     "it names {name:?}, which is not a complete state folder in {} (pass a \
@@ -223,8 +223,8 @@ pub fn resolve_state_dir(dir: &Path) -> Result<PathBuf> {
     }
 }
 
-fn no_state(dir: &Path) -> Error {
-    Error::BadState {
+fn no_state(dir: &Path) -> CheckpointError {
+    CheckpointError::BadState {
         path: dir.to_path_buf(),
         reason: format!("no {MANIFEST}, no {LATEST} and no complete step-N folder"),
     }

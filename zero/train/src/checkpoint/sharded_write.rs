@@ -6,12 +6,11 @@ use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
 
 use super::checksum::Checksum;
-use super::error::{Error, Result};
+use super::error::{CheckpointError, Result};
 use super::sharded::{
     index_file_name, partial_dir, piece_file_name, prune, step_dir, write_latest, Partitioning,
     Piece, PieceFile, ShardedManifest, MANIFEST, SHARDED_FORMAT, SHARDED_VERSION,
 };
-use crate::error::IoError;
 use crate::fsio::{create_synced, failed, sync_dir, sync_parent, with_suffix};
 
 const CHUNK_ELEMS: usize = 1 << 16;
@@ -27,7 +26,7 @@ struct PieceIndex {
 /// a stale one left by a crash). Returns the partial folder.
 ///
 /// # Errors
-/// [`Error::Io`] naming the folder.
+/// [`CheckpointError::Io`] naming the folder.
 pub fn begin_save(save: &Path, step: u64) -> Result<PathBuf> {
     std::fs::create_dir_all(save).map_err(failed("create directory", save))?;
     let partial = partial_dir(save, step);
@@ -54,7 +53,7 @@ impl PieceWriter {
     /// Creates `rank`'s piece file in the partial folder `dir`.
     ///
     /// # Errors
-    /// [`Error::Io`] naming the file.
+    /// [`CheckpointError::Io`] naming the file.
     pub fn create(dir: &Path, rank: usize) -> Result<Self> {
         let path = dir.join(piece_file_name(rank));
         let file = File::create(&path).map_err(failed("create", &path))?;
@@ -72,7 +71,7 @@ impl PieceWriter {
     /// Appends the `tensor` values of elements `start..start + data.len()` of `unit`.
     ///
     /// # Errors
-    /// [`Error::Io`] naming the file.
+    /// [`CheckpointError::Io`] naming the file.
     pub fn write(&mut self, unit: usize, tensor: &str, start: usize, data: &[f32]) -> Result<()> {
         let mut hash = Checksum::new();
         for chunk in data.chunks(CHUNK_ELEMS) {
@@ -103,15 +102,12 @@ impl PieceWriter {
     /// Flushes and fsyncs the piece file, then writes and fsyncs its index.
     ///
     /// # Errors
-    /// [`Error::Io`] or [`Error::Json`] naming the file.
+    /// [`CheckpointError::Io`] or [`CheckpointError::Json`] naming the file.
     pub fn finish(self) -> Result<()> {
-        let file = self.out.into_inner().map_err(|e| {
-            Error::Io(IoError {
-                op: "write",
-                path: self.path.clone(),
-                source: e.into_error(),
-            })
-        })?;
+        let file = self
+            .out
+            .into_inner()
+            .map_err(|e| failed("write", &self.path)(e.into_error()))?;
         file.sync_all().map_err(failed("sync", &self.path))?;
         let index = PieceIndex {
             file: PieceFile {
@@ -121,7 +117,7 @@ impl PieceWriter {
             pieces: self.pieces,
         };
         let index_path = self.dir.join(index_file_name(self.rank));
-        let json = serde_json::to_vec(&index).map_err(|source| Error::Json {
+        let json = serde_json::to_vec(&index).map_err(|source| CheckpointError::Json {
             path: index_path.clone(),
             source,
         })?;
@@ -135,7 +131,7 @@ impl PieceWriter {
 /// `keep_last` states (0 keeps all). Returns the published folder.
 ///
 /// # Errors
-/// [`Error::Io`], [`Error::Json`] naming the file; [`Error::BadState`] for an index that
+/// [`CheckpointError::Io`], [`CheckpointError::Json`] naming the file; [`CheckpointError::BadState`] for an index that
 /// does not belong to this save.
 pub fn publish(
     save: &Path,
@@ -150,8 +146,8 @@ pub fn publish(
     for rank in 0..partitioning.world {
         let path = partial.join(index_file_name(rank));
         let bytes = std::fs::read(&path).map_err(failed("read", &path))?;
-        let index: PieceIndex =
-            serde_json::from_slice(&bytes).map_err(|source| Error::Json { path, source })?;
+        let index: PieceIndex = serde_json::from_slice(&bytes)
+            .map_err(|source| CheckpointError::Json { path, source })?;
         files.push(index.file);
         pieces.extend(index.pieces);
     }
@@ -165,7 +161,7 @@ pub fn publish(
         pieces,
     };
     let manifest_path = partial.join(MANIFEST);
-    let json = serde_json::to_vec_pretty(&manifest).map_err(|source| Error::Json {
+    let json = serde_json::to_vec_pretty(&manifest).map_err(|source| CheckpointError::Json {
         path: manifest_path.clone(),
         source,
     })?;

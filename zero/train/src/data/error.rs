@@ -5,11 +5,11 @@ use std::path::PathBuf;
 use crate::error::IoError;
 
 /// Result alias of the data pipeline.
-pub type Result<T, E = Error> = std::result::Result<T, E>;
+pub type Result<T, E = DataError> = std::result::Result<T, E>;
 
 /// What is wrong with the bytes of a token file (independent of where they came from).
 #[derive(Debug, thiserror::Error, Clone, PartialEq, Eq)]
-pub enum FormatError {
+pub enum TokenFileError {
     /// Fewer bytes than the 1024-byte header.
     #[error("truncated header: {got} bytes, a token file starts with a {expected}-byte header")]
     TruncatedHeader {
@@ -73,7 +73,7 @@ pub enum FormatError {
 
 /// Errors of the data pipeline: reading, writing and preparing token files, loading batches.
 #[derive(Debug, thiserror::Error)]
-pub enum Error {
+pub enum DataError {
     /// An I/O operation on a file failed (missing file, permission, disk full...).
     #[error(transparent)]
     Io(#[from] IoError),
@@ -84,7 +84,7 @@ pub enum Error {
         path: PathBuf,
         /// What is wrong.
         #[source]
-        source: FormatError,
+        source: TokenFileError,
     },
     /// A text file is not UTF-8.
     #[error("text file {path} is not valid UTF-8 (at byte {valid_up_to})")]

@@ -15,7 +15,7 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
-use super::error::{Error, Result};
+use super::error::{DataError, Result};
 use super::token_file::TokenFile;
 
 /// Shape of the batches and this rank's place among the data-parallel ranks.
@@ -68,8 +68,8 @@ pub struct DataLoader {
     order: Option<(u64, Vec<u64>)>,
 }
 
-fn invalid(reason: impl Into<String>) -> Error {
-    Error::InvalidConfig {
+fn invalid(reason: impl Into<String>) -> DataError {
+    DataError::InvalidConfig {
         reason: reason.into(),
     }
 }
@@ -78,8 +78,8 @@ impl DataLoader {
     /// A loader over `file` positioned at the first global batch.
     ///
     /// # Errors
-    /// [`Error::InvalidConfig`] for zero sizes, `rank >= world_size` or sizes that overflow;
-    /// [`Error::NotEnoughTokens`] if the file cannot fill one global batch.
+    /// [`DataError::InvalidConfig`] for zero sizes, `rank >= world_size` or sizes that overflow;
+    /// [`DataError::NotEnoughTokens`] if the file cannot fill one global batch.
     pub fn new(file: Arc<TokenFile>, cfg: LoaderConfig) -> Result<Self> {
         if cfg.micro_batch == 0
             || cfg.seq_len == 0
@@ -105,7 +105,7 @@ impl DataLoader {
             .ok_or_else(|| invalid("B * T * world_size * grad_accum_steps overflows"))?;
         let available = file.len();
         if available < global_tokens.saturating_add(1) {
-            return Err(Error::NotEnoughTokens {
+            return Err(DataError::NotEnoughTokens {
                 needed: global_tokens as u64 + 1,
                 available: available as u64,
             });
@@ -151,7 +151,7 @@ impl DataLoader {
     /// shifted by one token), each `B * T` long, row-major (B, T).
     ///
     /// # Errors
-    /// [`Error::BufferSize`] if a buffer is not `B * T` long.
+    /// [`DataError::BufferSize`] if a buffer is not `B * T` long.
     pub fn next_micro_batch(&mut self, inputs: &mut [u32], targets: &mut [u32]) -> Result<()> {
         self.micro_batch_at(self.global_step, self.micro_step, inputs, targets)?;
         self.micro_step += 1;
@@ -165,8 +165,8 @@ impl DataLoader {
     /// This rank's micro-batch `micro_step` of global batch `global_step`, without moving.
     ///
     /// # Errors
-    /// [`Error::BufferSize`] for buffers that are not `B * T` long;
-    /// [`Error::InvalidConfig`] if `micro_step >= grad_accum_steps`.
+    /// [`DataError::BufferSize`] for buffers that are not `B * T` long;
+    /// [`DataError::InvalidConfig`] if `micro_step >= grad_accum_steps`.
     pub fn micro_batch_at(
         &mut self,
         global_step: u64,
@@ -177,7 +177,7 @@ impl DataLoader {
         let n = self.micro_batch_tokens();
         for len in [inputs.len(), targets.len()] {
             if len != n {
-                return Err(Error::BufferSize {
+                return Err(DataError::BufferSize {
                     expected: n,
                     got: len,
                 });
@@ -238,7 +238,7 @@ impl DataLoader {
     /// flag must match.
     ///
     /// # Errors
-    /// [`Error::StateMismatch`] naming the first field that differs.
+    /// [`DataError::StateMismatch`] naming the first field that differs.
     pub fn restore(&mut self, state: &LoaderState) -> Result<()> {
         let mine = self.state();
         let checks = [
@@ -253,7 +253,7 @@ impl DataLoader {
         ];
         for (field, saved, current) in checks {
             if saved != current {
-                return Err(Error::StateMismatch {
+                return Err(DataError::StateMismatch {
                     reason: format!(
                         "{field}: saved {saved}, current {current}{}",
                         hint(field, saved, self.cfg.seq_len)
@@ -262,7 +262,7 @@ impl DataLoader {
             }
         }
         if state.micro_step >= self.cfg.grad_accum_steps as u64 {
-            return Err(Error::StateMismatch {
+            return Err(DataError::StateMismatch {
                 reason: format!(
                     "micro_step {} is not below grad_accum_steps {}",
                     state.micro_step, self.cfg.grad_accum_steps

@@ -15,7 +15,7 @@
 //! loader.next_micro_batch(&mut inputs, &mut targets)?;
 //! assert_eq!(&inputs[..4], &[0, 1, 2, 3]);
 //! assert_eq!(&targets[..4], &[1, 2, 3, 4]);
-//! # Ok::<(), zero_train::data::Error>(())
+//! # Ok::<(), zero_train::data::DataError>(())
 //! ```
 
 mod error;
@@ -23,7 +23,7 @@ mod loader;
 mod prepare;
 mod token_file;
 
-pub use error::{Error, FormatError, Result};
+pub use error::{DataError, Result, TokenFileError};
 pub use loader::{DataLoader, LoaderConfig, LoaderState};
 pub use prepare::{prepare, PrepareSummary, TRAIN_FILE, VAL_FILE};
 pub use token_file::{

@@ -11,9 +11,9 @@
 
 use std::path::{Path, PathBuf};
 
-use super::error::{Error, Result};
+use super::error::{DataError, Result};
 use super::token_file::{write_atomic, TokenFile, GPT2_EOT};
-use crate::error::IoError;
+use crate::fsio::failed;
 
 /// File name of the training split in the output directory.
 pub const TRAIN_FILE: &str = "train.bin";
@@ -44,33 +44,27 @@ pub struct PrepareSummary {
 /// tokens taken from the start of the stream, and both splits must be non-empty.
 ///
 /// # Errors
-/// [`Error::InvalidPrepare`] for no inputs or a bad fraction, [`Error::Io`] naming the file
-/// that could not be read or written, [`Error::NotUtf8`] for a text that is not UTF-8,
-/// [`Error::Tokenizer`] if the BPE tables fail to load.
+/// [`DataError::InvalidPrepare`] for no inputs or a bad fraction, [`DataError::Io`] naming the file
+/// that could not be read or written, [`DataError::NotUtf8`] for a text that is not UTF-8,
+/// [`DataError::Tokenizer`] if the BPE tables fail to load.
 pub fn prepare(texts: &[PathBuf], out_dir: &Path, val_fraction: f64) -> Result<PrepareSummary> {
     if texts.is_empty() {
-        return Err(Error::InvalidPrepare {
+        return Err(DataError::InvalidPrepare {
             reason: "no text files given".into(),
         });
     }
     if !(val_fraction > 0.0 && val_fraction < 1.0) {
-        return Err(Error::InvalidPrepare {
+        return Err(DataError::InvalidPrepare {
             reason: format!("val_fraction must lie strictly between 0 and 1, got {val_fraction}"),
         });
     }
-    let bpe = tiktoken_rs::r50k_base().map_err(|e| Error::Tokenizer(e.to_string()))?;
+    let bpe = tiktoken_rs::r50k_base().map_err(|e| DataError::Tokenizer(e.to_string()))?;
     let mut stream: Vec<u16> = Vec::new();
     let mut text_bytes = 0u64;
     for path in texts {
-        let bytes = std::fs::read(path).map_err(|source| {
-            Error::Io(IoError {
-                op: "read",
-                path: path.clone(),
-                source,
-            })
-        })?;
+        let bytes = std::fs::read(path).map_err(failed("read", path))?;
         text_bytes += bytes.len() as u64;
-        let text = std::str::from_utf8(&bytes).map_err(|e| Error::NotUtf8 {
+        let text = std::str::from_utf8(&bytes).map_err(|e| DataError::NotUtf8 {
             path: path.clone(),
             valid_up_to: e.valid_up_to(),
         })?;
@@ -78,7 +72,7 @@ pub fn prepare(texts: &[PathBuf], out_dir: &Path, val_fraction: f64) -> Result<P
         for id in bpe.encode_ordinary(text) {
             // r50k ids are below 50257; anything else is a tokenizer bug, not user input.
             let id = u16::try_from(id)
-                .map_err(|_| Error::Tokenizer(format!("token id {id} does not fit uint16")))?;
+                .map_err(|_| DataError::Tokenizer(format!("token id {id} does not fit uint16")))?;
             stream.push(id);
         }
     }
@@ -86,19 +80,13 @@ pub fn prepare(texts: &[PathBuf], out_dir: &Path, val_fraction: f64) -> Result<P
     let n = stream.len();
     let val_len = ((n as f64) * val_fraction).ceil() as usize;
     if val_len == 0 || val_len >= n {
-        return Err(Error::InvalidPrepare {
+        return Err(DataError::InvalidPrepare {
             reason: format!("{n} tokens cannot be split with val_fraction {val_fraction}"),
         });
     }
     let train = TokenFile::from_tokens(stream.split_off(val_len))?;
     let val = TokenFile::from_tokens(stream)?;
-    std::fs::create_dir_all(out_dir).map_err(|source| {
-        Error::Io(IoError {
-            op: "create directory",
-            path: out_dir.into(),
-            source,
-        })
-    })?;
+    std::fs::create_dir_all(out_dir).map_err(failed("create directory", out_dir))?;
     let train_path = out_dir.join(TRAIN_FILE);
     let val_path = out_dir.join(VAL_FILE);
     write_atomic(&train_path, &train.to_bytes())?;

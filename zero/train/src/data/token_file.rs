@@ -8,9 +8,8 @@ use std::fs::File;
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 
-use super::error::{Error, FormatError, Result};
-use crate::error::IoError;
-use crate::fsio::read_up_to;
+use super::error::{DataError, Result, TokenFileError};
+use crate::fsio::{failed, read_up_to};
 
 /// Magic number in the first header word of a token file.
 pub const TOKEN_MAGIC: i32 = 20_240_520;
@@ -35,17 +34,17 @@ fn memory_path() -> PathBuf {
     PathBuf::from("<memory>")
 }
 
-fn format_err(path: &Path, source: FormatError) -> Error {
-    Error::Format {
+fn format_err(path: &Path, source: TokenFileError) -> DataError {
+    DataError::Format {
         path: path.to_path_buf(),
         source,
     }
 }
 
 /// Parses and checks the header; returns the token count.
-fn parse_header(header: &[u8]) -> Result<u64, FormatError> {
+fn parse_header(header: &[u8]) -> Result<u64, TokenFileError> {
     if header.len() < HEADER_BYTES {
-        return Err(FormatError::TruncatedHeader {
+        return Err(TokenFileError::TruncatedHeader {
             expected: HEADER_BYTES,
             got: header.len(),
         });
@@ -53,23 +52,23 @@ fn parse_header(header: &[u8]) -> Result<u64, FormatError> {
     let word = |i: usize| crate::llmc_header::word(header, i);
     let magic = word(0);
     if magic != TOKEN_MAGIC {
-        return Err(FormatError::BadMagic {
+        return Err(TokenFileError::BadMagic {
             expected: TOKEN_MAGIC,
             found: magic,
         });
     }
     let version = word(1);
     if version != TOKEN_VERSION {
-        return Err(FormatError::BadVersion {
+        return Err(TokenFileError::BadVersion {
             supported: TOKEN_VERSION,
             found: version,
         });
     }
     let count = word(2);
-    u64::try_from(count).map_err(|_| FormatError::NegativeCount { count })
+    u64::try_from(count).map_err(|_| TokenFileError::NegativeCount { count })
 }
 
-fn decode_tokens(payload: &[u8], vocab: u32) -> Result<Vec<u16>, FormatError> {
+fn decode_tokens(payload: &[u8], vocab: u32) -> Result<Vec<u16>, TokenFileError> {
     let tokens: Vec<u16> = payload
         .chunks_exact(2)
         .map(|b| u16::from_le_bytes([b[0], b[1]]))
@@ -79,7 +78,7 @@ fn decode_tokens(payload: &[u8], vocab: u32) -> Result<Vec<u16>, FormatError> {
         .enumerate()
         .find(|(_, &t)| u32::from(t) >= vocab)
     {
-        return Err(FormatError::TokenOutOfRange {
+        return Err(TokenFileError::TokenOutOfRange {
             index,
             token,
             vocab,
@@ -88,11 +87,11 @@ fn decode_tokens(payload: &[u8], vocab: u32) -> Result<Vec<u16>, FormatError> {
     Ok(tokens)
 }
 
-fn check_payload_len(count: u64, payload_bytes: u64) -> Result<(), FormatError> {
+fn check_payload_len(count: u64, payload_bytes: u64) -> Result<(), TokenFileError> {
     // count < 2^31, so this cannot overflow.
     let expected_bytes = count * 2;
     if payload_bytes != expected_bytes {
-        return Err(FormatError::CountMismatch {
+        return Err(TokenFileError::CountMismatch {
             header_tokens: count,
             expected_bytes,
             payload_bytes,
@@ -105,7 +104,7 @@ impl TokenFile {
     /// Wraps tokens already in memory (checked against the GPT-2 vocabulary).
     ///
     /// # Errors
-    /// [`Error::Format`] if a token is `>= GPT2_VOCAB` or there are more than `i32::MAX`.
+    /// [`DataError::Format`] if a token is `>= GPT2_VOCAB` or there are more than `i32::MAX`.
     pub fn from_tokens(tokens: Vec<u16>) -> Result<Self> {
         Self::from_tokens_with_vocab(tokens, GPT2_VOCAB)
     }
@@ -113,12 +112,12 @@ impl TokenFile {
     /// Wraps tokens already in memory, checked against `vocab`.
     ///
     /// # Errors
-    /// [`Error::Format`] if a token is `>= vocab` or there are more than `i32::MAX`.
+    /// [`DataError::Format`] if a token is `>= vocab` or there are more than `i32::MAX`.
     pub fn from_tokens_with_vocab(tokens: Vec<u16>, vocab: u32) -> Result<Self> {
         if i32::try_from(tokens.len()).is_err() {
             return Err(format_err(
                 &memory_path(),
-                FormatError::TooManyTokens {
+                TokenFileError::TooManyTokens {
                     count: tokens.len(),
                 },
             ));
@@ -130,7 +129,7 @@ impl TokenFile {
         {
             return Err(format_err(
                 &memory_path(),
-                FormatError::TokenOutOfRange {
+                TokenFileError::TokenOutOfRange {
                     index,
                     token,
                     vocab,
@@ -143,7 +142,7 @@ impl TokenFile {
     /// Opens and validates a token file, checking tokens against the GPT-2 vocabulary.
     ///
     /// # Errors
-    /// [`Error::Io`] if the file cannot be opened or read; [`Error::Format`] naming the file
+    /// [`DataError::Io`] if the file cannot be opened or read; [`DataError::Format`] naming the file
     /// if it is truncated, foreign (magic), of another version, disagrees with its count, or
     /// holds a token outside the vocabulary.
     pub fn open(path: impl AsRef<Path>) -> Result<Self> {
@@ -156,25 +155,17 @@ impl TokenFile {
     /// As [`TokenFile::open`].
     pub fn open_with_vocab(path: impl AsRef<Path>, vocab: u32) -> Result<Self> {
         let path = path.as_ref();
-        let io = |op| {
-            move |source| {
-                Error::Io(IoError {
-                    op,
-                    path: path.to_path_buf(),
-                    source,
-                })
-            }
-        };
-        let mut file = File::open(path).map_err(io("open"))?;
+        let mut file = File::open(path).map_err(failed("open", path))?;
         let mut header = vec![0u8; HEADER_BYTES];
-        let got = read_up_to(&mut file, &mut header).map_err(io("read"))?;
+        let got = read_up_to(&mut file, &mut header).map_err(failed("read", path))?;
         let count = parse_header(&header[..got]).map_err(|e| format_err(path, e))?;
         // Check the size against the header before allocating for the payload.
-        let file_len = file.metadata().map_err(io("stat"))?.len();
+        let file_len = file.metadata().map_err(failed("stat", path))?.len();
         let payload_bytes = file_len.saturating_sub(HEADER_BYTES as u64);
         check_payload_len(count, payload_bytes).map_err(|e| format_err(path, e))?;
         let mut payload = Vec::with_capacity(usize::try_from(payload_bytes).unwrap_or(0));
-        file.read_to_end(&mut payload).map_err(io("read"))?;
+        file.read_to_end(&mut payload)
+            .map_err(failed("read", path))?;
         // The file may have changed between stat and read; check again.
         check_payload_len(count, payload.len() as u64).map_err(|e| format_err(path, e))?;
         let tokens = decode_tokens(&payload, vocab).map_err(|e| format_err(path, e))?;
@@ -184,7 +175,7 @@ impl TokenFile {
     /// Parses a whole token file held in memory (the path the fuzz target drives).
     ///
     /// # Errors
-    /// [`Error::Format`] (with path `<memory>`) as for [`TokenFile::open`].
+    /// [`DataError::Format`] (with path `<memory>`) as for [`TokenFile::open`].
     pub fn from_bytes(bytes: &[u8], vocab: u32) -> Result<Self> {
         let count = parse_header(bytes).map_err(|e| format_err(&memory_path(), e))?;
         let payload = &bytes[HEADER_BYTES..];
@@ -198,24 +189,17 @@ impl TokenFile {
     /// announces; memory grows with the bytes actually present, never with the header's claim.
     ///
     /// # Errors
-    /// [`Error::Io`] on read failure, [`Error::Format`] (path `<stream>`) on malformed data.
+    /// [`DataError::Io`] on read failure, [`DataError::Format`] (path `<stream>`) on malformed data.
     pub fn read_from(mut reader: impl Read, vocab: u32) -> Result<Self> {
         let path = PathBuf::from("<stream>");
-        let io = |source| {
-            Error::Io(IoError {
-                op: "read",
-                path: path.clone(),
-                source,
-            })
-        };
         let mut header = vec![0u8; HEADER_BYTES];
-        let got = read_up_to(&mut reader, &mut header).map_err(io)?;
+        let got = read_up_to(&mut reader, &mut header).map_err(failed("read", &path))?;
         let count = parse_header(&header[..got]).map_err(|e| format_err(&path, e))?;
         let mut payload = Vec::new();
         reader
             .take(count * 2 + 1)
             .read_to_end(&mut payload)
-            .map_err(io)?;
+            .map_err(failed("read", &path))?;
         check_payload_len(count, payload.len() as u64).map_err(|e| format_err(&path, e))?;
         let tokens = decode_tokens(&payload, vocab).map_err(|e| format_err(&path, e))?;
         Ok(Self { tokens })
@@ -256,7 +240,7 @@ impl TokenFile {
     /// `path`, directory fsynced; a reader never sees a half-written file.
     ///
     /// # Errors
-    /// [`Error::Io`] if writing or renaming fails.
+    /// [`DataError::Io`] if writing or renaming fails.
     pub fn write(&self, path: impl AsRef<Path>) -> Result<()> {
         write_atomic(path.as_ref(), &self.to_bytes())
     }

@@ -1,6 +1,6 @@
 //! Byte counts as users write them: `1048576`, `512K`, `16G` (powers of 1024, like nccl-tests).
+//! With feature `serde`, a count reads from a number or such a string in a config file.
 
-use serde::{de, Deserialize, Deserializer, Serialize, Serializer};
 use std::fmt;
 use std::str::FromStr;
 
@@ -68,33 +68,40 @@ impl fmt::Display for ByteSize {
     }
 }
 
-impl Serialize for ByteSize {
-    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        s.serialize_u64(self.0)
-    }
-}
+#[cfg(feature = "serde")]
+mod serde_impls {
+    use super::ByteSize;
+    use serde::{de, Deserialize, Deserializer, Serialize, Serializer};
+    use std::fmt;
 
-impl<'de> Deserialize<'de> for ByteSize {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct Visitor;
-        impl de::Visitor<'_> for Visitor {
-            type Value = ByteSize;
-            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("a byte count such as 1048576 or \"16G\"")
-            }
-            fn visit_u64<E: de::Error>(self, v: u64) -> Result<ByteSize, E> {
-                Ok(ByteSize(v))
-            }
-            fn visit_i64<E: de::Error>(self, v: i64) -> Result<ByteSize, E> {
-                u64::try_from(v)
-                    .map(ByteSize)
-                    .map_err(|_| E::custom(format!("negative byte count {v}")))
-            }
-            fn visit_str<E: de::Error>(self, v: &str) -> Result<ByteSize, E> {
-                v.parse().map_err(E::custom)
-            }
+    impl Serialize for ByteSize {
+        fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+            s.serialize_u64(self.0)
         }
-        d.deserialize_any(Visitor)
+    }
+
+    impl<'de> Deserialize<'de> for ByteSize {
+        fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+            struct Visitor;
+            impl de::Visitor<'_> for Visitor {
+                type Value = ByteSize;
+                fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                    f.write_str("a byte count such as 1048576 or \"16G\"")
+                }
+                fn visit_u64<E: de::Error>(self, v: u64) -> Result<ByteSize, E> {
+                    Ok(ByteSize(v))
+                }
+                fn visit_i64<E: de::Error>(self, v: i64) -> Result<ByteSize, E> {
+                    u64::try_from(v)
+                        .map(ByteSize)
+                        .map_err(|_| E::custom(format!("negative byte count {v}")))
+                }
+                fn visit_str<E: de::Error>(self, v: &str) -> Result<ByteSize, E> {
+                    v.parse().map_err(E::custom)
+                }
+            }
+            d.deserialize_any(Visitor)
+        }
     }
 }
 

@@ -7,11 +7,12 @@
 //! `micro_batch_size`); unknown keys are errors. [`crate::TrainArgs`] layers flags over the
 //! file over the defaults, and [`TrainConfig::validate`] checks every value's range.
 
-use super::bytesize::ByteSize;
 use clap::{Args, FromArgMatches, ValueEnum};
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
-use zero::ZeroStage;
+use zero::optim::AdamW;
+use zero::{EngineConfig, ZeroStage};
+use zero_alloc::ByteSize;
 use zero_gpt::GptConfig;
 
 use crate::error::ConfigError;
@@ -186,7 +187,7 @@ pub struct TrainConfig {
     /// KIND kill, hang, slow=MS, corrupt or diverge (repeatable; also ZERO_INJECT_FAULT,
     /// `;`-separated; docs/faults.md).
     #[arg(long, allow_hyphen_values = true)]
-    pub inject_fault: Vec<crate::fault::FaultSpec>,
+    pub inject_fault: Vec<crate::run::fault::FaultSpec>,
 
     /// Optimizer steps to run.
     #[arg(long, allow_negative_numbers = true, default_value_t = 200)]
@@ -367,6 +368,28 @@ impl TrainConfig {
         }
     }
 
+    /// The engine's knobs as this run's flags set them, with the model's `activation_bytes`
+    /// in the arena: the one mapping of the flags to the engine, whose
+    /// [`plan_shape`](EngineConfig::plan_shape) is the plan's.
+    pub fn engine_config(&self, activation_bytes: u64) -> EngineConfig {
+        EngineConfig {
+            stage: self.zero_stage,
+            precision: self.precision.into(),
+            reduce_bucket_bytes: usize::try_from(self.reduce_bucket_size.0).unwrap_or(usize::MAX),
+            persistence_threshold: self.param_persistence_threshold,
+            prefetch_units: self.prefetch_units,
+            grad_clip: self.grad_clip,
+            adam: AdamW {
+                weight_decay: self.weight_decay,
+                ..AdamW::default()
+            },
+            memory_limit: self.memory_limit.map(|m| m.0),
+            defragment: !self.no_defragment,
+            activation_bytes,
+            offload_optimizer: self.offload_optimizer,
+        }
+    }
+
     /// Micro-steps per optimizer step on each rank (after [`validate`](Self::validate), the
     /// global batch is a whole multiple of `micro_batch_size * world_size`).
     pub fn grad_accum_steps(&self) -> usize {
@@ -382,14 +405,14 @@ impl TrainConfig {
 
     /// The model shape this configuration asks for: the shape of the `--init-from` file when
     /// one is given (shape flags must then agree with it), else the preset with explicit
-    /// overrides.
+    /// overrides. Called by [`validate`](Self::validate) alone, which hands the shape on.
     ///
     /// # Errors
     /// An unknown preset, an invalid shape, an unreadable `--init-from` file or a shape flag
     /// that contradicts it.
-    pub fn model_config(&self) -> Result<GptConfig, ConfigError> {
+    pub(crate) fn model_config(&self) -> Result<GptConfig, ConfigError> {
         if let Some(path) = &self.init_from {
-            return crate::init::file_model(path, self);
+            return crate::checkpoint::init::file_model(path, self);
         }
         let preset = GptConfig::preset(&self.model)?;
         let (vocab, layers, heads, dim) = (

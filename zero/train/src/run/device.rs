@@ -6,7 +6,7 @@
 //! and an arena's synchronisation waits for every rank's queued work);
 //! or (feature `cuda`, `--backend nccl --device cuda`, one process per GPU) the GPU of this
 //! process's local rank, with NCCL between the processes and the launcher's host communicator
-//! (TCP under torchrun, MPI under `mpirun`: `crate::launch`) for the engine's control traffic.
+//! (TCP under torchrun, MPI under `mpirun`: `crate::run::launch`) for the engine's control traffic.
 //!
 //! On the GPU the trainer runs steps, evaluation, checkpoints (which copy model states
 //! through the arena's byte copies, the path the CPU runs too), activation offload (a copy
@@ -17,8 +17,8 @@
 //! what can cross threads (the communicator's unique id, the GPU's ordinal), and the engine's
 //! ops are built in the rank's thread ([`cuda::CudaRank::into_parts`]).
 
-use super::config::{Backend, Device, TrainConfig};
-use super::error::TrainError;
+use crate::cli::config::{Backend, Device, TrainConfig};
+use crate::error::TrainError;
 
 /// One rank's device.
 pub(crate) enum RankDevice {
@@ -71,7 +71,7 @@ pub(crate) fn refuse_unsupported_on_gpu(cfg: &TrainConfig) -> Result<(), TrainEr
 
 /// Refuses `--backend nccl` where something it needs is missing, naming it: `--device cuda`,
 /// the `cuda` feature, or (before any peer is waited for) the CUDA driver, a GPU or NCCL. The
-/// launcher is checked when the process joins (`crate::launch`).
+/// launcher is checked when the process joins (`crate::run::launch`).
 ///
 /// # Errors
 /// [`TrainError::Unsupported`] naming the missing flag or feature; the missing library.
@@ -117,7 +117,7 @@ fn gpu_ranks(cfg: &TrainConfig, ranks: usize) -> Result<Vec<RankDevice>, TrainEr
 }
 
 /// This process's NCCL rank: rank 0's unique id broadcast over `control` (the job's host
-/// communicator, `crate::launch`), the GPU `local_rank`. Collective over `control`.
+/// communicator, `crate::run::launch`), the GPU `local_rank`. Collective over `control`.
 ///
 /// # Errors
 /// NCCL failing to make the id, a local rank past the machine's GPUs, a peer that does not

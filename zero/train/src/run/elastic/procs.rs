@@ -3,7 +3,7 @@
 
 use super::{decide, Decision, LaunchArgs, Policy};
 use crate::checkpoint::complete_states;
-use crate::fault::RESTART_COUNT_ENV;
+use crate::run::fault::RESTART_COUNT_ENV;
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus};

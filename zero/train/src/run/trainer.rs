@@ -10,14 +10,14 @@ mod engine_setup;
 mod faults;
 mod saving;
 
-use super::bridge::{arena_activations, eval_loss, micro_step, Placement};
-use super::error::TrainError;
-use super::init::load_init;
-use super::metrics::{RankReport, StepMetrics};
-use super::resume::{load_state, PendingSave};
-use super::run::{RankOutput, Shared};
-use super::sample::{decode, sample};
+use crate::bridge::{arena_activations, eval_loss, micro_step, Placement};
+use crate::checkpoint::init::load_init;
+use crate::checkpoint::resume::{load_state, PendingSave};
 use crate::data::{DataLoader, LoaderConfig};
+use crate::error::TrainError;
+use crate::run::metrics::{RankReport, StepMetrics};
+use crate::run::sample::{decode, sample};
+use crate::run::{RankOutput, Shared};
 use engine_setup::build_engine;
 use std::time::Instant;
 use zero::optim::CosineSchedule;
@@ -224,7 +224,7 @@ impl<'a, B: Placement> Trainer<'a, B> {
             peak_bytes: arena.peak_allocated as u64,
             plan_bytes: self.engine.memory_plan().total(),
             staging_outside_bytes: self.engine.comm().staging_outside_bytes(),
-            resident: crate::resident::resident(),
+            resident: crate::run::resident::resident(),
             defrags: arena.defrags - arena_before.defrags,
             defrag_bytes_moved: arena.bytes_moved - arena_before.bytes_moved,
             step: step + 1,

@@ -4,7 +4,7 @@
 use super::Trainer;
 use crate::bridge::{full_params, gpt_program, train_program, Placement};
 use crate::error::TrainError;
-use crate::fault::due;
+use crate::run::fault::due;
 use zero_gpt::train_ops;
 
 impl<'a, B: Placement> Trainer<'a, B> {

@@ -4,13 +4,13 @@
 //! Each refusal is a [`ConfigError::OutOfRange`] naming the flag (and its config key), the
 //! value given and what would be right.
 
-use super::config::TrainConfig;
-use super::error::ConfigError;
+use crate::cli::config::TrainConfig;
+use crate::error::ConfigError;
 use std::fmt::Display;
-use zero_gpt::ParamLayout;
+use zero_gpt::{GptConfig, ParamLayout};
 
-/// Most ranks one run starts (the local backend runs each as a thread).
-pub const MAX_RANKS: usize = 1024;
+/// Most ranks one run starts.
+pub use zero::MAX_RANKS;
 /// Most optimizer steps (and warm-up, evaluation and save intervals) a run counts.
 pub const MAX_STEPS: u64 = 1 << 40;
 /// Most tokens in one global batch (`batch_size * seq_len`): 1 GiB of u32 token ids.
@@ -76,20 +76,24 @@ fn short(x: f32) -> String {
 }
 
 impl TrainConfig {
-    /// Checks every value's range and the relations between values; under a launcher all but
-    /// [`validate_world`](Self::validate_world), which needs the joined world size.
+    /// Checks every value's range and the relations between values (under a launcher all but
+    /// [`validate_world`](Self::validate_world), which needs the joined world size), and
+    /// returns the model the configuration asks for: the one place it is resolved (an
+    /// `--init-from` file is read here), for the caller to carry.
     ///
     /// # Errors
     /// [`ConfigError::OutOfRange`] naming the flag, the value and what would be right;
-    /// [`ConfigError::Model`] for an unknown preset or an invalid model shape.
-    pub fn validate(&self) -> Result<(), ConfigError> {
-        self.validate_shape()?;
+    /// [`ConfigError::Model`] for an unknown preset or an invalid model shape; the errors of
+    /// an `--init-from` file.
+    pub fn validate(&self) -> Result<GptConfig, ConfigError> {
+        let model = self.validate_shape()?;
         self.validate_batch()?;
         self.validate_schedule()?;
-        self.validate_engine()
+        self.validate_engine(&model)?;
+        Ok(model)
     }
 
-    fn validate_shape(&self) -> Result<(), ConfigError> {
+    fn validate_shape(&self) -> Result<GptConfig, ConfigError> {
         let optional = [
             ("layers", self.layers, MAX_LAYERS_OR_HEADS),
             ("heads", self.heads, MAX_LAYERS_OR_HEADS),
@@ -106,8 +110,7 @@ impl TrainConfig {
         if self.sample_tokens > 0 {
             in_range("top_k", self.top_k, 1, MAX_WIDTH)?;
         }
-        self.model_config()?;
-        Ok(())
+        self.model_config()
     }
 
     /// The communicators' settings: `comm_timeout` checked (a launcher's ranks build their
@@ -125,7 +128,7 @@ impl TrainConfig {
 
     fn validate_batch(&self) -> Result<(), ConfigError> {
         // A launcher's ranks learn the world size once joined; `run_group` checks it then.
-        if self.backend == crate::config::Backend::Local {
+        if self.backend == crate::cli::config::Backend::Local {
             self.validate_world()?;
         } else {
             self.validate_batch_sizes()?;
@@ -245,7 +248,7 @@ impl TrainConfig {
         finite_in("grad_clip", self.grad_clip, 0.0, f32::MAX)
     }
 
-    fn validate_engine(&self) -> Result<(), ConfigError> {
+    fn validate_engine(&self, model: &GptConfig) -> Result<(), ConfigError> {
         in_range(
             "reduce_bucket_size",
             self.reduce_bucket_size.0,
@@ -255,8 +258,8 @@ impl TrainConfig {
         if let Some(limit) = self.memory_limit {
             in_range("memory_limit", limit.0, 1, u64::MAX)?;
         }
-        if let Err(e) = crate::memory_fit::host_memory_override() {
-            let var = crate::memory_fit::HOST_MEMORY_VAR;
+        if let Err(e) = zero_alloc::host_memory_override() {
+            let var = zero_alloc::HOST_MEMORY_VAR;
             return Err(ConfigError::Invalid(format!(
                 "{var}: {e}; it states the host memory in place of MemAvailable, or unset it"
             )));
@@ -268,7 +271,6 @@ impl TrainConfig {
                     .into(),
             ));
         }
-        let model = self.model_config()?;
         // A segment longer than the model is the whole model: a larger K is a typo.
         in_range(
             "checkpoint_every",
@@ -276,7 +278,7 @@ impl TrainConfig {
             1,
             model.num_layers,
         )?;
-        let units = ParamLayout::new(&model).num_units();
+        let units = ParamLayout::new(model).num_units();
         in_range("prefetch_units", self.prefetch_units, 0, units)
     }
 }

@@ -2,12 +2,12 @@
 //! the memory cap, or above the machine's available memory when no cap is given.
 
 use crate::bridge::{activation_arena_bytes, gpt_engine_on, Placement};
-use crate::config::{Backend, Device};
+use crate::cli::config::{Backend, Device};
 use crate::error::TrainError;
-use crate::memory_fit::{host_available_bytes, launcher_local_size, MemoryQuery};
+use crate::plan::memory_fit::{launcher_local_size, MemoryQuery};
 use crate::run::Shared;
-use zero::optim::AdamW;
-use zero::{Engine, EngineConfig, EngineOps};
+use zero::{Engine, EngineOps};
+use zero_alloc::host_available_bytes;
 use zero_comm::Communicator;
 use zero_gpt::{init_unit, Gpt};
 
@@ -24,25 +24,10 @@ pub(super) fn build_engine<B: Placement>(
     let placement =
         cfg.activation_placement()
             .with_scratch_of(model.backend(), &shared.model, b, t)?;
-    let engine_config = EngineConfig {
-        stage: cfg.zero_stage,
-        precision: cfg.precision.into(),
-        reduce_bucket_bytes: usize::try_from(cfg.reduce_bucket_size.0).unwrap_or(usize::MAX),
-        persistence_threshold: cfg.param_persistence_threshold,
-        prefetch_units: cfg.prefetch_units,
-        grad_clip: cfg.grad_clip,
-        adam: AdamW {
-            weight_decay: cfg.weight_decay,
-            ..AdamW::default()
-        },
-        memory_limit: cfg.memory_limit.map(|m| m.0),
-        defragment: !cfg.no_defragment,
-        activation_bytes: activation_arena_bytes(&shared.model, b, t, placement)?,
-        offload_optimizer: cfg.offload_optimizer,
-    };
+    let engine_config = cfg.engine_config(activation_arena_bytes(&shared.model, b, t, placement)?);
     engine_config.adam.validate()?;
-    let run_on = (comm.size(), comm.staging_rule());
-    let query = MemoryQuery::for_run(cfg, shared.model, placement, run_on);
+    let shape = engine_config.plan_shape(comm.size(), comm.staging_rule());
+    let query = MemoryQuery::for_run(cfg, shared.model, placement, shape);
     if let (true, Device::Cuda(_)) = (cfg.offload_optimizer, cfg.device) {
         // On a GPU the host arena is host memory of its own, outside any cap or GPU budget.
         let ranks = ranks_on_this_host(cfg.backend, comm.size());
@@ -136,7 +121,7 @@ fn refuse_offload_above_host(
         per_rank,
         ranks,
         available,
-        read: crate::memory_fit::host_memory_name(),
+        read: zero_alloc::host_memory_name(),
     })
 }
 

@@ -1,6 +1,6 @@
 //! Rank 0's display: a progress bar on a terminal, plain lines otherwise.
 
-use super::metrics::StepMetrics;
+use crate::run::metrics::StepMetrics;
 use std::io::IsTerminal;
 
 /// The bar (when stderr is a terminal and this process reports) or nothing.

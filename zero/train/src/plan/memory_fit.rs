@@ -1,11 +1,12 @@
 //! What one rank's arena must hold for a GPT training configuration (the engine's plan plus
 //! the model's activations), and, for a cap too small, which stage and options would fit.
 
-use super::bridge::{activation_arena_bytes, gpt_units, ActivationPlacement, GptPrograms};
-use super::bytesize::{ByteSize, ByteSizeError};
-use super::config::TrainConfig;
-use super::error::TrainError;
-use zero::{plan_memory, plan_traffic, MemoryPlan, PlanShape, Precision, Traffic, ZeroStage};
+use crate::bridge::{activation_arena_bytes, gpt_units, ActivationPlacement, GptPrograms};
+use crate::cli::config::TrainConfig;
+use crate::error::TrainError;
+use zero::{
+    plan_memory, plan_traffic, EngineConfig, MemoryPlan, PlanShape, Precision, Traffic, ZeroStage,
+};
 use zero_gpt::{GptConfig, ParamLayout};
 
 /// A training configuration as far as one rank's memory depends on it.
@@ -26,34 +27,31 @@ pub struct MemoryQuery {
 
 impl MemoryQuery {
     /// The query of a run configured by `cfg`, building `model` with its activations placed
-    /// as `placement` says, on `world` ranks whose backend stages as `staging`: the one
-    /// mapping of a run's flags to the plan, for the trainer's start-up check and
-    /// `zero-train plan`.
+    /// as `placement` says, whose engine plans as `shape` says (its
+    /// [`EngineConfig::plan_shape`](zero::EngineConfig::plan_shape)): for the trainer's
+    /// start-up check and `zero-train plan`.
     pub fn for_run(
         cfg: &TrainConfig,
         model: GptConfig,
         placement: ActivationPlacement,
-        (world, staging): (usize, zero_comm::StagingRule),
+        shape: PlanShape,
     ) -> Self {
         Self {
             model,
             micro_batch: cfg.micro_batch_size,
             seq_len: cfg.seq_len,
             placement,
-            shape: PlanShape {
-                world,
-                stage: cfg.zero_stage,
-                precision: cfg.precision.into(),
-                persistence_threshold: cfg.param_persistence_threshold,
-                prefetch_units: cfg.prefetch_units,
-                reduce_bucket_bytes: usize::try_from(cfg.reduce_bucket_size.0)
-                    .unwrap_or(usize::MAX),
-                // `plan` fills it from the model's formula.
-                activation_bytes: 0,
-                staging,
-                offload_optimizer: cfg.offload_optimizer,
-            },
+            shape,
         }
+    }
+
+    /// The query of `cfg`'s run on `world` ranks of a backend that stages nothing (the local
+    /// one), its activations placed as the flags say.
+    pub fn for_flags(cfg: &TrainConfig, model: GptConfig, world: usize) -> Self {
+        let shape = cfg
+            .engine_config(0)
+            .plan_shape(world, zero_comm::StagingRule::None);
+        Self::for_run(cfg, model, cfg.activation_placement(), shape)
     }
 
     /// The engine's plan with this configuration's activations.
@@ -184,100 +182,30 @@ fn added_flags(checkpointing: bool, offload: bool) -> &'static str {
     }
 }
 
-/// The default plan knobs of a fp32 run on `world` ranks at `stage` (4 MiB buckets, one unit
-/// prefetched, no persistence threshold, and a backend that stages nothing: the local one).
+/// The plan knobs of an engine's defaults at `stage` and `precision` on `world` ranks (4 MiB
+/// buckets, one unit prefetched, no persistence threshold), with a backend that stages
+/// nothing: the local one.
 pub fn default_shape(world: usize, stage: ZeroStage, precision: Precision) -> PlanShape {
-    PlanShape {
-        world,
+    let engine = EngineConfig {
         stage,
         precision,
-        persistence_threshold: 0,
-        prefetch_units: 1,
-        reduce_bucket_bytes: 4 << 20,
-        activation_bytes: 0,
-        staging: zero_comm::StagingRule::None,
-        offload_optimizer: false,
-    }
+        ..EngineConfig::default()
+    };
+    engine.plan_shape(world, zero_comm::StagingRule::None)
 }
 
 /// Processes a launcher started on this host (torchrun's `LOCAL_WORLD_SIZE`, OpenMPI's
 /// `OMPI_COMM_WORLD_LOCAL_SIZE`), read through `var`; `None` when neither is set to a count
-/// from 1 to 1024.
+/// from 1 to [`zero::MAX_RANKS`].
 pub fn launcher_local_size(var: impl Fn(&str) -> Option<String>) -> Option<usize> {
     ["LOCAL_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE"]
         .into_iter()
         .filter_map(|name| var(name)?.trim().parse::<usize>().ok())
-        .find(|n| (1..=crate::validate::MAX_RANKS).contains(n))
-}
-
-/// The environment variable that states the host memory a run may use, in place of
-/// `MemAvailable`: for machines whose reading is not what they can give, such as a virtual
-/// machine whose memory reads small at first and grows as it is used. A byte count (`100G`).
-pub const HOST_MEMORY_VAR: &str = "ZERO_HOST_MEMORY";
-
-/// [`HOST_MEMORY_VAR`]'s text, when it is set and not empty (an empty one counts as unset).
-fn host_memory_var() -> Option<String> {
-    std::env::var(HOST_MEMORY_VAR)
-        .ok()
-        .filter(|v| !v.is_empty())
-}
-
-/// The byte count [`HOST_MEMORY_VAR`] states, if it is set.
-///
-/// # Errors
-/// When it is set to something that is not a byte count. `zero-train` and `zero-bench` check
-/// this at start-up, so [`host_available_bytes`] can rely on it.
-pub fn host_memory_override() -> Result<Option<u64>, ByteSizeError> {
-    host_memory_var()
-        .map(|text| text.parse::<ByteSize>().map(|b| b.0))
-        .transpose()
-}
-
-/// The memory this machine can give without swapping: [`HOST_MEMORY_VAR`] where set, else
-/// `MemAvailable` of `/proc/meminfo`; `None` where neither can be read (not Linux, a
-/// malformed line).
-#[must_use]
-pub fn host_available_bytes() -> Option<u64> {
-    if let Ok(Some(bytes)) = host_memory_override() {
-        return Some(bytes);
-    }
-    mem_available(&std::fs::read_to_string("/proc/meminfo").ok()?)
-}
-
-/// What [`host_available_bytes`] read, in words for a refusal naming the memory a plan
-/// exceeds.
-#[must_use]
-pub fn host_memory_description() -> &'static str {
-    if host_memory_var().is_some() {
-        "the host memory ZERO_HOST_MEMORY states"
-    } else {
-        "this machine's available memory (MemAvailable)"
-    }
-}
-
-/// What [`host_available_bytes`] read, for messages: the variable's name or `MemAvailable`.
-#[must_use]
-pub fn host_memory_name() -> &'static str {
-    if host_memory_var().is_some() {
-        HOST_MEMORY_VAR
-    } else {
-        "MemAvailable"
-    }
-}
-
-/// `MemAvailable` of a `/proc/meminfo` text, in bytes.
-fn mem_available(meminfo: &str) -> Option<u64> {
-    let line = meminfo
-        .lines()
-        .find_map(|l| l.strip_prefix("MemAvailable:"))?;
-    let kib: u64 = line.trim().strip_suffix("kB")?.trim().parse().ok()?;
-    kib.checked_mul(1024)
+        .find(|n| (1..=zero::MAX_RANKS).contains(n))
 }
 
 #[cfg(test)]
 mod host_tests {
-    use super::mem_available;
-
     #[test]
     fn the_launchers_local_size_is_read_and_nonsense_ignored() {
         use super::launcher_local_size;
@@ -305,17 +233,5 @@ mod host_tests {
             None
         );
         assert_eq!(launcher_local_size(env(&[])), None);
-    }
-
-    #[test]
-    fn mem_available_reads_the_kib_line_and_refuses_what_it_cannot_read() {
-        let text = "MemTotal:       24596396 kB\nMemFree:  100 kB\nMemAvailable:   23000000 kB\n";
-        assert_eq!(mem_available(text), Some(23_000_000 * 1024));
-        assert_eq!(mem_available("MemTotal: 5 kB\n"), None);
-        assert_eq!(mem_available("MemAvailable: lots kB\n"), None);
-        assert_eq!(
-            mem_available("MemAvailable: 18446744073709551615 kB\n"),
-            None
-        );
     }
 }

@@ -10,10 +10,10 @@ use zero::{expected_model_state_bytes, MemoryPlan, Traffic, ZeroStage};
 use zero_alloc::human_bytes;
 use zero_gpt::{GptConfig, ParamLayout};
 
-use crate::config::{Backend, TrainConfig};
+use crate::cli::config::{Backend, TrainConfig};
 use crate::error::TrainError;
-use crate::link_rate::LinkRate;
-use crate::memory_fit::MemoryQuery;
+use crate::plan::link_rate::LinkRate;
+use crate::plan::memory_fit::MemoryQuery;
 
 /// One stage's plan for a run's flags.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -36,13 +36,11 @@ pub struct StagePlan {
 /// A configuration `zero-train` would refuse, a model file that cannot be read
 /// (`--init-from`), or a plan that overflows.
 pub fn stage_plans(cfg: &TrainConfig) -> Result<(GptConfig, Vec<StagePlan>), TrainError> {
-    cfg.validate()?;
+    let model = cfg.validate()?;
     // A launched run's --world-size is the plan's statement of the launcher's ranks.
     cfg.validate_world()?;
-    let model = cfg.model_config()?;
     let psi = ParamLayout::new(&model).num_params() as u64;
-    let run_on = (cfg.world_size, zero_comm::StagingRule::None);
-    let query = MemoryQuery::for_run(cfg, model, cfg.activation_placement(), run_on);
+    let query = MemoryQuery::for_flags(cfg, model, cfg.world_size);
     let every = cfg.activation_placement().checkpoint_every;
     let micro_steps = cfg.grad_accum_steps() as u64;
     let plans = ZeroStage::ALL

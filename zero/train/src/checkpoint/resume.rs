@@ -9,18 +9,18 @@
 //! the learning rate is a function of the step and sampling is seeded, so at the same
 //! world size and stage a resumed run continues to the bit.
 
-use super::config::TrainConfig;
-use super::error::TrainError;
+use crate::checkpoint::sharded_save::precision_name;
 use crate::checkpoint::{resolve_state_dir, ShardedReader};
+use crate::cli::config::TrainConfig;
 use crate::data::{DataLoader, LoaderState};
-use crate::sharded_save::precision_name;
+use crate::error::TrainError;
 use serde_json::json;
 use std::path::{Path, PathBuf};
 use zero::{Engine, StateKind};
 use zero_gpt::GptConfig;
 
+pub use crate::checkpoint::sharded_save::{finish_save, save_sharded, start_save, PendingSave};
 pub use crate::checkpoint::step_dir;
-pub use crate::sharded_save::{finish_save, save_sharded, start_save, PendingSave};
 
 /// Loads the state `dir` names (a `step-N` folder, or a save directory: see
 /// [`resolve_state_dir`]) into `engine`: each rank reads the element ranges it keeps.

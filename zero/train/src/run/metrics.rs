@@ -1,9 +1,9 @@
 //! What a run reports: JSON lines for machines (`--metrics FILE`), lines or a progress bar
 //! for people, and the closing per-rank memory and traffic table.
 
-use super::error::TrainError;
-use super::fsio::failed;
-use super::resident::Resident;
+use crate::error::TrainError;
+use crate::fsio::failed;
+use crate::run::resident::Resident;
 use serde_json::{json, Value};
 use std::fs::File;
 use std::io::{BufWriter, Write};

@@ -1,7 +1,7 @@
 //! The closing sample: seeded top-k generation after `<|endoftext|>`, and its GPT-2 text.
 
-use super::bridge::{with_logits, Placement};
-use super::error::TrainError;
+use crate::bridge::{with_logits, Placement};
+use crate::error::TrainError;
 use zero::Engine;
 use zero_gpt::{sample_top_k, Gpt, Rng};
 

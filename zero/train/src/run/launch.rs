@@ -10,9 +10,9 @@
 //!
 //! Under NCCL the host communicator carries the engine's control traffic (schedule agreement,
 //! the overflow flag, norm partials) and rank 0's NCCL unique id; the model states move on
-//! NCCL ([`crate::device`]).
+//! NCCL ([`crate::run::device`]).
 
-use crate::config::Backend;
+use crate::cli::config::Backend;
 use crate::error::TrainError;
 use zero_comm::bootstrap::LaunchEnv;
 use zero_comm::Communicator;
@@ -77,11 +77,11 @@ fn join_tcp(config: zero_comm::Config) -> Result<Joined, TrainError> {
     })?;
     // Before joining: a world past zero-train's limit would otherwise wait out the whole
     // timeout for ranks that the run would refuse anyway.
-    if env.world_size > crate::validate::MAX_RANKS {
+    if env.world_size > zero::MAX_RANKS {
         return Err(TrainError::Unsupported(format!(
             "WORLD_SIZE {} is past the {} ranks one zero-train run takes",
             env.world_size,
-            crate::validate::MAX_RANKS
+            zero::MAX_RANKS
         )));
     }
     Ok(Joined {

@@ -3,9 +3,9 @@
 
 use super::Trainer;
 use crate::bridge::Placement;
+use crate::checkpoint::resume::{finish_save, start_state_save, PendingSave};
 use crate::checkpoint::{LlmcStreamWriter, ModelShape};
 use crate::error::TrainError;
-use crate::resume::{finish_save, start_state_save, PendingSave};
 use std::time::Instant;
 
 impl<'a, B: Placement> Trainer<'a, B> {

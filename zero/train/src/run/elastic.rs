@@ -12,7 +12,7 @@ mod procs;
 pub use procs::launch;
 
 /// Most rank processes one launch starts (zero-train's limit on ranks).
-pub const MAX_NPROC: usize = crate::validate::MAX_RANKS;
+pub const MAX_NPROC: usize = zero::MAX_RANKS;
 
 /// `zero-train launch`'s flags.
 #[derive(Debug, Clone, clap::Args)]

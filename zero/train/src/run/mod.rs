@@ -1,17 +1,32 @@
 //! One training run: this process's ranks (every rank as a thread on the local backend, the
 //! one rank its launcher started it as on MPI, TCP and NCCL), each driving the GPT through its
 //! ZeRO engine over its own part of every global batch.
+//!
+//! Beside the run itself: the launcher a process joins (`launch`) and `zero-train launch`,
+//! which restarts failed ranks ([`elastic`]); the device each rank computes on ([`device`]);
+//! one rank's training state (`trainer`); faults injected on purpose ([`fault`]); what rank 0
+//! reports (`metrics`, `progress`, `report`, [`resident`]) and the closing sample.
 
-use super::bridge::Placement;
-use super::config::{Backend, TrainConfig};
-use super::device::{nccl_prerequisites, rank_devices, refuse_unsupported_on_gpu, RankDevice};
-use super::error::TrainError;
-use super::launch;
-use super::metrics::RankReport;
-use super::report::Reporter;
-use super::trainer::Trainer;
+pub mod device;
+pub mod elastic;
+pub mod fault;
+mod launch;
+pub mod metrics;
+mod progress;
+mod report;
+pub mod resident;
+mod sample;
+mod trainer;
+
+use crate::bridge::Placement;
 use crate::checkpoint::LlmcStreamWriter;
+use crate::cli::config::{Backend, TrainConfig};
 use crate::data::{TokenFile, TRAIN_FILE, VAL_FILE};
+use crate::error::TrainError;
+use crate::run::device::{nccl_prerequisites, rank_devices, refuse_unsupported_on_gpu, RankDevice};
+use crate::run::metrics::RankReport;
+use crate::run::report::Reporter;
+use crate::run::trainer::Trainer;
 use std::sync::Arc;
 use zero::EngineOps;
 use zero_comm::Communicator;
@@ -30,14 +45,6 @@ pub struct RunSummary {
     pub sample: Vec<u32>,
     /// Per-rank memory and traffic.
     pub ranks: Vec<RankReport>,
-}
-
-/// The model shape a configuration asks for: the preset, with explicit overrides.
-///
-/// # Errors
-/// An unknown preset or an invalid shape.
-pub fn model_config(cfg: &TrainConfig) -> Result<GptConfig, TrainError> {
-    Ok(cfg.model_config()?)
 }
 
 /// Everything the ranks of this process share, read-only except the reporter.
@@ -69,16 +76,17 @@ pub(crate) struct RankOutput {
 /// Any [`TrainError`]; an invalid `cfg` before any rank starts; a rank's failure stops
 /// every rank.
 pub fn train(cfg: &TrainConfig) -> Result<RunSummary, TrainError> {
-    if cfg.backend == Backend::Local {
-        // Before any communicator or thread exists (under a launcher the world size is the
-        // launcher's, checked once known in `run_group`).
-        cfg.validate()?;
-    }
+    // With the local backend, before any communicator or thread exists; under a launcher
+    // the world size is the launcher's, so `run_group` checks once it is known.
+    let model = match cfg.backend {
+        Backend::Local => Some(cfg.validate()?),
+        _ => None,
+    };
     let mut cfg = cfg.clone();
-    let from_env = crate::fault::from_env().map_err(crate::error::ConfigError::Invalid)?;
+    let from_env = crate::run::fault::from_env().map_err(crate::error::ConfigError::Invalid)?;
     cfg.inject_fault.extend(from_env);
     let group = RankGroup::new(&mut cfg)?;
-    run_group(&cfg, group)
+    run_group(&cfg, group, model)
 }
 
 /// One rank's run on its device: the trainer of its backend, then [`run_loop`].
@@ -206,7 +214,7 @@ impl RankGroup {
 /// This process's NCCL rank, on the GPU of its local rank.
 #[cfg(feature = "cuda")]
 fn nccl_device(cfg: &TrainConfig, joined: &launch::Joined) -> Result<RankDevice, TrainError> {
-    super::device::nccl_rank(cfg, &joined.control, joined.local_rank)
+    crate::run::device::nccl_rank(cfg, &joined.control, joined.local_rank)
 }
 
 /// Unreachable in practice: `nccl_prerequisites` refuses NCCL without the `cuda` feature.
@@ -231,17 +239,25 @@ fn open_tokens(
     Ok(Arc::new(TokenFile::open_with_vocab(&path, vocab)?))
 }
 
-fn run_group(cfg: &TrainConfig, mut group: RankGroup) -> Result<RunSummary, TrainError> {
-    // Under a launcher the world size has just been replaced by the launcher's.
-    cfg.validate()?;
+/// Runs the ranks of `group`; `model` is the shape `train` resolved before joining, or `None`
+/// under a launcher, whose world size has just replaced the configured one.
+fn run_group(
+    cfg: &TrainConfig,
+    mut group: RankGroup,
+    model: Option<GptConfig>,
+) -> Result<RunSummary, TrainError> {
+    let model = match model {
+        Some(model) => model,
+        None => cfg.validate()?,
+    };
     cfg.validate_world()?;
-    let attempt = crate::fault::attempt_from_env().map_err(crate::error::ConfigError::Invalid)?;
+    let attempt =
+        crate::run::fault::attempt_from_env().map_err(crate::error::ConfigError::Invalid)?;
     cfg.validate_faults(attempt)?;
     let devices = match group.nccl.take() {
         Some(nccl) => vec![nccl],
         None => rank_devices(cfg, group.comms.len())?,
     };
-    let model = cfg.model_config()?;
     let shared = Shared {
         cfg,
         model,

@@ -1,11 +1,11 @@
 //! Rank 0's reporting during a run (progress, `--metrics` lines) and at its end (the
 //! summary line and the closing memory table).
 
-use super::config::TrainConfig;
-use super::error::TrainError;
-use super::metrics::{memory_table, step_json, MetricsFile, RankReport, StepMetrics};
-use super::progress::Progress;
-use super::run::RunSummary;
+use crate::cli::config::TrainConfig;
+use crate::error::TrainError;
+use crate::run::metrics::{memory_table, step_json, MetricsFile, RankReport, StepMetrics};
+use crate::run::progress::Progress;
+use crate::run::RunSummary;
 use serde_json::{json, Value};
 use std::sync::Mutex;
 

@@ -8,7 +8,7 @@ use zero::{Engine, UnitState};
 use zero_gpt::GptConfig;
 
 use crate::checkpoint::{model_file_config, read_model_file};
-use crate::config::TrainConfig;
+use crate::cli::config::TrainConfig;
 use crate::error::{ConfigError, TrainError};
 
 /// The model of the `--init-from` file at `path`, checked against the shape flags of `cfg`

@@ -8,12 +8,13 @@
 //! mapped to their fields): `--seq-len` left out is cut to an `--init-from` file's context,
 //! and `--batch-size` left out is one micro-batch per local rank.
 
-use super::config::TrainConfig;
-use super::error::{ConfigError, IoError};
+use crate::cli::config::TrainConfig;
+use crate::error::ConfigError;
 use clap::parser::ValueSource;
 use clap::{Arg, ArgMatches, Args, Command, FromArgMatches};
 use serde_json::{Map, Value};
 use std::path::{Path, PathBuf};
+use zero_gpt::GptConfig;
 
 /// `zero-train`'s training flags: `--config FILE` and every [`TrainConfig`] flag.
 #[derive(Debug, Clone, Default)]
@@ -95,13 +96,8 @@ impl TrainArgs {
 
     /// The file's configuration and the keys it sets.
     fn read_toml_file(path: &Path) -> Result<(TrainConfig, Vec<String>), ConfigError> {
-        let text = std::fs::read_to_string(path).map_err(|source| {
-            ConfigError::Read(IoError {
-                op: "read config file",
-                path: path.to_path_buf(),
-                source,
-            })
-        })?;
+        let text =
+            std::fs::read_to_string(path).map_err(crate::fsio::failed("read config file", path))?;
         let parse_error = |e: toml::de::Error| ConfigError::Parse {
             path: path.to_path_buf(),
             message: explain_toml_error(&text, &e),
@@ -115,14 +111,15 @@ impl TrainArgs {
     }
 
     /// Typed flags over the `--config` file (if any) over defaults, fitted to the
-    /// `--init-from` file ([`crate::init::fit_to_file`]), validated.
+    /// `--init-from` file ([`crate::checkpoint::init::fit_to_file`]), validated; with the model it asks
+    /// for ([`TrainConfig::validate`]).
     ///
     /// # Errors
     /// A [`ConfigError`] naming the file or the flag whose value is wrong.
-    pub fn resolve(&self) -> Result<TrainConfig, ConfigError> {
+    pub fn resolve(&self) -> Result<(TrainConfig, GptConfig), ConfigError> {
         let config = self.merge()?;
-        config.validate()?;
-        Ok(config)
+        let model = config.validate()?;
+        Ok((config, model))
     }
 
     /// As [`TrainArgs::resolve`], without the checks of the whole configuration (each value
@@ -147,7 +144,7 @@ impl TrainArgs {
         }
         let mut config: TrainConfig = serde_json::from_value(Value::Object(merged))
             .map_err(|e| ConfigError::Invalid(e.to_string()))?;
-        crate::init::fit_to_file(&mut config, &explicit)?;
+        crate::checkpoint::init::fit_to_file(&mut config, &explicit)?;
         derive_batch_size(&mut config, &explicit);
         Ok(config)
     }
@@ -159,7 +156,7 @@ impl TrainArgs {
 /// must then divide into them.
 fn derive_batch_size(config: &mut TrainConfig, explicit: &[String]) {
     let given = explicit.iter().any(|k| k == "batch_size");
-    if !given && config.backend == crate::config::Backend::Local {
+    if !given && config.backend == crate::cli::config::Backend::Local {
         config.batch_size = config.one_micro_batch_per_rank();
     }
 }
@@ -247,7 +244,7 @@ fn to_map(value: &TrainConfig) -> Result<Map<String, Value>, ConfigError> {
 #[cfg(test)]
 mod tests {
     use super::{closest_key, edit_distance, to_map, ALIASES};
-    use crate::config::TrainConfig;
+    use crate::cli::config::TrainConfig;
 
     #[test]
     fn edit_distance_counts_single_character_edits() {

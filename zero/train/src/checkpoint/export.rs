@@ -11,13 +11,14 @@ use std::path::{Path, PathBuf};
 use clap::{Args, ValueEnum};
 use zero_gpt::GptConfig;
 
-use crate::bytesize::ByteSize;
 use crate::checkpoint::{
     export_safetensors, export_sharded_safetensors, locate_model_file, read_model_file,
     resolve_state_dir, write_hf_config, LlmcCheckpoint, ModelShape, SafetensorsDtype,
     ShardedReader,
 };
-use crate::error::{IoError, TrainError};
+use crate::error::TrainError;
+use crate::fsio::failed;
+use zero_alloc::ByteSize;
 
 /// The file formats `export` writes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -147,13 +148,7 @@ fn write(
     units: impl Iterator<Item = Result<Vec<f32>, TrainError>>,
 ) -> Result<(), TrainError> {
     if let Some(parent) = args.to.parent().filter(|p| !p.as_os_str().is_empty()) {
-        std::fs::create_dir_all(parent).map_err(|source| {
-            crate::checkpoint::Error::Io(IoError {
-                op: "create the folder",
-                path: parent.to_path_buf(),
-                source,
-            })
-        })?;
+        std::fs::create_dir_all(parent).map_err(failed("create the folder", parent))?;
     }
     let mut failed = None;
     let units = units.map_while(|u| u.map_err(|e| failed = Some(e)).ok());
