@@ -11,9 +11,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 # The unit tests of the code that exists only under feature `cuda` and needs no GPU (the
-# device views, the context owner, the cuBLAS handle's drop policy, NCCL's abort settling):
-# plain `cargo test` never compiles them.
-cargo test -p zero-alloc --features cuda --lib -- context:: cuda:: pinned::
+# device views and the arena's device-view ranges and claims, the context owner, the cuBLAS
+# handle's drop policy, NCCL's abort settling): plain `cargo test` never compiles them.
+cargo test -p zero-alloc --features cuda --lib -- context:: cuda:: pinned:: view::
 cargo test -p zero-comm --features cuda --lib -- nccl:: device_local::
 cargo test -p zero-gpt --features cuda --lib -- cuda::
 

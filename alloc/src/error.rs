@@ -78,6 +78,25 @@ pub enum AllocError {
         /// The arena's alignment.
         arena_align: usize,
     },
+    /// An element range of a device view that is reversed, does not fit the view, or starts
+    /// at an address not aligned for its element type.
+    #[error("elements {start}..{end} of {type_name} (size {elem_size}, align {elem_align}) do not fit a view of {len} bytes at {addr:#x}")]
+    BadRange {
+        /// The view's device address.
+        addr: u64,
+        /// The view's length in bytes.
+        len: usize,
+        /// First element asked for.
+        start: usize,
+        /// One past the last element asked for.
+        end: usize,
+        /// Element type name.
+        type_name: &'static str,
+        /// Element size.
+        elem_size: usize,
+        /// Element alignment.
+        elem_align: usize,
+    },
     /// The same handle was asked for twice where at least one request was mutable.
     #[error("{handle:?} is already borrowed; simultaneous views need distinct blocks")]
     AlreadyBorrowed {

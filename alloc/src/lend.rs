@@ -108,7 +108,9 @@ impl Arena {
 
 /// A pinned block of a CUDA arena lent out by [`Arena::lend_device`]: its device address,
 /// valid while the loan lasts, and a reference to the arena's device memory, so the address
-/// stays valid even if the arena is dropped first.
+/// stays valid even if the arena is dropped first. As for [`Lent`], the arena neither views,
+/// moves, frees nor lends a pinned block, so the loan is the only access to its bytes (what
+/// a crate turning it into its own device-slice type relies on).
 #[cfg(feature = "cuda")]
 #[derive(Debug)]
 pub struct LentDevice {
@@ -153,7 +155,7 @@ impl Arena {
     /// or accounting arenas, stale or foreign handles.
     pub fn lend_device(&mut self, handle: Handle) -> Result<LentDevice> {
         let view = self.device_view(handle)?;
-        let (ptr, len) = (view.ptr, view.len);
+        let (ptr, len) = (view.ptr(), view.len());
         let Storage::Cuda(region) = &self.storage else {
             return Err(AllocError::InvalidConfig {
                 reason: format!("arena on {} has no device memory", self.device()),

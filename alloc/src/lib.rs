@@ -82,6 +82,6 @@ pub use libraries::CudaLibrary;
 pub use offload::{offload_double_buffered, Chunk, CopyEngine, Transfer};
 pub use pinned::PinnedBuffer;
 pub use stats::{human_bytes, Stats};
-#[cfg(feature = "cuda")]
-pub use view::DeviceView;
 pub use view::Views;
+#[cfg(feature = "cuda")]
+pub use view::{DeviceView, DeviceViewMut};

@@ -35,7 +35,7 @@ fn cuda_arena_round_trips_bytes() {
         arena.slice::<u8>(h),
         Err(AllocError::NoHostMemory { .. })
     ));
-    assert_ne!(arena.device_view(h).unwrap().ptr, 0);
+    assert_ne!(arena.device_view(h).unwrap().ptr(), 0);
 }
 
 #[test]

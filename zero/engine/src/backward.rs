@@ -40,7 +40,7 @@ impl Engine {
     ///
     /// # Errors
     /// A unit not gathered or not in backward, a gradient unit listed twice, an arena without
-    /// host memory (use [`Engine::unit_spans`] there).
+    /// host memory (`OpUnits::device_views` views a CUDA arena).
     pub(crate) fn views(
         &mut self,
         param_units: &[usize],
@@ -59,9 +59,8 @@ impl Engine {
         Ok((p, g))
     }
 
-    /// Where [`Engine::views`] would point, as spans of [`Engine::arena`]'s blocks (f32, the
-    /// units' `numel` elements), for a model that computes on the arena's device: it resolves
-    /// a block's address there (`Arena::device_view` on a CUDA arena). Valid until the next
+    /// Where [`Engine::views`] (and `OpUnits::device_views` on a CUDA arena) point, as spans
+    /// of [`Engine::arena`]'s blocks (f32, the units' `numel` elements). Valid until the next
     /// call into the engine, which may move blocks; a gradient span is written only between
     /// its unit's `begin_backward` and `end_backward`.
     ///

@@ -4,8 +4,8 @@
 
 use super::engine::{Engine, UnitViews};
 use super::error::{Error, Result};
-use super::kernels::Span;
-use zero_alloc::Arena;
+#[cfg(feature = "cuda")]
+use zero_alloc::{DeviceView, DeviceViewMut};
 
 /// A model the engine drives: it runs one of its operations at a time.
 ///
@@ -67,33 +67,50 @@ impl<'e> OpUnits<'e> {
     /// declared orders, on a host arena.
     ///
     /// # Errors
-    /// An arena without host memory (use [`OpUnits::spans`] there).
+    /// An arena without host memory (`OpUnits::device_views`, feature `cuda`, views a CUDA
+    /// arena).
     pub fn views(&mut self) -> Result<UnitViews<'_>> {
         self.engine.views(self.reads, self.writes)
     }
 
-    /// Where [`OpUnits::views`] points, as spans of [`OpUnits::arena`]'s blocks (f32, each
-    /// unit's `numel` elements), for a model computing on the arena's device. Valid while
-    /// this operation runs: blocks move only inside engine calls.
+    /// `unit`'s whole f32 parameters (its `numel` elements) on a CUDA arena, borrowed for as
+    /// long as the operation's units are.
     ///
     /// # Errors
-    /// None for a running operation (a broken engine invariant otherwise).
-    pub fn spans(&self) -> Result<(Vec<Span>, Vec<Span>)> {
-        self.engine.unit_spans(self.reads, self.writes)
-    }
-
-    /// The span of `unit`'s parameters ([`OpUnits::spans`] for one unit read).
-    ///
-    /// # Errors
-    /// A unit the operation does not read.
-    pub fn param_span(&self, unit: usize) -> Result<Span> {
+    /// A unit the operation does not read; an arena without device memory.
+    #[cfg(feature = "cuda")]
+    pub fn device_param(&self, unit: usize) -> Result<DeviceView<'_>> {
         self.check_read(unit)?;
-        Ok(self.engine.unit_spans(&[unit], &[])?.0[0])
+        let block = self.engine.param_block(unit)?;
+        let numel = self.engine.specs[unit].numel;
+        Ok(self
+            .engine
+            .arena
+            .device_view(block)?
+            .range::<f32>(0..numel)?)
     }
 
-    /// The arena whose blocks the spans name.
-    pub fn arena(&self) -> &Arena {
-        self.engine.arena()
+    /// [`OpUnits::views`] on a CUDA arena: the parameters read (shared) and the unreduced
+    /// gradients written (exclusive), f32, each unit's `numel` elements. The arena's claim
+    /// check refuses a block asked for twice where one view is exclusive.
+    ///
+    /// # Errors
+    /// An arena without device memory; a block asked for twice (a broken engine invariant:
+    /// a program's operation writes a unit at most once, and gradients are blocks of their
+    /// own).
+    #[cfg(feature = "cuda")]
+    pub fn device_views(&mut self) -> Result<(Vec<DeviceView<'_>>, Vec<DeviceViewMut<'_>>)> {
+        let (params, grads) = self.engine.unit_spans(self.reads, self.writes)?;
+        let mut views = self.engine.arena.views();
+        let p = params
+            .into_iter()
+            .map(|s| Ok(views.device(s.block)?.range::<f32>(s.range())?))
+            .collect::<Result<Vec<_>>>()?;
+        let g = grads
+            .into_iter()
+            .map(|s| Ok(views.device_mut(s.block)?.range::<f32>(s.range())?))
+            .collect::<Result<Vec<_>>>()?;
+        Ok((p, g))
     }
 
     fn check_read(&self, unit: usize) -> Result<()> {

@@ -71,7 +71,7 @@ impl DeviceLocalCollectives<HostOps> {
 impl DeviceLocalCollectives<zero_comm::device_local::cuda::CudaOps> {
     /// Collectives over CUDA arenas: ranks are threads sharing one GPU.
     pub fn cuda(comm: DeviceLocalComm<zero_comm::device_local::cuda::CudaOps>) -> Self {
-        Self::new(comm, |arena, block| Ok(arena.device_view(block)?.ptr))
+        Self::new(comm, |arena, block| Ok(arena.device_view(block)?.ptr()))
     }
 }
 

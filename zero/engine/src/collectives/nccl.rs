@@ -101,7 +101,7 @@ impl NcclCollectives {
         }
         let offset = span_offset(arena, dtype, span, "nccl collective")?;
         Ok(RawDeviceBuf {
-            ptr: arena.device_view(span.block)?.ptr + offset,
+            ptr: arena.device_view(span.block)?.ptr() + offset,
             len: span.len,
         })
     }

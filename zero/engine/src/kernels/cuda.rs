@@ -129,7 +129,7 @@ impl CudaKernels {
     /// the span lies inside its block. The address is valid while the arena is borrowed.
     fn address(&self, arena: &Arena, kernel: &'static str, span: Span, elem: usize) -> Result<u64> {
         let view = arena.device_view(span.block)?;
-        let block_elems = view.len / elem;
+        let block_elems = view.len() / elem;
         let end = span.start.checked_add(span.len);
         if end.is_none_or(|end| end > block_elems) {
             return Err(Error::BadSpan {
@@ -142,7 +142,7 @@ impl CudaKernels {
             });
         }
         // Inside the block (checked above), so the offset fits the allocation.
-        Ok(view.ptr + (span.start * elem) as u64)
+        Ok(view.ptr() + (span.start * elem) as u64)
     }
 
     /// Launches `name` over `blocks` blocks of `source::BLOCK` threads with `args`.

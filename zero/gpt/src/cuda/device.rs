@@ -5,18 +5,29 @@
 //! is a zero-sized, 4-byte-aligned slot, so the Rust slice it wraps spans zero bytes: any
 //! non-null aligned address makes a valid reference, and the view's length travels with it
 //! for free. (Rejected: a `[f32]` holding a device address, which Rust may assume it can
-//! read.) Views are made only from a borrow of a cudarc `CudaSlice`, so the memory outlives
-//! the view, and `&mut` views only from `&mut CudaSlice`, so a mutable view is unique.
+//! read.) Views are made only from borrows that keep the memory alive for the view's
+//! lifetime and make a `&mut` view unique:
+//! - a cudarc `CudaSlice` (`of`, `of_mut`): shared views from `&CudaSlice`, mutable ones from
+//!   `&mut CudaSlice`;
+//! - a zero-alloc arena block or element range (`from_view`, `from_view_mut`), whose
+//!   guarantees V1 to V3 (bounds, lifetime, aliasing: see `zero_alloc::DeviceView`) give the
+//!   same: shared views from a `DeviceView`, mutable ones from the unique `DeviceViewMut`;
+//! - a block lent from an arena (`from_lent`, `from_lent_mut`): the loan pins the block, so
+//!   the arena neither views, moves nor frees it and the `LentDevice` is the only access to
+//!   it, and the loan holds the arena's device memory; views borrow the loan, shared or
+//!   mutably.
 //!
 //! Ordering: a view is made before the kernel that uses it is launched, so it must not record
 //! cudarc's read/write events (they would mark a point before the kernel). `of` and `of_mut`
 //! take slices of untracked contexts only (`zero_alloc::context::untracked_context`,
-//! asserted), whose pointer guards record nothing; kernels on the view's stream see the
-//! slice by stream order, and other streams order themselves by that module's O1 to O3.
+//! asserted), whose pointer guards record nothing; arena views and loans carry a bare address
+//! and record nothing either. Kernels on the view's stream see the memory by stream order,
+//! and other streams order themselves by that module's O1 to O3.
 
 use std::ops::Range;
 
 use cudarc::driver::{CudaContext, CudaSlice, CudaStream, DevicePtr, DevicePtrMut};
+use zero_alloc::{DeviceView, DeviceViewMut, LentDevice};
 
 /// A zero-sized stand-in for one 4-byte device element.
 #[derive(Debug)]
@@ -35,6 +46,21 @@ fn non_null(addr: u64, len: usize) -> u64 {
     }
     assert_eq!(len, 0, "null device address for {len} elements");
     std::mem::align_of::<Slot>() as u64
+}
+
+/// The (address, element count) of a view of `bytes` bytes at `addr` in elements of
+/// `elem` bytes, through `non_null` for an empty one.
+///
+/// # Panics
+/// On a length that is no whole number of elements, or a null address with a non-zero
+/// length.
+fn elements(addr: u64, bytes: usize, elem: usize) -> (u64, usize) {
+    assert_eq!(
+        bytes % elem,
+        0,
+        "a device block of {bytes} bytes is no whole number of {elem}-byte elements"
+    );
+    (non_null(addr, bytes / elem), bytes / elem)
 }
 
 /// Panics unless `ctx` has cudarc's event tracking off (see the module's ordering note).
@@ -116,6 +142,58 @@ macro_rules! device_view {
                 let (addr, _no_event) = s.device_ptr_mut(stream);
                 let addr = non_null(addr, len);
                 // SAFETY: as in `of`, and the view borrows `s` mutably, so it is unique.
+                unsafe { Self::from_raw(addr, len) }
+            }
+
+            /// A read-only view of an arena block (or element range of one) for as long as
+            /// `v` borrows the arena.
+            ///
+            /// # Panics
+            /// If `v` is no whole number of elements or its address is not 4-aligned.
+            #[must_use]
+            pub fn from_view<'a>(v: DeviceView<'a>) -> &'a Self {
+                let (addr, len) = elements(v.ptr(), v.len(), std::mem::size_of::<$elem>());
+                // SAFETY: V1 of `DeviceView`: `len` elements of one live block at `addr`
+                // (non-null, alignment asserted by from_raw); V2: it stays for 'a, the view's
+                // borrow of the arena; V3: nothing writes it through a shared view.
+                unsafe { Self::from_raw(addr, len) }
+            }
+
+            /// A mutable view of an arena block (or element range of one) for as long as
+            /// `v` borrows the arena.
+            ///
+            /// # Panics
+            /// As [`Self::from_view`].
+            #[must_use]
+            pub fn from_view_mut<'a>(v: DeviceViewMut<'a>) -> &'a mut Self {
+                let (addr, len) = elements(v.ptr(), v.len(), std::mem::size_of::<$elem>());
+                // SAFETY: V1 and V2 as in `from_view`; V3: a `DeviceViewMut` is the only view
+                // of its bytes, and it is consumed here.
+                unsafe { Self::from_raw(addr, len) }
+            }
+
+            /// A read-only view of a whole lent block, borrowing the loan.
+            ///
+            /// # Panics
+            /// As [`Self::from_view`].
+            #[must_use]
+            pub fn from_lent(l: &LentDevice) -> &Self {
+                let (addr, len) = elements(l.ptr(), l.len(), std::mem::size_of::<$elem>());
+                // SAFETY: the loan's block (see the module's list): `len` elements at `addr`,
+                // pinned so nothing else views, moves or frees it, its memory held by `l`,
+                // which the view borrows shared.
+                unsafe { Self::from_raw(addr, len) }
+            }
+
+            /// A mutable view of a whole lent block, borrowing the loan mutably.
+            ///
+            /// # Panics
+            /// As [`Self::from_view`].
+            #[must_use]
+            pub fn from_lent_mut(l: &mut LentDevice) -> &mut Self {
+                let (addr, len) = elements(l.ptr(), l.len(), std::mem::size_of::<$elem>());
+                // SAFETY: as in `from_lent`; the loan is the only access to the block and the
+                // view borrows it mutably, so the view is unique.
                 unsafe { Self::from_raw(addr, len) }
             }
 
@@ -240,6 +318,18 @@ mod tests {
     fn an_empty_allocation_at_address_zero_gets_an_aligned_dangling_address() {
         assert_eq!(non_null(0, 0), 4);
         assert_eq!(non_null(0x100, 3), 0x100);
+    }
+
+    #[test]
+    fn arena_views_become_whole_elements_and_empty_ones_a_non_null_address() {
+        assert_eq!(elements(0x1000, 40, 4), (0x1000, 10));
+        assert_eq!(elements(0, 0, 4), (4, 0));
+    }
+
+    #[test]
+    #[should_panic(expected = "no whole number of 4-byte elements")]
+    fn an_arena_view_of_a_partial_element_panics() {
+        let _ = elements(0x1000, 6, 4);
     }
 
     #[test]

@@ -107,56 +107,29 @@ impl Placement for CpuBackend {
 
 #[cfg(feature = "cuda")]
 mod cuda {
-    //! Device views of a CUDA arena's blocks.
-    //!
-    //! Soundness of the views made here from device addresses (cited by every `// SAFETY:`):
-    //! - D1 (bounds): a view covers a span the engine returned for a live block of its arena
-    //!   (`OpUnits::spans`, whose spans lie inside their blocks), or a whole lent block.
-    //! - D2 (lifetime): a view borrows the running operation's `OpUnits`, which borrows the
-    //!   engine; blocks move or go only inside engine calls, which need that borrow to end; a
-    //!   lent block is pinned for good and its loan is owned by the buffer that views it.
-    //! - D3 (aliasing): the mutable views are unreduced gradient blocks, distinct from each
-    //!   other (a program's operation names a unit at most once in its writes) and from
-    //!   every parameter block.
+    //! Device views of a CUDA arena's blocks: the engine lends them as zero-alloc views
+    //! (`OpUnits::device_param`, `OpUnits::device_views`) or loans, and zero-gpt turns those
+    //! into `DeviceSlice`s (`DeviceSlice::from_view`, `from_lent`), where the soundness
+    //! argument lives.
     use super::{Placement, StepError, Views};
     use std::borrow::Cow;
-    use zero::kernels::Span;
     use zero::{Engine, OpUnits};
-    use zero_alloc::{Arena, LentDevice};
+    use zero_alloc::LentDevice;
     use zero_gpt::cuda::{CudaBackend, DeviceSlice};
     use zero_gpt::GptError;
     use zero_gpt::{ActivationMemory, Buffer, KeptInputs};
 
-    /// The device address of `span`'s first element (f32).
-    fn address(arena: &Arena, span: Span) -> Result<u64, zero::Error> {
-        let view = arena.device_view(span.block)?;
-        Ok(view.ptr + (span.start * 4) as u64)
-    }
-
     impl Placement for CudaBackend {
         fn params<'u>(units: &'u OpUnits<'_>, unit: usize) -> Result<&'u DeviceSlice, zero::Error> {
-            let span = units.param_span(unit)?;
-            let addr = address(units.arena(), span)?;
-            // SAFETY: D1 (an engine span), D2 (borrows the operation's units).
-            Ok(unsafe { DeviceSlice::from_raw(addr, span.len) })
+            Ok(DeviceSlice::from_view(units.device_param(unit)?))
         }
 
         fn views<'u>(units: &'u mut OpUnits<'_>) -> Result<Views<'u, DeviceSlice>, zero::Error> {
-            let (p, g) = units.spans()?;
-            let units: &'u OpUnits<'_> = units;
-            let mut params = Vec::with_capacity(p.len());
-            for s in p {
-                let addr = address(units.arena(), s)?;
-                // SAFETY: D1, D2 (the operation's units are borrowed for 'u).
-                params.push(&*unsafe { DeviceSlice::from_raw(addr, s.len) });
-            }
-            let mut grads = Vec::with_capacity(g.len());
-            for s in g {
-                let addr = address(units.arena(), s)?;
-                // SAFETY: D1, D2, D3 (distinct gradient blocks; never a parameter block).
-                grads.push(unsafe { DeviceSlice::from_raw(addr, s.len) });
-            }
-            Ok((params, grads))
+            let (params, grads) = units.device_views()?;
+            Ok((
+                params.into_iter().map(DeviceSlice::from_view).collect(),
+                grads.into_iter().map(DeviceSlice::from_view_mut).collect(),
+            ))
         }
 
         fn lend(engine: &mut Engine, len: usize) -> Result<Buffer<DeviceSlice>, zero::Error> {
@@ -204,9 +177,7 @@ mod cuda {
     impl ActivationMemory<DeviceSlice> for LentBlock {
         fn floats(&self) -> &DeviceSlice {
             match &self.lent {
-                // SAFETY: D1 (the whole lent block), D2 (the loan, owned here, keeps it
-                // pinned and its memory alive); a shared view while `&self` lives.
-                Some(l) => unsafe { DeviceSlice::from_raw(l.ptr(), l.len() / 4) },
+                Some(l) => DeviceSlice::from_lent(l),
                 // A buffer of no floats borrows nothing: no null address is made.
                 None => DeviceSlice::empty(),
             }
@@ -214,8 +185,7 @@ mod cuda {
 
         fn floats_mut(&mut self) -> &mut DeviceSlice {
             match &mut self.lent {
-                // SAFETY: as in `floats`; `&mut self` makes this the only view.
-                Some(l) => unsafe { DeviceSlice::from_raw(l.ptr(), l.len() / 4) },
+                Some(l) => DeviceSlice::from_lent_mut(l),
                 None => DeviceSlice::empty(),
             }
         }
