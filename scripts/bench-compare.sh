@@ -53,8 +53,10 @@ mkdir -p "$work"
 # Builds zero-train from the tree at $1 in the target folder $2 and copies it to $3. Each
 # side has its own target folder: cargo names a workspace crate's artefacts by its path
 # inside the workspace, so two checkouts sharing one folder can link each other's crates.
+# The binary is named without its package: before the crate split (9a06996 and older) it
+# belonged to the package `zero`, since then to `zero-train`.
 build() {
-    (cd "$1" && CARGO_TARGET_DIR="$2" cargo build --release --quiet -p zero-train --bin zero-train)
+    (cd "$1" && CARGO_TARGET_DIR="$2" cargo build --release --quiet --bin zero-train)
     cp "$2/release/zero-train" "$3"
 }
 

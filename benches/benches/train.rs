@@ -211,8 +211,30 @@ fn kernel_breakdown() {
 
 fn train(c: &mut Criterion) {
     kernel_breakdown();
+    small_summary();
+    let mut step = Step::new(GptConfig::gpt2(), B, T);
+    let mut gemm = Gemm::new();
+    gpt2_against_gemm(&mut step, &mut gemm);
 
-    // zero-train's default model at its default batch: how many tokens/s it trains at.
+    let mut group = c.benchmark_group("train");
+    group
+        .sample_size(10)
+        .warm_up_time(Duration::from_secs(2))
+        .measurement_time(Duration::from_secs(8));
+    group.throughput(Throughput::Elements(Gemm::flops() as u64));
+    group.bench_function("gemm_f32_256x768x3072 (elem = FLOP)", |bch| {
+        bch.iter(|| gemm.run())
+    });
+    group.throughput(Throughput::Elements((B * T) as u64));
+    group.bench_function("gpt2_forward_backward_B4_T64 (elem = token)", |bch| {
+        bch.iter(|| black_box(step.run()))
+    });
+    group.finish();
+}
+
+/// Prints zero-train's default model's step at its default batch: how many tokens/s it
+/// trains at.
+fn small_summary() {
     let mut small = Step::new(GptConfig::small(), 4, 256);
     let cost = measure(3, || {
         black_box(small.run());
@@ -227,9 +249,11 @@ fn train(c: &mut Criterion) {
         small.flops() / cost.cpu / 1e9
     );
     drop(small);
+}
 
-    let mut step = Step::new(GptConfig::gpt2(), B, T);
-    let mut gemm = Gemm::new();
+/// Prints GPT-2's step beside a GEMM of the same machine: the share of the GEMM rate the
+/// step reaches.
+fn gpt2_against_gemm(step: &mut Step, gemm: &mut Gemm) {
     // Interleaved rounds, so both figures see the same moments of a shared machine's load;
     // about 1 s of GEMM and 4 steps in all, so the 10 ms CPU clock resolves them to ~1%.
     let rounds = 4;
@@ -275,21 +299,6 @@ fn train(c: &mut Criterion) {
         gf(step.flops(), s.cpu),
         100.0 * g.cpu / s.cpu * step.flops() / Gemm::flops(),
     );
-
-    let mut group = c.benchmark_group("train");
-    group
-        .sample_size(10)
-        .warm_up_time(Duration::from_secs(2))
-        .measurement_time(Duration::from_secs(8));
-    group.throughput(Throughput::Elements(Gemm::flops() as u64));
-    group.bench_function("gemm_f32_256x768x3072 (elem = FLOP)", |bch| {
-        bch.iter(|| gemm.run())
-    });
-    group.throughput(Throughput::Elements((B * T) as u64));
-    group.bench_function("gpt2_forward_backward_B4_T64 (elem = token)", |bch| {
-        bch.iter(|| black_box(step.run()))
-    });
-    group.finish();
 }
 
 criterion_group!(benches, train);

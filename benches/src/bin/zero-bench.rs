@@ -125,23 +125,48 @@ fn config(a: &Args) -> Result<BenchConfig, String> {
     })?;
     let redop = ReduceOp::parse(&a.redop)
         .ok_or_else(|| format!("-o {:?}: unknown reduction (sum, avg, max or min)", a.redop))?;
-    match a.backend {
-        Backend::Local | Backend::Tcp => {}
-        Backend::Mpi if cfg!(feature = "mpi") => {}
-        Backend::Mpi => {
-            return Err(
-                "--backend mpi needs a build with --features mpi (launch with mpirun)".into(),
-            )
-        }
-        Backend::Nccl if cfg!(feature = "cuda") => {}
-        Backend::Nccl => {
-            return Err(
-                "--backend nccl needs a build with --features cuda (one process per \
-                 GPU, launched by mpirun or with torchrun's variables)"
-                    .into(),
-            )
-        }
+    backend_available(a.backend)?;
+    if let Some(why) = refusal(a) {
+        return Err(why);
     }
+    if a.root >= a.ranks {
+        return Err(format!(
+            "root {} is not a rank of {} ranks",
+            a.root, a.ranks
+        ));
+    }
+    Ok(BenchConfig {
+        op,
+        min_bytes: a.min_bytes,
+        max_bytes: a.max_bytes,
+        factor: a.factor,
+        iters: a.iters,
+        warmup: a.warmup,
+        check: a.check == 1,
+        dtype,
+        redop,
+        root: a.root,
+        ranks: a.ranks,
+    })
+}
+
+/// Refuses a backend this build lacks.
+fn backend_available(backend: Backend) -> Result<(), String> {
+    match backend {
+        Backend::Mpi if !cfg!(feature = "mpi") => {
+            Err("--backend mpi needs a build with --features mpi (launch with mpirun)".into())
+        }
+        Backend::Nccl if !cfg!(feature = "cuda") => Err(
+            "--backend nccl needs a build with --features cuda (one process per GPU, launched \
+             by mpirun or with torchrun's variables)"
+                .into(),
+        ),
+        Backend::Local | Backend::Tcp | Backend::Mpi | Backend::Nccl => Ok(()),
+    }
+}
+
+/// Why the sizes, counts and launch flags are refused, if they are (the first reason).
+fn refusal(a: &Args) -> Option<String> {
     let refusals = [
         (
             a.ranks == 0 || a.ranks > MAX_RANKS,
@@ -176,28 +201,10 @@ fn config(a: &Args) -> Result<BenchConfig, String> {
             ),
         ),
     ];
-    if let Some((_, why)) = refusals.into_iter().find(|(bad, _)| *bad) {
-        return Err(why);
-    }
-    if a.root >= a.ranks {
-        return Err(format!(
-            "root {} is not a rank of {} ranks",
-            a.root, a.ranks
-        ));
-    }
-    Ok(BenchConfig {
-        op,
-        min_bytes: a.min_bytes,
-        max_bytes: a.max_bytes,
-        factor: a.factor,
-        iters: a.iters,
-        warmup: a.warmup,
-        check: a.check == 1,
-        dtype,
-        redop,
-        root: a.root,
-        ranks: a.ranks,
-    })
+    refusals
+        .into_iter()
+        .find(|(bad, _)| *bad)
+        .map(|(_, why)| why)
 }
 
 fn has_redop(op: OpKind) -> bool {

@@ -23,6 +23,7 @@
 #[cfg(feature = "cuda")]
 pub mod cuda;
 mod host;
+mod split;
 
 use std::fmt::Debug;
 use std::ops::Range;

@@ -92,16 +92,17 @@ pub(crate) fn narrow<S: Store>(src: &[f32], dst: &mut [S], factor: f32) {
     }
 }
 
-/// `acc = round(f32(acc) + f32(x))`: the one accumulation every stage shares.
-pub(crate) fn accumulate<S: Store>(acc: &mut [S], x: &[S]) {
+/// `acc = round(f32(acc) + f32(x))`: the one accumulation every stage shares. Returns whether
+/// any `x` is inf or NaN, found in the same pass without an early exit, so the check
+/// vectorises with the sum instead of reading `x` a second time element by element.
+pub(crate) fn accumulate<S: Store>(acc: &mut [S], x: &[S]) -> bool {
+    let mut non_finite = false;
     for (a, &g) in acc.iter_mut().zip(x) {
-        *a = S::from_f32(a.to_f32() + g.to_f32());
+        let g = g.to_f32();
+        non_finite |= !g.is_finite();
+        *a = S::from_f32(a.to_f32() + g);
     }
-}
-
-/// True when any value is inf or NaN.
-pub(crate) fn any_non_finite<S: Store>(xs: &[S]) -> bool {
-    xs.iter().any(|x| !x.to_f32().is_finite())
+    non_finite
 }
 
 impl Precision {

@@ -8,9 +8,8 @@ use super::error::{Error, Result};
 use super::kernels::{AdamWBuffers, AdamWStep, Span};
 use super::precision::{with_store, Precision, Store};
 use super::transient::free_after;
-use super::unit_buffers::zeroed;
 use crate::optim::{clip_coefficient, global_norm};
-use zero_comm::{DType, ReduceOp};
+use zero_comm::ReduceOp;
 
 /// What one optimizer step did.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -154,16 +153,12 @@ impl Engine {
     }
 
     /// AdamW on the range of `unit` this rank owns, in the engine's arena, with a transient
-    /// f32 copy of the gradients.
+    /// f32 copy of the gradients. The copy's block is not zeroed first: the update writes
+    /// every element of it before reading it.
     fn update_unit<S: Store>(&mut self, unit: usize, step: &AdamWStep<'_>) -> Result<()> {
         let (policy, rank) = (self.policies[unit], self.rank());
         let owned = policy.owned(rank);
-        let grad32 = zeroed(
-            &mut self.arena,
-            self.kernels.as_ref(),
-            DType::F32,
-            owned.len.max(1),
-        )?;
+        let grad32 = self.arena.alloc_elems::<f32>(owned.len.max(1))?;
         let b = &self.bufs[unit];
         let p_at = policy.part.local(rank, owned, policy.whole_params);
         let g_at = policy.part.local(rank, owned, policy.whole_grads);

@@ -6,11 +6,16 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use zero_alloc::Arena;
 use zero_comm::{DType, F32Element};
 
+mod adamw;
+
+use adamw::adamw_host;
+
+use super::split::{each_mut, zip_mut, zip_mut_any};
 use super::{part, part_mut};
 
 use super::{AdamWBuffers, AdamWStep, Kernels, Span};
 use crate::error::{Error, Result};
-use crate::precision::{accumulate, any_non_finite, narrow, widen, with_dtype, Store};
+use crate::precision::{accumulate, narrow, widen, with_dtype};
 
 /// The engine's passes as host loops over arena views.
 #[derive(Debug, Default)]
@@ -26,7 +31,8 @@ impl Kernels for HostKernels {
 
     fn fill_zero(&self, arena: &mut Arena, dtype: DType, dst: Span) -> Result<()> {
         with_dtype!(dtype, S => {
-            part_mut("fill_zero", arena.slice_mut::<S>(dst.block)?, dst)?.fill(S::default());
+            let dst = part_mut("fill_zero", arena.slice_mut::<S>(dst.block)?, dst)?;
+            each_mut(dst, |d| d.fill(S::default()));
         });
         Ok(())
     }
@@ -36,7 +42,8 @@ impl Kernels for HostKernels {
         with_dtype!(dtype, S => {
             let mut views = arena.views();
             let from = part("copy", views.get::<S>(src.block)?, src)?;
-            part_mut("copy", views.get_mut::<S>(dst.block)?, dst)?.copy_from_slice(from);
+            let to = part_mut("copy", views.get_mut::<S>(dst.block)?, dst)?;
+            zip_mut(to, from, <[S]>::copy_from_slice);
         });
         Ok(())
     }
@@ -53,7 +60,8 @@ impl Kernels for HostKernels {
         with_dtype!(dtype, S => {
             let mut views = arena.views();
             let from = part("widen", views.get::<S>(src.block)?, src)?;
-            widen(from, part_mut("widen", views.get_mut::<f32>(dst.block)?, dst)?, factor);
+            let to = part_mut("widen", views.get_mut::<f32>(dst.block)?, dst)?;
+            zip_mut(to, from, |d, s| widen(s, d, factor));
         });
         Ok(())
     }
@@ -70,7 +78,8 @@ impl Kernels for HostKernels {
         with_dtype!(dtype, S => {
             let mut views = arena.views();
             let from = part("narrow", views.get::<f32>(src.block)?, src)?;
-            narrow(from, part_mut("narrow", views.get_mut::<S>(dst.block)?, dst)?, factor);
+            let to = part_mut("narrow", views.get_mut::<S>(dst.block)?, dst)?;
+            zip_mut(to, from, |d, s| narrow(s, d, factor));
         });
         Ok(())
     }
@@ -80,9 +89,8 @@ impl Kernels for HostKernels {
         let overflow = with_dtype!(dtype, S => {
             let mut views = arena.views();
             let piece = part("accumulate", views.get::<S>(x.block)?, x)?;
-            let overflow = any_non_finite(piece);
-            accumulate(part_mut("accumulate", views.get_mut::<S>(acc.block)?, acc)?, piece);
-            overflow
+            let acc = part_mut("accumulate", views.get_mut::<S>(acc.block)?, acc)?;
+            zip_mut_any(acc, piece, accumulate)
         });
         if overflow {
             self.overflow.store(true, Ordering::Relaxed);
@@ -138,30 +146,4 @@ fn same_len(kernel: &'static str, a: Span, b: Span) -> Result<()> {
             message: format!("ranges of {} and {} elements", a.len, b.len),
         })
     }
-}
-
-/// [`Kernels::adamw`] for storage type `S`.
-fn adamw_host<S: Store>(arena: &mut Arena, b: &AdamWBuffers, s: &AdamWStep<'_>) -> Result<()> {
-    const K: &str = "adamw";
-    let mut views = arena.views();
-    let g32 = part_mut(K, views.get_mut::<f32>(b.scratch.block)?, b.scratch)?;
-    for (w, &x) in g32
-        .iter_mut()
-        .zip(part(K, views.get::<S>(b.grads.block)?, b.grads)?)
-    {
-        *w = x.to_f32() * s.grad_factor * s.clip_coef;
-    }
-    let m = part_mut(K, views.get_mut::<f32>(b.m.block)?, b.m)?;
-    let v = part_mut(K, views.get_mut::<f32>(b.v.block)?, b.v)?;
-    let stored = part_mut(K, views.get_mut::<S>(b.params.block)?, b.params)?;
-    let mut update = |p: &mut [f32]| s.adam.update(p, g32, m, v, s.offset, s.segments, s.t, s.lr);
-    match b.master {
-        Some(master) => {
-            let master = part_mut(K, views.get_mut::<f32>(master.block)?, master)?;
-            update(master)?;
-            narrow(master, stored, 1.0);
-        }
-        None => update(bytemuck::cast_slice_mut(stored))?,
-    }
-    Ok(())
 }

@@ -168,14 +168,42 @@ fn mutate(step: &[BatchedCall], change: impl Fn(BatchedCall) -> BatchedCall) -> 
 }
 
 #[test]
-fn a_wrong_transpose_stride_leading_dimension_or_batch_fails() {
+fn a_wrong_forward_transpose_stride_leading_dimension_or_batch_fails() {
     let (b, t, c, nh) = (2, 5, 6, 2);
     let case = Case::new(b, t, c, nh);
-    let s = case.s;
-    let [qkv, dout, dqkv0, want_out, _, want_dqkv] = cpu(b, t, c, nh);
-    let (t32, nh32) = (t as i32, nh as i32);
+    let [qkv, _, _, want_out, _, _] = cpu(b, t, c, nh);
+    for (which, step) in forward_mutants(case.s) {
+        let mut steps = forward_steps(case.s);
+        steps[which] = step;
+        let caught = caught(|| max_diff(&case.forward(&qkv, steps).0, &want_out));
+        assert!(caught, "forward mutant of step {which} passed");
+    }
+}
+
+#[test]
+fn a_wrong_backward_transpose_stride_leading_dimension_or_batch_fails() {
+    let (b, t, c, nh) = (2, 5, 6, 2);
+    let case = Case::new(b, t, c, nh);
+    let [qkv, dout, dqkv0, _, _, want_dqkv] = cpu(b, t, c, nh);
+    let (_, att) = case.forward(&qkv, forward_steps(case.s));
+    for (which, step) in backward_mutants(case.s) {
+        let mut steps = backward_steps(case.s);
+        steps[which] = step;
+        let caught = caught(|| {
+            let mut dqkv = dqkv0.clone();
+            case.backward(&mut dqkv, &dout, &qkv, &att, steps);
+            max_diff(&dqkv, &want_dqkv)
+        });
+        assert!(caught, "backward mutant of step {which} passed");
+    }
+}
+
+/// Forward steps with one call wrong (a transpose, stride, leading dimension or batch), each
+/// with the index of the step it replaces.
+fn forward_mutants(s: AttentionShape) -> [(usize, Vec<BatchedCall>); 9] {
+    let (t32, nh32) = (s.t as i32, s.nh as i32);
     let [sc, wv] = forward_steps(s);
-    let forward_mutants: [(usize, Vec<BatchedCall>); 9] = [
+    [
         (
             0,
             mutate(&sc, |c| BatchedCall {
@@ -209,16 +237,14 @@ fn a_wrong_transpose_stride_leading_dimension_or_batch_fails() {
                 ..c
             }),
         ),
-    ];
-    for (which, step) in forward_mutants {
-        let mut steps = forward_steps(s);
-        steps[which] = step;
-        let caught = caught(|| max_diff(&case.forward(&qkv, steps).0, &want_out));
-        assert!(caught, "forward mutant of step {which} passed");
-    }
-    let (_, att) = case.forward(&qkv, forward_steps(s));
+    ]
+}
+
+/// As [`forward_mutants`], for the backward steps.
+fn backward_mutants(s: AttentionShape) -> [(usize, Vec<BatchedCall>); 9] {
+    let (t32, nh32) = (s.t as i32, s.nh as i32);
     let [dv, dw, dq, dk] = backward_steps(s);
-    let mutants: [(usize, Vec<BatchedCall>); 9] = [
+    [
         (
             0,
             mutate(&dv, |c| BatchedCall {
@@ -258,17 +284,7 @@ fn a_wrong_transpose_stride_leading_dimension_or_batch_fails() {
             }),
         ),
         (3, mutate(&dk, |c| BatchedCall { stride_a: 0, ..c })),
-    ];
-    for (which, step) in mutants {
-        let mut steps = backward_steps(s);
-        steps[which] = step;
-        let caught = caught(|| {
-            let mut dqkv = dqkv0.clone();
-            case.backward(&mut dqkv, &dout, &qkv, &att, steps);
-            max_diff(&dqkv, &want_dqkv)
-        });
-        assert!(caught, "backward mutant of step {which} passed");
-    }
+    ]
 }
 
 /// True when a mutant is caught: the reference gemm refuses its call (a BLAS argument rule,

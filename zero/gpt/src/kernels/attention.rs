@@ -77,9 +77,10 @@ pub fn attention_forward(
 ///
 /// Keys and values receive gradient from every later position, so positions of one sequence
 /// cannot be split without shared writes; (batch row, head) pairs can: each touches only its
-/// own head's columns. One rayon task per pair writes a private (T,3,hs) block, then the blocks
-/// are added into `dqkv` in a fixed order: B*NH tasks keep every thread busy even at B = 1,
-/// and the sums stay deterministic.
+/// own head's columns. One rayon task per pair writes a private (T,3,hs) block
+/// ([`head_backward`]), then the blocks are added into `dqkv` in a fixed order
+/// ([`add_head_blocks`]): B*NH tasks keep every thread busy even at B = 1, and the sums stay
+/// deterministic.
 ///
 /// # Panics
 /// On slice lengths that do not match the dimensions, or `c % nh != 0`.
@@ -98,62 +99,119 @@ pub fn attention_backward(
     assert_eq!(dout.len(), b * t * c);
     assert_eq!(att.len(), b * t * nh * t);
     assert_eq!(qkv.len(), b * t * 3 * c);
-    let hs = c / nh;
-    let scale = 1.0 / (hs as f32).sqrt();
-    let mut parts = vec![0.0f32; b * nh * t * 3 * hs]; // (B,NH,T,3,hs): d(q), d(k), d(v)
-    parts
-        .par_chunks_mut(t * 3 * hs)
+    let dims = Dims {
+        t,
+        c,
+        nh,
+        hs: c / nh,
+    };
+    let mut blocks = vec![0.0f32; b * nh * t * 3 * dims.hs]; // (B,NH,T,3,hs): d(q), d(k), d(v)
+    blocks
+        .par_chunks_mut(t * 3 * dims.hs)
         .enumerate()
-        .for_each(|(pair, part)| {
+        .for_each(|(pair, block)| {
             let (bi, h) = (pair / nh, pair % nh);
             let seq = &qkv[bi * t * 3 * c..][..t * 3 * c]; // (T,3C)
             let dout = &dout[bi * t * c..][..t * c]; // (T,C)
             let att = &att[bi * t * nh * t..][..t * nh * t]; // (T,NH,T)
-            let col = |ti: usize, which: usize| ti * 3 * c + which * c + h * hs;
-            let mut dpre = vec![0.0f32; t]; // (T,) scratch: d(score) of one row
-            for ti in 0..t {
-                let a = &att[(ti * nh + h) * t..][..=ti]; // (ti+1,)
-                let d = &dout[ti * c + h * hs..][..hs]; // (hs,)
-
-                // d(att)[t2] = d · v[t2]; d(v)[t2] += att[t2] * d.
-                for (t2, &w) in a.iter().enumerate() {
-                    dpre[t2] = math::dot(d, &seq[col(t2, 2)..][..hs]);
-                    for (dv, &g) in part[t2 * 3 * hs + 2 * hs..][..hs].iter_mut().zip(d) {
-                        *dv += w * g;
-                    }
-                }
-                // Softmax backward: d(score) = att * (d(att) - Σ att * d(att)).
-                let dot = math::dot(a, &dpre);
-                for (dp, &w) in dpre.iter_mut().zip(a) {
-                    *dp = w * (*dp - dot) * scale;
-                }
-                // score = q · k[t2] * scale: d(q) += g k[t2]; d(k)[t2] += g q.
-                let q = &seq[col(ti, 0)..][..hs]; // (hs,)
-                for (t2, &g) in dpre[..=ti].iter().enumerate() {
-                    let k = &seq[col(t2, 1)..][..hs]; // (hs,)
-                                                      // Row ti's d(q) and row t2's d(k) (t2 <= ti) live in one block: split
-                                                      // it at row ti so both can be borrowed at once.
-                    let (before, from_ti) = part.split_at_mut(ti * 3 * hs);
-                    let (dq, after_dq) = from_ti.split_at_mut(hs);
-                    let dk = if t2 == ti {
-                        &mut after_dq[..hs]
-                    } else {
-                        &mut before[t2 * 3 * hs + hs..][..hs]
-                    };
-                    for (dq, &k) in dq.iter_mut().zip(k) {
-                        *dq += g * k;
-                    }
-                    for (dk, &q) in dk.iter_mut().zip(q) {
-                        *dk += g * q;
-                    }
-                }
-            }
+            head_backward(block, seq, dout, att, h, dims);
         });
+    add_head_blocks(dqkv, &blocks, dims);
+}
+
+/// The shape every phase of [`attention_backward`] reads.
+#[derive(Clone, Copy)]
+struct Dims {
+    t: usize,
+    c: usize,
+    nh: usize,
+    /// Head size C/NH.
+    hs: usize,
+}
+
+/// Head `h` of one batch row: its d(q), d(k), d(v) into `block` (T,3,hs), position by
+/// position, from `seq` (T,3C), `dout` (T,C) and `att` (T,NH,T) of that row.
+fn head_backward(block: &mut [f32], seq: &[f32], dout: &[f32], att: &[f32], h: usize, dims: Dims) {
+    let Dims { t, c, nh, hs } = dims;
+    let scale = 1.0 / (hs as f32).sqrt();
+    let mut dpre = vec![0.0f32; t]; // (T,) scratch: d(score) of one row
+    for ti in 0..t {
+        let a = &att[(ti * nh + h) * t..][..=ti]; // (ti+1,)
+        let d = &dout[ti * c + h * hs..][..hs]; // (hs,)
+        let dpre = &mut dpre[..=ti];
+        value_backward(block, dpre, seq, a, d, h, dims);
+        softmax_backward(dpre, a, scale);
+        score_backward(block, dpre, seq, ti, h, dims);
+    }
+}
+
+/// Where head `h`'s columns of q (`which` 0), k (1) or v (2) start in row `ti` of (T,3C).
+fn col(ti: usize, which: usize, h: usize, dims: Dims) -> usize {
+    ti * 3 * dims.c + which * dims.c + h * dims.hs
+}
+
+/// out = att · v: d(att)[t2] = d · v[t2] into `datt`, and d(v)[t2] += att[t2] * d into
+/// `block`, for the positions t2 <= ti that `a` (the row's weights) covers.
+fn value_backward(
+    block: &mut [f32],
+    datt: &mut [f32],
+    seq: &[f32],
+    a: &[f32],
+    d: &[f32],
+    h: usize,
+    dims: Dims,
+) {
+    let hs = dims.hs;
+    for (t2, &w) in a.iter().enumerate() {
+        datt[t2] = math::dot(d, &seq[col(t2, 2, h, dims)..][..hs]);
+        for (dv, &g) in block[t2 * 3 * hs + 2 * hs..][..hs].iter_mut().zip(d) {
+            *dv += w * g;
+        }
+    }
+}
+
+/// Softmax backward in place, with the score's scale folded in: d(score) = att * (d(att) -
+/// Σ att * d(att)) * scale.
+fn softmax_backward(dpre: &mut [f32], a: &[f32], scale: f32) {
+    let dot = math::dot(a, dpre);
+    for (dp, &w) in dpre.iter_mut().zip(a) {
+        *dp = w * (*dp - dot) * scale;
+    }
+}
+
+/// score[t2] = q · k[t2] * scale: d(q) += g k[t2] and d(k)[t2] += g q into `block`, for
+/// row `ti`'s d(score) `dpre` (t2 <= ti).
+fn score_backward(block: &mut [f32], dpre: &[f32], seq: &[f32], ti: usize, h: usize, dims: Dims) {
+    let hs = dims.hs;
+    let q = &seq[col(ti, 0, h, dims)..][..hs]; // (hs,)
+    for (t2, &g) in dpre.iter().enumerate() {
+        let k = &seq[col(t2, 1, h, dims)..][..hs]; // (hs,)
+                                                   // Row ti's d(q) and row t2's d(k) (t2 <= ti) live in one block: split it at row ti
+                                                   // so both can be borrowed at once.
+        let (before, from_ti) = block.split_at_mut(ti * 3 * hs);
+        let (dq, after_dq) = from_ti.split_at_mut(hs);
+        let dk = if t2 == ti {
+            &mut after_dq[..hs]
+        } else {
+            &mut before[t2 * 3 * hs + hs..][..hs]
+        };
+        for (dq, &k) in dq.iter_mut().zip(k) {
+            *dq += g * k;
+        }
+        for (dk, &q) in dk.iter_mut().zip(q) {
+            *dk += g * q;
+        }
+    }
+}
+
+/// dqkv += every head's block, batch rows in parallel, heads and positions in order.
+fn add_head_blocks(dqkv: &mut [f32], blocks: &[f32], dims: Dims) {
+    let Dims { t, c, nh, hs } = dims;
     dqkv.par_chunks_mut(t * 3 * c)
-        .zip(parts.par_chunks(nh * t * 3 * hs))
-        .for_each(|(dseq, parts)| {
-            for (h, part) in parts.chunks_exact(t * 3 * hs).enumerate() {
-                for (ti, row) in part.chunks_exact(3 * hs).enumerate() {
+        .zip(blocks.par_chunks(nh * t * 3 * hs))
+        .for_each(|(dseq, blocks)| {
+            for (h, block) in blocks.chunks_exact(t * 3 * hs).enumerate() {
+                for (ti, row) in block.chunks_exact(3 * hs).enumerate() {
                     for (which, grad) in row.chunks_exact(hs).enumerate() {
                         let dst = &mut dseq[ti * 3 * c + which * c + h * hs..][..hs];
                         for (d, &g) in dst.iter_mut().zip(grad) {
