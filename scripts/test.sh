@@ -2,7 +2,8 @@
 # The whole test suite, on a fresh machine: installs what is missing, then runs every test.
 # `.ci/run` calls exactly this script.
 #
-#   1. cargo test --workspace              (no MPI needed: the `mpi` feature is off)
+#   1. cargo test --workspace              (no MPI needed: the `mpi` feature is off), and no
+#      function over 80 lines (scripts/long-functions.sh)
 #   2. every CUDA kernel compiled by NVRTC for sm_80 and sm_90 (scripts/nvrtc-check.sh: the
 #      NVRTC library comes from a PyPI wheel; no GPU needed), and scripts/gpu-check.sh's
 #      packaging checked without a GPU (scripts/check-gpu-dry-run.sh)
@@ -30,6 +31,9 @@ fi
 
 # cargo test runs every unit, integration, property and doc test of the workspace.
 cargo test --workspace
+
+echo "== no function over 80 lines (scripts/long-functions.sh)"
+bash scripts/long-functions.sh
 
 echo "== NVRTC: every CUDA kernel source"
 bash scripts/nvrtc-check.sh

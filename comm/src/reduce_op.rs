@@ -134,6 +134,17 @@ pub(crate) unsafe fn reduce_raw<T: Element>(
     len: usize,
     op: ReduceOp,
 ) {
+    if let [only] = inputs {
+        // One input: every op is the identity on it (a sum of one, an average divided by 1,
+        // both exact), so the result is the input itself: nothing to do in place, a copy
+        // otherwise. This is a single rank's every reduction.
+        if !std::ptr::eq(*only, out.cast_const()) {
+            // SAFETY: the caller guarantees `only` readable and `out` writable for `len`
+            // elements and no other writer; `copy` allows the two ranges to overlap.
+            unsafe { std::ptr::copy(*only, out, len) };
+        }
+        return;
+    }
     let mut acc = [T::Acc::default(); BLOCK];
     let mut tmp = [T::Acc::default(); BLOCK];
     let mut start = 0;

@@ -195,36 +195,52 @@ fn overlap(mpi: &Mpi, full: bool) -> zero_comm::Result<()> {
         });
     }
     if c.rank() == 0 {
-        let hidden = |comm: f64, total: f64| (comm + t_comp - total) / comm.min(t_comp) * 100.0;
-        println!(
-            "# overlap of one {} MiB f32 all_reduce with {:.1} ms of compute, {} ranks",
-            (count * 4) >> 20,
-            t_comp * 1e3,
-            c.size()
-        );
-        println!(
-            "# variant                              comm alone(ms)  comm+compute(ms)  hidden(%)"
-        );
-        println!(
-            "progress thread (Communicator async)   {:>13.2} {:>17.2} {:>10.0}",
-            t_comm * 1e3,
-            t_thread * 1e3,
-            hidden(t_comm, t_thread)
-        );
-        println!(
-            "MPI_Iallreduce, MPI_Wait at the end    {:>13.2} {:>17.2} {:>10.0}",
-            t_raw * 1e3,
-            t_wait * 1e3,
-            hidden(t_raw, t_wait)
-        );
-        println!(
-            "MPI_Iallreduce, MPI_Test per slice     {:>13.2} {:>17.2} {:>10.0}",
-            t_raw * 1e3,
-            t_test * 1e3,
-            hidden(t_raw, t_test)
-        );
+        let times = OverlapTimes {
+            comm: t_comm,
+            raw: t_raw,
+            comp: t_comp,
+            thread: t_thread,
+            wait: t_wait,
+            test: t_test,
+        };
+        print_overlap(&times, count, c.size());
     }
     Ok(())
+}
+
+/// Seconds measured by [`overlap`]: each communication alone, the compute alone, and each
+/// variant of communication behind compute.
+struct OverlapTimes {
+    comm: f64,
+    raw: f64,
+    comp: f64,
+    thread: f64,
+    wait: f64,
+    test: f64,
+}
+
+/// The overlap table: how much of each communication the compute hid.
+fn print_overlap(t: &OverlapTimes, count: usize, ranks: usize) {
+    let hidden = |comm: f64, total: f64| (comm + t.comp - total) / comm.min(t.comp) * 100.0;
+    println!(
+        "# overlap of one {} MiB f32 all_reduce with {:.1} ms of compute, {ranks} ranks",
+        (count * 4) >> 20,
+        t.comp * 1e3,
+    );
+    println!("# variant                              comm alone(ms)  comm+compute(ms)  hidden(%)");
+    let rows = [
+        ("progress thread (Communicator async) ", t.comm, t.thread),
+        ("MPI_Iallreduce, MPI_Wait at the end  ", t.raw, t.wait),
+        ("MPI_Iallreduce, MPI_Test per slice   ", t.raw, t.test),
+    ];
+    for (name, alone, both) in rows {
+        println!(
+            "{name}  {:>13.2} {:>17.2} {:>10.0}",
+            alone * 1e3,
+            both * 1e3,
+            hidden(alone, both)
+        );
+    }
 }
 
 fn main() -> ExitCode {
