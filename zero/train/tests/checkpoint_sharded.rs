@@ -6,8 +6,8 @@
 use std::path::{Path, PathBuf};
 use zero::{Engine, EngineConfig, Precision, UnitSpec, UnitState, ZeroStage};
 use zero_gpt::Rng;
+use zero_state::{ShardedReader, LATEST};
 use zero_train::checkpoint::resume::{finish_save, load_sharded, save_sharded, start_save};
-use zero_train::checkpoint::{ShardedReader, LATEST};
 
 /// Unit sizes chosen so that shards pad (not multiples of 128 x 4) and one unit is smaller
 /// than a shard (ranks past the first own nothing of it).

@@ -10,7 +10,6 @@
 //! world size and stage a resumed run continues to the bit.
 
 use crate::checkpoint::sharded_save::precision_name;
-use crate::checkpoint::{resolve_state_dir, ShardedReader};
 use crate::cli::config::TrainConfig;
 use crate::data::{DataLoader, LoaderState};
 use crate::error::TrainError;
@@ -18,9 +17,10 @@ use serde_json::json;
 use std::path::{Path, PathBuf};
 use zero::{Engine, StateKind};
 use zero_gpt::GptConfig;
+use zero_state::{resolve_state_dir, ShardedReader};
 
 pub use crate::checkpoint::sharded_save::{finish_save, save_sharded, start_save, PendingSave};
-pub use crate::checkpoint::step_dir;
+pub use zero_state::step_dir;
 
 /// Loads the state `dir` names (a `step-N` folder, or a save directory: see
 /// [`resolve_state_dir`]) into `engine`: each rank reads the element ranges it keeps.

@@ -11,15 +11,15 @@
 //! (A pinned buffer was rejected for the snapshot: the states are already in host memory,
 //! and nothing copies them to a device.)
 
-use crate::checkpoint::{
-    begin_save, partial_dir, publish, step_dir, CheckpointError, Partitioning, PieceWriter,
-    UnitPartition,
-};
 use crate::error::TrainError;
 use std::path::{Path, PathBuf};
 use std::thread::JoinHandle;
 use zero::{Engine, Precision, StateKind};
 use zero_comm::ReduceOp;
+use zero_state::{
+    begin_save, partial_dir, publish, step_dir, Partitioning, PieceWriter, StateError,
+    UnitPartition,
+};
 
 /// The name a manifest gives a precision.
 pub(crate) fn precision_name(p: Precision) -> &'static str {
@@ -65,7 +65,7 @@ fn agree<T>(engine: &Engine, dir: &Path, local: Result<T, TrainError>) -> Result
         .all_reduce_in_place(&mut failed, ReduceOp::Max)?;
     match local {
         Err(e) => Err(e),
-        Ok(_) if failed[0] > 0.0 => Err(CheckpointError::BadState {
+        Ok(_) if failed[0] > 0.0 => Err(StateError::BadState {
             path: dir.to_path_buf(),
             reason: "another rank failed while saving (its error is reported by that rank)".into(),
         }
@@ -104,11 +104,7 @@ fn snapshot(engine: &mut Engine) -> Result<Vec<UnitSnapshot>, TrainError> {
 }
 
 /// Writes a snapshot as `rank`'s pieces; returns the bytes written.
-fn write_snapshot(
-    partial: &Path,
-    rank: usize,
-    units: &[UnitSnapshot],
-) -> Result<u64, CheckpointError> {
+fn write_snapshot(partial: &Path, rank: usize, units: &[UnitSnapshot]) -> Result<u64, StateError> {
     let mut w = PieceWriter::create(partial, rank)?;
     let mut bytes = 0u64;
     for (unit, (start, states)) in units.iter().enumerate() {
@@ -127,7 +123,7 @@ enum Writing {
     /// Written already, with this outcome.
     Done(Result<u64, TrainError>),
     /// Being written by a thread.
-    Background(JoinHandle<Result<u64, CheckpointError>>),
+    Background(JoinHandle<Result<u64, StateError>>),
 }
 
 /// A save whose pieces are written (or being written) and not yet published.
@@ -204,7 +200,7 @@ pub fn finish_save(
         Writing::Done(result) => result,
         Writing::Background(handle) => match handle.join() {
             Ok(result) => result.map_err(TrainError::from),
-            Err(_) => Err(CheckpointError::BadState {
+            Err(_) => Err(StateError::BadState {
                 path: partial_dir(&pending.save, pending.step),
                 reason: "the background writer of this rank's pieces panicked".into(),
             }
