@@ -57,6 +57,20 @@ pub enum StateError {
         /// What is wrong (missing, wrong dtype or length, duplicate name).
         reason: String,
     },
+    /// A state whose units or precision are not the engine's that loads it.
+    #[error("cannot resume from {dir}: {reason}")]
+    Mismatch {
+        /// The state folder.
+        dir: PathBuf,
+        /// What does not match.
+        reason: String,
+    },
+    /// The engine failed while its states were read out or loaded.
+    #[error(transparent)]
+    Engine(#[from] zero::Error),
+    /// The collective by which the ranks agree on a save's outcome failed.
+    #[error(transparent)]
+    Comm(#[from] zero_comm::CommError),
     /// A manifest or a rank's piece index that is not valid JSON of the expected shape, or
     /// could not be encoded.
     #[error("{path}: JSON: {source}")]

@@ -212,9 +212,17 @@ pub enum TrainError {
     },
 }
 
+/// A state's engine and collective failures are the run's, and a state that does not fit
+/// the run refuses the resume; the rest are checkpoint errors.
 impl From<zero_state::StateError> for TrainError {
     fn from(e: zero_state::StateError) -> Self {
-        Self::Checkpoint(e.into())
+        use zero_state::StateError;
+        match e {
+            StateError::Engine(e) => Self::Engine(e),
+            StateError::Comm(e) => Self::Comm(e),
+            StateError::Mismatch { dir, reason } => Self::Resume { dir, reason },
+            other => Self::Checkpoint(other.into()),
+        }
     }
 }
 

@@ -8,8 +8,7 @@ use common::{learnable_corpus, TempDir};
 
 use std::path::{Path, PathBuf};
 use zero::ZeroStage;
-use zero_state::StateError;
-use zero_train::checkpoint::resume::verify_state;
+use zero_state::{verify_state, StateError};
 use zero_train::checkpoint::CheckpointError;
 use zero_train::{train, PrecisionArg, TrainConfig, TrainError};
 

@@ -8,9 +8,9 @@
 //!   `config.json`), written one unit at a time; [`read_sharded_safetensors`] reads HF's
 //!   sharded form (`model.safetensors.index.json` and its shard files), which
 //!   [`export_sharded_safetensors`] writes.
-//! - A run's saving and resuming of its training state ([`resume`], with the background save
-//!   of `sharded_save`): the state itself, one piece file per rank plus a manifest readable
-//!   at any world size and stage, is zero-state's.
+//! - A run's saving and resuming of its training state ([`resume`]): the run's position
+//!   beside the engine's states, which zero-state saves and loads (one piece file per rank
+//!   plus a manifest, readable at any world size and stage).
 //! - A run started from another tool's model file ([`init`], `--init-from`) and `zero-train
 //!   export` ([`export`]).
 //!
@@ -43,7 +43,6 @@ mod llmc_stream;
 mod model_file;
 pub mod resume;
 mod safetensors;
-mod sharded_save;
 
 pub use error::{CheckpointError, LlmcFormatError, Result, SafetensorsError};
 pub use hf::hf_config_json;
