@@ -5,7 +5,7 @@
 
 use libfuzzer_sys::fuzz_target;
 use std::path::Path;
-use zero_train::checkpoint::{parse_manifest, TENSORS};
+use zero_state::{parse_manifest, TENSORS};
 
 fuzz_target!(|data: &[u8]| {
     let Ok(manifest) = parse_manifest(Path::new("state"), data) else {

@@ -10,20 +10,9 @@
 
 use std::path::PathBuf;
 
-/// An I/O operation that failed on a file or folder: what was being done, to which path,
-/// and what the OS said. Every error enum of this crate carries this one type for its I/O
-/// failures, so a failed open, read or write reads the same everywhere and names the path.
-#[derive(Debug, thiserror::Error)]
-#[error("cannot {op} {path}: {source}")]
-pub struct IoError {
-    /// What was being done ("open", "read", "write", "create directory", ...).
-    pub op: &'static str,
-    /// The file or folder.
-    pub path: PathBuf,
-    /// What the OS said.
-    #[source]
-    pub source: std::io::Error,
-}
+/// The one I/O error of this crate's error enums: zero-state's, so that model files, token
+/// files and training states report a failed open, read or write alike, naming the path.
+pub use zero_state::IoError;
 
 /// Why a configuration was refused.
 #[derive(Debug, thiserror::Error)]
@@ -221,6 +210,20 @@ pub enum TrainError {
         /// Every rank's hash, in hex.
         hashes: String,
     },
+}
+
+/// A state's engine and collective failures are the run's, and a state that does not fit
+/// the run refuses the resume; the rest are checkpoint errors.
+impl From<zero_state::StateError> for TrainError {
+    fn from(e: zero_state::StateError) -> Self {
+        use zero_state::StateError;
+        match e {
+            StateError::Engine(e) => Self::Engine(e),
+            StateError::Comm(e) => Self::Comm(e),
+            StateError::Mismatch { dir, reason } => Self::Resume { dir, reason },
+            other => Self::Checkpoint(other.into()),
+        }
+    }
 }
 
 impl From<super::bridge::StepError> for TrainError {

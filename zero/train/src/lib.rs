@@ -10,7 +10,6 @@ pub mod checkpoint;
 pub mod cli;
 pub mod data;
 pub mod error;
-mod fsio;
 mod llmc_header;
 pub mod offload;
 pub mod plan;
@@ -21,3 +20,5 @@ pub use cli::config::{Backend, Device, PrecisionArg, TrainConfig};
 pub use error::{ConfigError, TrainError};
 pub use run::{train, RunSummary};
 pub use zero_alloc::ByteSize;
+// Token files and model files are written and named like training states.
+use zero_state::fsio;

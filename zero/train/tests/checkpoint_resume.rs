@@ -8,7 +8,7 @@ use common::{learnable_corpus, TempDir};
 
 use std::path::{Path, PathBuf};
 use zero::ZeroStage;
-use zero_train::checkpoint::resume::verify_state;
+use zero_state::{verify_state, StateError};
 use zero_train::checkpoint::CheckpointError;
 use zero_train::{train, PrecisionArg, TrainConfig, TrainError};
 
@@ -209,7 +209,11 @@ fn a_flipped_byte_names_the_file_and_the_piece() {
     std::fs::write(&piece, bytes).unwrap();
     let err = refused(&dir.0, &state, |c| c);
     match &err {
-        TrainError::Checkpoint(CheckpointError::ChecksumMismatch { path, name, .. }) => {
+        TrainError::Checkpoint(CheckpointError::State(StateError::ChecksumMismatch {
+            path,
+            name,
+            ..
+        })) => {
             assert_eq!(path, &piece);
             assert!(name.starts_with("unit0/params["), "{name}");
         }
@@ -226,7 +230,7 @@ fn a_missing_or_truncated_piece_file_is_named() {
     std::fs::write(&piece, &bytes[..bytes.len() - 4]).unwrap();
     let err = refused(&dir.0, &state, |c| c);
     assert!(
-        matches!(&err, TrainError::Checkpoint(CheckpointError::Tensor { path, name, .. })
+        matches!(&err, TrainError::Checkpoint(CheckpointError::State(StateError::Tensor { path, name, .. }))
             if path == &piece && name.starts_with("unit0/params")),
         "{err}"
     );
@@ -234,7 +238,7 @@ fn a_missing_or_truncated_piece_file_is_named() {
     std::fs::remove_file(&piece).unwrap();
     let err = refused(&dir.0, &state, |c| c);
     assert!(
-        matches!(&err, TrainError::Checkpoint(CheckpointError::Tensor { path, .. }) if path == &piece),
+        matches!(&err, TrainError::Checkpoint(CheckpointError::State(StateError::Tensor { path, .. })) if path == &piece),
         "{err}"
     );
 }
@@ -264,7 +268,7 @@ fn a_newer_format_version_another_precision_or_shape_is_refused() {
     assert!(
         matches!(
             err,
-            TrainError::Checkpoint(CheckpointError::BadState { .. })
+            TrainError::Checkpoint(CheckpointError::State(StateError::BadState { .. }))
         ) && err.to_string().contains("version 2"),
         "{err}"
     );
@@ -281,7 +285,7 @@ fn a_latest_pointing_nowhere_is_refused_and_without_it_the_highest_step_is_taken
         ..c
     });
     assert!(
-        matches!(&err, TrainError::Checkpoint(CheckpointError::BadState { path, .. })
+        matches!(&err, TrainError::Checkpoint(CheckpointError::State(StateError::BadState { path, .. }))
             if path == &save.join("latest")),
         "{err}"
     );

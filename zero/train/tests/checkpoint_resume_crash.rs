@@ -9,7 +9,7 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 use zero_gpt::Rng;
-use zero_train::checkpoint::resume::verify_state;
+use zero_state::verify_state;
 use zero_train::{train, TrainConfig};
 
 fn corpus(dir: &Path) {

@@ -233,41 +233,14 @@ pub enum CheckpointError {
         /// Elements given.
         got: usize,
     },
-    /// A training-state manifest that cannot be used.
-    #[error("training state {path}: {reason}")]
-    BadState {
-        /// The state directory.
-        path: PathBuf,
-        /// What is wrong.
-        reason: String,
-    },
-    /// A tensor whose stored bytes do not match their checksum.
-    #[error("training state {path}: tensor {name} is corrupt (checksum {found:016x}, manifest says {expected:016x})")]
-    ChecksumMismatch {
-        /// The state directory.
-        path: PathBuf,
-        /// The tensor.
-        name: String,
-        /// Checksum in the manifest.
-        expected: u64,
-        /// Checksum of the bytes read.
-        found: u64,
-    },
-    /// A tensor that is not in the state, or not with the type asked for.
-    #[error("training state {path}: tensor {name}: {reason}")]
-    Tensor {
-        /// The state directory.
-        path: PathBuf,
-        /// The tensor.
-        name: String,
-        /// What is wrong (missing, wrong dtype or length, duplicate name).
-        reason: String,
-    },
-    /// A training-state manifest or a safetensors header that is not valid JSON of the
-    /// expected shape, or could not be encoded.
+    /// A training state that cannot be saved, read or loaded.
+    #[error(transparent)]
+    State(#[from] zero_state::StateError),
+    /// A safetensors header or a `config.json` that is not valid JSON of the expected
+    /// shape, or could not be encoded.
     #[error("{path}: JSON: {source}")]
     Json {
-        /// The manifest file.
+        /// The file.
         path: PathBuf,
         /// The parser's error.
         #[source]

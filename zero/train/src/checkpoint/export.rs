@@ -13,12 +13,12 @@ use zero_gpt::GptConfig;
 
 use crate::checkpoint::{
     export_safetensors, export_sharded_safetensors, locate_model_file, read_model_file,
-    resolve_state_dir, write_hf_config, LlmcCheckpoint, ModelShape, SafetensorsDtype,
-    ShardedReader,
+    write_hf_config, LlmcCheckpoint, ModelShape, SafetensorsDtype,
 };
 use crate::error::TrainError;
 use crate::fsio::failed;
 use zero_alloc::ByteSize;
+use zero_state::{resolve_state_dir, ShardedReader};
 
 /// The file formats `export` writes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]

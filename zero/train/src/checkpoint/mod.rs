@@ -8,10 +8,9 @@
 //!   `config.json`), written one unit at a time; [`read_sharded_safetensors`] reads HF's
 //!   sharded form (`model.safetensors.index.json` and its shard files), which
 //!   [`export_sharded_safetensors`] writes.
-//! - The sharded training state the trainer saves and resumes ([`PieceWriter`],
-//!   [`publish`], [`ShardedReader`]): one piece file per rank plus a manifest, readable at
-//!   any world size and stage; a run's saving and resuming of it ([`resume`], with the
-//!   background save of `sharded_save`).
+//! - A run's saving and resuming of its training state ([`resume`]): the run's position
+//!   beside the engine's states, which zero-state saves and loads (one piece file per rank
+//!   plus a manifest, readable at any world size and stage).
 //! - A run started from another tool's model file ([`init`], `--init-from`) and `zero-train
 //!   export` ([`export`]).
 //!
@@ -30,7 +29,6 @@
 //! # Ok::<(), zero_train::checkpoint::CheckpointError>(())
 //! ```
 
-mod checksum;
 mod error;
 pub mod export;
 mod hf;
@@ -45,10 +43,6 @@ mod llmc_stream;
 mod model_file;
 pub mod resume;
 mod safetensors;
-mod sharded;
-mod sharded_read;
-mod sharded_save;
-mod sharded_write;
 
 pub use error::{CheckpointError, LlmcFormatError, Result, SafetensorsError};
 pub use hf::hf_config_json;
@@ -62,10 +56,3 @@ pub use layout::{LlmcTensor, ModelShape};
 pub use llmc::{LlmcCheckpoint, LLMC_HEADER_BYTES, LLMC_MAGIC, LLMC_VERSION};
 pub use llmc_stream::LlmcStreamWriter;
 pub use model_file::{locate_model_file, model_file_config, read_model_file, ModelFileFormat};
-pub use sharded::{
-    complete_states, partial_dir, piece_file_name, resolve_state_dir, step_dir, Partitioning,
-    Piece, PieceFile, ShardedManifest, UnitPartition, LATEST, MANIFEST, SHARDED_FORMAT,
-    SHARDED_VERSION, TENSORS,
-};
-pub use sharded_read::{parse_manifest, ShardedReader};
-pub use sharded_write::{begin_save, publish, PieceWriter};

@@ -1,73 +1,21 @@
 //! Saving a run and resuming it, at the same or another world size and stage.
 //!
-//! [`save_sharded`] has every rank write the states it owns (its shard of every unit's
-//! parameters, Adam m and v) into its own piece file, with no collective over the states;
-//! rank 0 publishes the manifest once all ranks succeeded (`checkpoint/sharded.rs` has the
-//! format and the crash-safety protocol). [`load_sharded`] has every rank read exactly the
-//! element ranges it keeps under its own stage and world size. The run's position (step,
-//! optimizer steps, data-loader position, configuration) rides in the manifest's `meta`;
-//! the learning rate is a function of the step and sampling is seeded, so at the same
-//! world size and stage a resumed run continues to the bit.
+//! The engine's states are saved and loaded by zero-state ([`start_save`],
+//! [`load_sharded`]): every rank writes the states it owns into its own piece file, and
+//! reads back exactly the element ranges it keeps under its own stage and world size. This
+//! module adds the run's position (step, optimizer steps, loss scale, data-loader position,
+//! model shape, configuration), which rides in the manifest's `meta`; the learning rate is
+//! a function of the step and sampling is seeded, so at the same world size and stage a
+//! resumed run continues to the bit.
 
-use crate::checkpoint::sharded_save::precision_name;
-use crate::checkpoint::{resolve_state_dir, ShardedReader};
 use crate::cli::config::TrainConfig;
 use crate::data::{DataLoader, LoaderState};
 use crate::error::TrainError;
 use serde_json::json;
-use std::path::{Path, PathBuf};
-use zero::{Engine, StateKind};
+use std::path::Path;
+use zero::Engine;
 use zero_gpt::GptConfig;
-
-pub use crate::checkpoint::sharded_save::{finish_save, save_sharded, start_save, PendingSave};
-pub use crate::checkpoint::step_dir;
-
-/// Loads the state `dir` names (a `step-N` folder, or a save directory: see
-/// [`resolve_state_dir`]) into `engine`: each rank reads the element ranges it keeps.
-/// Returns the reader, for the caller's `meta`. Not collective.
-///
-/// # Errors
-/// [`TrainError::Resume`] when the state's units or precision differ from the engine's;
-/// checkpoint errors naming the file and piece for missing or corrupt data.
-pub fn load_sharded(dir: &Path, engine: &mut Engine) -> Result<ShardedReader, TrainError> {
-    let dir = resolve_state_dir(dir)?;
-    let reader = ShardedReader::open(&dir)?;
-    let bad = |reason: String| TrainError::Resume {
-        dir: dir.clone(),
-        reason,
-    };
-    let saved = &reader.manifest().partitioning;
-    let precision = precision_name(engine.config().precision);
-    if saved.precision != precision {
-        return Err(bad(format!(
-            "it was saved at precision {}, this run uses {precision} (pass --precision {})",
-            saved.precision, saved.precision
-        )));
-    }
-    let units = engine.units().len();
-    if saved.units.len() != units {
-        return Err(bad(format!(
-            "it holds {} units, this model {units}",
-            saved.units.len()
-        )));
-    }
-    for unit in 0..units {
-        let numel = engine.units()[unit].numel;
-        if saved.units[unit].numel != numel as u64 {
-            return Err(bad(format!(
-                "its unit {unit} has {} elements, this model's {numel}",
-                saved.units[unit].numel
-            )));
-        }
-        for kind in StateKind::ALL {
-            let held = engine.held_range(unit, kind)?;
-            let mut values = vec![0f32; held.len()];
-            reader.read_range(unit, kind.name(), held.clone(), &mut values)?;
-            engine.import_owned(unit, kind, held, &values)?;
-        }
-    }
-    Ok(reader)
-}
+use zero_state::{load_sharded, resolve_state_dir, start_save, PendingSave, ShardedReader};
 
 /// Starts saving the training run: the engine's states with the run's position; written
 /// in the background when `background` (see [`start_save`]).
@@ -93,7 +41,14 @@ pub fn start_state_save(
         "loader": loader,
         "config": cfg,
     });
-    start_save(engine, save, step, meta, cfg.keep_last, background)
+    Ok(start_save(
+        engine,
+        save,
+        step,
+        meta,
+        cfg.keep_last,
+        background,
+    )?)
 }
 
 /// Loads a saved run into `engine` and `loader`; returns the step to continue from.
@@ -164,17 +119,6 @@ pub fn load_state(
     );
     loader.restore(&loader_state)?;
     Ok(step)
-}
-
-/// Reads and verifies every piece of the state `dir` names; returns its folder and step.
-///
-/// # Errors
-/// Checkpoint errors naming the file and piece.
-pub fn verify_state(dir: &Path) -> Result<(PathBuf, u64), TrainError> {
-    let state_dir = resolve_state_dir(dir)?;
-    let reader = ShardedReader::open(&state_dir)?;
-    reader.verify()?;
-    Ok((state_dir, reader.manifest().step))
 }
 
 /// A model's shape as the flags name it.

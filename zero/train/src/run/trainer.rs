@@ -12,7 +12,7 @@ mod saving;
 
 use crate::bridge::{arena_activations, eval_loss, micro_step, Placement};
 use crate::checkpoint::init::load_init;
-use crate::checkpoint::resume::{load_state, PendingSave};
+use crate::checkpoint::resume::load_state;
 use crate::data::{DataLoader, LoaderConfig};
 use crate::error::TrainError;
 use crate::run::metrics::{RankReport, StepMetrics};
@@ -24,6 +24,7 @@ use zero::optim::CosineSchedule;
 use zero::{expected_model_state_bytes, Engine, EngineOps, Precision, Traffic, ZeroStage};
 use zero_comm::{Communicator, ReduceOp};
 use zero_gpt::{Activations, CpuBackend, Gpt};
+use zero_state::PendingSave;
 
 /// One rank's model, engine, data and running totals, the model's kernels on backend `B`.
 pub(crate) struct Trainer<'a, B: Placement = CpuBackend> {

@@ -2,12 +2,12 @@
 //! stopped when one fails.
 
 use super::{decide, Decision, LaunchArgs, Policy};
-use crate::checkpoint::complete_states;
 use crate::run::fault::RESTART_COUNT_ENV;
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus};
 use std::time::{Duration, Instant};
+use zero_state::complete_states;
 
 /// How long the other ranks get to exit by themselves (each reporting what it saw) after
 /// one failed, before they are killed. A survivor of a dead peer fails at once; one waiting

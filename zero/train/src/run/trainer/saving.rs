@@ -3,10 +3,11 @@
 
 use super::Trainer;
 use crate::bridge::Placement;
-use crate::checkpoint::resume::{finish_save, start_state_save, PendingSave};
+use crate::checkpoint::resume::start_state_save;
 use crate::checkpoint::{LlmcStreamWriter, ModelShape};
 use crate::error::TrainError;
 use std::time::Instant;
+use zero_state::{finish_save, PendingSave};
 
 impl<'a, B: Placement> Trainer<'a, B> {
     /// Saves the run after `step` steps into the `--save` directory: every rank writes the

@@ -5,9 +5,7 @@
 
 use std::path::{Path, PathBuf};
 use zero::{Engine, EngineConfig, Precision, UnitSpec, UnitState, ZeroStage};
-use zero_gpt::Rng;
-use zero_train::checkpoint::resume::{finish_save, load_sharded, save_sharded, start_save};
-use zero_train::checkpoint::{ShardedReader, LATEST};
+use zero_state::{finish_save, load_sharded, save_sharded, start_save, ShardedReader, LATEST};
 
 /// Unit sizes chosen so that shards pad (not multiples of 128 x 4) and one unit is smaller
 /// than a shard (ranks past the first own nothing of it).
@@ -28,11 +26,21 @@ fn units() -> Vec<UnitSpec> {
         .collect()
 }
 
+/// SplitMix64's next draw, as a value in [-2, 2) with 53 random bits.
+fn next(state: &mut u64) -> f64 {
+    *state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    let mut z = *state;
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^= z >> 31;
+    (z >> 11) as f64 / (1u64 << 51) as f64 - 2.0
+}
+
 /// Seeded whole states with distinct values everywhere (moments positive like Adam's v).
 fn reference_states(seed: u64) -> Vec<UnitState> {
-    let mut rng = Rng::new(seed);
+    let mut rng = seed;
     let mut draw = |n: usize, f: &mut dyn FnMut(f64) -> f64| -> Vec<f32> {
-        (0..n).map(|_| f(rng.normal()) as f32).collect()
+        (0..n).map(|_| f(next(&mut rng)) as f32).collect()
     };
     SIZES
         .iter()

@@ -1,5 +1,6 @@
-//! The trainer's sharded training state: one piece file per rank plus one manifest, in a
-//! `step-NNNNNN` folder of the `--save` directory, with a `latest` pointer beside it.
+//! The sharded training state: one piece file per rank plus one manifest, in a
+//! `step-NNNNNN` folder of a save directory (zero-train's `--save`), with a `latest`
+//! pointer beside it.
 //!
 //! ```text
 //! save/
@@ -21,7 +22,7 @@
 //! of its pieces into `step-N.partial/`; the ranks agree that all succeeded (a collective);
 //! rank 0 merges the indexes into `manifest.json`, fsyncs it and the folder, renames the
 //! folder to `step-N/`, fsyncs the parent, replaces `latest` (temp file, fsync, rename,
-//! fsync), and only then prunes states beyond `--keep-last`. A crash at any point leaves
+//! fsync), and only then prunes states beyond `keep_last` (`--keep-last`). A crash at any point leaves
 //! `latest` naming a complete state (or absent, the complete states still there), except
 //! between the two renames of a re-saved step (`step-N.old`), where `latest` may name a
 //! missing folder, which resume refuses by name.
@@ -29,7 +30,7 @@
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 
-use super::error::{CheckpointError, Result};
+use crate::error::{Result, StateError};
 use crate::fsio::{failed, with_suffix, write_atomic};
 
 /// Format name in the manifest.
@@ -144,7 +145,7 @@ pub(crate) fn index_file_name(rank: usize) -> String {
     format!("rank-{rank:05}.index.json")
 }
 
-/// The folder of the state saved after `step` steps, inside the `--save` directory.
+/// The folder of the state saved after `step` steps, inside the save directory.
 pub fn step_dir(save: &Path, step: u64) -> PathBuf {
     save.join(format!("step-{step:06}"))
 }
@@ -181,18 +182,18 @@ pub fn complete_states(save: &Path) -> Result<Vec<(u64, PathBuf)>> {
     Ok(out)
 }
 
-/// The state folder `--resume DIR` names: `DIR` itself when it holds a manifest; else the
+/// The state folder `DIR` names (as zero-train's `--resume DIR`): `DIR` itself when it holds a manifest; else the
 /// folder `DIR/latest` names; else (no `latest`) the highest complete `step-N` in `DIR`.
 ///
 /// # Errors
-/// [`CheckpointError::BadState`] when `latest` names a folder that is not a complete state, or when
+/// [`StateError::BadState`] when `latest` names a folder that is not a complete state, or when
 /// `DIR` holds no state.
 pub fn resolve_state_dir(dir: &Path) -> Result<PathBuf> {
     if dir.join(MANIFEST).is_file() {
         return Ok(dir.to_path_buf());
     }
     if !dir.exists() {
-        return Err(CheckpointError::BadState {
+        return Err(StateError::BadState {
             path: dir.to_path_buf(),
             reason: "no such folder".into(),
         });
@@ -203,7 +204,7 @@ pub fn resolve_state_dir(dir: &Path) -> Result<PathBuf> {
         let name = text.trim();
         let target = dir.join(name);
         if step_of(name).is_none() || !target.join(MANIFEST).is_file() {
-            return Err(CheckpointError::BadState {
+            return Err(StateError::BadState {
                 path: latest,
                 reason: format!(
                     "it names {name:?}, which is not a complete state folder in {} (pass a \
@@ -223,8 +224,8 @@ pub fn resolve_state_dir(dir: &Path) -> Result<PathBuf> {
     }
 }
 
-fn no_state(dir: &Path) -> CheckpointError {
-    CheckpointError::BadState {
+fn no_state(dir: &Path) -> StateError {
+    StateError::BadState {
         path: dir.to_path_buf(),
         reason: format!("no {MANIFEST}, no {LATEST} and no complete step-N folder"),
     }

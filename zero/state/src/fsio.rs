@@ -1,5 +1,6 @@
-//! File I/O shared by token files, llm.c checkpoints, safetensors exports and training
-//! states: reading a prefix of a stream, and durable atomic replacement of a file.
+//! File I/O shared by training states and the file formats of the crates that use this one
+//! (zero-train's token files, llm.c checkpoints and safetensors exports): reading a prefix of
+//! a stream, and durable atomic replacement of a file.
 //!
 //! A file is replaced in four steps: write `<path>.tmp`, fsync it, rename it over `path`,
 //! fsync the directory. The last step is what makes the rename itself survive a power cut
@@ -10,15 +11,12 @@ use std::fs::File;
 use std::io::{BufWriter, Read};
 use std::path::{Path, PathBuf};
 
-use crate::error::IoError;
+use crate::IoError;
 
 /// `map_err` adapter: `file.sync_all().map_err(failed("sync", &path))`: the one way this
-/// crate turns an I/O failure into an [`IoError`] naming the operation and the path (each
-/// error enum converts an `IoError` with `?`).
-pub(crate) fn failed(
-    op: &'static str,
-    path: impl AsRef<Path>,
-) -> impl FnOnce(std::io::Error) -> IoError {
+/// crate and its users turn an I/O failure into an [`IoError`] naming the operation and the
+/// path (each error enum converts an `IoError` with `?`).
+pub fn failed(op: &'static str, path: impl AsRef<Path>) -> impl FnOnce(std::io::Error) -> IoError {
     let path = path.as_ref().to_path_buf();
     move |source| IoError { op, path, source }
 }
@@ -27,7 +25,7 @@ pub(crate) fn failed(
 ///
 /// # Errors
 /// The reader's error, other than `Interrupted` (retried).
-pub(crate) fn read_up_to(reader: &mut impl Read, buf: &mut [u8]) -> std::io::Result<usize> {
+pub fn read_up_to(reader: &mut impl Read, buf: &mut [u8]) -> std::io::Result<usize> {
     let mut filled = 0;
     while filled < buf.len() {
         match reader.read(&mut buf[filled..]) {
@@ -41,7 +39,7 @@ pub(crate) fn read_up_to(reader: &mut impl Read, buf: &mut [u8]) -> std::io::Res
 }
 
 /// `path` with `suffix` appended to its last component (`model.bin` -> `model.bin.tmp`).
-pub(crate) fn with_suffix(path: &Path, suffix: &str) -> PathBuf {
+pub fn with_suffix(path: &Path, suffix: &str) -> PathBuf {
     let mut s = path.as_os_str().to_owned();
     s.push(suffix);
     PathBuf::from(s)
@@ -51,7 +49,7 @@ pub(crate) fn with_suffix(path: &Path, suffix: &str) -> PathBuf {
 ///
 /// # Errors
 /// Opening or syncing the directory.
-pub(crate) fn sync_parent(path: &Path) -> Result<(), IoError> {
+pub fn sync_parent(path: &Path) -> Result<(), IoError> {
     let parent = match path.parent() {
         Some(p) if !p.as_os_str().is_empty() => p,
         _ => Path::new("."),
@@ -63,7 +61,7 @@ pub(crate) fn sync_parent(path: &Path) -> Result<(), IoError> {
 ///
 /// # Errors
 /// Opening or syncing the directory.
-pub(crate) fn sync_dir(dir: &Path) -> Result<(), IoError> {
+pub fn sync_dir(dir: &Path) -> Result<(), IoError> {
     let handle = File::open(dir).map_err(failed("open directory", dir))?;
     handle.sync_all().map_err(failed("sync directory", dir))
 }
@@ -72,7 +70,7 @@ pub(crate) fn sync_dir(dir: &Path) -> Result<(), IoError> {
 ///
 /// # Errors
 /// Creating, writing (including `fill`'s own error) or syncing.
-pub(crate) fn create_synced(
+pub fn create_synced(
     path: &Path,
     fill: impl FnOnce(&mut BufWriter<File>) -> std::io::Result<()>,
 ) -> Result<(), IoError> {
@@ -90,7 +88,7 @@ pub(crate) fn create_synced(
 ///
 /// # Errors
 /// The first failing step, naming its path.
-pub(crate) fn write_atomic(
+pub fn write_atomic(
     path: &Path,
     fill: impl FnOnce(&mut BufWriter<File>) -> std::io::Result<()>,
 ) -> Result<(), IoError> {
@@ -105,7 +103,7 @@ pub(crate) fn write_atomic(
 }
 
 /// True for a name that stays in its folder: not empty, no separator, not `.` or `..`.
-pub(crate) fn is_plain_file_name(name: &str) -> bool {
+pub fn is_plain_file_name(name: &str) -> bool {
     !name.is_empty() && name != "." && name != ".." && !name.contains(['/', '\\', '\0'])
 }
 

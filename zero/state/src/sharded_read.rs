@@ -8,10 +8,10 @@ use std::io::{BufReader, Read, Seek, SeekFrom};
 use std::ops::Range;
 use std::path::{Path, PathBuf};
 
-use super::checksum::Checksum;
-use super::error::{CheckpointError, Result};
-use super::sharded::{Piece, ShardedManifest, MANIFEST, SHARDED_FORMAT, SHARDED_VERSION, TENSORS};
+use crate::checksum::Checksum;
+use crate::error::{Result, StateError};
 use crate::fsio::{failed, is_plain_file_name};
+use crate::sharded::{Piece, ShardedManifest, MANIFEST, SHARDED_FORMAT, SHARDED_VERSION, TENSORS};
 
 const CHUNK_ELEMS: usize = 1 << 16;
 
@@ -33,8 +33,8 @@ impl ShardedReader {
     /// unit's elements exactly.
     ///
     /// # Errors
-    /// [`CheckpointError::Io`] or [`CheckpointError::Json`] for the manifest; [`CheckpointError::BadState`] naming what
-    /// is inconsistent; [`CheckpointError::Tensor`] naming the file and a piece it should hold when a
+    /// [`StateError::Io`] or [`StateError::Json`] for the manifest; [`StateError::BadState`] naming what
+    /// is inconsistent; [`StateError::Tensor`] naming the file and a piece it should hold when a
     /// piece file is missing or truncated.
     pub fn open(dir: impl AsRef<Path>) -> Result<Self> {
         let dir = dir.as_ref().to_path_buf();
@@ -64,8 +64,8 @@ impl ShardedReader {
     /// only the overlap is kept.
     ///
     /// # Errors
-    /// [`CheckpointError::Tensor`] for a range outside the unit or an `out` of another length;
-    /// [`CheckpointError::ChecksumMismatch`] naming the file and piece; [`CheckpointError::Io`].
+    /// [`StateError::Tensor`] for a range outside the unit or an `out` of another length;
+    /// [`StateError::ChecksumMismatch`] naming the file and piece; [`StateError::Io`].
     pub fn read_range(
         &self,
         unit: usize,
@@ -76,7 +76,7 @@ impl ShardedReader {
         let numel = self.manifest.partitioning.units.get(unit).map(|u| u.numel);
         let fits = numel.is_some_and(|n| range.start <= range.end && range.end as u64 <= n);
         if !fits || out.len() != range.len() {
-            return Err(CheckpointError::Tensor {
+            return Err(StateError::Tensor {
                 path: self.dir.clone(),
                 name: format!("unit{unit}/{tensor}"),
                 reason: format!(
@@ -140,7 +140,7 @@ impl ShardedReader {
         }
         let found = hash.finish();
         if found != p.checksum {
-            return Err(CheckpointError::ChecksumMismatch {
+            return Err(StateError::ChecksumMismatch {
                 path,
                 name: p.name(),
                 expected: p.checksum,
@@ -156,7 +156,7 @@ impl ShardedReader {
 /// and that the pieces of each unit's tensor tile the unit's elements exactly.
 ///
 /// # Errors
-/// [`CheckpointError::Json`] for what is not a manifest; [`CheckpointError::BadState`] naming what is
+/// [`StateError::Json`] for what is not a manifest; [`StateError::BadState`] naming what is
 /// inconsistent.
 pub fn parse_manifest(dir: &Path, bytes: &[u8]) -> Result<ShardedManifest> {
     parse(dir, bytes).map(|(manifest, _)| manifest)
@@ -166,8 +166,8 @@ pub fn parse_manifest(dir: &Path, bytes: &[u8]) -> Result<ShardedManifest> {
 fn parse(dir: &Path, bytes: &[u8]) -> Result<(ShardedManifest, PiecesByTensor)> {
     let path = dir.join(MANIFEST);
     let manifest: ShardedManifest =
-        serde_json::from_slice(bytes).map_err(|source| CheckpointError::Json { path, source })?;
-    let bad = |reason: String| CheckpointError::BadState {
+        serde_json::from_slice(bytes).map_err(|source| StateError::Json { path, source })?;
+    let bad = |reason: String| StateError::BadState {
         path: dir.to_path_buf(),
         reason,
     };
@@ -216,7 +216,7 @@ fn check_files(dir: &Path, manifest: &ShardedManifest) -> Result<()> {
             .collect();
         mine.sort_by_key(|p| p.offset);
         let first = mine.first().map_or_else(|| "(none)".into(), |p| p.name());
-        let piece_err = |reason: String| CheckpointError::Tensor {
+        let piece_err = |reason: String| StateError::Tensor {
             path: path.clone(),
             name: first.clone(),
             reason,
@@ -234,7 +234,7 @@ fn check_files(dir: &Path, manifest: &ShardedManifest) -> Result<()> {
         for p in mine {
             let stop = p.len.checked_mul(4).and_then(|b| p.offset.checked_add(b));
             if p.dtype != "f32" || p.offset != end || stop.is_none_or(|s| s > len) {
-                return Err(CheckpointError::Tensor {
+                return Err(StateError::Tensor {
                     path: path.clone(),
                     name: p.name(),
                     reason: format!("dtype {:?} or extent outside or out of order", p.dtype),

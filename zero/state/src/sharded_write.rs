@@ -5,13 +5,13 @@ use std::fs::File;
 use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
 
-use super::checksum::Checksum;
-use super::error::{CheckpointError, Result};
-use super::sharded::{
+use crate::checksum::Checksum;
+use crate::error::{Result, StateError};
+use crate::fsio::{create_synced, failed, sync_dir, sync_parent, with_suffix};
+use crate::sharded::{
     index_file_name, partial_dir, piece_file_name, prune, step_dir, write_latest, Partitioning,
     Piece, PieceFile, ShardedManifest, MANIFEST, SHARDED_FORMAT, SHARDED_VERSION,
 };
-use crate::fsio::{create_synced, failed, sync_dir, sync_parent, with_suffix};
 
 const CHUNK_ELEMS: usize = 1 << 16;
 
@@ -26,7 +26,7 @@ struct PieceIndex {
 /// a stale one left by a crash). Returns the partial folder.
 ///
 /// # Errors
-/// [`CheckpointError::Io`] naming the folder.
+/// [`StateError::Io`] naming the folder.
 pub fn begin_save(save: &Path, step: u64) -> Result<PathBuf> {
     std::fs::create_dir_all(save).map_err(failed("create directory", save))?;
     let partial = partial_dir(save, step);
@@ -53,7 +53,7 @@ impl PieceWriter {
     /// Creates `rank`'s piece file in the partial folder `dir`.
     ///
     /// # Errors
-    /// [`CheckpointError::Io`] naming the file.
+    /// [`StateError::Io`] naming the file.
     pub fn create(dir: &Path, rank: usize) -> Result<Self> {
         let path = dir.join(piece_file_name(rank));
         let file = File::create(&path).map_err(failed("create", &path))?;
@@ -71,7 +71,7 @@ impl PieceWriter {
     /// Appends the `tensor` values of elements `start..start + data.len()` of `unit`.
     ///
     /// # Errors
-    /// [`CheckpointError::Io`] naming the file.
+    /// [`StateError::Io`] naming the file.
     pub fn write(&mut self, unit: usize, tensor: &str, start: usize, data: &[f32]) -> Result<()> {
         let mut hash = Checksum::new();
         for chunk in data.chunks(CHUNK_ELEMS) {
@@ -102,7 +102,7 @@ impl PieceWriter {
     /// Flushes and fsyncs the piece file, then writes and fsyncs its index.
     ///
     /// # Errors
-    /// [`CheckpointError::Io`] or [`CheckpointError::Json`] naming the file.
+    /// [`StateError::Io`] or [`StateError::Json`] naming the file.
     pub fn finish(self) -> Result<()> {
         let file = self
             .out
@@ -117,7 +117,7 @@ impl PieceWriter {
             pieces: self.pieces,
         };
         let index_path = self.dir.join(index_file_name(self.rank));
-        let json = serde_json::to_vec(&index).map_err(|source| CheckpointError::Json {
+        let json = serde_json::to_vec(&index).map_err(|source| StateError::Json {
             path: index_path.clone(),
             source,
         })?;
@@ -131,7 +131,7 @@ impl PieceWriter {
 /// `keep_last` states (0 keeps all). Returns the published folder.
 ///
 /// # Errors
-/// [`CheckpointError::Io`], [`CheckpointError::Json`] naming the file; [`CheckpointError::BadState`] for an index that
+/// [`StateError::Io`], [`StateError::Json`] naming the file; [`StateError::BadState`] for an index that
 /// does not belong to this save.
 pub fn publish(
     save: &Path,
@@ -146,8 +146,8 @@ pub fn publish(
     for rank in 0..partitioning.world {
         let path = partial.join(index_file_name(rank));
         let bytes = std::fs::read(&path).map_err(failed("read", &path))?;
-        let index: PieceIndex = serde_json::from_slice(&bytes)
-            .map_err(|source| CheckpointError::Json { path, source })?;
+        let index: PieceIndex =
+            serde_json::from_slice(&bytes).map_err(|source| StateError::Json { path, source })?;
         files.push(index.file);
         pieces.extend(index.pieces);
     }
@@ -161,7 +161,7 @@ pub fn publish(
         pieces,
     };
     let manifest_path = partial.join(MANIFEST);
-    let json = serde_json::to_vec_pretty(&manifest).map_err(|source| CheckpointError::Json {
+    let json = serde_json::to_vec_pretty(&manifest).map_err(|source| StateError::Json {
         path: manifest_path.clone(),
         source,
     })?;

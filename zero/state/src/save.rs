@@ -1,5 +1,5 @@
 //! Saving an engine's states as a sharded state (format and crash-safety protocol in
-//! `checkpoint/sharded.rs`), in the foreground or in the background.
+//! `sharded.rs`), in the foreground or in the background.
 //!
 //! A save has two halves. [`start_save`]: rank 0 creates the partial folder and the ranks
 //! agree it exists; then each rank writes its pieces, either at once straight from the
@@ -11,15 +11,14 @@
 //! (A pinned buffer was rejected for the snapshot: the states are already in host memory,
 //! and nothing copies them to a device.)
 
-use crate::checkpoint::{
-    begin_save, partial_dir, publish, step_dir, CheckpointError, Partitioning, PieceWriter,
-    UnitPartition,
-};
-use crate::error::TrainError;
 use std::path::{Path, PathBuf};
 use std::thread::JoinHandle;
 use zero::{Engine, Precision, StateKind};
 use zero_comm::ReduceOp;
+
+use crate::error::{Result, StateError};
+use crate::sharded::{partial_dir, step_dir, Partitioning, UnitPartition};
+use crate::sharded_write::{begin_save, publish, PieceWriter};
 
 /// The name a manifest gives a precision.
 pub(crate) fn precision_name(p: Precision) -> &'static str {
@@ -31,7 +30,7 @@ pub(crate) fn precision_name(p: Precision) -> &'static str {
 }
 
 /// `engine`'s split of every unit across its ranks.
-fn partitioning(engine: &Engine) -> Result<Partitioning, TrainError> {
+fn partitioning(engine: &Engine) -> Result<Partitioning> {
     let units = (0..engine.units().len())
         .map(|unit| {
             let part = engine.partition(unit)?;
@@ -58,25 +57,24 @@ fn partitioning(engine: &Engine) -> Result<Partitioning, TrainError> {
 }
 
 /// Makes `local` every rank's outcome: `Ok` only when every rank succeeded. Collective.
-fn agree<T>(engine: &Engine, dir: &Path, local: Result<T, TrainError>) -> Result<T, TrainError> {
+fn agree<T>(engine: &Engine, dir: &Path, local: Result<T>) -> Result<T> {
     let mut failed = [if local.is_err() { 1.0f32 } else { 0.0 }];
     engine
         .comm()
         .all_reduce_in_place(&mut failed, ReduceOp::Max)?;
     match local {
         Err(e) => Err(e),
-        Ok(_) if failed[0] > 0.0 => Err(CheckpointError::BadState {
+        Ok(_) if failed[0] > 0.0 => Err(StateError::BadState {
             path: dir.to_path_buf(),
             reason: "another rank failed while saving (its error is reported by that rank)".into(),
-        }
-        .into()),
+        }),
         Ok(v) => Ok(v),
     }
 }
 
 /// This rank's pieces straight from the engine: the owned elements of every unit,
 /// parameters then m then v. Returns the bytes written.
-fn write_pieces(engine: &mut Engine, partial: &Path) -> Result<u64, TrainError> {
+fn write_pieces(engine: &mut Engine, partial: &Path) -> Result<u64> {
     let mut w = PieceWriter::create(partial, engine.rank())?;
     let mut bytes = 0u64;
     for unit in 0..engine.units().len() {
@@ -94,7 +92,7 @@ fn write_pieces(engine: &mut Engine, partial: &Path) -> Result<u64, TrainError> 
 type UnitSnapshot = (usize, [Vec<f32>; 3]);
 
 /// Copies this rank's owned states of every unit.
-fn snapshot(engine: &mut Engine) -> Result<Vec<UnitSnapshot>, TrainError> {
+fn snapshot(engine: &mut Engine) -> Result<Vec<UnitSnapshot>> {
     (0..engine.units().len())
         .map(|unit| {
             let o = engine.owned_states(unit)?;
@@ -104,11 +102,7 @@ fn snapshot(engine: &mut Engine) -> Result<Vec<UnitSnapshot>, TrainError> {
 }
 
 /// Writes a snapshot as `rank`'s pieces; returns the bytes written.
-fn write_snapshot(
-    partial: &Path,
-    rank: usize,
-    units: &[UnitSnapshot],
-) -> Result<u64, CheckpointError> {
+fn write_snapshot(partial: &Path, rank: usize, units: &[UnitSnapshot]) -> Result<u64> {
     let mut w = PieceWriter::create(partial, rank)?;
     let mut bytes = 0u64;
     for (unit, (start, states)) in units.iter().enumerate() {
@@ -125,9 +119,9 @@ fn write_snapshot(
 #[derive(Debug)]
 enum Writing {
     /// Written already, with this outcome.
-    Done(Result<u64, TrainError>),
+    Done(Result<u64>),
     /// Being written by a thread.
-    Background(JoinHandle<Result<u64, CheckpointError>>),
+    Background(JoinHandle<Result<u64>>),
 }
 
 /// A save whose pieces are written (or being written) and not yet published.
@@ -161,10 +155,10 @@ pub fn start_save(
     meta: serde_json::Value,
     keep_last: usize,
     background: bool,
-) -> Result<PendingSave, TrainError> {
+) -> Result<PendingSave> {
     let dir = step_dir(save, step);
     let began = if engine.rank() == 0 {
-        begin_save(save, step).map(|_| ()).map_err(TrainError::from)
+        begin_save(save, step).map(|_| ())
     } else {
         Ok(())
     };
@@ -195,20 +189,16 @@ pub fn start_save(
 /// # Errors
 /// This rank's write or publish error (a background error surfaces here, naming the file);
 /// on the other ranks, that a peer failed. Nothing is published then.
-pub fn finish_save(
-    engine: &mut Engine,
-    pending: PendingSave,
-) -> Result<(PathBuf, u64), TrainError> {
+pub fn finish_save(engine: &mut Engine, pending: PendingSave) -> Result<(PathBuf, u64)> {
     let dir = step_dir(&pending.save, pending.step);
     let written = match pending.writing {
         Writing::Done(result) => result,
         Writing::Background(handle) => match handle.join() {
-            Ok(result) => result.map_err(TrainError::from),
-            Err(_) => Err(CheckpointError::BadState {
+            Ok(result) => result,
+            Err(_) => Err(StateError::BadState {
                 path: partial_dir(&pending.save, pending.step),
                 reason: "the background writer of this rank's pieces panicked".into(),
-            }
-            .into()),
+            }),
         },
     };
     let discard = |engine: &Engine| discard_partial(engine, &pending.save, pending.step);
@@ -223,7 +213,6 @@ pub fn finish_save(
                 pending.keep_last,
             )
             .map(|_| ())
-            .map_err(TrainError::from)
         })
     } else {
         Ok(())
@@ -259,7 +248,7 @@ pub fn save_sharded(
     step: u64,
     meta: serde_json::Value,
     keep_last: usize,
-) -> Result<(PathBuf, u64), TrainError> {
+) -> Result<(PathBuf, u64)> {
     let pending = start_save(engine, save, step, meta, keep_last, false)?;
     finish_save(engine, pending)
 }
