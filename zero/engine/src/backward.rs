@@ -20,18 +20,18 @@ impl Engine {
     /// Unknown unit, a backward already begun, arena failures.
     pub(crate) fn begin_backward(&mut self, unit: usize) -> Result<()> {
         self.check_unit(unit)?;
-        if self.bufs[unit].unreduced.is_some() {
+        if self.units.bufs[unit].unreduced.is_some() {
             return Err(Error::Order(format!(
                 "begin_backward of unit {unit} twice without end_backward"
             )));
         }
-        let padded = self.policies[unit].part.padded_numel();
+        let padded = self.units.policies[unit].part.padded_numel();
         let h = self.alloc_transient::<f32>(padded)?;
         let zeroed = self
             .kernels
             .fill_zero(&mut self.arena, DType::F32, Span::new(h, 0..padded));
         free_on_error(&mut self.arena, h, zeroed)?;
-        self.bufs[unit].unreduced = Some(h);
+        self.units.bufs[unit].unreduced = Some(h);
         Ok(())
     }
 
@@ -73,16 +73,21 @@ impl Engine {
     ) -> Result<(Vec<Span>, Vec<Span>)> {
         let params = param_units
             .iter()
-            .map(|&u| Ok(Span::new(self.param_block(u)?, 0..self.specs[u].numel)))
+            .map(|&u| {
+                Ok(Span::new(
+                    self.param_block(u)?,
+                    0..self.units.specs[u].numel,
+                ))
+            })
             .collect::<Result<Vec<_>>>()?;
         let grads = grad_units
             .iter()
             .map(|&u| {
                 self.check_unit(u)?;
-                let h = self.bufs[u].unreduced.ok_or_else(|| {
+                let h = self.units.bufs[u].unreduced.ok_or_else(|| {
                     Error::Order(format!("gradients of unit {u} used outside its backward"))
                 })?;
-                Ok(Span::new(h, 0..self.specs[u].numel))
+                Ok(Span::new(h, 0..self.units.specs[u].numel))
             })
             .collect::<Result<Vec<_>>>()?;
         Ok((params, grads))
@@ -99,7 +104,7 @@ impl Engine {
     /// reduction or of an earlier one completed here).
     pub(crate) fn end_backward(&mut self, unit: usize) -> Result<()> {
         self.check_unit(unit)?;
-        let tmp = self.bufs[unit].unreduced.take().ok_or_else(|| {
+        let tmp = self.units.bufs[unit].unreduced.take().ok_or_else(|| {
             Error::Order(format!(
                 "end_backward of unit {unit} without begin_backward"
             ))
@@ -121,10 +126,10 @@ impl Engine {
     }
 
     fn launch_buckets<S: Store>(&mut self, unit: usize, tmp: Handle) -> Result<()> {
-        let part = self.policies[unit].part;
+        let part = self.units.policies[unit].part;
         let bucket_elems = self.config.reduce_bucket_bytes / std::mem::size_of::<S>();
         let layout = ShardBuckets::new(part.world(), part.shard_len(), bucket_elems)?;
-        let scale = self.scaler.scale;
+        let scale = self.progress.scaler.scale;
         for bucket in layout.buckets() {
             let elems = layout.bucket_elems(bucket);
             let staged = self.alloc_lent::<S>(elems)?;
@@ -136,13 +141,13 @@ impl Engine {
                     .narrow(&mut self.arena, S::DTYPE, src, dst, scale)
             });
             free_on_error(&mut self.arena, staged, packed)?;
-            let op = match self.policies[unit].reduce {
+            let op = match self.units.policies[unit].reduce {
                 GradReduce::AllReduce => {
-                    self.traffic.all_reduce += elems as u64;
+                    self.progress.traffic.all_reduce += elems as u64;
                     InPlace::AllReduceAvg
                 }
                 GradReduce::ReduceScatter => {
-                    self.traffic.reduce_scatter += elems as u64;
+                    self.progress.traffic.reduce_scatter += elems as u64;
                     InPlace::ReduceScatterAvg
                 }
             };
@@ -150,7 +155,8 @@ impl Engine {
                 .collectives
                 .launch(&self.comm, &mut self.arena, S::DTYPE, op, staged);
             let flight = free_on_error(&mut self.arena, staged, flight)?;
-            self.in_flight
+            self.flights
+                .reductions
                 .push_back(InFlight::new::<S>(unit, layout, bucket, flight));
             self.complete_reductions(MAX_IN_FLIGHT)?;
         }
@@ -161,8 +167,8 @@ impl Engine {
     /// by which happen to be done: the memory held never depends on timing, so the measured
     /// peak is the plan's on every run.
     pub(crate) fn complete_reductions(&mut self, keep: usize) -> Result<()> {
-        while self.in_flight.len() > keep {
-            if let Some(pending) = self.in_flight.pop_front() {
+        while self.flights.reductions.len() > keep {
+            if let Some(pending) = self.flights.reductions.pop_front() {
                 pending.finish(self)?;
             }
         }
@@ -178,9 +184,9 @@ impl Engine {
         bucket: Bucket,
         staged: Handle,
     ) -> Result<()> {
-        let policy = self.policies[unit];
+        let policy = self.units.policies[unit];
         let rank = self.comm.rank();
-        let grads = self.bufs[unit].grads;
+        let grads = self.units.bufs[unit].grads;
         let result = policy.kept_segments(rank).try_for_each(|j| {
             let piece = Span::new(staged, layout.segment(bucket, j));
             let at = policy.grad_index(rank, j, bucket.offset);
@@ -201,7 +207,7 @@ impl Engine {
     /// the reductions completed here.
     pub(crate) fn end_micro_step(&mut self) -> Result<()> {
         self.complete_reductions(0)?;
-        self.micro_steps += 1;
+        self.progress.micro_steps += 1;
         Ok(())
     }
 }

@@ -116,17 +116,14 @@ impl EngineConfig {
 /// [`OpUnits::views`](crate::OpUnits::views), in the order the operation declared them.
 pub type UnitViews<'a> = (Vec<&'a [f32]>, Vec<&'a mut [f32]>);
 
-/// The ZeRO engine of one data-parallel rank.
+/// The ZeRO engine of one data-parallel rank: its memory and communication, and three parts
+/// that own what they hold (the units' buffers, the collectives in flight, the counters).
 #[derive(Debug)]
 pub struct Engine {
     pub(crate) comm: Communicator,
-    /// Stage 3: all-gathers launched ahead of the units' `gather` calls. Declared before
-    /// `arena` so that it drops first: a flight dropped unlanded waits for its collective,
-    /// which must not outlive the arena's memory.
-    pub(crate) prefetched: Vec<Option<Prefetch>>,
-    /// Gradient reductions launched and not yet accumulated, oldest first (before `arena`,
-    /// as `prefetched`).
-    pub(crate) in_flight: VecDeque<InFlight>,
+    /// Declared before `arena` so that it drops first: a flight dropped unlanded waits for
+    /// its collective, which must not outlive the arena's memory.
+    pub(crate) flights: Flights,
     pub(crate) arena: Arena,
     /// ZeRO-Offload's host arena of optimizer states (`None`: they are in `arena`).
     pub(crate) offloaded: Option<OffloadedOptimizer>,
@@ -135,23 +132,44 @@ pub struct Engine {
     /// Every collective over model states runs through these.
     pub(crate) collectives: Box<dyn Collectives>,
     pub(crate) config: EngineConfig,
-    pub(crate) specs: Vec<UnitSpec>,
-    /// What the stage means for each unit.
-    pub(crate) policies: Vec<UnitPolicy>,
-    pub(crate) bufs: Vec<UnitBuffers>,
+    pub(crate) units: Units,
     pub(crate) memory_plan: MemoryPlan,
-    /// Micro-steps whose gradients are accumulated since the last optimizer step.
-    pub(crate) micro_steps: u32,
-    /// Optimizer steps taken (Adam's t).
-    pub(crate) steps: u64,
-    pub(crate) traffic: Traffic,
+    pub(crate) progress: Progress,
     /// The programs declared at start-up, and the call being made.
     pub(crate) declared: Declared,
-    /// fp16's dynamic loss scale (1 and inert otherwise).
-    pub(crate) scaler: LossScaler,
     /// Bytes lent to the model for good ([`Engine::lend_f32`]), within the declared
     /// [`EngineConfig::activation_bytes`].
     pub(crate) lent_bytes: u64,
+}
+
+/// The registered units: what they are, what the stage means for each, and their blocks.
+#[derive(Debug)]
+pub(crate) struct Units {
+    pub specs: Vec<UnitSpec>,
+    pub policies: Vec<UnitPolicy>,
+    pub bufs: Vec<UnitBuffers>,
+}
+
+/// Collectives launched over arena blocks they hold pinned until they land.
+#[derive(Debug)]
+pub(crate) struct Flights {
+    /// Stage 3: all-gathers launched ahead of the units' gathers, one slot per unit.
+    pub prefetched: Vec<Option<Prefetch>>,
+    /// Gradient reductions launched and not yet accumulated, oldest first.
+    pub reductions: VecDeque<InFlight>,
+}
+
+/// Where training stands: what the next optimizer step applies and what has been moved.
+#[derive(Debug)]
+pub(crate) struct Progress {
+    /// Micro-steps whose gradients are accumulated since the last optimizer step.
+    pub micro_steps: u32,
+    /// Optimizer steps taken (Adam's t).
+    pub steps: u64,
+    /// Elements handed to collectives for model states.
+    pub traffic: Traffic,
+    /// fp16's dynamic loss scale (1 and inert otherwise).
+    pub scaler: LossScaler,
 }
 
 impl Engine {
@@ -239,16 +257,22 @@ impl Engine {
             kernels,
             collectives,
             config,
-            specs,
-            policies,
-            bufs,
+            units: Units {
+                specs,
+                policies,
+                bufs,
+            },
             memory_plan,
-            micro_steps: 0,
-            steps: 0,
-            traffic: Traffic::default(),
-            prefetched: (0..n_units).map(|_| None).collect(),
-            in_flight: VecDeque::new(),
-            scaler: LossScaler::for_precision(config.precision),
+            progress: Progress {
+                micro_steps: 0,
+                steps: 0,
+                traffic: Traffic::default(),
+                scaler: LossScaler::for_precision(config.precision),
+            },
+            flights: Flights {
+                prefetched: (0..n_units).map(|_| None).collect(),
+                reductions: VecDeque::new(),
+            },
             lent_bytes: 0,
         })
     }
@@ -280,26 +304,26 @@ impl Engine {
 
     /// Registered units.
     pub fn units(&self) -> &[UnitSpec] {
-        &self.specs
+        &self.units.specs
     }
 
     /// Optimizer steps taken.
     pub fn steps(&self) -> u64 {
-        self.steps
+        self.progress.steps
     }
 
     /// Elements handed to collectives for model states since the engine started.
     pub fn traffic(&self) -> Traffic {
-        self.traffic
+        self.progress.traffic
     }
 
     pub(crate) fn check_unit(&self, unit: usize) -> Result<()> {
-        if unit < self.specs.len() {
+        if unit < self.units.specs.len() {
             Ok(())
         } else {
             Err(Error::NoSuchUnit {
                 unit,
-                units: self.specs.len(),
+                units: self.units.specs.len(),
             })
         }
     }
@@ -314,7 +338,7 @@ impl Engine {
         let optim = self.optimizer_arena();
         let optim_size = |h: Handle| -> Result<f64> { Ok(optim.block(h)?.size as f64) };
         let mut out = ModelStateBytes::default();
-        for b in &self.bufs {
+        for b in &self.units.bufs {
             out.params += size(b.params)?;
             out.grads += size(b.grads)?;
             out.optimizer += optim_size(b.m)? + optim_size(b.v)?;
@@ -327,7 +351,7 @@ impl Engine {
 
     /// The paper's formula for this configuration (K = 12 for half precision, 8 for fp32).
     pub fn expected_model_state_bytes(&self) -> ModelStateBytes {
-        let psi = self.specs.iter().map(|s| s.numel as u64).sum();
+        let psi = self.units.specs.iter().map(|s| s.numel as u64).sum();
         expected_model_state_bytes(psi, self.world(), self.config.stage, self.config.precision)
     }
 
@@ -339,6 +363,6 @@ impl Engine {
 
     /// fp16's current loss scale (1 for other precisions).
     pub fn loss_scale(&self) -> f32 {
-        self.scaler.scale
+        self.progress.scaler.scale
     }
 }

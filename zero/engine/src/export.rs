@@ -79,10 +79,10 @@ impl Engine {
     pub fn export_states(&mut self) -> Result<Vec<UnitState>> {
         self.complete_reductions(0)?;
         self.drop_prefetches()?;
-        let mut out = Vec::with_capacity(self.specs.len());
-        for unit in 0..self.specs.len() {
-            let policy = self.policies[unit];
-            let (m, v) = (self.bufs[unit].m, self.bufs[unit].v);
+        let mut out = Vec::with_capacity(self.units.specs.len());
+        for unit in 0..self.units.specs.len() {
+            let policy = self.units.policies[unit];
+            let (m, v) = (self.units.bufs[unit].m, self.units.bufs[unit].v);
             let params = self.with_held_params(unit, |home, h, whole| {
                 with_whole_f32(home, &policy, h, whole, |x| x)
             })?;
@@ -110,7 +110,7 @@ impl Engine {
         self.check_unit(unit)?;
         self.complete_reductions(0)?;
         self.drop_prefetches()?;
-        let policy = self.policies[unit];
+        let policy = self.units.policies[unit];
         self.with_held_params(unit, |home, h, whole| {
             with_whole_f32(home, &policy, h, whole, |x| f(&x))
         })
@@ -124,11 +124,11 @@ impl Engine {
         unit: usize,
         f: impl FnOnce(StateHome<'_>, Handle, bool) -> R,
     ) -> R {
-        let policy = self.policies[unit];
-        match self.bufs[unit].master {
+        let policy = self.units.policies[unit];
+        match self.units.bufs[unit].master {
             Some(master) => f(self.optimizer_home(), master, policy.whole_optim),
             None => {
-                let params = self.bufs[unit].params;
+                let params = self.units.bufs[unit].params;
                 f(self.device_home(), params, policy.whole_params)
             }
         }
@@ -140,7 +140,7 @@ impl Engine {
     /// [`Error::NoSuchUnit`].
     pub fn partition(&self, unit: usize) -> Result<Partition> {
         self.check_unit(unit)?;
-        Ok(self.policies[unit].part)
+        Ok(self.units.policies[unit].part)
     }
 
     /// This rank's owned elements of `unit` and their states, copied to the host with no
@@ -156,9 +156,9 @@ impl Engine {
         self.complete_reductions(0)?;
         self.drop_prefetches()?;
         let rank = self.rank();
-        let policy = self.policies[unit];
+        let policy = self.units.policies[unit];
         let owned = policy.part.data_shard(rank);
-        let b = &self.bufs[unit];
+        let b = &self.units.bufs[unit];
         let optim = self.optimizer_arena();
         let cut = |arena, h: Handle, whole: bool| -> Result<Vec<f32>> {
             read_f32(arena, h, policy.part.local(rank, owned, whole))
@@ -182,7 +182,7 @@ impl Engine {
     /// [`Error::NoSuchUnit`].
     pub fn held_range(&self, unit: usize, kind: StateKind) -> Result<Range<usize>> {
         self.check_unit(unit)?;
-        let policy = self.policies[unit];
+        let policy = self.units.policies[unit];
         let whole = match kind {
             StateKind::Params => policy.whole_params || policy.whole_optim,
             StateKind::AdamM | StateKind::AdamV => policy.whole_optim,
@@ -209,7 +209,7 @@ impl Engine {
         values: &[f32],
     ) -> Result<()> {
         self.check_unit(unit)?;
-        let policy = self.policies[unit];
+        let policy = self.units.policies[unit];
         let numel = policy.part.numel();
         if range.start > range.end || range.end > numel || values.len() != range.len() {
             return Err(Error::BadUnit {
@@ -243,7 +243,7 @@ impl Engine {
             let from = common.offset - given.offset..common.end() - given.offset;
             (from, policy.part.local(rank, common, whole))
         };
-        let b = &self.bufs[unit];
+        let b = &self.units.bufs[unit];
         let (stored, precision) = (b.params, self.config.precision);
         let f32_targets = match kind {
             StateKind::Params => b.master.map(|h| (h, policy.whole_optim)),
@@ -263,7 +263,7 @@ impl Engine {
 
     /// Sets the optimizer step count (Adam's t) of a restored run.
     pub fn set_steps(&mut self, steps: u64) {
-        self.steps = steps;
+        self.progress.steps = steps;
     }
 
     /// Restores fp16's loss scaler in a resumed run: its scale and its
@@ -271,14 +271,16 @@ impl Engine {
     /// Other precisions keep their inert scale of 1.
     pub fn set_loss_scaler(&mut self, scale: f32, clean_steps: u32, hysteresis_left: u32) {
         if self.config.precision == super::precision::Precision::Fp16 {
-            self.scaler.scale = scale;
-            self.scaler.set_progress(clean_steps, hysteresis_left);
+            self.progress.scaler.scale = scale;
+            self.progress
+                .scaler
+                .set_progress(clean_steps, hysteresis_left);
         }
     }
 
     /// fp16's loss scaler as it stands (what a checkpoint keeps).
     pub fn loss_scaler(&self) -> crate::LossScaler {
-        self.scaler
+        self.progress.scaler
     }
 
     /// Loads whole states (as [`Engine::export_states`] gives) and the optimizer step count;
@@ -287,19 +289,19 @@ impl Engine {
     /// # Errors
     /// [`Error::BadUnit`] when the number or sizes of units differ.
     pub fn import_states(&mut self, states: &[UnitState], steps: u64) -> Result<()> {
-        if states.len() != self.specs.len() {
+        if states.len() != self.units.specs.len() {
             return Err(Error::BadUnit {
-                unit: states.len().min(self.specs.len()),
+                unit: states.len().min(self.units.specs.len()),
                 message: format!(
                     "the saved state has {} units, the model {}",
                     states.len(),
-                    self.specs.len()
+                    self.units.specs.len()
                 ),
             });
         }
         let rank = self.rank();
         for (unit, state) in states.iter().enumerate() {
-            let policy = self.policies[unit];
+            let policy = self.units.policies[unit];
             let numel = policy.part.numel();
             for (what, values) in [("params", &state.params), ("m", &state.m), ("v", &state.v)] {
                 if values.len() != numel {
@@ -314,7 +316,7 @@ impl Engine {
             }
             let kernels = self.kernels.as_ref();
             let staged = upload_whole(&mut self.arena, kernels, &policy, &state.params)?;
-            let b = &self.bufs[unit];
+            let b = &self.units.bufs[unit];
             let precision = self.config.precision;
             let written = write_params(
                 &mut self.arena,
@@ -341,7 +343,7 @@ impl Engine {
             write_kept(home, &policy, rank, policy.whole_optim, m, &state.m)?;
             write_kept(home, &policy, rank, policy.whole_optim, v, &state.v)?;
         }
-        self.steps = steps;
+        self.progress.steps = steps;
         Ok(())
     }
 }

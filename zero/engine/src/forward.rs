@@ -20,19 +20,19 @@ impl Engine {
     /// Unknown unit, a rank visiting units in another order, arena or collective failures.
     pub(crate) fn gather(&mut self, unit: usize) -> Result<()> {
         self.check_unit(unit)?;
-        if self.policies[unit].reads_stored {
+        if self.units.policies[unit].reads_stored {
             return Ok(());
         }
-        let b = &mut self.bufs[unit];
+        let b = &mut self.units.bufs[unit];
         b.gather_refs += 1;
         if b.gathered.is_some() {
             return Ok(());
         }
-        let copy = match self.prefetched[unit].take() {
+        let copy = match self.flights.prefetched[unit].take() {
             Some(prefetch) => prefetch.finish(self)?,
             None => with_store!(self.config.precision, S => self.compute_copy::<S>(unit))?,
         };
-        self.bufs[unit].gathered = Some(copy);
+        self.units.bufs[unit].gathered = Some(copy);
         with_store!(self.config.precision, S => self.launch_prefetches::<S>())
     }
 
@@ -40,9 +40,9 @@ impl Engine {
     /// all-gathered straight into it; half precision is gathered into a staging block of
     /// the storage type and widened.
     fn compute_copy<S: Store>(&mut self, unit: usize) -> Result<Handle> {
-        let policy = self.policies[unit];
+        let policy = self.units.policies[unit];
         let padded = policy.part.padded_numel();
-        let params = self.bufs[unit].params;
+        let params = self.units.bufs[unit].params;
         let out = self.alloc_transient::<f32>(padded)?;
         let direct = policy.gathered() && std::mem::size_of::<S>() == 4;
         let staged = if !policy.gathered() || direct {
@@ -57,7 +57,7 @@ impl Engine {
                 let whole = Span::new(h, 0..padded);
                 self.collectives
                     .all_gather(&self.comm, &mut self.arena, S::DTYPE, shard, whole)?;
-                self.traffic.all_gather += padded as u64;
+                self.progress.traffic.all_gather += padded as u64;
             }
             if direct {
                 // f32 storage: the compute copy is the gathered buffer itself.
@@ -86,9 +86,10 @@ impl Engine {
     fn launch_prefetches<S: Store>(&mut self) -> Result<()> {
         let rank = self.comm.rank();
         for unit in self.declared.upcoming_gathers(self.config.prefetch_units) {
-            let policy = self.policies[unit];
-            let b = &self.bufs[unit];
-            if !policy.gathered() || b.gathered.is_some() || self.prefetched[unit].is_some() {
+            let policy = self.units.policies[unit];
+            let b = &self.units.bufs[unit];
+            if !policy.gathered() || b.gathered.is_some() || self.flights.prefetched[unit].is_some()
+            {
                 continue;
             }
             let params = b.params;
@@ -109,16 +110,16 @@ impl Engine {
                 staged,
             );
             let flight = free_on_error(&mut self.arena, staged, flight)?;
-            self.traffic.all_gather += padded as u64;
-            self.prefetched[unit] = Some(Prefetch::new::<S>(flight));
+            self.progress.traffic.all_gather += padded as u64;
+            self.flights.prefetched[unit] = Some(Prefetch::new::<S>(flight));
         }
         Ok(())
     }
 
     /// Waits for prefetches that were never used (a step that ended early) and frees them.
     pub(crate) fn drop_prefetches(&mut self) -> Result<()> {
-        for unit in 0..self.prefetched.len() {
-            if let Some(p) = self.prefetched[unit].take() {
+        for unit in 0..self.flights.prefetched.len() {
+            if let Some(p) = self.flights.prefetched[unit].take() {
                 let copy = p.finish(self)?;
                 self.arena.free(copy)?;
             }
@@ -132,8 +133,8 @@ impl Engine {
     /// Unknown unit, or a release without a gather.
     pub(crate) fn release(&mut self, unit: usize) -> Result<()> {
         self.check_unit(unit)?;
-        let reads_stored = self.policies[unit].reads_stored;
-        if !reads_stored && self.bufs[unit].gather_refs == 0 {
+        let reads_stored = self.units.policies[unit].reads_stored;
+        if !reads_stored && self.units.bufs[unit].gather_refs == 0 {
             return Err(Error::Order(format!(
                 "release of unit {unit} without a matching gather"
             )));
@@ -141,7 +142,7 @@ impl Engine {
         if reads_stored {
             return Ok(());
         }
-        let b = &mut self.bufs[unit];
+        let b = &mut self.units.bufs[unit];
         b.gather_refs -= 1;
         if b.gather_refs == 0 {
             if let Some(copy) = b.gathered.take() {
@@ -154,10 +155,12 @@ impl Engine {
     /// The f32 block holding `unit`'s whole parameters right now.
     pub(crate) fn param_block(&self, unit: usize) -> Result<Handle> {
         self.check_unit(unit)?;
-        if self.policies[unit].reads_stored {
-            return Ok(self.bufs[unit].params);
+        if self.units.policies[unit].reads_stored {
+            return Ok(self.units.bufs[unit].params);
         }
-        self.bufs[unit].gathered.ok_or(Error::NotGathered { unit })
+        self.units.bufs[unit]
+            .gathered
+            .ok_or(Error::NotGathered { unit })
     }
 
     /// `unit`'s parameters in f32 (its `numel` elements, no padding).
@@ -166,6 +169,6 @@ impl Engine {
     /// [`Error::NotGathered`] outside gather/release where a copy is needed.
     pub(crate) fn params(&self, unit: usize) -> Result<&[f32]> {
         let block = self.param_block(unit)?;
-        Ok(&self.arena.slice::<f32>(block)?[..self.specs[unit].numel])
+        Ok(&self.arena.slice::<f32>(block)?[..self.units.specs[unit].numel])
     }
 }

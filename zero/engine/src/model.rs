@@ -82,7 +82,7 @@ impl<'e> OpUnits<'e> {
     pub fn device_param(&self, unit: usize) -> Result<DeviceView<'_>> {
         self.check_read(unit)?;
         let block = self.engine.param_block(unit)?;
-        let numel = self.engine.specs[unit].numel;
+        let numel = self.engine.units.specs[unit].numel;
         Ok(self
             .engine
             .arena

@@ -122,10 +122,10 @@ impl Engine {
         unit: usize,
         step: &AdamWStep<'_>,
     ) -> Result<()> {
-        let (policy, rank) = (self.policies[unit], self.rank());
+        let (policy, rank) = (self.units.policies[unit], self.rank());
         let owned = policy.owned(rank);
         let piece = piece_elems(self.config.reduce_bucket_bytes, self.config.precision);
-        let b = &self.bufs[unit];
+        let b = &self.units.bufs[unit];
         let first = Piece {
             grads: policy.part.local(rank, owned, policy.whole_grads).start,
             params: policy.part.local(rank, owned, policy.whole_params).start,

@@ -120,8 +120,8 @@ impl Engine {
     /// failure being returned is the one that matters.
     fn let_go_after_failure(&mut self) {
         let _ = self.drop_prefetches();
-        for unit in 0..self.bufs.len() {
-            let b = &mut self.bufs[unit];
+        for unit in 0..self.units.bufs.len() {
+            let b = &mut self.units.bufs[unit];
             b.gather_refs = 0;
             let held = [b.gathered.take(), b.unreduced.take()];
             for h in held.into_iter().flatten() {

@@ -32,12 +32,12 @@ impl Engine {
     /// No micro-step since the last step, a backward left open, a non-finite gradient norm
     /// (fp32 and bf16; fp16 skips the step instead), collective or arena failures.
     pub fn step(&mut self, lr: f32) -> Result<StepReport> {
-        if self.micro_steps == 0 {
+        if self.progress.micro_steps == 0 {
             return Err(Error::Order(
                 "step without a finished micro-step (call end_micro_step after backward)".into(),
             ));
         }
-        if let Some(u) = self.bufs.iter().position(|b| b.unreduced.is_some()) {
+        if let Some(u) = self.units.bufs.iter().position(|b| b.unreduced.is_some()) {
             return Err(Error::Order(format!(
                 "step while unit {u}'s backward is still open"
             )));
@@ -47,16 +47,16 @@ impl Engine {
         // Before the host reads below (overflow flags, norms), which would block on a
         // collective of a dead peer with no timeout.
         self.collectives.settle()?;
-        let loss_scale = self.scaler.scale;
+        let loss_scale = self.progress.scaler.scale;
         if self.config.precision == Precision::Fp16 && self.any_rank_overflowed()? {
             self.clear_grads()?;
-            self.scaler.update(true);
+            self.progress.scaler.update(true);
             if self.rank() == 0 {
                 tracing::warn!(
                     loss_scale,
                     "fp16 gradients overflowed on some rank: step skipped on every rank, loss \
                      scale now {}",
-                    self.scaler.scale
+                    self.progress.scaler.scale
                 );
             }
             return Ok(StepReport {
@@ -67,11 +67,11 @@ impl Engine {
             });
         }
         // One factor takes the stored gradients back to the mean over micro-steps, unscaled.
-        let factor = 1.0 / (self.micro_steps as f32 * loss_scale);
+        let factor = 1.0 / (self.progress.micro_steps as f32 * loss_scale);
         let norm = self.global_norm(factor)?;
         if !norm.is_finite() {
             return Err(Error::NonFinite {
-                step: self.steps + 1,
+                step: self.progress.steps + 1,
                 norm,
             });
         }
@@ -81,9 +81,9 @@ impl Engine {
         } else {
             1.0
         };
-        self.steps += 1;
+        self.progress.steps += 1;
         with_store!(self.config.precision, S => self.update_and_sync::<S>(lr, factor, clip_coef))?;
-        self.scaler.update(false);
+        self.progress.scaler.update(false);
         Ok(StepReport {
             grad_norm: norm as f32,
             clip_coef,
@@ -103,11 +103,11 @@ impl Engine {
     /// Zeroes the accumulated gradients and the micro-step count.
     fn clear_grads(&mut self) -> Result<()> {
         let dtype = self.config.precision.dtype();
-        for (policy, b) in self.policies.iter().zip(&self.bufs) {
+        for (policy, b) in self.units.policies.iter().zip(&self.units.bufs) {
             let all = Span::new(b.grads, 0..policy.len(policy.whole_grads));
             self.kernels.fill_zero(&mut self.arena, dtype, all)?;
         }
-        self.micro_steps = 0;
+        self.progress.micro_steps = 0;
         Ok(())
     }
 
@@ -116,12 +116,12 @@ impl Engine {
     /// kept whole but updated by shard (stages 1-2, persistent units at stage 3).
     fn update_and_sync<S: Store>(&mut self, lr: f32, factor: f32, clip_coef: f32) -> Result<()> {
         let rank = self.rank();
-        for unit in 0..self.specs.len() {
-            let policy = self.policies[unit];
-            let segments = self.specs[unit].decay_segments();
+        for unit in 0..self.units.specs.len() {
+            let policy = self.units.policies[unit];
+            let segments = self.units.specs[unit].decay_segments();
             let step = AdamWStep {
                 adam: self.config.adam,
-                t: self.steps,
+                t: self.progress.steps,
                 lr,
                 grad_factor: factor,
                 clip_coef,
@@ -133,7 +133,7 @@ impl Engine {
             } else {
                 self.update_unit::<S>(unit, &step)?;
             }
-            let b = &self.bufs[unit];
+            let b = &self.units.bufs[unit];
             let grads = Span::new(b.grads, 0..policy.len(policy.whole_grads));
             self.kernels.fill_zero(&mut self.arena, S::DTYPE, grads)?;
             if policy.syncs_params_after_step() {
@@ -145,10 +145,10 @@ impl Engine {
                     b.params,
                 )?;
                 flight.land(&mut self.arena)?;
-                self.traffic.all_gather += policy.len(policy.whole_params) as u64;
+                self.progress.traffic.all_gather += policy.len(policy.whole_params) as u64;
             }
         }
-        self.micro_steps = 0;
+        self.progress.micro_steps = 0;
         Ok(())
     }
 
@@ -156,10 +156,10 @@ impl Engine {
     /// f32 copy of the gradients. The copy's block is not zeroed first: the update writes
     /// every element of it before reading it.
     fn update_unit<S: Store>(&mut self, unit: usize, step: &AdamWStep<'_>) -> Result<()> {
-        let (policy, rank) = (self.policies[unit], self.rank());
+        let (policy, rank) = (self.units.policies[unit], self.rank());
         let owned = policy.owned(rank);
         let grad32 = self.arena.alloc_elems::<f32>(owned.len.max(1))?;
-        let b = &self.bufs[unit];
+        let b = &self.units.bufs[unit];
         let p_at = policy.part.local(rank, owned, policy.whole_params);
         let g_at = policy.part.local(rank, owned, policy.whole_grads);
         let o_at = policy.part.local(rank, owned, policy.whole_optim);
@@ -186,7 +186,11 @@ impl Engine {
         // Under all-reduce a rank holds every reduced shard; under reduce-scatter only its
         // own (stage 1's whole buffer is reduced only on this rank's shard), so ranks
         // exchange partial sums.
-        let holds_all = self.policies.iter().all(|p| p.holds_every_reduced_shard());
+        let holds_all = self
+            .units
+            .policies
+            .iter()
+            .all(|p| p.holds_every_reduced_shard());
         let partials: Vec<f64> = if holds_all || world == 1 {
             (0..world)
                 .map(|r| self.partial_norm(r, factor))
@@ -211,7 +215,7 @@ impl Engine {
 
     fn sum_of_squares<S: Store>(&mut self, r: usize, factor: f32) -> Result<f64> {
         let mut sum = 0f64;
-        for (policy, b) in self.policies.iter().zip(&self.bufs) {
+        for (policy, b) in self.units.policies.iter().zip(&self.units.bufs) {
             let data = policy
                 .part
                 .local(r, policy.part.data_shard(r), policy.whole_grads);

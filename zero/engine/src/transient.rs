@@ -60,16 +60,16 @@ impl Engine {
 
     /// Some collective holds a pinned block of the arena.
     fn lends_out(&self) -> bool {
-        !self.in_flight.is_empty() || self.prefetched.iter().any(Option::is_some)
+        !self.flights.reductions.is_empty() || self.flights.prefetched.iter().any(Option::is_some)
     }
 
     /// Completes every reduction in flight and lands every prefetched gather.
     fn land_in_flight(&mut self) -> Result<()> {
         self.complete_reductions(0)?;
-        for unit in 0..self.prefetched.len() {
-            if let Some(mut prefetch) = self.prefetched[unit].take() {
+        for unit in 0..self.flights.prefetched.len() {
+            if let Some(mut prefetch) = self.flights.prefetched[unit].take() {
                 let landed = prefetch.land(self);
-                self.prefetched[unit] = Some(prefetch);
+                self.flights.prefetched[unit] = Some(prefetch);
                 landed?;
             }
         }
