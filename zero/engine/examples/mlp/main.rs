@@ -24,7 +24,7 @@ const SHAPE: Shape = Shape {
     batch: 8,
 };
 const WORLD: usize = 2;
-const STEPS: usize = 6;
+const STEPS: usize = 10;
 const ACCUM: usize = 2;
 const CHECKPOINT_EVERY: Option<usize> = Some(2);
 
@@ -59,7 +59,7 @@ fn rank_losses(comm: zero_comm::Communicator, stage: ZeroStage) -> Result<Vec<f3
         engine
             .comm()
             .all_reduce_in_place(&mut loss, ReduceOp::Avg)?;
-        engine.step(1e-2)?;
+        engine.step(3e-2)?;
         losses.push(loss[0]);
     }
     let (x, labels) = micro_batch(&SHAPE, STEPS, 0, rank);
