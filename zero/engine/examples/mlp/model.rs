@@ -171,20 +171,16 @@ impl Mlp {
         (self.x, self.labels) = (x, labels);
     }
 
-    fn kept(&self, v: &Option<Vec<f32>>) -> Result<Vec<f32>, Error> {
-        v.clone()
-            .ok_or_else(|| Error::Order("an activation was dropped and not recomputed".into()))
-    }
-
     /// Block `l`'s forward from h_l, storing a_l and h_{l+1}.
     fn block(&mut self, l: usize, p: &[f32]) -> Result<(), Error> {
         let (b, h) = (self.shape.batch, self.shape.hidden);
         let [w1, b1, w2, b2] = split4(p, h * h, h);
-        let x = self.kept(&self.h[l])?;
-        let a = affine(&x, w1, b1, b, h, h);
+        let x = kept(&self.h[l])?;
+        let a = affine(x, w1, b1, b, h, h);
         let r: Vec<f32> = a.iter().map(|&v| v.max(0.0)).collect();
         let y = affine(&r, w2, b2, b, h, h);
-        self.h[l + 1] = Some(x.iter().zip(&y).map(|(x, y)| x + y).collect());
+        let next = x.iter().zip(&y).map(|(x, y)| x + y).collect();
+        self.h[l + 1] = Some(next);
         self.a[l] = Some(a);
         Ok(())
     }
@@ -203,7 +199,7 @@ impl Mlp {
     fn head(&mut self, p: &[f32]) -> Result<(), Error> {
         let (b, h, c) = (self.shape.batch, self.shape.hidden, self.shape.classes);
         let (w, bias) = p.split_at(c * h);
-        let logits = affine(&self.kept(&self.h[self.shape.blocks])?, w, bias, b, h, c);
+        let logits = affine(kept(&self.h[self.shape.blocks])?, w, bias, b, h, c);
         let mut loss = 0.0f32;
         self.probs = vec![0.0; b * c];
         let rows = logits.chunks_exact(c).zip(self.probs.chunks_exact_mut(c));
@@ -227,15 +223,7 @@ impl Mlp {
         }
         dlogits.iter_mut().for_each(|v| *v /= b as f32);
         let (dw, db) = g.split_at_mut(c * h);
-        affine_backward_params(
-            &dlogits,
-            &self.kept(&self.h[self.shape.blocks])?,
-            dw,
-            db,
-            b,
-            h,
-            c,
-        );
+        affine_backward_params(&dlogits, kept(&self.h[self.shape.blocks])?, dw, db, b, h, c);
         self.dh = affine_backward_input(&dlogits, &p[..c * h], b, h, c);
         Ok(())
     }
@@ -246,14 +234,14 @@ impl Mlp {
         let (dw1, rest) = g.split_at_mut(h * h);
         let (db1, rest) = rest.split_at_mut(h);
         let (dw2, db2) = rest.split_at_mut(h * h);
-        let a = self.kept(&self.a[l])?;
+        let a = kept(&self.a[l])?;
         let r: Vec<f32> = a.iter().map(|&v| v.max(0.0)).collect();
         affine_backward_params(&self.dh, &r, dw2, db2, b, h, h);
         let mut da = affine_backward_input(&self.dh, w2, b, h, h);
         da.iter_mut()
-            .zip(&a)
+            .zip(a)
             .for_each(|(d, &a)| *d = if a > 0.0 { *d } else { 0.0 });
-        affine_backward_params(&da, &self.kept(&self.h[l])?, dw1, db1, b, h, h);
+        affine_backward_params(&da, kept(&self.h[l])?, dw1, db1, b, h, h);
         let dx = affine_backward_input(&da, w1, b, h, h);
         self.dh.iter_mut().zip(&dx).for_each(|(d, x)| *d += x);
         Ok(())
@@ -317,6 +305,12 @@ impl Model for Mlp {
         let (p, mut g) = units.views()?;
         self.apply(*op, &p, &mut g)
     }
+}
+
+/// An activation the forward pass kept (or a recompute restored).
+fn kept(v: &Option<Vec<f32>>) -> Result<&[f32], Error> {
+    v.as_deref()
+        .ok_or_else(|| Error::Order("an activation was dropped and not recomputed".into()))
 }
 
 /// `[W1 (n), b1 (m), W2 (n), b2 (m)]` of a block's parameters.
