@@ -10,7 +10,7 @@ mod engine_setup;
 mod faults;
 mod saving;
 
-use crate::bridge::{arena_activations, eval_loss, micro_step, Placement};
+use crate::bridge::{arena_activations, eval_loss, train_program, GptPrograms, Placement};
 use crate::checkpoint::init::load_init;
 use crate::checkpoint::resume::load_state;
 use crate::data::{DataLoader, LoaderConfig};
@@ -21,9 +21,9 @@ use crate::run::{RankOutput, Shared};
 use engine_setup::build_engine;
 use std::time::Instant;
 use zero::optim::CosineSchedule;
-use zero::{expected_model_state_bytes, Engine, EngineOps, Precision, Traffic, ZeroStage};
+use zero::{expected_model_state_bytes, Engine, EngineOps, Precision, Program, Traffic, ZeroStage};
 use zero_comm::{Communicator, ReduceOp};
-use zero_gpt::{Activations, CpuBackend, Gpt};
+use zero_gpt::{Activations, CpuBackend, Gpt, GptOp};
 use zero_state::PendingSave;
 
 /// One rank's model, engine, data and running totals, the model's kernels on backend `B`.
@@ -37,6 +37,8 @@ pub(crate) struct Trainer<'a, B: Placement = CpuBackend> {
     schedule: CosineSchedule,
     /// Activations of one micro-batch, (B, T).
     acts: Activations<B>,
+    /// The training micro-step the engine was declared, built once.
+    train: Program<GptOp>,
     /// Input and target tokens of one micro-batch, (B, T).
     x: Vec<u32>,
     y: Vec<u32>,
@@ -157,8 +159,10 @@ impl<'a, B: Placement> Trainer<'a, B> {
         };
         schedule.validate()?;
         let out = RankOutput::new(&engine, model.layout().num_params(), cfg.precision.into())?;
+        let train = GptPrograms::new(model.layout(), acts.checkpoint_every())?.train;
         Ok(Self {
             acts,
+            train,
             x: vec![0; b * t],
             y: vec![0; b * t],
             shared,
@@ -201,8 +205,9 @@ impl<'a, B: Placement> Trainer<'a, B> {
             self.loader.next_micro_batch(&mut self.x, &mut self.y)?;
             local += match std::mem::take(&mut self.diverge) {
                 true => self.diverged_micro_step()?,
-                false => micro_step(
+                false => train_program(
                     &mut self.engine,
+                    &self.train,
                     &self.model,
                     &mut self.acts,
                     &self.x,
