@@ -9,7 +9,7 @@
 //! launches the same ones.
 
 use super::error::{Error, Result};
-use super::planning::schedule::{upcoming_gathers, Schedule, UnitCall};
+use super::planning::schedule::{upcoming_gathers, Call, Schedule};
 use zero_comm::Communicator;
 
 /// The declared schedules and the position in the running one.
@@ -34,7 +34,7 @@ impl Declared {
     }
 
     /// Call `at` of program `program` (which [`Declared::find`] returned).
-    pub fn call(&self, program: usize, at: usize) -> UnitCall {
+    pub fn call(&self, program: usize, at: usize) -> Call {
         self.schedules[program].calls()[at]
     }
 
@@ -90,7 +90,7 @@ pub(crate) fn confirm_same_schedules(comm: &Communicator, schedules: &[&Schedule
                     "program {p} of rank {} makes {} at call {at} but rank {other}'s makes {}",
                     comm.rank(),
                     schedule.calls()[at],
-                    UnitCall::from_code(their[at] as usize)
+                    Call::from_code(their[at] as usize)
                 )));
             }
         }

@@ -22,10 +22,12 @@ use super::declared::{confirm_same_schedules, Declared};
 use super::engine_ops::EngineOps;
 use super::error::{Error, Result};
 use super::inflight::{InFlight, Prefetch};
+use super::kept::KeptStore;
 use super::kernels::Kernels;
 use super::loss_scale::LossScaler;
 use super::optimizer_home::OffloadedOptimizer;
 use super::planning::formulas::{expected_model_state_bytes, ModelStateBytes};
+use super::planning::kept_plan::KeptInputs;
 use super::planning::plan::{
     arena_config, check_fits, plan_memory, unit_policies, MemoryPlan, PlanShape,
 };
@@ -73,6 +75,9 @@ pub struct EngineConfig {
     /// host arena of their own, page-locked when the arena is a GPU's, and AdamW on the host
     /// (see the `optimizer_home` module). The cap, `memory_limit`, is the engine arena's.
     pub offload_optimizer: bool,
+    /// How the programs' kept inputs (activation checkpointing) are stored: their length,
+    /// and whether they live in pinned host memory (ZeRO-R's checkpoint offload).
+    pub kept_inputs: KeptInputs,
 }
 
 impl Default for EngineConfig {
@@ -89,6 +94,7 @@ impl Default for EngineConfig {
             activation_bytes: 0,
             defragment: true,
             offload_optimizer: false,
+            kept_inputs: KeptInputs::default(),
         }
     }
 }
@@ -108,6 +114,7 @@ impl EngineConfig {
             activation_bytes: self.activation_bytes,
             staging,
             offload_optimizer: self.offload_optimizer,
+            kept_inputs: self.kept_inputs,
         }
     }
 }
@@ -140,6 +147,8 @@ pub struct Engine {
     /// Bytes lent to the model for good ([`Engine::lend_f32`]), within the declared
     /// [`EngineConfig::activation_bytes`].
     pub(crate) lent_bytes: u64,
+    /// The programs' kept inputs (activation checkpointing), in the arena or offloaded.
+    pub(crate) kept: KeptStore,
 }
 
 /// The registered units: what they are, what the stage means for each, and their blocks.
@@ -245,6 +254,8 @@ impl Engine {
             comm.rank(),
             &mut init,
         )?;
+        let kept_count = programs.iter().map(|s| s.kept_inputs()).max().unwrap_or(0);
+        let kept = KeptStore::new(&mut arena, kept_count, config.kept_inputs)?;
         if shape.staging != StagingRule::None {
             provide_staging(&mut arena, &comm, &memory_plan)?;
         }
@@ -274,6 +285,7 @@ impl Engine {
                 reductions: VecDeque::new(),
             },
             lent_bytes: 0,
+            kept,
         })
     }
 

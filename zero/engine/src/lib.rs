@@ -64,6 +64,7 @@ mod export;
 mod forward;
 mod host_io;
 mod inflight;
+mod kept;
 pub mod kernels;
 mod lending;
 mod loss_scale;
@@ -89,13 +90,14 @@ pub use model::{Model, OpUnits};
 pub use planning::formulas::{
     comm_elements_per_step, expected_model_state_bytes, padded_model_state_bytes, ModelStateBytes,
 };
+pub use planning::kept_plan::{KeptInputs, STAGING_SLOTS};
 pub use planning::offload_plan::OffloadPlan;
 pub use planning::partition;
 pub use planning::partition::{Partition, Shard, MAX_RANKS};
 pub use planning::plan::{check_fits, plan_memory, MemoryPlan, PlanShape};
 pub use planning::policy::{ZeroStage, SHARD_ALIGN_ELEMS};
 pub use planning::program::{Op, Program};
-pub use planning::schedule::{Schedule, UnitCall};
+pub use planning::schedule::{Call, Schedule};
 pub use planning::traffic_plan::{plan_traffic, Traffic};
 pub use planning::unit::UnitSpec;
 pub use planning::MAX_IN_FLIGHT;

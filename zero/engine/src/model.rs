@@ -4,6 +4,7 @@
 
 use super::engine::{Engine, UnitViews};
 use super::error::{Error, Result};
+use super::planning::program::Op;
 #[cfg(feature = "cuda")]
 use zero_alloc::{DeviceView, DeviceViewMut};
 
@@ -26,21 +27,25 @@ pub trait Model {
     fn run(&mut self, op: &Self::Op, units: &mut OpUnits<'_>) -> Result<(), Self::Error>;
 }
 
-/// The units of one running operation: the parameters it declared it reads and the
-/// gradients it declared it writes, nothing else.
+/// The units of one running operation: the parameters it declared it reads, the gradients
+/// it declared it writes, and the kept inputs it declared it keeps or restores, nothing else.
 #[derive(Debug)]
 pub struct OpUnits<'e> {
     engine: &'e mut Engine,
     reads: &'e [usize],
     writes: &'e [usize],
+    keeps: Option<usize>,
+    restores: Option<usize>,
 }
 
 impl<'e> OpUnits<'e> {
-    pub(crate) fn new(engine: &'e mut Engine, reads: &'e [usize], writes: &'e [usize]) -> Self {
+    pub(crate) fn new<K>(engine: &'e mut Engine, op: &'e Op<K>) -> Self {
         Self {
             engine,
-            reads,
-            writes,
+            reads: &op.reads,
+            writes: &op.writes,
+            keeps: op.keeps,
+            restores: op.restores,
         }
     }
 
@@ -52,6 +57,16 @@ impl<'e> OpUnits<'e> {
     /// The units whose gradients the operation writes, as declared.
     pub fn writes(&self) -> &[usize] {
         self.writes
+    }
+
+    /// The kept input the operation keeps, as declared.
+    pub fn keeps(&self) -> Option<usize> {
+        self.keeps
+    }
+
+    /// The kept input the operation restores, as declared.
+    pub fn restores(&self) -> Option<usize> {
+        self.restores
     }
 
     /// `unit`'s whole f32 parameters (its `numel` elements), on a host arena.
@@ -111,6 +126,63 @@ impl<'e> OpUnits<'e> {
             .map(|s| Ok(views.device_mut(s.block)?.range::<f32>(s.range())?))
             .collect::<Result<Vec<_>>>()?;
         Ok((p, g))
+    }
+
+    /// The memory to write the declared kept input into (f32, its declared length), on a
+    /// host arena: what a later operation restoring it reads.
+    ///
+    /// # Errors
+    /// An operation that keeps nothing; an arena without host memory.
+    pub fn kept_mut(&mut self) -> Result<&mut [f32]> {
+        let block = self.kept_block(true)?;
+        Ok(self.engine.arena.slice_mut::<f32>(block)?)
+    }
+
+    /// The declared restored input (f32, its declared length), on a host arena: what the
+    /// operation that kept it wrote.
+    ///
+    /// # Errors
+    /// An operation that restores nothing; an arena without host memory.
+    pub fn restored(&self) -> Result<&[f32]> {
+        let block = self.kept_block(false)?;
+        Ok(self.engine.arena.slice::<f32>(block)?)
+    }
+
+    /// [`OpUnits::kept_mut`] on a CUDA arena.
+    ///
+    /// # Errors
+    /// As [`OpUnits::kept_mut`]; an arena without device memory.
+    #[cfg(feature = "cuda")]
+    pub fn device_kept_mut(&mut self) -> Result<DeviceViewMut<'_>> {
+        let block = self.kept_block(true)?;
+        let len = self.engine.config.kept_inputs.len;
+        let view = self.engine.arena.views().device_mut(block)?;
+        Ok(view.range::<f32>(0..len)?)
+    }
+
+    /// [`OpUnits::restored`] on a CUDA arena.
+    ///
+    /// # Errors
+    /// As [`OpUnits::restored`]; an arena without device memory.
+    #[cfg(feature = "cuda")]
+    pub fn device_restored(&self) -> Result<DeviceView<'_>> {
+        let block = self.kept_block(false)?;
+        let len = self.engine.config.kept_inputs.len;
+        Ok(self.engine.arena.device_view(block)?.range::<f32>(0..len)?)
+    }
+
+    /// The block of the kept input the operation writes (`writing`) or reads.
+    fn kept_block(&self, writing: bool) -> Result<zero_alloc::Handle> {
+        let (declared, what) = match writing {
+            true => (self.keeps, "keeps"),
+            false => (self.restores, "restores"),
+        };
+        let k = declared.ok_or_else(|| {
+            Error::Order(format!(
+                "an operation asked for the kept input it {what} but declared none"
+            ))
+        })?;
+        self.engine.kept.block(k, writing)
     }
 
     fn check_read(&self, unit: usize) -> Result<()> {

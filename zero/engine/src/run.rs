@@ -2,14 +2,14 @@
 //! between them ([`crate::Program`] states the rules that place them).
 //!
 //! On a failure (the model's or the engine's) the engine lets go of what the program held,
-//! its gathered copies and open gradients, and returns the first error: the next program
+//! its gathered copies, open gradients and kept-input copies, and returns the first error: the next program
 //! starts from a clean state, and a failing clean-up never hides the failure that caused it.
 
 use super::engine::Engine;
 use super::error::{Error, Result};
 use super::model::{Model, OpUnits};
 use super::planning::program::Program;
-use super::planning::schedule::UnitCall;
+use super::planning::schedule::Call;
 
 impl Engine {
     /// One training micro-step: runs `program` (declared at start-up) on `model`, its
@@ -79,7 +79,7 @@ impl Engine {
             let upto = program.calls_before(i);
             self.make_calls(id, made..upto)?;
             made = upto;
-            model.run(&op.kind, &mut OpUnits::new(self, &op.reads, &op.writes))?;
+            model.run(&op.kind, &mut OpUnits::new(self, op))?;
         }
         self.make_calls(id, made..self.declared.len(id))?;
         Ok(())
@@ -90,10 +90,11 @@ impl Engine {
         for at in range {
             self.declared.set_cursor(Some((id, at)));
             match self.declared.call(id, at) {
-                UnitCall::Gather(u) => self.gather(u)?,
-                UnitCall::Release(u) => self.release(u)?,
-                UnitCall::BeginBackward(u) => self.begin_backward(u)?,
-                UnitCall::EndBackward(u) => self.end_backward(u)?,
+                Call::Gather(u) => self.gather(u)?,
+                Call::Release(u) => self.release(u)?,
+                Call::BeginBackward(u) => self.begin_backward(u)?,
+                Call::EndBackward(u) => self.end_backward(u)?,
+                kept => self.kept.call(&mut self.arena, kept)?,
             }
         }
         Ok(())
@@ -120,6 +121,7 @@ impl Engine {
     /// failure being returned is the one that matters.
     fn let_go_after_failure(&mut self) {
         let _ = self.drop_prefetches();
+        let _ = self.kept.let_go(&mut self.arena);
         for unit in 0..self.units.bufs.len() {
             let b = &mut self.units.bufs[unit];
             b.gather_refs = 0;

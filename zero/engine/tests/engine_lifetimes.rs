@@ -5,8 +5,8 @@
 mod common;
 
 use common::FnModel;
-use zero::{Engine, EngineConfig, Error, Op, OpUnits, Program, UnitCall, UnitSpec, ZeroStage};
-use UnitCall::{BeginBackward as Begin, EndBackward as End, Gather, Release};
+use zero::{Call, Engine, EngineConfig, Error, Op, OpUnits, Program, UnitSpec, ZeroStage};
+use Call::{BeginBackward as Begin, EndBackward as End, Gather, Release};
 
 fn engine(programs: &[&Program<&'static str>]) -> Engine {
     let comm = zero_comm::local::create(1).unwrap().remove(0);

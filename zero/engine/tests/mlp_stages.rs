@@ -1,6 +1,7 @@
 //! The engine proves itself on a model that is not the GPT (`examples/mlp`): every stage
-//! trains to the same bits at 1-4 ranks in fp32 and bf16; activation checkpointing and
-//! optimizer offload change no bit; every rank's arena peaks exactly at its memory plan; a
+//! trains to the same bits at 1-4 ranks in fp32 and bf16; activation checkpointing (its kept
+//! inputs in the arena or offloaded to pinned host memory) and optimizer offload change no
+//! bit; every rank's arena peaks exactly at its memory plan; a
 //! forward-only pass is declared and planned like training.
 
 #[path = "../examples/mlp/model.rs"]
@@ -90,6 +91,7 @@ fn config(stage: ZeroStage, precision: Precision) -> EngineConfig {
         grad_clip: 0.5,
         // Small buckets: units reduce in several pieces.
         reduce_bucket_bytes: 256,
+        kept_inputs: SHAPE.kept_inputs(false),
         ..EngineConfig::default()
     }
 }
@@ -137,6 +139,15 @@ fn checkpointing_and_optimizer_offload_change_no_bit() {
         };
         let off = run(2, offload, Some(2));
         assert_same(&plain, &off, &format!("{stage} optimizer offload"));
+        for every in [1, 2] {
+            let kept_offload = EngineConfig {
+                kept_inputs: SHAPE.kept_inputs(true),
+                ..offload
+            };
+            let both = run(2, kept_offload, Some(every));
+            let what = format!("{stage} checkpoint every {every}, kept inputs offloaded");
+            assert_same(&plain, &both, &what);
+        }
     }
 }
 
@@ -144,8 +155,12 @@ fn checkpointing_and_optimizer_offload_change_no_bit() {
 fn every_ranks_arena_peaks_exactly_at_its_plan_on_the_widest_rank() {
     for precision in [Precision::Fp32, Precision::Bf16] {
         for stage in ZeroStage::ALL {
-            for world in [1, 3] {
-                let r = run(world, config(stage, precision), Some(2));
+            for (world, offload) in [(1, false), (3, false), (2, true)] {
+                let config = EngineConfig {
+                    kept_inputs: SHAPE.kept_inputs(offload),
+                    ..config(stage, precision)
+                };
+                let r = run(world, config, Some(2));
                 let (peak, plan) = r.peaks[0];
                 assert_eq!(peak, plan, "{precision:?} {stage} N={world}: rank 0");
                 for (rank, &(peak, plan)) in r.peaks.iter().enumerate() {

@@ -1,6 +1,7 @@
 //! Trains a small residual MLP (`model.rs`, host kernels written for it) through the ZeRO
 //! engine at stages 0-3 on two in-process ranks, with activation checkpointing every two
-//! blocks and the optimizer states offloaded to a host arena, and prints one line per stage:
+//! blocks (the segments' inputs offloaded to pinned host memory by the engine) and the
+//! optimizer states offloaded to a host arena, and prints one line per stage:
 //! `stage N: `, the loss of each optimizer step (the ranks' mean), then the loss of a
 //! forward-only pass on a held-out batch after training, each printed with the fewest digits
 //! that read back to the same f32, so equal lines mean equal bits.
@@ -38,6 +39,7 @@ fn rank_losses(comm: zero_comm::Communicator, stage: ZeroStage) -> Result<Vec<f3
     let config = EngineConfig {
         stage,
         offload_optimizer: true,
+        kept_inputs: SHAPE.kept_inputs(true),
         ..EngineConfig::default()
     };
     let rank = comm.rank();

@@ -5,10 +5,13 @@
 //! `logits = W_out h_L + b_out`; mean softmax cross-entropy over the batch. One unit per
 //! layer: the input projection (unit 0), each block (units 1..=L), the classifier (L+1).
 //! Activation checkpointing keeps each segment's input and runs the segment forward again
-//! before its backward, as the GPT does; the last segment keeps its forward.
+//! before its backward, as the GPT does; the last segment keeps its forward. Through the
+//! engine, a segment's input is a kept input of the program ([`Op::keeps`],
+//! [`Op::restores`]): the engine holds it, in its arena or offloaded to pinned host memory,
+//! between the segment's forward and its recompute.
 
 use std::ops::Range;
-use zero::{Error, Model, Op, OpUnits, Program, UnitSpec};
+use zero::{Error, KeptInputs, Model, Op, OpUnits, Program, UnitSpec};
 
 /// Sizes of the network and of one rank's batch.
 #[derive(Debug, Clone, Copy)]
@@ -82,6 +85,21 @@ impl Shape {
         }
     }
 
+    /// The kept inputs of this model (each a segment's input, (B, H)), offloaded or not.
+    pub fn kept_inputs(&self, offload: bool) -> KeptInputs {
+        KeptInputs {
+            len: self.batch * self.hidden,
+            offload,
+        }
+    }
+
+    /// The kept input block `l` keeps in forward and restores before its recompute: its
+    /// segment's, when `l` starts a recomputed segment.
+    fn kept_input(&self, l: usize, every: Option<usize>) -> Option<usize> {
+        let starts = self.segment(l, every).start == l;
+        (starts && self.recomputed(l, every)).then(|| l / every.unwrap_or(1))
+    }
+
     /// Whether block `l`'s segment is recomputed in backward (all but the last segment).
     fn recomputed(&self, l: usize, every: Option<usize>) -> bool {
         every.is_some()
@@ -90,7 +108,7 @@ impl Shape {
 
     /// The forward-only program: input, blocks, head.
     pub fn forward_program(&self) -> Program<MlpOp> {
-        self.program(self.forward_ops())
+        self.program(self.forward_ops(), None)
     }
 
     /// The training program, checkpointing every `every` blocks or none.
@@ -105,7 +123,7 @@ impl Shape {
             ops.push(MlpOp::BlockBackward(l));
         }
         ops.push(MlpOp::InputBackward);
-        self.program(ops)
+        self.program(ops, every)
     }
 
     fn forward_ops(&self) -> Vec<MlpOp> {
@@ -115,11 +133,25 @@ impl Shape {
         ops
     }
 
-    fn program(&self, ops: Vec<MlpOp>) -> Program<MlpOp> {
+    fn program(&self, ops: Vec<MlpOp>, every: Option<usize>) -> Program<MlpOp> {
         let head = self.blocks + 1;
+        let kept = |l| self.kept_input(l, every);
         let ops = ops.into_iter().map(|op| match op {
             MlpOp::Input => Op::new(op).reads([0]),
-            MlpOp::Block(l) | MlpOp::Recompute(l) => Op::new(op).reads([l + 1]),
+            MlpOp::Block(l) => {
+                let op = Op::new(op).reads([l + 1]);
+                match kept(l) {
+                    Some(k) => op.keeps(k),
+                    None => op,
+                }
+            }
+            MlpOp::Recompute(l) => {
+                let op = Op::new(op).reads([l + 1]);
+                match kept(l) {
+                    Some(k) => op.restores(k),
+                    None => op,
+                }
+            }
             MlpOp::Head => Op::new(op).reads([head]),
             MlpOp::HeadBackward => Op::new(op).reads([head]).writes([head]),
             MlpOp::BlockBackward(l) => Op::new(op).reads([l + 1]).writes([l + 1]),
@@ -302,8 +334,17 @@ impl Model for Mlp {
     type Error = Error;
 
     fn run(&mut self, op: &MlpOp, units: &mut OpUnits<'_>) -> Result<(), Error> {
+        if let (MlpOp::Recompute(l), Some(_)) = (*op, units.restores()) {
+            self.h[l] = Some(units.restored()?.to_vec());
+        }
         let (p, mut g) = units.views()?;
-        self.apply(*op, &p, &mut g)
+        self.apply(*op, &p, &mut g)?;
+        if let (MlpOp::Block(l), Some(_)) = (*op, units.keeps()) {
+            // The engine holds the segment's input until its recompute.
+            let input = self.h[l].take();
+            units.kept_mut()?.copy_from_slice(kept(&input)?);
+        }
+        Ok(())
     }
 }
 

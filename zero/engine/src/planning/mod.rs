@@ -5,6 +5,7 @@
 //! plan the arena is sized by.
 
 pub(crate) mod formulas;
+pub(crate) mod kept_plan;
 pub(crate) mod offload_plan;
 pub mod partition;
 pub(crate) mod plan;

@@ -6,6 +6,7 @@
 //! declared schedule ([`Replay`]).
 
 use super::formulas::ModelStateBytes;
+use super::kept_plan::KeptInputs;
 use super::offload_plan::{plan_offload, OffloadPlan};
 use super::policy::{UnitPolicy, ZeroStage};
 use super::replay::Replay;
@@ -26,6 +27,11 @@ pub struct MemoryPlan {
     pub transient: u64,
     /// The model's own bytes in the arena (activations), as declared.
     pub activations: u64,
+    /// The kept inputs' blocks in the arena: each kept input, or the staging slots when
+    /// they are offloaded ([`KeptInputs`]).
+    pub kept_inputs: u64,
+    /// Offloaded kept inputs in pinned host memory (outside the arena and [`total`](Self::total)).
+    pub kept_inputs_host: u64,
     /// The block lent to the communicator's backend to stage collectives in (0 for a backend
     /// that stages nothing), sized for [`MemoryPlan::largest_collective`].
     pub backend_staging: u64,
@@ -39,7 +45,11 @@ pub struct MemoryPlan {
 impl MemoryPlan {
     /// Everything the rank's arena holds at the step's peak.
     pub fn total(&self) -> u64 {
-        self.model_states.total() as u64 + self.transient + self.activations + self.backend_staging
+        self.model_states.total() as u64
+            + self.transient
+            + self.activations
+            + self.kept_inputs
+            + self.backend_staging
     }
 }
 
@@ -65,6 +75,8 @@ pub struct PlanShape {
     pub staging: StagingRule,
     /// ZeRO-Offload: the optimizer states and their update in a host arena of their own.
     pub offload_optimizer: bool,
+    /// How the programs' kept inputs are stored.
+    pub kept_inputs: KeptInputs,
 }
 
 /// The configuration of a rank's arena of `capacity` bytes: the one place its alignment
@@ -134,6 +146,13 @@ pub fn plan_memory(
             "staging for collectives of {largest_collective} bytes overflows"
         ))
     })?;
+    let kept = schedules.iter().map(|s| s.kept_inputs()).max().unwrap_or(0);
+    if kept > 0 && shape.kept_inputs.len == 0 {
+        return Err(Error::BadProgram(format!(
+            "the programs keep {kept} inputs, but their length (kept_inputs.len) is 0"
+        )));
+    }
+    let (kept_inputs, kept_inputs_host) = shape.kept_inputs.bytes(kept)?;
     let mut model_states = model_state_bytes(&policies, shape.precision);
     let offload = if shape.offload_optimizer {
         model_states.optimizer = 0.0;
@@ -150,6 +169,8 @@ pub fn plan_memory(
         model_states,
         transient,
         activations: shape.activation_bytes,
+        kept_inputs,
+        kept_inputs_host,
         backend_staging: if staging == 0 {
             0
         } else {
@@ -263,6 +284,7 @@ mod tests {
             activation_bytes: 0,
             staging: StagingRule::None,
             offload_optimizer: false,
+            kept_inputs: KeptInputs::default(),
         }
     }
 
@@ -346,7 +368,7 @@ mod tests {
 
     #[test]
     fn a_malformed_schedule_is_refused() {
-        let bad = Schedule::new(vec![crate::UnitCall::Gather(0)]);
+        let bad = Schedule::new(vec![crate::Call::Gather(0)]);
         let err = plan_memory(&units(), &[&bad], shape(ZeroStage::Zero0)).unwrap_err();
         assert!(matches!(err, Error::BadProgram(_)), "{err}");
     }

@@ -25,7 +25,7 @@
 use super::plan::{block_bytes, PlanShape};
 use super::policy::UnitPolicy;
 use super::schedule::upcoming_gathers;
-use super::schedule::UnitCall;
+use super::schedule::Call;
 use crate::error::Result;
 use std::collections::VecDeque;
 use zero_comm::ShardBuckets;
@@ -65,17 +65,19 @@ impl<'a> Replay<'a> {
     }
 
     /// The peak of transient bytes over one micro-step of `calls` and the optimizer step.
-    pub fn peak_of_step(mut self, calls: &[UnitCall]) -> Result<u64> {
+    pub fn peak_of_step(mut self, calls: &[Call]) -> Result<u64> {
         for (at, &call) in calls.iter().enumerate() {
             match call {
-                UnitCall::Gather(u) => self.gather(calls, at, u)?,
-                UnitCall::Release(u) => self.release(u),
-                UnitCall::BeginBackward(u) => {
+                Call::Gather(u) => self.gather(calls, at, u)?,
+                Call::Release(u) => self.release(u),
+                Call::BeginBackward(u) => {
                     let bytes = self.f32_unit(u)?;
                     self.alloc(bytes);
                     self.unreduced[u] = Some(bytes);
                 }
-                UnitCall::EndBackward(u) => self.end_backward(u)?,
+                Call::EndBackward(u) => self.end_backward(u)?,
+                // Kept inputs live in blocks allocated at start-up ([`super::plan`]).
+                _ => {}
             }
         }
         while let Some(bucket) = self.in_flight.pop_front() {
@@ -108,7 +110,7 @@ impl<'a> Replay<'a> {
         Self::block(self.policies[u].part.padded_numel(), elem)
     }
 
-    fn gather(&mut self, calls: &[UnitCall], at: usize, u: usize) -> Result<()> {
+    fn gather(&mut self, calls: &[Call], at: usize, u: usize) -> Result<()> {
         let p = self.policies[u];
         if p.reads_stored {
             return Ok(());

@@ -8,9 +8,10 @@
 
 use std::fmt;
 
-/// One engine call of a micro-step, naming its unit.
+/// One engine call of a micro-step: a unit's parameters or gradient, or a kept input
+/// (activation checkpointing's saved tensors, named by the model's index).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum UnitCall {
+pub enum Call {
     /// Make the unit's whole f32 parameters available (all-gathered where sharded).
     Gather(usize),
     /// End a use begun by a gather; the last frees the gathered copy.
@@ -19,108 +20,156 @@ pub enum UnitCall {
     BeginBackward(usize),
     /// Reduce the unit's gradient across ranks into the part this rank keeps.
     EndBackward(usize),
+    /// Hand the next operation a slot to write kept input `k` into.
+    BeginKeep(usize),
+    /// Keep what the operation wrote (offloaded: queue its copy to host memory).
+    EndKeep(usize),
+    /// Start bringing kept input `k` back (offloaded: queue its copy into a free slot).
+    Fetch(usize),
+    /// Hand the next operation kept input `k` to read (offloaded: wait for its fetch).
+    BeginRestore(usize),
+    /// The operation has read kept input `k`; its slot is free again.
+    EndRestore(usize),
 }
 
-impl UnitCall {
-    /// The unit the call names.
-    pub fn unit(self) -> usize {
+/// Kinds of [`Call`], for its integer code.
+const CALL_KINDS: usize = 9;
+
+impl Call {
+    /// The index the call names: a unit, or a kept input.
+    pub fn index(self) -> usize {
         match self {
-            Self::Gather(u) | Self::Release(u) | Self::BeginBackward(u) | Self::EndBackward(u) => u,
+            Self::Gather(i)
+            | Self::Release(i)
+            | Self::BeginBackward(i)
+            | Self::EndBackward(i)
+            | Self::BeginKeep(i)
+            | Self::EndKeep(i)
+            | Self::Fetch(i)
+            | Self::BeginRestore(i)
+            | Self::EndRestore(i) => i,
         }
     }
 
-    /// The call as one integer (unit and kind), how the engine records and compares calls.
-    pub(crate) fn code(self) -> usize {
-        let kind = match self {
+    /// The unit the call names, for the calls on units.
+    pub fn unit(self) -> Option<usize> {
+        match self {
+            Self::Gather(u) | Self::Release(u) | Self::BeginBackward(u) | Self::EndBackward(u) => {
+                Some(u)
+            }
+            _ => None,
+        }
+    }
+
+    fn kind(self) -> usize {
+        match self {
             Self::Gather(_) => 0,
             Self::Release(_) => 1,
             Self::BeginBackward(_) => 2,
             Self::EndBackward(_) => 3,
-        };
-        4 * self.unit() + kind
+            Self::BeginKeep(_) => 4,
+            Self::EndKeep(_) => 5,
+            Self::Fetch(_) => 6,
+            Self::BeginRestore(_) => 7,
+            Self::EndRestore(_) => 8,
+        }
+    }
+
+    /// The call as one integer (index and kind), how the engine records and compares calls.
+    pub(crate) fn code(self) -> usize {
+        CALL_KINDS * self.index() + self.kind()
     }
 
     /// The call a code stands for.
     pub(crate) fn from_code(code: usize) -> Self {
-        let unit = code / 4;
-        match code % 4 {
-            0 => Self::Gather(unit),
-            1 => Self::Release(unit),
-            2 => Self::BeginBackward(unit),
-            _ => Self::EndBackward(unit),
+        let i = code / CALL_KINDS;
+        match code % CALL_KINDS {
+            0 => Self::Gather(i),
+            1 => Self::Release(i),
+            2 => Self::BeginBackward(i),
+            3 => Self::EndBackward(i),
+            4 => Self::BeginKeep(i),
+            5 => Self::EndKeep(i),
+            6 => Self::Fetch(i),
+            7 => Self::BeginRestore(i),
+            _ => Self::EndRestore(i),
         }
     }
 }
 
-impl fmt::Display for UnitCall {
+impl fmt::Display for Call {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Self::Gather(u) => write!(f, "gather({u})"),
-            Self::Release(u) => write!(f, "release({u})"),
-            Self::BeginBackward(u) => write!(f, "begin_backward({u})"),
-            Self::EndBackward(u) => write!(f, "end_backward({u})"),
-        }
+        let name = [
+            "gather",
+            "release",
+            "begin_backward",
+            "end_backward",
+            "begin_keep",
+            "end_keep",
+            "fetch",
+            "begin_restore",
+            "end_restore",
+        ][self.kind()];
+        write!(f, "{name}({})", self.index())
     }
 }
 
 /// One micro-step's engine calls, in order.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Schedule {
-    calls: Vec<UnitCall>,
+    calls: Vec<Call>,
 }
 
 impl Schedule {
     /// A schedule of exactly these calls.
-    pub fn new(calls: Vec<UnitCall>) -> Self {
+    pub fn new(calls: Vec<Call>) -> Self {
         Self { calls }
     }
 
     /// A plain sequential model of `units` units: forward gathers and releases each unit in
     /// order; backward, in reverse, gathers each, opens, closes and releases its gradient.
     pub fn sequential(units: usize) -> Self {
-        let forward = (0..units).flat_map(|u| [UnitCall::Gather(u), UnitCall::Release(u)]);
+        let forward = (0..units).flat_map(|u| [Call::Gather(u), Call::Release(u)]);
         let backward = (0..units).rev().flat_map(|u| {
             [
-                UnitCall::Gather(u),
-                UnitCall::BeginBackward(u),
-                UnitCall::EndBackward(u),
-                UnitCall::Release(u),
+                Call::Gather(u),
+                Call::BeginBackward(u),
+                Call::EndBackward(u),
+                Call::Release(u),
             ]
         });
         Self::new(forward.chain(backward).collect())
     }
 
     /// The calls, in order.
-    pub fn calls(&self) -> &[UnitCall] {
+    pub fn calls(&self) -> &[Call] {
         &self.calls
     }
 
+    /// Kept inputs the calls name: one more than the largest index (0 when none).
+    pub fn kept_inputs(&self) -> usize {
+        self.calls
+            .iter()
+            .filter(|c| c.unit().is_none())
+            .map(|c| c.index() + 1)
+            .max()
+            .unwrap_or(0)
+    }
+
     /// Checks that every call names one of `units` units, that releases and gradient closes
-    /// follow their opening calls, and that nothing is left open at the end.
+    /// follow their opening calls, that kept inputs go keep, fetch, restore in that order
+    /// ([`KeptOrder`]), and that nothing is left open at the end.
     pub(crate) fn check(&self, units: usize) -> Result<(), String> {
         let mut gathered = vec![0usize; units];
         let mut open = vec![false; units];
+        let mut kept = KeptOrder::new(self.kept_inputs());
         for (at, &call) in self.calls.iter().enumerate() {
-            let u = call.unit();
-            if u >= units {
-                return Err(format!("call {at}, {call}: the engine has {units} units"));
-            }
-            let fault = match call {
-                UnitCall::Gather(_) => {
-                    gathered[u] += 1;
-                    None
+            let fault = match call.unit() {
+                Some(u) if u >= units => {
+                    return Err(format!("call {at}, {call}: the engine has {units} units"));
                 }
-                UnitCall::Release(_) if gathered[u] == 0 => Some("without a gather"),
-                UnitCall::Release(_) => {
-                    gathered[u] -= 1;
-                    None
-                }
-                UnitCall::BeginBackward(_) if open[u] => Some("while its backward is open"),
-                UnitCall::EndBackward(_) if !open[u] => Some("without begin_backward"),
-                UnitCall::BeginBackward(_) | UnitCall::EndBackward(_) => {
-                    open[u] = !open[u];
-                    None
-                }
+                Some(u) => unit_fault(call, &mut gathered[u], &mut open[u]),
+                None => kept.fault(call),
             };
             if let Some(fault) = fault {
                 return Err(format!("call {at}, {call}, comes {fault}"));
@@ -131,19 +180,107 @@ impl Schedule {
                 "unit {u} is still gathered or in backward at the end of the micro-step"
             ));
         }
-        Ok(())
+        kept.finished()
+    }
+}
+
+/// What is wrong with unit call `call`, given the unit's gather count and open gradient.
+fn unit_fault(call: Call, gathered: &mut usize, open: &mut bool) -> Option<&'static str> {
+    match call {
+        Call::Gather(_) => {
+            *gathered += 1;
+            None
+        }
+        Call::Release(_) if *gathered == 0 => Some("without a gather"),
+        Call::Release(_) => {
+            *gathered -= 1;
+            None
+        }
+        Call::BeginBackward(_) if *open => Some("while its backward is open"),
+        Call::EndBackward(_) if !*open => Some("without begin_backward"),
+        _ => {
+            *open = !*open;
+            None
+        }
+    }
+}
+
+/// Where each kept input of a pass stands. Each is kept once, then fetched, then restored,
+/// in that order; at most one is being written and at most one is between its fetch and the
+/// end of its restore at any time, so two staging slots always suffice when kept inputs are
+/// offloaded.
+struct KeptOrder {
+    stage: Vec<u8>,
+    writing: Option<usize>,
+    fetched: Option<usize>,
+}
+
+impl KeptOrder {
+    const NONE: u8 = 0;
+    const WRITING: u8 = 1;
+    const KEPT: u8 = 2;
+    const FETCHED: u8 = 3;
+    const READING: u8 = 4;
+    const DONE: u8 = 5;
+
+    fn new(kept: usize) -> Self {
+        Self {
+            stage: vec![Self::NONE; kept],
+            writing: None,
+            fetched: None,
+        }
+    }
+
+    /// Advances kept input `call.index()` from the stage `call` needs to the next one.
+    fn fault(&mut self, call: Call) -> Option<&'static str> {
+        let k = call.index();
+        let (from, to, fault) = match call {
+            Call::BeginKeep(_) => (Self::NONE, Self::WRITING, "a second time"),
+            Call::EndKeep(_) => (Self::WRITING, Self::KEPT, "without begin_keep"),
+            Call::Fetch(_) => (Self::KEPT, Self::FETCHED, "before it is kept, or twice"),
+            Call::BeginRestore(_) => (Self::FETCHED, Self::READING, "without its fetch"),
+            _ => (Self::READING, Self::DONE, "without begin_restore"),
+        };
+        if self.stage[k] != from {
+            return Some(fault);
+        }
+        let (slot, busy) = match call {
+            Call::BeginKeep(_) => (&mut self.writing, Some(k)),
+            Call::EndKeep(_) => (&mut self.writing, None),
+            Call::Fetch(_) => (&mut self.fetched, Some(k)),
+            Call::EndRestore(_) => (&mut self.fetched, None),
+            _ => (&mut None, None),
+        };
+        if busy.is_some() && slot.is_some() {
+            return Some("while another kept input holds its staging slot");
+        }
+        if !matches!(call, Call::BeginRestore(_)) {
+            *slot = busy;
+        }
+        self.stage[k] = to;
+        None
+    }
+
+    /// Every kept input went the whole way.
+    fn finished(&self) -> Result<(), String> {
+        match self.stage.iter().position(|&s| s != Self::DONE) {
+            Some(k) => Err(format!(
+                "kept input {k} is not kept, fetched and restored by the end of the pass"
+            )),
+            None => Ok(()),
+        }
     }
 }
 
 /// The first `k` distinct units gathered in `calls[from..]`: what is prefetched after the
 /// call at `from - 1`. The memory plan's replay and the engine use this one rule.
-pub(crate) fn upcoming_gathers(calls: &[UnitCall], from: usize, k: usize) -> Vec<usize> {
+pub(crate) fn upcoming_gathers(calls: &[Call], from: usize, k: usize) -> Vec<usize> {
     let mut out = Vec::with_capacity(k);
     for call in calls.iter().skip(from) {
         if out.len() == k {
             break;
         }
-        if let UnitCall::Gather(unit) = *call {
+        if let Call::Gather(unit) = *call {
             if !out.contains(&unit) {
                 out.push(unit);
             }
@@ -163,7 +300,7 @@ mod tests {
         assert_eq!(s.calls().len(), 3 * 6);
         assert_eq!(
             s.calls()[6],
-            UnitCall::Gather(2),
+            Call::Gather(2),
             "backward starts at the last unit"
         );
     }
@@ -171,18 +308,23 @@ mod tests {
     #[test]
     fn codes_round_trip() {
         for call in [
-            UnitCall::Gather(7),
-            UnitCall::Release(0),
-            UnitCall::BeginBackward(3),
-            UnitCall::EndBackward(12),
+            Call::Gather(7),
+            Call::Release(0),
+            Call::BeginBackward(3),
+            Call::EndBackward(12),
+            Call::BeginKeep(4),
+            Call::EndKeep(0),
+            Call::Fetch(9),
+            Call::BeginRestore(1),
+            Call::EndRestore(2),
         ] {
-            assert_eq!(UnitCall::from_code(call.code()), call);
+            assert_eq!(Call::from_code(call.code()), call);
         }
     }
 
     #[test]
     fn malformed_schedules_are_refused() {
-        use UnitCall::*;
+        use Call::*;
         let bad = [
             vec![Gather(3)],
             vec![Release(0)],
@@ -192,6 +334,43 @@ mod tests {
         ];
         for calls in bad {
             assert!(Schedule::new(calls.clone()).check(2).is_err(), "{calls:?}");
+        }
+    }
+
+    #[test]
+    fn kept_inputs_go_keep_fetch_restore_with_one_slot_each_for_writing_and_reading() {
+        use Call::*;
+        let good = vec![
+            BeginKeep(0),
+            EndKeep(0),
+            BeginKeep(1),
+            EndKeep(1),
+            Fetch(1),
+            BeginRestore(1),
+            EndRestore(1),
+            Fetch(0),
+            BeginRestore(0),
+            EndRestore(0),
+        ];
+        assert_eq!(Schedule::new(good.clone()).check(1), Ok(()));
+        assert_eq!(Schedule::new(good).kept_inputs(), 2);
+        let bad = [
+            vec![EndKeep(0)],
+            vec![BeginKeep(0), EndKeep(0), BeginRestore(0), EndRestore(0)],
+            vec![BeginKeep(0), EndKeep(0)],
+            vec![BeginKeep(0), BeginKeep(1), EndKeep(1), EndKeep(0)],
+            vec![
+                BeginKeep(0),
+                EndKeep(0),
+                BeginKeep(1),
+                EndKeep(1),
+                Fetch(0),
+                Fetch(1),
+            ],
+            vec![BeginKeep(0), EndKeep(0), BeginKeep(0), EndKeep(0)],
+        ];
+        for calls in bad {
+            assert!(Schedule::new(calls.clone()).check(1).is_err(), "{calls:?}");
         }
     }
 }

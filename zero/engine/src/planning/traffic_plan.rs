@@ -20,7 +20,7 @@
 
 use super::plan::{unit_policies, PlanShape};
 use super::policy::GradReduce;
-use super::schedule::{Schedule, UnitCall};
+use super::schedule::{Call, Schedule};
 use super::unit::UnitSpec;
 use crate::error::{Error, Result};
 use zero_comm::{ring_bytes, DType, OpDesc, OpKind};
@@ -62,22 +62,23 @@ pub fn plan_traffic(
     let mut refs = vec![0usize; specs.len()];
     for &call in schedule.calls() {
         match call {
-            UnitCall::Gather(u) => {
+            Call::Gather(u) => {
                 let p = policies[u];
                 if refs[u] == 0 && p.gathered() {
                     micro.all_gather += p.part.padded_numel() as u64;
                 }
                 refs[u] += 1;
             }
-            UnitCall::Release(u) => refs[u] = refs[u].saturating_sub(1),
-            UnitCall::BeginBackward(_) => {}
-            UnitCall::EndBackward(u) => {
+            Call::Release(u) => refs[u] = refs[u].saturating_sub(1),
+            Call::EndBackward(u) => {
                 let padded = policies[u].part.padded_numel() as u64;
                 match policies[u].reduce {
                     GradReduce::AllReduce => micro.all_reduce += padded,
                     GradReduce::ReduceScatter => micro.reduce_scatter += padded,
                 }
             }
+            // Opening a gradient and kept inputs move nothing between ranks.
+            _ => {}
         }
     }
     let times = |n: u64| n.checked_mul(micro_steps).ok_or_else(overflow);

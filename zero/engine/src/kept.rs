@@ -1,0 +1,235 @@
+//! The kept inputs of a rank (activation checkpointing's saved tensors, ZeRO-R's checkpoint
+//! offload): where a program's `keeps` and `restores` ([`crate::Op`]) read and write, and
+//! the copies between the arena and pinned host memory when they are offloaded.
+//!
+//! Without offload each kept input has an arena block of its own and no call moves a byte.
+//! Offloaded, each has a pinned host buffer and the arena holds two staging slots
+//! ([`STAGING_SLOTS`](crate::STAGING_SLOTS)); zero-alloc's [`CopyEngine`] runs the copies on
+//! its own thread (on a CUDA arena, its copy stream), in the order they are queued. The
+//! protocol, one step per derived call ([`Call`](crate::Call)):
+//! 1. `BeginKeep(k)`: a free slot is handed to the operation (waiting, if both are busy, for
+//!    the older copy to host to finish); the operation writes kept input `k` into it.
+//! 2. `EndKeep(k)`: "slot -> host buffer k" is queued; the next operations run meanwhile.
+//! 3. `Fetch(k)`: once host buffer k is back from its copy out (waited for if not), a free
+//!    slot is taken and "host buffer k -> slot" is queued; the derivation places this one
+//!    restore ahead, so it lands while earlier operations compute.
+//! 4. `BeginRestore(k)`: the fetch is waited for and the slot handed to the operation.
+//! 5. `EndRestore(k)`: the slot is free again.
+//!
+//! Soundness: a queued copy pins its slot, so the arena refuses to view, move or free it
+//! until [`Transfer::wait`] unpins it, and the job owns the host buffer until then; the
+//! engine hands an operation only a slot whose copy has been waited for. (The schedule's
+//! check bounds what a pass holds, so two slots always suffice; see `KeptOrder`.) The slots
+//! are allocated right after the model states, below every transient block, so a slot
+//! pinned by a copy splits no free space when the arena compacts.
+
+use super::error::{Error, Result};
+use super::planning::kept_plan::KeptInputs;
+use zero_alloc::{Arena, CopyEngine, Handle, PinnedBuffer, Transfer};
+
+/// A rank's kept inputs: in arena blocks, or offloaded.
+#[derive(Debug)]
+pub(crate) enum KeptStore {
+    /// One arena block per kept input (none when the programs keep nothing).
+    Arena(Vec<Handle>),
+    /// Pinned host buffers behind staging slots.
+    Offloaded(Offloaded),
+}
+
+/// What a staging slot holds.
+#[derive(Debug)]
+enum Slot {
+    Free,
+    /// Handed to an operation writing kept input `k`.
+    Writing(usize),
+    /// Being copied to host buffer `k`.
+    Out(usize, Transfer),
+    /// Being filled from host buffer `k`.
+    In(usize, Transfer),
+    /// Filled from host buffer `k`, the copy waited for.
+    Fetched(usize),
+    /// Holding kept input `k`, handed to an operation reading it.
+    Reading(usize),
+}
+
+/// Offloaded kept inputs: the copy thread, the slots and the host buffers (`None` while a
+/// copy owns one).
+#[derive(Debug)]
+pub(crate) struct Offloaded {
+    copier: CopyEngine,
+    blocks: Vec<Handle>,
+    slots: Vec<Slot>,
+    hosts: Vec<Option<PinnedBuffer>>,
+    bytes: usize,
+}
+
+impl KeptStore {
+    /// The store of `count` kept inputs stored as `how`, its blocks from `arena`.
+    pub fn new(arena: &mut Arena, count: usize, how: KeptInputs) -> Result<Self> {
+        let blocks = (0..how.arena_blocks(count))
+            .map(|_| arena.alloc_elems::<f32>(how.len).map_err(Error::from))
+            .collect::<Result<Vec<_>>>()?;
+        if !how.offload || count == 0 {
+            return Ok(Self::Arena(blocks));
+        }
+        let bytes = how.input_bytes()?;
+        let hosts = (0..count)
+            .map(|_| Ok(Some(PinnedBuffer::new(bytes)?)))
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Self::Offloaded(Offloaded {
+            copier: CopyEngine::new()?,
+            slots: blocks.iter().map(|_| Slot::Free).collect(),
+            blocks,
+            hosts,
+            bytes,
+        }))
+    }
+
+    /// Makes kept-input call `call` (steps 1-5 of the module docs).
+    pub fn call(&mut self, arena: &mut Arena, call: crate::Call) -> Result<()> {
+        let Self::Offloaded(o) = self else {
+            return Ok(());
+        };
+        use crate::Call::{BeginKeep, BeginRestore, EndKeep, EndRestore, Fetch};
+        match call {
+            BeginKeep(k) => o.begin_keep(arena, k),
+            EndKeep(k) => o.end_keep(arena, k),
+            Fetch(k) => o.fetch(arena, k),
+            BeginRestore(k) => o.begin_restore(arena, k),
+            EndRestore(k) => o.end_restore(k),
+            _ => Err(Error::Order(format!("{call} is not a kept-input call"))),
+        }
+    }
+
+    /// The block holding kept input `k` for the running operation: written when `writing`,
+    /// else read.
+    pub fn block(&self, k: usize, writing: bool) -> Result<Handle> {
+        let found = match self {
+            Self::Arena(blocks) => blocks.get(k).copied(),
+            Self::Offloaded(o) => o.slots.iter().zip(&o.blocks).find_map(|(s, &b)| {
+                let held = match s {
+                    Slot::Writing(j) if writing => Some(*j),
+                    Slot::Reading(j) if !writing => Some(*j),
+                    _ => None,
+                };
+                (held == Some(k)).then_some(b)
+            }),
+        };
+        found.ok_or_else(|| Error::Order(format!("kept input {k} is not handed out now")))
+    }
+
+    /// Waits for every copy in flight and frees every slot, after a failed program; the
+    /// first error is returned once everything is waited for.
+    pub fn let_go(&mut self, arena: &mut Arena) -> Result<()> {
+        let Self::Offloaded(o) = self else {
+            return Ok(());
+        };
+        let mut first = Ok(());
+        for at in 0..o.slots.len() {
+            if let Err(e) = o.settle(arena, at) {
+                first = first.and(Err(e));
+            }
+            o.slots[at] = Slot::Free;
+        }
+        first
+    }
+}
+
+impl Offloaded {
+    /// Step 1.
+    fn begin_keep(&mut self, arena: &mut Arena, k: usize) -> Result<()> {
+        let at = self.free_slot(arena)?;
+        self.slots[at] = Slot::Writing(k);
+        Ok(())
+    }
+
+    /// Step 2.
+    fn end_keep(&mut self, arena: &mut Arena, k: usize) -> Result<()> {
+        let at = self.slot_of(|s| matches!(s, Slot::Writing(j) if *j == k), k)?;
+        let host = self.take_host(k)?;
+        let transfer = self
+            .copier
+            .to_host(arena, self.blocks[at], 0..self.bytes, host)?;
+        self.slots[at] = Slot::Out(k, transfer);
+        Ok(())
+    }
+
+    /// Step 3.
+    fn fetch(&mut self, arena: &mut Arena, k: usize) -> Result<()> {
+        if let Some(at) = self.find(|s| matches!(s, Slot::Out(j, _) if *j == k)) {
+            self.settle(arena, at)?;
+        }
+        let at = self.free_slot(arena)?;
+        let host = self.take_host(k)?;
+        let transfer = self
+            .copier
+            .to_arena(arena, host, self.blocks[at], 0..self.bytes)?;
+        self.slots[at] = Slot::In(k, transfer);
+        Ok(())
+    }
+
+    /// Step 4.
+    fn begin_restore(&mut self, arena: &mut Arena, k: usize) -> Result<()> {
+        let at = self.slot_of(
+            |s| matches!(s, Slot::In(j, _) | Slot::Fetched(j) if *j == k),
+            k,
+        )?;
+        self.settle(arena, at)?;
+        self.slots[at] = Slot::Reading(k);
+        Ok(())
+    }
+
+    /// Step 5.
+    fn end_restore(&mut self, k: usize) -> Result<()> {
+        let at = self.slot_of(|s| matches!(s, Slot::Reading(j) if *j == k), k)?;
+        self.slots[at] = Slot::Free;
+        Ok(())
+    }
+
+    /// A free slot, waiting for the oldest copy to host when none is.
+    fn free_slot(&mut self, arena: &mut Arena) -> Result<usize> {
+        if let Some(at) = self.find(|s| matches!(s, Slot::Free)) {
+            return Ok(at);
+        }
+        let at = self
+            .find(|s| matches!(s, Slot::Out(..)))
+            .ok_or_else(|| Error::Order("no staging slot is free for a kept input".into()))?;
+        self.settle(arena, at)?;
+        Ok(at)
+    }
+
+    /// Waits for slot `at`'s copy, if it has one, and takes its host buffer back; a copy
+    /// to host leaves the slot free, a fetch leaves it in place for `begin_restore`.
+    fn settle(&mut self, arena: &mut Arena, at: usize) -> Result<()> {
+        match std::mem::replace(&mut self.slots[at], Slot::Free) {
+            Slot::Out(k, transfer) => self.hosts[k] = Some(transfer.wait(arena)?),
+            Slot::In(k, transfer) => {
+                self.hosts[k] = Some(transfer.wait(arena)?);
+                self.slots[at] = Slot::Fetched(k);
+            }
+            other => self.slots[at] = other,
+        }
+        Ok(())
+    }
+
+    /// Host buffer `k`, taken for a copy; a new one when a failed copy lost it.
+    fn take_host(&mut self, k: usize) -> Result<PinnedBuffer> {
+        let out = |s: &Slot| matches!(s, Slot::Out(j, _) | Slot::In(j, _) if *j == k);
+        match self.hosts.get_mut(k) {
+            Some(Some(_)) => Ok(self.hosts[k].take().expect("checked above")),
+            Some(None) if !self.slots.iter().any(out) => Ok(PinnedBuffer::new(self.bytes)?),
+            _ => Err(Error::Order(format!(
+                "host buffer of kept input {k} is missing or out on a copy"
+            ))),
+        }
+    }
+
+    fn find(&self, pred: impl Fn(&Slot) -> bool) -> Option<usize> {
+        self.slots.iter().position(pred)
+    }
+
+    fn slot_of(&self, pred: impl Fn(&Slot) -> bool, k: usize) -> Result<usize> {
+        self.find(pred)
+            .ok_or_else(|| Error::Order(format!("kept input {k} is not where its call expects it")))
+    }
+}
