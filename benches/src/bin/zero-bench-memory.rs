@@ -21,7 +21,8 @@ use zero::{EngineConfig, ZeroStage};
 use zero_benches::size::parse_size;
 use zero_gpt::{init_unit, Gpt, GptConfig, ParamLayout, Rng};
 use zero_train::bridge::{
-    activation_arena_bytes, arena_activations, gpt_engine, micro_step, ActivationPlacement,
+    activation_arena_bytes, arena_activations, gpt_engine, kept_inputs, micro_step,
+    ActivationPlacement,
 };
 use zero_train::cli::validate::{MAX_LAYERS_OR_HEADS, MAX_RANKS, MAX_WIDTH};
 use zero_train::plan::memory_fit::MemoryQuery;
@@ -169,6 +170,7 @@ fn train(
         memory_limit: cap,
         activation_bytes: activation_arena_bytes(&model, b, t, placement)
             .map_err(|e| e.to_string())?,
+        kept_inputs: kept_inputs(&model, b, t, placement).map_err(|e| e.to_string())?,
         ..engine_config(args, stage)
     };
     let comms = zero_comm::local::create(args.ranks).map_err(|e| e.to_string())?;

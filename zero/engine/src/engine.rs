@@ -373,6 +373,15 @@ impl Engine {
         self.memory_plan
     }
 
+    /// Bytes of the programs' kept inputs (activation checkpointing), measured: (in the
+    /// rank's arena, in pinned host memory when offloaded).
+    ///
+    /// # Errors
+    /// Arena failures (a stale handle would be a bug).
+    pub fn kept_input_bytes(&self) -> Result<(u64, u64)> {
+        self.kept.bytes(&self.arena)
+    }
+
     /// fp16's current loss scale (1 for other precisions).
     pub fn loss_scale(&self) -> f32 {
         self.progress.scaler.scale

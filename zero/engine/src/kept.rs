@@ -118,6 +118,20 @@ impl KeptStore {
         found.ok_or_else(|| Error::Order(format!("kept input {k} is not handed out now")))
     }
 
+    /// (arena, host) bytes the store holds: its blocks as the arena sized them, and the
+    /// pinned host buffers.
+    pub fn bytes(&self, arena: &Arena) -> Result<(u64, u64)> {
+        let (blocks, host) = match self {
+            Self::Arena(blocks) => (blocks, 0),
+            Self::Offloaded(o) => (&o.blocks, (o.bytes * o.hosts.len()) as u64),
+        };
+        let mut on_arena = 0;
+        for &b in blocks {
+            on_arena += arena.block(b)?.size as u64;
+        }
+        Ok((on_arena, host))
+    }
+
     /// Waits for every copy in flight and frees every slot, after a failed program; the
     /// first error is returned once everything is waited for.
     pub fn let_go(&mut self, arena: &mut Arena) -> Result<()> {

@@ -17,12 +17,10 @@ use std::ops::Range;
 
 mod build;
 mod kept;
-#[cfg(test)]
-mod kept_order;
 mod sizes;
 
-pub(crate) use kept::Kept;
-pub use kept::{check_call as check_kept_call, KeptInputs};
+pub use kept::KeptBy;
+pub(crate) use kept::{check_call as check_kept_call, Kept};
 pub(crate) use sizes::Sizes;
 pub use sizes::{activation_buffers, activation_bytes, BACKEND_SCRATCH, BUFFER_NAMES, KEPT_INPUTS};
 
@@ -85,7 +83,7 @@ pub type Buffer<S = [f32]> = Box<dyn ActivationMemory<S>>;
 /// Activations of one (B, T) batch shape, in backend `B`'s memory.
 ///
 /// With activation checkpointing every K blocks, the forward buffer holds K layer regions
-/// (one segment) instead of L: the input of every K-th block is kept ([`KeptInputs`]) as the
+/// (one segment) instead of L: the input of every K-th block is kept ([`KeptBy`]) as the
 /// forward passes it, and before a segment's backward its blocks are run forward again from
 /// that copy ([`crate::Gpt::block_recompute`]). The last segment's activations are still in
 /// place when backward starts, so it is never recomputed.
@@ -144,8 +142,8 @@ impl<B: Backend> Activations<B> {
     }
 
     /// Bytes held by every buffer (forward, backward scratch, tokens, targets, loss
-    /// gradients) and by the kept inputs in the same memory, counted from the buffers
-    /// themselves; offloaded kept inputs are in [`offloaded_bytes`](Self::offloaded_bytes).
+    /// gradients) and by the kept inputs when the activations keep them, counted from the
+    /// buffers themselves.
     #[must_use]
     pub fn bytes(&self) -> u64 {
         let bufs = [
@@ -156,12 +154,6 @@ impl<B: Backend> Activations<B> {
             &self.targets,
         ];
         4 * bufs.iter().map(|b| b.floats().len()).sum::<usize>() as u64 + self.kept.resident_bytes()
-    }
-
-    /// Bytes of kept inputs held outside the activations' memory (pinned host memory).
-    #[must_use]
-    pub fn offloaded_bytes(&self) -> u64 {
-        self.kept.offloaded_bytes()
     }
 
     /// Blocks per checkpointed segment, or `None` without checkpointing.
@@ -223,8 +215,8 @@ impl<B: Backend> Activations<B> {
     }
 
     /// Checkpointing, before the first block `layer` of a segment runs forward: moves the
-    /// previous block's output (in the last region) into the input slot and keeps it. At the
-    /// last segment, hints that the one before it is the first backward restores.
+    /// previous block's output (in the last region) into the input slot and keeps it (the
+    /// caller's store takes it after the block, [`crate::Gpt::keep_input`]).
     pub(crate) fn begin_segment(&mut self, backend: &B, layer: usize) -> Result<()> {
         let nc = self.b * self.t * self.c;
         if layer > 0 {
@@ -235,28 +227,19 @@ impl<B: Backend> Activations<B> {
         }
         let segment = self.segment_index(layer);
         self.kept
-            .keep(backend, segment, sub(self.fwd.floats(), 0..nc))?;
-        let last = self.kept.shape().0.saturating_sub(1);
-        if segment == last && segment > 0 {
-            self.kept.due_next(segment - 1)?;
-        }
-        Ok(())
+            .keep(backend, segment, sub(self.fwd.floats(), 0..nc))
     }
 
     /// Checkpointing, before recomputing the segment that starts at `layer`: puts its kept
-    /// input back in the input slot, then hints that the segment before it is due next.
+    /// input back in the input slot (the caller's store has put it there already).
     pub(crate) fn restore_segment(&mut self, backend: &B, layer: usize) -> Result<()> {
         let nc = self.b * self.t * self.c;
         let segment = self.segment_index(layer);
         self.kept
-            .restore(backend, segment, sub_mut(self.fwd.floats_mut(), 0..nc))?;
-        if segment > 0 {
-            self.kept.due_next(segment - 1)?;
-        }
-        Ok(())
+            .restore(backend, segment, sub_mut(self.fwd.floats_mut(), 0..nc))
     }
 
-    fn segment_index(&self, layer: usize) -> usize {
+    pub(crate) fn segment_index(&self, layer: usize) -> usize {
         layer / self.every.unwrap_or(1)
     }
 }

@@ -41,8 +41,8 @@ mod sample;
 mod views;
 
 pub use activations::{
-    activation_buffers, activation_bytes, check_kept_call, ActivationMemory, Activations, Buffer,
-    KeptInputs, BACKEND_SCRATCH, BUFFER_NAMES, GRAD_VIEWS, HEAD_VIEWS, KEPT_INPUTS, LAYER_VIEWS,
+    activation_buffers, activation_bytes, ActivationMemory, Activations, Buffer, KeptBy,
+    BACKEND_SCRATCH, BUFFER_NAMES, GRAD_VIEWS, HEAD_VIEWS, KEPT_INPUTS, LAYER_VIEWS,
 };
 pub use backend::{Backend, CpuBackend, View};
 pub use config::{

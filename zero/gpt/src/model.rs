@@ -21,6 +21,7 @@
 
 mod checks;
 mod head;
+mod kept_io;
 mod step;
 
 use super::activations::{Activations, Progress};

@@ -55,6 +55,33 @@ impl GptOp {
     }
 }
 
+impl GptOp {
+    /// The kept input the call keeps, with checkpointing every `every` blocks in a model of
+    /// `layers` layers: a recomputed segment's index, by the segment's first block
+    /// ([`crate::Gpt::keep_input`] after its forward).
+    pub fn keeps(self, layers: usize, every: Option<usize>) -> Option<usize> {
+        match self {
+            Self::Block(l) => kept_segment(l, layers, every),
+            _ => None,
+        }
+    }
+
+    /// The kept input the call restores: a recomputed segment's, by its first block's
+    /// recompute ([`crate::Gpt::restore_input`] before it).
+    pub fn restores(self, layers: usize, every: Option<usize>) -> Option<usize> {
+        match self {
+            Self::Recompute(l) => kept_segment(l, layers, every),
+            _ => None,
+        }
+    }
+}
+
+/// The index of `layer`'s segment when `layer` starts a recomputed segment.
+fn kept_segment(layer: usize, layers: usize, every: Option<usize>) -> Option<usize> {
+    let starts = checkpoint_segment(layer, layers, every).start == layer;
+    (starts && is_recomputed(layer, layers, every)).then(|| layer / every.unwrap_or(1))
+}
+
 /// The forward pass of a model of `layers` layers: embedding, blocks, head.
 pub fn forward_ops(layers: usize) -> Vec<GptOp> {
     let mut ops = vec![GptOp::Embed];
@@ -137,5 +164,20 @@ mod tests {
             ]
         );
         assert_eq!(ops.iter().filter(|o| matches!(o, Recompute(_))).count(), 2);
+    }
+
+    #[test]
+    fn recomputed_segments_are_kept_by_their_first_block_and_restored_by_its_recompute() {
+        use GptOp::*;
+        let (layers, every) = (5, Some(2));
+        let keeps: Vec<_> = (0..5).map(|l| Block(l).keeps(layers, every)).collect();
+        // Segments 0..2 and 2..4 are recomputed; 4..5 keeps its forward.
+        assert_eq!(keeps, [Some(0), None, Some(1), None, None]);
+        let restores: Vec<_> = (0..5)
+            .map(|l| Recompute(l).restores(layers, every))
+            .collect();
+        assert_eq!(restores, [Some(0), None, Some(1), None, None]);
+        assert_eq!(Block(0).keeps(layers, None), None);
+        assert_eq!(Head.restores(layers, every), None);
     }
 }

@@ -12,7 +12,7 @@ use std::collections::BTreeMap;
 use std::sync::Mutex;
 
 use zero_gpt::{
-    init_params, Activations, Backend, Buffer, CpuBackend, Gpt, GptConfig, GptError,
+    init_params, Activations, Backend, Buffer, CpuBackend, Gpt, GptConfig, GptError, KeptBy,
     BACKEND_SCRATCH,
 };
 
@@ -265,8 +265,16 @@ fn a_declared_scratch_is_asked_for_first_and_provided_before_anything_runs() {
         model.backend().alloc(len)
     };
     // Every call the construction makes (the buffers' fills) checks the scratch came first.
-    Activations::with_backend_memory(model.backend(), model.config(), B, T, None, alloc, None)
-        .unwrap();
+    Activations::with_backend_memory(
+        model.backend(),
+        model.config(),
+        B,
+        T,
+        None,
+        alloc,
+        KeptBy::Model,
+    )
+    .unwrap();
     assert_eq!(asked.len(), 7, "six buffers and the scratch: {asked:?}");
     assert_eq!(asked[0], (BACKEND_SCRATCH, SCRATCH));
     assert!(asked[1..].iter().all(|&(index, _)| index < BACKEND_SCRATCH));
@@ -290,9 +298,16 @@ fn a_scratch_of_another_length_is_refused() {
             .backend()
             .alloc(len - usize::from(index == BACKEND_SCRATCH))
     };
-    let err =
-        Activations::with_backend_memory(model.backend(), model.config(), B, T, None, short, None)
-            .unwrap_err();
+    let err = Activations::with_backend_memory(
+        model.backend(),
+        model.config(),
+        B,
+        T,
+        None,
+        short,
+        KeptBy::Model,
+    )
+    .unwrap_err();
     assert!(
         matches!(err, GptError::SizeMismatch { what: "backend scratch", expected: SCRATCH, got } if got == SCRATCH - 1),
         "{err}"
@@ -312,7 +327,16 @@ fn the_cpu_backend_declares_no_scratch() {
         asked.push(index);
         CpuBackend.alloc(len)
     };
-    Activations::with_backend_memory(&CpuBackend, model.config(), B, T, None, alloc, None).unwrap();
+    Activations::with_backend_memory(
+        &CpuBackend,
+        model.config(),
+        B,
+        T,
+        None,
+        alloc,
+        KeptBy::Model,
+    )
+    .unwrap();
     assert_eq!(asked, [0, 1, 2, 3, 4, 5]);
 }
 

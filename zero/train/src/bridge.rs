@@ -15,13 +15,14 @@
 
 mod placement;
 
-use crate::offload::staging_slots;
 pub use placement::{Placement, Views};
-use zero::{Engine, EngineConfig, EngineOps, Model, Op, OpUnits, Program, Schedule, UnitSpec};
+use zero::{
+    Engine, EngineConfig, EngineOps, KeptInputs, Model, Op, OpUnits, Program, Schedule, UnitSpec,
+};
 use zero_alloc::DEFAULT_ALIGNMENT;
 use zero_gpt::{
-    activation_buffers, forward_ops, train_ops, Activations, Backend, Gpt, GptConfig, GptError,
-    GptOp, ParamLayout, UnitKind, KEPT_INPUTS,
+    activation_buffers, forward_ops, train_ops, Activations, Backend, CpuBackend, Gpt, GptConfig,
+    GptError, GptOp, KeptBy, ParamLayout, UnitKind, KEPT_INPUTS,
 };
 
 /// Why a GPT micro-step failed.
@@ -108,7 +109,7 @@ pub struct ActivationPlacement {
     /// Activation checkpointing every K blocks, or `None`.
     pub checkpoint_every: Option<usize>,
     /// The kept block inputs live in pinned host memory, staged through
-    /// [`crate::offload::STAGING_SLOTS`] inputs in the rank's arena.
+    /// [`zero::STAGING_SLOTS`] inputs in the rank's arena (the engine's store).
     pub offload: bool,
     /// f32 elements of the model backend's kernel scratch ([`Backend::scratch_len`]), lent
     /// from the arena with the activations: 0 on the CPU; set by
@@ -141,11 +142,11 @@ impl ActivationPlacement {
 }
 
 /// Bytes the activations of one (B, T) micro-batch take in a rank's arena: the model's
-/// buffers ([`zero_gpt::activation_buffers`]), with offload the staging slots in place of the
-/// kept inputs, and the backend's kernel scratch (`placement.backend_scratch`), each rounded
-/// up to the arena's alignment: exactly what [`arena_activations`] lends when the placement
-/// was made [`with_scratch_of`](ActivationPlacement::with_scratch_of) the model's backend.
-/// What [`EngineConfig::activation_bytes`](zero::EngineConfig) declares.
+/// buffers ([`zero_gpt::activation_buffers`]) but the kept inputs, which the engine holds
+/// ([`kept_inputs`]), and the backend's kernel scratch (`placement.backend_scratch`), each
+/// rounded up to the arena's alignment: exactly what [`arena_activations`] lends when the
+/// placement was made [`with_scratch_of`](ActivationPlacement::with_scratch_of) the model's
+/// backend. What [`EngineConfig::activation_bytes`](zero::EngineConfig) declares.
 ///
 /// # Errors
 /// A batch shape the model refuses.
@@ -158,35 +159,44 @@ pub fn activation_arena_bytes(
     let align = DEFAULT_ALIGNMENT as u64;
     let aligned = |len: usize| (len as u64 * 4).div_ceil(align) * align;
     let buffers = activation_buffers(config, b, t, placement.checkpoint_every)?;
-    let (segments, input_len) = kept_shape(config, b, t, buffers[KEPT_INPUTS]);
     let model_buffers: u64 = buffers
         .iter()
         .enumerate()
-        .map(|(i, &len)| match i {
-            KEPT_INPUTS if placement.offloads() => {
-                staging_slots(segments) as u64 * aligned(input_len)
-            }
-            _ => aligned(len),
-        })
+        .filter(|&(i, _)| i != KEPT_INPUTS)
+        .map(|(_, &len)| aligned(len))
         .sum();
     Ok(model_buffers + aligned(placement.backend_scratch))
 }
 
-/// (segments, N*C) of kept inputs of `kept_len` floats.
-fn kept_shape(config: &GptConfig, b: usize, t: usize, kept_len: usize) -> (usize, usize) {
-    // B*T*C was checked not to overflow by `activation_buffers`.
-    let input_len = b * t * config.channels;
-    (kept_len / input_len, input_len)
+/// How the engine stores the kept block inputs of (B, T) micro-batches placed as `placement`
+/// says: each one (N,C) input, offloaded or not. What
+/// [`EngineConfig::kept_inputs`](zero::EngineConfig) declares.
+///
+/// # Errors
+/// A batch shape the model refuses.
+pub fn kept_inputs(
+    config: &GptConfig,
+    b: usize,
+    t: usize,
+    placement: ActivationPlacement,
+) -> Result<KeptInputs, GptError> {
+    // Checks that B*T*C does not overflow, among the rest of the batch shape.
+    activation_buffers(config, b, t, placement.checkpoint_every)?;
+    Ok(KeptInputs {
+        len: b * t * config.channels,
+        offload: placement.offloads(),
+    })
 }
 
 /// Activations whose every buffer is a block of `engine`'s arena, lent for good: the arena
 /// holds, caps and counts them with the model states, and the backend's kernel scratch
-/// ([`zero_gpt::BACKEND_SCRATCH`], handed to the backend by the model); with
-/// `placement.offload`, the kept block inputs go to pinned host memory through staging
-/// slots of the arena ([`crate::offload`]). The scratch lent is what the backend asks for:
-/// a plan whose `placement.backend_scratch` is smaller makes the engine refuse the loan. (The model takes its memory from a caller-supplied allocator and
-/// knows no arena; the engine lends blocks and knows no model: this glue is the one place
-/// that knows both.)
+/// ([`zero_gpt::BACKEND_SCRATCH`], handed to the backend by the model). The kept block inputs
+/// are the engine's ([`KeptBy::Caller`]): each recomputed segment's input is a kept input of
+/// the training program, in the arena or, with `placement.offload`, in pinned host memory.
+/// The scratch lent is what the backend asks for: a plan whose `placement.backend_scratch`
+/// is smaller makes the engine refuse the loan. (The model takes its memory from a
+/// caller-supplied allocator and knows no arena; the engine lends blocks and knows no model:
+/// this glue is the one place that knows both.)
 ///
 /// # Errors
 /// A batch shape the model refuses; arena errors (a cap too small).
@@ -198,19 +208,24 @@ pub fn arena_activations<B: Placement>(
     placement: ActivationPlacement,
 ) -> Result<Activations<B>, StepError> {
     let (config, every) = (model.config(), placement.checkpoint_every);
-    let kept = if placement.offloads() {
-        let kept_len = activation_buffers(config, b, t, every)?[KEPT_INPUTS];
-        let (segments, input_len) = kept_shape(config, b, t, kept_len);
-        Some(
-            model
-                .backend()
-                .offloaded_kept(engine, segments, input_len)?,
-        )
-    } else {
-        None
-    };
     let lend = |_, len| B::lend(engine, len).map_err(StepError::from);
-    Activations::with_backend_memory(model.backend(), config, b, t, every, lend, kept)
+    Activations::with_backend_memory(model.backend(), config, b, t, every, lend, KeptBy::Caller)
+}
+
+/// Activations of the CPU backend in heap memory, outside the engine's arena (which then
+/// neither caps nor counts them), their kept inputs the engine's ([`KeptBy::Caller`]), as
+/// [`micro_step`] needs them with checkpointing every `every` blocks.
+///
+/// # Errors
+/// A batch shape the model refuses.
+pub fn heap_activations(
+    config: &GptConfig,
+    b: usize,
+    t: usize,
+    every: Option<usize>,
+) -> Result<Activations, GptError> {
+    let heap = |_, len| Ok::<_, GptError>(Box::new(vec![0f32; len]) as zero_gpt::Buffer);
+    Activations::with_backend_memory(&CpuBackend, config, b, t, every, heap, KeptBy::Caller)
 }
 
 /// The programs of the GPT laid out as `layout`, checkpointing every `checkpoint_every`
@@ -231,9 +246,11 @@ impl GptPrograms {
     /// A layout whose units do not match its layers (a broken invariant).
     pub fn new(layout: &ParamLayout, checkpoint_every: Option<usize>) -> Result<Self, zero::Error> {
         let layers = layout.final_norm_unit() - 1;
+        let every = checkpoint_every;
         Ok(Self {
-            train: gpt_program(layout, train_ops(layers, checkpoint_every))?,
-            forward: gpt_program(layout, forward_ops(layers))?,
+            train: gpt_program(layout, train_ops(layers, every), every)?,
+            // A forward pass keeps nothing: nothing is recomputed after it.
+            forward: gpt_program(layout, forward_ops(layers), None)?,
         })
     }
 
@@ -243,19 +260,28 @@ impl GptPrograms {
     }
 }
 
-/// The program of `ops` on the GPT laid out as `layout`: each call with the units it reads
-/// and writes ([`GptOp::reads`], [`GptOp::writes`]).
+/// The program of `ops` on the GPT laid out as `layout`, checkpointing every `every` blocks
+/// or none: each call with the units it reads and writes ([`GptOp::reads`],
+/// [`GptOp::writes`]) and the segment input it keeps or restores ([`GptOp::keeps`],
+/// [`GptOp::restores`]).
 ///
 /// # Errors
-/// A call naming a layer the layout does not have.
-pub fn gpt_program(layout: &ParamLayout, ops: Vec<GptOp>) -> Result<Program<GptOp>, zero::Error> {
+/// A call naming a layer the layout does not have; kept inputs out of order.
+pub fn gpt_program(
+    layout: &ParamLayout,
+    ops: Vec<GptOp>,
+    every: Option<usize>,
+) -> Result<Program<GptOp>, zero::Error> {
     let layers = layout.final_norm_unit() - 1;
     let ops = ops
         .into_iter()
         .map(|op| {
-            Op::new(op)
+            let mut declared = Op::new(op)
                 .reads(op.reads(layers))
-                .writes(op.writes(layers))
+                .writes(op.writes(layers));
+            declared.keeps = op.keeps(layers, every);
+            declared.restores = op.restores(layers, every);
+            declared
         })
         .collect();
     Program::new(ops, layout.units().len()).map_err(zero::Error::BadProgram)
@@ -281,8 +307,18 @@ impl<B: Placement> Model for GptPass<'_, B> {
         let block = ParamLayout::block_unit;
         match *op {
             GptOp::Embed => model.embed_forward(acts, B::params(units, 0)?, self.tokens)?,
-            GptOp::Block(l) => model.block_forward(acts, l, B::params(units, block(l))?)?,
-            GptOp::Recompute(l) => model.block_recompute(acts, l, B::params(units, block(l))?)?,
+            GptOp::Block(l) => {
+                model.block_forward(acts, l, B::params(units, block(l))?)?;
+                if units.keeps().is_some() {
+                    model.keep_input(acts, l, B::kept_mut(units)?)?;
+                }
+            }
+            GptOp::Recompute(l) => {
+                if units.restores().is_some() {
+                    model.restore_input(acts, l, B::restored(units)?)?;
+                }
+                model.block_recompute(acts, l, B::params(units, block(l))?)?;
+            }
             GptOp::Head => {
                 let last = model.layout().final_norm_unit();
                 let (wf, wte) = (B::params(units, last)?, B::params(units, 0)?);

@@ -1,8 +1,9 @@
 //! The reference trainer, by concern: what the user types ([`cli`]), the memory and traffic
 //! a run would need ([`plan`]), the run itself and its ranks ([`run`]), token data
 //! ([`data`]), model files and training states ([`checkpoint`]), the bridge that drives the
-//! bundled GPT (`zero-gpt`) through the ZeRO engine (`zero`) ([`bridge`], with its activation
-//! offload, [`offload`]), and the errors of them all ([`error`]).
+//! bundled GPT (`zero-gpt`) through the ZeRO engine (`zero`) ([`bridge`]; activation
+//! checkpointing's kept inputs and their offload are the engine's), and the errors of them all
+//! ([`error`]).
 #![warn(missing_docs)]
 
 pub mod bridge;
@@ -11,7 +12,6 @@ pub mod cli;
 pub mod data;
 pub mod error;
 mod llmc_header;
-pub mod offload;
 pub mod plan;
 pub mod run;
 

@@ -13,10 +13,10 @@ use std::borrow::Cow;
 use std::sync::Mutex;
 
 use zero::{Engine, EngineConfig, OpUnits, ZeroStage};
-use zero_gpt::{init_unit, Backend, Buffer, CpuBackend, Gpt, GptConfig, GptError, KeptInputs, Rng};
+use zero_gpt::{init_unit, Backend, Buffer, CpuBackend, Gpt, GptConfig, GptError, Rng};
 use zero_train::bridge::{
-    activation_arena_bytes, arena_activations, gpt_engine, micro_step, ActivationPlacement,
-    Placement, StepError, Views,
+    activation_arena_bytes, arena_activations, gpt_engine, kept_inputs, micro_step,
+    ActivationPlacement, Placement, StepError, Views,
 };
 
 const B: usize = 2;
@@ -104,13 +104,11 @@ impl Placement for WithScratch {
     fn memory_budget(&self) -> Option<(&'static str, u64)> {
         CpuBackend.memory_budget()
     }
-    fn offloaded_kept(
-        &self,
-        engine: &mut Engine,
-        segments: usize,
-        input_len: usize,
-    ) -> Result<Box<dyn KeptInputs>, StepError> {
-        CpuBackend.offloaded_kept(engine, segments, input_len)
+    fn kept_mut<'u>(units: &'u mut OpUnits<'_>) -> Result<&'u mut [f32], zero::Error> {
+        CpuBackend::kept_mut(units)
+    }
+    fn restored<'u>(units: &'u OpUnits<'_>) -> Result<&'u [f32], zero::Error> {
+        CpuBackend::restored(units)
     }
 }
 
@@ -143,6 +141,7 @@ fn run(declared: ActivationPlacement) -> Result<Measured, StepError> {
         stage: ZeroStage::Zero3,
         memory_limit: Some(1 << 30), // as zeror_memory_plan: a cap far above the plan
         activation_bytes: activation_arena_bytes(&cfg, B, T, declared)?,
+        kept_inputs: kept_inputs(&cfg, B, T, declared)?,
         ..EngineConfig::default()
     };
     let comm = zero_comm::local::create(1).unwrap().remove(0);

@@ -12,8 +12,8 @@ use zero::{EngineConfig, EngineOps, ZeroStage};
 use zero_gpt::cuda::CudaBackend;
 use zero_gpt::{init_unit, Gpt, GptConfig, Rng};
 use zero_train::bridge::{
-    activation_arena_bytes, arena_activations, gpt_engine_on, micro_step, ActivationPlacement,
-    Placement,
+    activation_arena_bytes, arena_activations, gpt_engine_on, kept_inputs, micro_step,
+    ActivationPlacement, Placement,
 };
 use zero_train::run::device::cuda::{ranks, CudaRank};
 
@@ -69,6 +69,7 @@ fn rank_run<B: Placement>(
     let config = EngineConfig {
         stage: ZeroStage::Zero3,
         activation_bytes: activation_arena_bytes(&cfg, rows, T, placed).unwrap(),
+        kept_inputs: kept_inputs(&cfg, rows, T, placed).unwrap(),
         reduce_bucket_bytes: 4096,
         ..EngineConfig::default()
     };

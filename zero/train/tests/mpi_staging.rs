@@ -14,7 +14,8 @@ use zero_comm::mpi::Mpi;
 use zero_comm::{Communicator, Config, ReduceOp};
 use zero_gpt::{init_unit, Gpt, GptConfig, Rng};
 use zero_train::bridge::{
-    activation_arena_bytes, arena_activations, gpt_engine, micro_step, ActivationPlacement,
+    activation_arena_bytes, arena_activations, gpt_engine, kept_inputs, micro_step,
+    ActivationPlacement,
 };
 
 const T: usize = 16;
@@ -40,6 +41,7 @@ fn train(comm: Communicator, stage: ZeroStage, precision: Precision) -> Result<M
         reduce_bucket_bytes: 16 << 10,
         activation_bytes: activation_arena_bytes(&cfg, B, T, placement)
             .map_err(|e| e.to_string())?,
+        kept_inputs: kept_inputs(&cfg, B, T, placement).map_err(|e| e.to_string())?,
         ..EngineConfig::default()
     };
     let mut engine = gpt_engine(comm, &layout, None, config, |unit, w| {

@@ -2,9 +2,9 @@
 //! training without it, to the bit, at every stage; and its activation memory is the
 //! closed-form count written out below.
 
-use zero::{EngineConfig, ZeroStage};
+use zero::{EngineConfig, KeptInputs, ZeroStage};
 use zero_gpt::{activation_bytes, init_unit, Gpt, GptConfig, Rng};
-use zero_train::bridge::{full_params, gpt_engine, micro_step};
+use zero_train::bridge::{full_params, gpt_engine, heap_activations, micro_step};
 
 const T: usize = 8;
 const STEPS: usize = 2;
@@ -26,6 +26,10 @@ fn train(world: usize, stage: ZeroStage, every: Option<usize>) -> (Vec<u32>, Vec
     let cfg = config();
     let engine_config = EngineConfig {
         stage,
+        kept_inputs: KeptInputs {
+            len: T * cfg.channels,
+            offload: false,
+        },
         ..EngineConfig::default()
     };
     let comms = zero_comm::local::create(world).unwrap();
@@ -40,7 +44,7 @@ fn train(world: usize, stage: ZeroStage, every: Option<usize>) -> (Vec<u32>, Vec
                         init_unit(&cfg, &layout, unit, 3, w).unwrap()
                     })
                     .unwrap();
-                    let mut acts = model.activations_checkpointed(1, T, every).unwrap();
+                    let mut acts = heap_activations(&cfg, 1, T, every).unwrap();
                     let mut losses = Vec::new();
                     for step in 0..STEPS {
                         let (x, y) = batch(step, engine.rank());

@@ -7,8 +7,8 @@ use zero::{EngineConfig, Precision, ZeroStage};
 use zero_alloc::AllocError;
 use zero_gpt::{activation_bytes, init_unit, Gpt, GptConfig, Rng};
 use zero_train::bridge::{
-    activation_arena_bytes, arena_activations, gpt_engine, micro_step, ActivationPlacement,
-    StepError,
+    activation_arena_bytes, arena_activations, gpt_engine, kept_inputs, micro_step,
+    ActivationPlacement, StepError,
 };
 use zero_train::plan::memory_fit::{default_shape, MemoryQuery};
 
@@ -19,14 +19,20 @@ const INPUT: u64 = (B * T * 64 * 4) as u64;
 
 /// L=3, NH=2, C=64, V=500 (padded to 512).
 fn config() -> GptConfig {
-    GptConfig::new(T, 500, 3, 2, 64).unwrap()
+    with_layers(3)
 }
 
-/// What rank 0 planned and measured.
+fn with_layers(layers: usize) -> GptConfig {
+    GptConfig::new(T, 500, layers, 2, 64).unwrap()
+}
+
+/// What rank 0 planned and measured: the activations are the model's buffers and the kept
+/// inputs the engine holds in the arena; `host` the kept inputs offloaded.
 struct Measured {
     plan: u64,
     peak: u64,
     activations: u64,
+    host: u64,
     defrags: u64,
 }
 
@@ -39,6 +45,7 @@ struct Run {
     placement: ActivationPlacement,
     limit: Option<u64>,
     defragment: bool,
+    layers: usize,
 }
 
 impl Run {
@@ -50,7 +57,12 @@ impl Run {
             placement: placed(every, false),
             limit: None,
             defragment: true,
+            layers: 3,
         }
+    }
+
+    fn config(&self) -> GptConfig {
+        with_layers(self.layers)
     }
 
     fn engine_config(&self) -> EngineConfig {
@@ -59,7 +71,8 @@ impl Run {
             precision: self.precision,
             memory_limit: self.limit,
             defragment: self.defragment,
-            activation_bytes: activation_arena_bytes(&config(), B, T, self.placement).unwrap(),
+            activation_bytes: activation_arena_bytes(&self.config(), B, T, self.placement).unwrap(),
+            kept_inputs: kept_inputs(&self.config(), B, T, self.placement).unwrap(),
             ..EngineConfig::default()
         }
     }
@@ -79,7 +92,7 @@ impl Run {
     }
 
     fn on_rank(self, comm: zero_comm::Communicator) -> Result<Measured, StepError> {
-        let cfg = config();
+        let cfg = self.config();
         let model = Gpt::new(cfg)?;
         let layout = model.layout().clone();
         let every = self.placement.checkpoint_every;
@@ -94,10 +107,12 @@ impl Run {
             engine.step(1e-3)?;
         }
         let stats = engine.arena().stats();
+        let (kept, host) = engine.kept_input_bytes()?;
         Ok(Measured {
             plan: engine.memory_plan().total(),
             peak: stats.peak_allocated as u64,
-            activations: acts.bytes(),
+            activations: acts.bytes() + kept,
+            host,
             defrags: stats.defrags,
         })
     }
@@ -133,11 +148,15 @@ fn the_plan_is_the_peak_for_every_stage_and_option() {
                     let m = run.go().unwrap();
                     let what = format!("{stage}, N={world}, {precision:?}, {placement:?}");
                     let every = placement.checkpoint_every;
-                    // Offloaded, L=3 kept inputs of (B*T, C) floats leave the arena for the
-                    // host, and two staging slots of one input each come in.
-                    let moved = if placement.offload { INPUT } else { 0 };
+                    // zero-gpt's formula counts one kept input per segment; the engine keeps
+                    // the recomputed ones (all but the last), in the arena or, offloaded,
+                    // on the host behind two staging slots (as many as L=3 keeps anyway).
+                    let segments = every.map_or(0, |k| 3u64.div_ceil(k as u64));
+                    let kept = segments.saturating_sub(1);
                     let model = activation_bytes(&cfg, B, T, every).unwrap();
-                    assert_eq!(m.activations, model - moved, "{what}");
+                    assert_eq!(m.activations, model - (segments - kept) * INPUT, "{what}");
+                    let host = if placement.offload { kept * INPUT } else { 0 };
+                    assert_eq!(m.host, host, "{what}");
                     assert_eq!(m.peak, m.plan, "{what}");
                 }
             }
@@ -234,16 +253,19 @@ fn offloaded_inputs_leave_the_arena_and_the_plan_by_their_bytes() {
             Run {
                 placement: placed(Some(1), offload),
                 limit: Some(1 << 30),
+                layers: 5,
                 ..Run::new(2, stage, None)
             }
             .go()
             .unwrap()
         };
         let (kept, offloaded) = (with(false), with(true));
-        // L=3 kept inputs leave the arena, two staging slots of one input each come in.
-        assert_eq!(kept.plan - offloaded.plan, INPUT, "{stage}");
+        // L=5, checkpointing every block: 4 kept inputs leave the arena for the host, two
+        // staging slots of one input each come in.
+        assert_eq!(kept.plan - offloaded.plan, 2 * INPUT, "{stage}");
         assert_eq!(offloaded.peak, offloaded.plan, "{stage}");
-        assert_eq!(kept.activations - offloaded.activations, INPUT);
+        assert_eq!(kept.activations - offloaded.activations, 2 * INPUT);
+        assert_eq!((kept.host, offloaded.host), (0, 4 * INPUT), "{stage}");
     }
 }
 

@@ -1,19 +1,18 @@
-//! ZeRO-R activation offload (`--offload-activations`): training with the kept block inputs in
-//! pinned host memory gives the losses and parameters of training without offload, to the bit;
-//! the arena holds the written-out count of bytes (the staging slots instead of the kept
-//! inputs), exactly what the plan declares; each segment's fetch is queued before the model
-//! asks for it; and the trainer's summary shows the arena and host bytes apart.
+//! ZeRO-R activation offload (`--offload-activations`), run by the engine from the GPT's
+//! program: training with the kept block inputs in pinned host memory gives the losses and
+//! parameters of training without offload, to the bit; the arena holds the written-out count
+//! of bytes (two staging slots instead of the kept inputs), exactly what the plan declares;
+//! each segment's fetch is placed one restore ahead; and the trainer's summary shows the
+//! arena and host bytes apart.
 
 mod common;
 use common::{write_corpus, TempDir};
-use std::sync::{Arc, Mutex};
-use zero::{Engine, EngineConfig, ZeroStage};
-use zero_gpt::{init_unit, Activations, Buffer, Gpt, GptConfig, Rng};
+use zero::{Call, Engine, EngineConfig, ZeroStage};
+use zero_gpt::{init_unit, Gpt, GptConfig, Rng};
 use zero_train::bridge::{
-    activation_arena_bytes, arena_activations, full_params, gpt_engine, micro_step,
-    ActivationPlacement, StepError,
+    activation_arena_bytes, arena_activations, full_params, gpt_engine, kept_inputs, micro_step,
+    ActivationPlacement, GptPrograms,
 };
-use zero_train::offload::{offloaded_inputs, OffloadEvent};
 use zero_train::{train, TrainConfig};
 
 const T: usize = 8;
@@ -40,14 +39,14 @@ fn batch(step: usize, rank: usize) -> (Vec<u32>, Vec<u32>) {
     (seq[..T].to_vec(), seq[1..].to_vec())
 }
 
-/// What one rank saw: per-step losses and final parameters as bits, and the arena bytes the
-/// activations took, as measured, as [`Activations::bytes`] says, and offloaded.
+/// What one rank saw: per-step losses and final parameters as bits, the arena bytes lent to
+/// the model's buffers, and the engine's kept inputs: measured (arena, host) and planned.
 #[derive(PartialEq, Debug)]
 struct Run {
     bits: (Vec<u32>, Vec<u32>),
-    arena_taken: u64,
-    acts_bytes: u64,
-    offloaded: u64,
+    lent: u64,
+    kept: (u64, u64),
+    kept_plan: (u64, u64),
 }
 
 fn engine(comm: zero_comm::Communicator, stage: ZeroStage, placed: ActivationPlacement) -> Engine {
@@ -56,6 +55,7 @@ fn engine(comm: zero_comm::Communicator, stage: ZeroStage, placed: ActivationPla
     let engine_config = EngineConfig {
         stage,
         activation_bytes: activation_arena_bytes(&cfg, 1, T, placed).unwrap(),
+        kept_inputs: kept_inputs(&cfg, 1, T, placed).unwrap(),
         ..EngineConfig::default()
     };
     gpt_engine(
@@ -80,7 +80,7 @@ fn train_ranks(world: usize, stage: ZeroStage, placed: ActivationPlacement) -> R
                     let mut engine = engine(comm, stage, placed);
                     let before = engine.arena().stats().allocated as u64;
                     let mut acts = arena_activations(&mut engine, &model, 1, T, placed).unwrap();
-                    let arena_taken = engine.arena().stats().allocated as u64 - before;
+                    let lent = engine.arena().stats().allocated as u64 - before;
                     let mut losses = Vec::new();
                     for step in 0..STEPS {
                         let (x, y) = batch(step, engine.rank());
@@ -90,11 +90,12 @@ fn train_ranks(world: usize, stage: ZeroStage, placed: ActivationPlacement) -> R
                     }
                     let params = full_params(&mut engine).unwrap();
                     let params = params.iter().flatten().map(|x| x.to_bits()).collect();
+                    let plan = engine.memory_plan();
                     Run {
                         bits: (losses, params),
-                        arena_taken,
-                        acts_bytes: acts.bytes(),
-                        offloaded: acts.offloaded_bytes(),
+                        lent,
+                        kept: engine.kept_input_bytes().unwrap(),
+                        kept_plan: (plan.kept_inputs, plan.kept_inputs_host),
                     }
                 })
             })
@@ -129,68 +130,47 @@ fn offload_changes_no_bit_at_stages_0_and_3() {
 fn the_arena_holds_two_slots_instead_of_the_kept_inputs_and_the_plan_says_so() {
     let cfg = config();
     let input = (T * cfg.channels * 4) as u64; // one (N,C) input, 1024 bytes
-    for (every, segments) in [(1, 5u64), (2, 3), (5, 1)] {
-        let slots = segments.min(2);
-        let kept = train_ranks(1, ZeroStage::Zero3, placement(every, false));
+                                               // L=5: every 1 recomputes segments 0-3, every 2 segments 0..2 and 2..4, every 5 none.
+    for (every, kept) in [(1, 4u64), (2, 2), (5, 0)] {
+        let slots = kept.min(2);
+        let in_arena = train_ranks(1, ZeroStage::Zero3, placement(every, false));
         let offloaded = train_ranks(1, ZeroStage::Zero3, placement(every, true));
         let case = format!("checkpoint every {every}");
-        assert_eq!(
-            kept.acts_bytes - offloaded.acts_bytes,
-            (segments - slots) * input,
-            "{case}"
-        );
-        assert_eq!(offloaded.offloaded, segments * input, "{case}");
-        assert_eq!(kept.offloaded, 0, "{case}");
-        for (run, offload) in [(&kept, false), (&offloaded, true)] {
+        assert_eq!(in_arena.kept, (kept * input, 0), "{case}");
+        assert_eq!(offloaded.kept, (slots * input, kept * input), "{case}");
+        for (run, offload) in [(&in_arena, false), (&offloaded, true)] {
+            assert_eq!(run.kept_plan, run.kept, "{case}, offload {offload}: plan");
             let plan = activation_arena_bytes(&cfg, 1, T, placement(every, offload)).unwrap();
-            assert_eq!(
-                run.arena_taken, plan,
-                "{case}, offload {offload}: lent vs plan"
-            );
+            assert_eq!(run.lent, plan, "{case}, offload {offload}: lent vs plan");
         }
-        let plan_kept = activation_arena_bytes(&cfg, 1, T, placement(every, false)).unwrap();
         assert_eq!(
-            plan_kept - offloaded.arena_taken,
-            (segments - slots) * input,
-            "{case}"
+            in_arena.lent, offloaded.lent,
+            "{case}: the model's own buffers"
         );
     }
 }
 
 #[test]
-fn each_segment_is_fetched_before_it_is_restored() {
-    let cfg = config();
-    let model = Gpt::new(cfg).unwrap();
-    let comm = zero_comm::local::create(1).unwrap().remove(0);
-    let mut engine = engine(comm, ZeroStage::Zero3, placement(1, true));
-    let log = Arc::new(Mutex::new(Vec::new()));
-    let kept = offloaded_inputs(&mut engine, 5, T * cfg.channels)
-        .unwrap()
-        .with_event_log(Arc::clone(&log));
-    let alloc = |_, len| -> Result<Buffer, StepError> { Ok(Box::new(vec![0f32; len])) };
-    let mut acts =
-        Activations::with_kept_inputs(&cfg, 1, T, Some(1), alloc, Box::new(kept)).unwrap();
-    // Forward queues the copies out of 0..5 and, at the last segment, the fetch of 3 (4 is
-    // still in place); each restore of s+1 is followed by the fetch of s, queued before the
-    // recompute and backward of segment s+1 run, and s's restore finds it queued.
-    let mut expected: Vec<OffloadEvent> = (0..5).map(OffloadEvent::KeepQueued).collect();
-    expected.push(OffloadEvent::FetchQueued(3));
-    for s in (0..4).rev() {
-        expected.push(OffloadEvent::Restored {
-            segment: s,
-            fetched_ahead: true,
-        });
-        if s > 0 {
-            expected.push(OffloadEvent::FetchQueued(s - 1));
-        }
+fn each_segment_is_fetched_one_restore_ahead() {
+    let layout = Gpt::new(config()).unwrap().layout().clone();
+    let train = GptPrograms::new(&layout, Some(1)).unwrap().train;
+    let kept: Vec<Call> = train
+        .schedule()
+        .calls()
+        .iter()
+        .copied()
+        .filter(|c| c.unit().is_none())
+        .collect();
+    // Forward keeps the inputs of blocks 0-3 (block 4's segment is never recomputed); the
+    // first restore (3) is fetched right after its keep, each later one after the restore
+    // before it.
+    let mut want: Vec<Call> = (0..4)
+        .flat_map(|k| [Call::BeginKeep(k), Call::EndKeep(k)])
+        .collect();
+    for k in (0..4).rev() {
+        want.extend([Call::Fetch(k), Call::BeginRestore(k), Call::EndRestore(k)]);
     }
-    for step in 0..2 {
-        let (x, y) = batch(step, 0);
-        micro_step(&mut engine, &model, &mut acts, &x, &y).unwrap();
-        engine.step(1e-2).unwrap();
-        let events = std::mem::take(&mut *log.lock().unwrap());
-        assert_eq!(events, expected, "step {step}");
-    }
+    assert_eq!(kept, want);
 }
 
 #[test]
@@ -202,7 +182,7 @@ fn the_summary_shows_arena_and_host_activation_bytes_apart() {
     let run = |offload| {
         train(&TrainConfig {
             model: "tiny".into(),
-            layers: Some(3),
+            layers: Some(4),
             seq_len: 16,
             data: dir.0.clone(),
             world_size: 1,
@@ -220,6 +200,7 @@ fn the_summary_shows_arena_and_host_activation_bytes_apart() {
     let (kept, offloaded) = (run(false), run(true));
     let (a, b) = (&kept.ranks[0], &offloaded.ranks[0]);
     let input = 16 * 32 * 4; // tiny: C = 32; one (N,C) input with B=1, T=16
+                             // 4 layers checkpointed every block: segments 0-2 are recomputed, so 3 inputs are kept.
     assert_eq!(a.activation_offloaded_bytes, 0);
     assert_eq!(b.activation_offloaded_bytes, 3 * input);
     assert_eq!(

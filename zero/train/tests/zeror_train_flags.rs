@@ -52,9 +52,12 @@ fn checkpointing_keeps_the_losses_and_shrinks_the_activations() {
         a.activation_bytes,
         activation_bytes(&model, 1, 16, None).unwrap()
     );
+    // zero-gpt's formula counts an input per segment (3); the engine keeps those of the
+    // recomputed segments, all but the last.
+    let input = 16 * 32 * 4;
     assert_eq!(
         b.activation_bytes,
-        activation_bytes(&model, 1, 16, Some(1)).unwrap()
+        activation_bytes(&model, 1, 16, Some(1)).unwrap() - input
     );
     assert!(b.activation_bytes < a.activation_bytes);
     // The activations are arena blocks: the peak holds them beside the model states. (Peaks

@@ -4,7 +4,7 @@
 //! Legend: B batch, T sequence, C channels, N = B*T.
 
 use super::{
-    Activations, Buffer, GptConfig, GptError, Kept, KeptInputs, Progress, Result, Sizes,
+    Activations, Buffer, GptConfig, GptError, Kept, KeptBy, Progress, Result, Sizes,
     BACKEND_SCRATCH, KEPT_INPUTS,
 };
 use crate::backend::{Backend, CpuBackend, View};
@@ -47,25 +47,7 @@ impl Activations {
         every: Option<usize>,
         alloc: impl FnMut(usize, usize) -> std::result::Result<Buffer, E>,
     ) -> std::result::Result<Self, E> {
-        Self::with_backend_memory(&CpuBackend, config, b, t, every, alloc, None)
-    }
-
-    /// As [`Activations::with_memory`], with the kept block inputs in `kept` instead of a
-    /// buffer from `alloc` (which is then not asked for [`KEPT_INPUTS`]); `kept` must hold
-    /// ceil(L/K) inputs of (N,C) with checkpointing every K, none without.
-    ///
-    /// # Errors
-    /// As [`Activations::with_memory`]; [`GptError::SizeMismatch`] for a `kept` of another
-    /// shape.
-    pub fn with_kept_inputs<E: From<GptError>>(
-        config: &GptConfig,
-        b: usize,
-        t: usize,
-        every: Option<usize>,
-        alloc: impl FnMut(usize, usize) -> std::result::Result<Buffer, E>,
-        kept: Box<dyn KeptInputs>,
-    ) -> std::result::Result<Self, E> {
-        Self::with_backend_memory(&CpuBackend, config, b, t, every, alloc, Some(kept))
+        Self::with_backend_memory(&CpuBackend, config, b, t, every, alloc, KeptBy::Model)
     }
 }
 
@@ -89,19 +71,20 @@ impl<B: Backend> Activations<B> {
             t,
             every,
             |_, len| backend.alloc(len),
-            None,
+            KeptBy::Model,
         )
     }
 
     /// The general constructor: every buffer from `alloc` (as [`Activations::with_memory`]),
-    /// zeroed and filled by `backend`'s kernels; the kept block inputs in `kept`, or in a
-    /// buffer from `alloc` when `None` (as [`Activations::with_kept_inputs`]). When the
+    /// zeroed and filled by `backend`'s kernels; the kept block inputs in a buffer from
+    /// `alloc` when `kept` is [`KeptBy::Model`], or none (`alloc` is not asked for
+    /// [`KEPT_INPUTS`]) when the caller keeps them. When the
     /// backend's kernels need scratch ([`Backend::scratch_len`] is not 0), `alloc` is asked
     /// for it first, with index [`BACKEND_SCRATCH`], and that buffer goes to the backend
     /// ([`Backend::provide_scratch`]) before the backend runs anything.
     ///
     /// # Errors
-    /// As [`Activations::with_kept_inputs`].
+    /// As [`Activations::with_memory`].
     pub fn with_backend_memory<E: From<GptError>>(
         backend: &B,
         config: &GptConfig,
@@ -109,7 +92,7 @@ impl<B: Backend> Activations<B> {
         t: usize,
         every: Option<usize>,
         mut alloc: impl FnMut(usize, usize) -> std::result::Result<Buffer<B::Slice>, E>,
-        kept: Option<Box<dyn KeptInputs<B::Slice>>>,
+        kept: KeptBy,
     ) -> std::result::Result<Self, E> {
         let sizes = Sizes::new(config, b, t, every)?;
         // Handed over before the backend runs anything, the fills below included; not
@@ -144,18 +127,12 @@ impl<B: Backend> Activations<B> {
         let nc = n * config.channels;
         let fwd = take(0, fwd)?;
         let kept = match kept {
-            Some(kept) => {
-                if kept.shape() != (saved / nc, nc) {
-                    return Err(GptError::SizeMismatch {
-                        what: "kept inputs (segments x N*C)",
-                        expected: saved,
-                        got: kept.shape().0 * kept.shape().1,
-                    }
-                    .into());
-                }
-                Kept::Custom(kept)
-            }
-            None => Kept::local(take(KEPT_INPUTS, saved)?, nc)?,
+            KeptBy::Caller => Kept::Caller {
+                segments: saved / nc,
+                input_len: nc,
+                restored: None,
+            },
+            KeptBy::Model => Kept::local(take(KEPT_INPUTS, saved)?, nc)?,
         };
         let grad = take(2, grad)?;
         let mut dlosses = take(3, n)?;

@@ -3,65 +3,42 @@
 //!
 //! Legend: N = B*T positions, C channels, S segments = ceil(L/K).
 //!
-//! A caller's store implements [`KeptInputs`]: forward keeps segment s's input as the
-//! segment starts, backward restores it before recomputing s, and a hint names the segment due
-//! next, so an implementation in slower memory (zero-train's offload to pinned host memory)
-//! can fetch it while the model computes. The model gives the hint twice: when the last
-//! segment starts in forward (segment S-2 is the first one backward restores; the last one is
-//! still in place and never recomputed), and right after each restore of segment s (s-1 is
-//! next). Without a caller's store the model keeps them in one (S, N, C) buffer of the same
-//! memory as the other activations ([`Kept::Local`]), copied into and out of by the backend's
-//! `copy`; it ignores the hint.
+//! Either the activations keep them, in one (S, N, C) buffer of the same memory as the other
+//! activations ([`Kept::Local`], copied into and out of by the backend's `copy`), or the
+//! caller does ([`KeptBy::Caller`]): it takes each recomputed segment's input after the
+//! segment's first block runs forward ([`crate::Gpt::keep_input`]) and hands it back before
+//! that block's recompute ([`crate::Gpt::restore_input`]), from memory of its own (an
+//! engine's store, in its arena or offloaded to host memory).
 
 use super::Buffer;
 use crate::backend::{Backend, View};
 use crate::error::{GptError, Result};
 use crate::views::{sub, sub_mut};
-use std::fmt;
 
-/// Where the kept segment inputs live, viewed as `S` (a backend's `Slice`, host memory by
-/// default). Calls come in the model's order: `keep` for segments 0, 1, .., S-1 in forward,
-/// then `restore` for S-2, .., 0 in backward, with `due_next` hints between; a forward-only
-/// pass keeps without restoring.
-pub trait KeptInputs<S: ?Sized = [f32]>: Send + fmt::Debug {
-    /// (S, N*C): the segments held and the elements of one input.
-    fn shape(&self) -> (usize, usize);
-
-    /// Keeps `input` (N,C) as segment `segment`'s input, replacing what was kept before.
-    ///
-    /// # Errors
-    /// A segment past S, an input of the wrong length, or a failure of the memory behind.
-    fn keep(&mut self, segment: usize, input: &S) -> Result<()>;
-
-    /// Writes segment `segment`'s kept input into `input` (N,C).
-    ///
-    /// # Errors
-    /// As [`keep`](Self::keep).
-    fn restore(&mut self, segment: usize, input: &mut S) -> Result<()>;
-
-    /// A hint: `segment` is the next one [`restore`](Self::restore) asks for, so it may be
-    /// fetched now. Implementations that need no fetch ignore it.
-    ///
-    /// # Errors
-    /// As [`keep`](Self::keep).
-    fn due_next(&mut self, segment: usize) -> Result<()>;
-
-    /// Bytes held in the memory the other activation buffers live in (the rank's arena).
-    fn resident_bytes(&self) -> u64;
-
-    /// Bytes held elsewhere (pinned host memory).
-    fn offloaded_bytes(&self) -> u64;
+/// Who keeps the checkpointed segments' inputs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KeptBy {
+    /// The activations, in a buffer of their own ([`crate::KEPT_INPUTS`]).
+    Model,
+    /// The caller, through [`crate::Gpt::keep_input`] and [`crate::Gpt::restore_input`];
+    /// the activations hold no buffer for them.
+    Caller,
 }
 
-/// The kept inputs of one [`crate::Activations`]: the model's own buffer, or a caller's store.
+/// The kept inputs of one [`crate::Activations`].
 pub(crate) enum Kept<B: Backend> {
     /// S x (N,C) in one buffer of the backend's memory, segment s's input at `s*N*C`.
     Local {
         buf: Buffer<B::Slice>,
         input_len: usize,
     },
-    /// A caller's store ([`crate::Activations::with_kept_inputs`]).
-    Custom(Box<dyn KeptInputs<B::Slice>>),
+    /// The caller keeps them; `restored` is the segment whose input it handed back for the
+    /// next recompute.
+    Caller {
+        segments: usize,
+        input_len: usize,
+        restored: Option<usize>,
+    },
 }
 
 impl<B: Backend> Kept<B> {
@@ -82,10 +59,15 @@ impl<B: Backend> Kept<B> {
         Ok(Self::Local { buf, input_len })
     }
 
+    /// (S, N*C): the segments and the elements of one input.
     pub fn shape(&self) -> (usize, usize) {
         match self {
             Self::Local { buf, input_len } => (buf.floats().len() / input_len, *input_len),
-            Self::Custom(kept) => kept.shape(),
+            Self::Caller {
+                segments,
+                input_len,
+                ..
+            } => (*segments, *input_len),
         }
     }
 
@@ -96,48 +78,46 @@ impl<B: Backend> Kept<B> {
         Ok(at..at + input_len)
     }
 
+    /// Keeps `input` as segment `segment`'s (the caller's store keeps it itself).
     pub fn keep(&mut self, backend: &B, segment: usize, input: &B::Slice) -> Result<()> {
         let range = self.range(segment, input.len())?;
-        match self {
-            Self::Local { buf, .. } => backend.copy(sub_mut(buf.floats_mut(), range), input),
-            Self::Custom(kept) => kept.keep(segment, input)?,
+        if let Self::Local { buf, .. } = self {
+            backend.copy(sub_mut(buf.floats_mut(), range), input);
         }
         Ok(())
     }
 
+    /// Writes segment `segment`'s input into `input`; with the caller's store, checks that
+    /// the caller handed it back ([`crate::Gpt::restore_input`]).
     pub fn restore(&mut self, backend: &B, segment: usize, input: &mut B::Slice) -> Result<()> {
         let range = self.range(segment, input.len())?;
         match self {
             Self::Local { buf, .. } => backend.copy(input, sub(buf.floats(), range)),
-            Self::Custom(kept) => kept.restore(segment, input)?,
+            Self::Caller { restored, .. } => {
+                if restored.take() != Some(segment) {
+                    return Err(GptError::KeptInputs {
+                        segment,
+                        reason: "its input was not handed back (restore_input) before the \
+                                 recompute"
+                            .into(),
+                    });
+                }
+            }
         }
         Ok(())
     }
 
-    pub fn due_next(&mut self, segment: usize) -> Result<()> {
-        match self {
-            Self::Local { .. } => Ok(()),
-            Self::Custom(kept) => kept.due_next(segment),
-        }
-    }
-
+    /// Bytes held in the activations' memory.
     pub fn resident_bytes(&self) -> u64 {
         match self {
             Self::Local { buf, .. } => 4 * buf.floats().len() as u64,
-            Self::Custom(kept) => kept.resident_bytes(),
-        }
-    }
-
-    pub fn offloaded_bytes(&self) -> u64 {
-        match self {
-            Self::Local { .. } => 0,
-            Self::Custom(kept) => kept.offloaded_bytes(),
+            Self::Caller { .. } => 0,
         }
     }
 }
 
-/// Refuses a segment past S and an input that is not N*C elements: the checks every
-/// [`KeptInputs`] call makes first.
+/// Refuses a segment past S and an input that is not N*C elements: the checks every keep and
+/// restore makes first.
 ///
 /// # Errors
 /// [`GptError::KeptInputs`] for the segment, [`GptError::SizeMismatch`] for the length.
@@ -184,7 +164,7 @@ mod tests {
             kept.restore(&be, s, &mut out).unwrap();
             assert_eq!(out, input(s, 4), "segment {s}");
         }
-        assert_eq!((kept.resident_bytes(), kept.offloaded_bytes()), (48, 0));
+        assert_eq!(kept.resident_bytes(), 48);
     }
 
     #[test]

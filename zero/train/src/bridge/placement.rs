@@ -4,9 +4,8 @@
 
 use std::borrow::Cow;
 
-use super::StepError;
 use zero::{Engine, OpUnits};
-use zero_gpt::{Backend, Buffer, CpuBackend, GptError, KeptInputs};
+use zero_gpt::{Backend, Buffer, CpuBackend, GptError};
 
 /// Parameters (shared) and gradients (mutable) of some units in a backend's view type.
 pub type Views<'e, S> = (Vec<&'e S>, Vec<&'e mut S>);
@@ -25,6 +24,18 @@ pub trait Placement: Backend + Sized {
     /// # Errors
     /// As [`OpUnits::views`].
     fn views<'u>(units: &'u mut OpUnits<'_>) -> Result<Views<'u, Self::Slice>, zero::Error>;
+
+    /// Where the running operation writes the kept input it declared ([`OpUnits::kept_mut`]).
+    ///
+    /// # Errors
+    /// As [`OpUnits::kept_mut`].
+    fn kept_mut<'u>(units: &'u mut OpUnits<'_>) -> Result<&'u mut Self::Slice, zero::Error>;
+
+    /// The kept input the running operation restores ([`OpUnits::restored`]).
+    ///
+    /// # Errors
+    /// As [`OpUnits::restored`].
+    fn restored<'u>(units: &'u OpUnits<'_>) -> Result<&'u Self::Slice, zero::Error>;
 
     /// A block of `len` floats lent for good from the engine's arena, as a model buffer.
     ///
@@ -49,19 +60,6 @@ pub trait Placement: Backend + Sized {
     /// The memory this backend's arenas draw from, for the start-up check when no
     /// `--memory-limit` is given: what it is, and its bytes; `None` where it cannot be told.
     fn memory_budget(&self) -> Option<(&'static str, u64)>;
-
-    /// Kept block inputs in pinned host memory, staged through `segments` x `input_len`
-    /// floats of the arena ([`crate::offload`]); the copies are ordered after the work of
-    /// `self`, the model's backend.
-    ///
-    /// # Errors
-    /// Arena errors; a backend whose offload is not built.
-    fn offloaded_kept(
-        &self,
-        engine: &mut Engine,
-        segments: usize,
-        input_len: usize,
-    ) -> Result<Box<dyn KeptInputs<Self::Slice>>, StepError>;
 }
 
 impl Placement for CpuBackend {
@@ -71,6 +69,14 @@ impl Placement for CpuBackend {
 
     fn views<'u>(units: &'u mut OpUnits<'_>) -> Result<Views<'u, [f32]>, zero::Error> {
         units.views()
+    }
+
+    fn kept_mut<'u>(units: &'u mut OpUnits<'_>) -> Result<&'u mut [f32], zero::Error> {
+        units.kept_mut()
+    }
+
+    fn restored<'u>(units: &'u OpUnits<'_>) -> Result<&'u [f32], zero::Error> {
+        units.restored()
     }
 
     fn lend(engine: &mut Engine, len: usize) -> Result<Buffer, zero::Error> {
@@ -92,17 +98,6 @@ impl Placement for CpuBackend {
         let available = zero_alloc::host_available_bytes()?;
         Some((zero_alloc::host_memory_description(), available))
     }
-
-    fn offloaded_kept(
-        &self,
-        engine: &mut Engine,
-        segments: usize,
-        input_len: usize,
-    ) -> Result<Box<dyn KeptInputs>, StepError> {
-        Ok(Box::new(crate::offload::offloaded_inputs(
-            engine, segments, input_len,
-        )?))
-    }
 }
 
 #[cfg(feature = "cuda")]
@@ -111,13 +106,13 @@ mod cuda {
     //! (`OpUnits::device_param`, `OpUnits::device_views`) or loans, and zero-gpt turns those
     //! into `DeviceSlice`s (`DeviceSlice::from_view`, `from_lent`), where the soundness
     //! argument lives.
-    use super::{Placement, StepError, Views};
+    use super::{Placement, Views};
     use std::borrow::Cow;
     use zero::{Engine, OpUnits};
     use zero_alloc::LentDevice;
     use zero_gpt::cuda::{CudaBackend, DeviceSlice};
     use zero_gpt::GptError;
-    use zero_gpt::{ActivationMemory, Buffer, KeptInputs};
+    use zero_gpt::{ActivationMemory, Buffer};
 
     impl Placement for CudaBackend {
         fn params<'u>(units: &'u OpUnits<'_>, unit: usize) -> Result<&'u DeviceSlice, zero::Error> {
@@ -130,6 +125,14 @@ mod cuda {
                 params.into_iter().map(DeviceSlice::from_view).collect(),
                 grads.into_iter().map(DeviceSlice::from_view_mut).collect(),
             ))
+        }
+
+        fn kept_mut<'u>(units: &'u mut OpUnits<'_>) -> Result<&'u mut DeviceSlice, zero::Error> {
+            Ok(DeviceSlice::from_view_mut(units.device_kept_mut()?))
+        }
+
+        fn restored<'u>(units: &'u OpUnits<'_>) -> Result<&'u DeviceSlice, zero::Error> {
+            Ok(DeviceSlice::from_view(units.device_restored()?))
         }
 
         fn lend(engine: &mut Engine, len: usize) -> Result<Buffer<DeviceSlice>, zero::Error> {
@@ -151,20 +154,6 @@ mod cuda {
             // this catches plans that cannot fit at all, not the last few hundred MB.
             let total = self.stream().context().total_mem().ok()?;
             Some(("the GPU's total memory", total as u64))
-        }
-
-        fn offloaded_kept(
-            &self,
-            engine: &mut Engine,
-            segments: usize,
-            input_len: usize,
-        ) -> Result<Box<dyn KeptInputs<DeviceSlice>>, StepError> {
-            Ok(Box::new(crate::offload::cuda::offloaded_device_inputs(
-                engine,
-                self.stream(),
-                segments,
-                input_len,
-            )?))
         }
     }
 

@@ -11,7 +11,7 @@ use clap::{Args, FromArgMatches, ValueEnum};
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
 use zero::optim::AdamW;
-use zero::{EngineConfig, ZeroStage};
+use zero::{EngineConfig, KeptInputs, ZeroStage};
 use zero_alloc::ByteSize;
 use zero_gpt::GptConfig;
 
@@ -369,9 +369,9 @@ impl TrainConfig {
     }
 
     /// The engine's knobs as this run's flags set them, with the model's `activation_bytes`
-    /// in the arena: the one mapping of the flags to the engine, whose
+    /// in the arena and its `kept_inputs` (both from [`crate::bridge`]): the one mapping of the flags to the engine, whose
     /// [`plan_shape`](EngineConfig::plan_shape) is the plan's.
-    pub fn engine_config(&self, activation_bytes: u64) -> EngineConfig {
+    pub fn engine_config(&self, activation_bytes: u64, kept_inputs: KeptInputs) -> EngineConfig {
         EngineConfig {
             stage: self.zero_stage,
             precision: self.precision.into(),
@@ -387,6 +387,7 @@ impl TrainConfig {
             defragment: !self.no_defragment,
             activation_bytes,
             offload_optimizer: self.offload_optimizer,
+            kept_inputs,
         }
     }
 

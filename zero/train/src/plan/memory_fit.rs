@@ -1,7 +1,9 @@
 //! What one rank's arena must hold for a GPT training configuration (the engine's plan plus
 //! the model's activations), and, for a cap too small, which stage and options would fit.
 
-use crate::bridge::{activation_arena_bytes, gpt_units, ActivationPlacement, GptPrograms};
+use crate::bridge::{
+    activation_arena_bytes, gpt_units, kept_inputs, ActivationPlacement, GptPrograms,
+};
 use crate::cli::config::TrainConfig;
 use crate::error::TrainError;
 use zero::{
@@ -20,8 +22,8 @@ pub struct MemoryQuery {
     pub seq_len: usize,
     /// Checkpointing and offload of the activations.
     pub placement: ActivationPlacement,
-    /// Everything else the engine's plan depends on (its `activation_bytes` is filled in
-    /// from the model's formula).
+    /// Everything else the engine's plan depends on (its `activation_bytes` and
+    /// `kept_inputs` are filled in from the model's formulas).
     pub shape: PlanShape,
 }
 
@@ -49,7 +51,7 @@ impl MemoryQuery {
     /// one), its activations placed as the flags say.
     pub fn for_flags(cfg: &TrainConfig, model: GptConfig, world: usize) -> Self {
         let shape = cfg
-            .engine_config(0)
+            .engine_config(0, zero::KeptInputs::default())
             .plan_shape(world, zero_comm::StagingRule::None);
         Self::for_run(cfg, model, cfg.activation_placement(), shape)
     }
@@ -59,12 +61,12 @@ impl MemoryQuery {
     /// # Errors
     /// A batch shape the model refuses, or a plan error (zero ranks, overflow).
     pub fn plan(&self) -> Result<MemoryPlan, TrainError> {
-        let activation_bytes =
-            activation_arena_bytes(&self.model, self.micro_batch, self.seq_len, self.placement)?;
+        let (m, b, t, placed) = (&self.model, self.micro_batch, self.seq_len, self.placement);
         let layout = ParamLayout::new(&self.model);
         let programs = GptPrograms::new(&layout, self.placement.checkpoint_every)?;
         let shape = PlanShape {
-            activation_bytes,
+            activation_bytes: activation_arena_bytes(m, b, t, placed)?,
+            kept_inputs: kept_inputs(m, b, t, placed)?,
             ..self.shape
         };
         Ok(plan_memory(

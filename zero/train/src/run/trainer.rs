@@ -66,8 +66,15 @@ impl<B: Placement> std::fmt::Debug for Trainer<'_, B> {
 
 impl RankOutput {
     /// Nothing run yet; the model states the engine holds, beside the paper's formulas for
-    /// its stage and for stage 0.
-    fn new(engine: &Engine, num_params: usize, precision: Precision) -> Result<Self, TrainError> {
+    /// its stage and for stage 0, and the activations: the model's buffers (`acts_bytes`)
+    /// and the kept inputs the engine holds for it.
+    fn new(
+        engine: &Engine,
+        acts_bytes: u64,
+        num_params: usize,
+        precision: Precision,
+    ) -> Result<Self, TrainError> {
+        let (kept_arena, kept_host) = engine.kept_input_bytes()?;
         Ok(Self {
             num_params,
             losses: Vec::new(),
@@ -84,8 +91,8 @@ impl RankOutput {
                     precision,
                 ),
                 peak_bytes: 0,
-                activation_bytes: 0,
-                activation_offloaded_bytes: 0,
+                activation_bytes: acts_bytes + kept_arena,
+                activation_offloaded_bytes: kept_host,
                 optimizer_offloaded_bytes: 0,
                 traffic_per_step: Traffic::default(),
                 comm_bytes_sent_per_step: 0.0,
@@ -158,7 +165,8 @@ impl<'a, B: Placement> Trainer<'a, B> {
             min_lr_frac: cfg.min_lr_ratio,
         };
         schedule.validate()?;
-        let out = RankOutput::new(&engine, model.layout().num_params(), cfg.precision.into())?;
+        let params = model.layout().num_params();
+        let out = RankOutput::new(&engine, acts.bytes(), params, cfg.precision.into())?;
         let train = GptPrograms::new(model.layout(), acts.checkpoint_every())?.train;
         Ok(Self {
             acts,
@@ -323,8 +331,6 @@ impl<'a, B: Placement> Trainer<'a, B> {
         let t = self.traffic;
         let report = &mut self.out.report;
         report.peak_bytes = self.engine.arena().stats().peak_allocated as u64;
-        report.activation_bytes = self.acts.bytes();
-        report.activation_offloaded_bytes = self.acts.offloaded_bytes();
         report.optimizer_offloaded_bytes =
             (self.engine.offload_arena()).map_or(0, |a| a.stats().peak_allocated as u64);
         report.traffic_per_step = Traffic {

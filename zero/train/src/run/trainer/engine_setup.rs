@@ -1,7 +1,7 @@
 //! The rank's engine as the run's flags configure it, and the start-up refusal of a plan above
 //! the memory cap, or above the machine's available memory when no cap is given.
 
-use crate::bridge::{activation_arena_bytes, gpt_engine_on, Placement};
+use crate::bridge::{activation_arena_bytes, gpt_engine_on, kept_inputs, Placement};
 use crate::cli::config::{Backend, Device};
 use crate::error::TrainError;
 use crate::plan::memory_fit::{launcher_local_size, MemoryQuery};
@@ -24,7 +24,10 @@ pub(super) fn build_engine<B: Placement>(
     let placement =
         cfg.activation_placement()
             .with_scratch_of(model.backend(), &shared.model, b, t)?;
-    let engine_config = cfg.engine_config(activation_arena_bytes(&shared.model, b, t, placement)?);
+    let engine_config = cfg.engine_config(
+        activation_arena_bytes(&shared.model, b, t, placement)?,
+        kept_inputs(&shared.model, b, t, placement)?,
+    );
     engine_config.adam.validate()?;
     let shape = engine_config.plan_shape(comm.size(), comm.staging_rule());
     let query = MemoryQuery::for_run(cfg, shared.model, placement, shape);

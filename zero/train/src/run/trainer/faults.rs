@@ -27,9 +27,10 @@ impl<'a, B: Placement> Trainer<'a, B> {
     /// from its peers' would.
     pub(super) fn diverged_micro_step(&mut self) -> Result<f32, TrainError> {
         let layout = self.model.layout();
-        let mut ops = train_ops(layout.final_norm_unit() - 1, self.acts.checkpoint_every());
+        let every = self.acts.checkpoint_every();
+        let mut ops = train_ops(layout.final_norm_unit() - 1, every);
         ops.swap(0, 1);
-        let program = gpt_program(layout, ops)?;
+        let program = gpt_program(layout, ops, every)?;
         let (x, y) = (&self.x, &self.y);
         Ok(train_program(
             &mut self.engine,
