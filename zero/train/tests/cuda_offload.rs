@@ -1,9 +1,9 @@
 //! ZeRO-R activation offload on one GPU (feature `cuda`): N_d = 1 and 2 ranks as threads
 //! sharing GPU 0, stage 3, the small GPT on `CudaBackend` with activation checkpointing, its
-//! kept block inputs in the arena or offloaded to pinned host memory through a copy stream
-//! (`zero_train::offload`). Offload changes no bit of the losses or the final parameters;
-//! the arena lends exactly what the plan (`activation_arena_bytes`) declares, and the host
-//! holds one (N,C) input per segment.
+//! kept block inputs held by the engine in the arena or offloaded to pinned host memory
+//! through zero-alloc's copy engine. Offload changes no bit of the losses or the final
+//! parameters; the arena lends the model exactly what the plan (`activation_arena_bytes`)
+//! declares, and the host holds one (N,C) input per recomputed segment.
 //!
 //! Without a driver it prints why it skips and passes, unless `ZERO_GPT_REQUIRE_GPU=1`
 //! (`scripts/gpu-check.sh run` sets it). Not yet run on a GPU.
@@ -44,13 +44,13 @@ fn batch(step: usize) -> (Vec<u32>, Vec<u32>) {
     (seq[..ROWS * T].to_vec(), seq[1..].to_vec())
 }
 
-/// What rank 0 saw: losses and final parameters as bits, the arena bytes the activations
-/// took, and the bytes offloaded.
+/// What rank 0 saw: losses and final parameters as bits, the arena bytes lent to the
+/// model's buffers, and the engine's kept inputs (arena, host).
 #[derive(Debug, PartialEq)]
 struct Run {
     bits: (Vec<u32>, Vec<u32>),
     arena_taken: u64,
-    offloaded: u64,
+    kept: (u64, u64),
 }
 
 fn rank_run<B: Placement>(
@@ -96,7 +96,7 @@ fn rank_run<B: Placement>(
     Run {
         bits: (losses, params),
         arena_taken,
-        offloaded: acts.offloaded_bytes(),
+        kept: engine.kept_input_bytes().unwrap(),
     }
 }
 
@@ -134,7 +134,8 @@ fn offload_on_the_gpu_changes_no_bit_and_lends_what_the_plan_says() {
     let cfg = config();
     for world in [1, 2] {
         let input = (ROWS / world * T * cfg.channels * 4) as u64; // one (N,C) input
-        for (every, segments) in [(1, 5u64), (2, 3)] {
+        // L=5: every 1 recomputes (and keeps) 4 segments, every 2 keeps 2.
+        for (every, kept_inputs) in [(1, 4u64), (2, 2)] {
             let what = format!("N_d={world}, checkpoint every {every}");
             let Some(kept) = gpu_run(world, placement(every, false)) else {
                 return;
@@ -149,8 +150,10 @@ fn offload_on_the_gpu_changes_no_bit_and_lends_what_the_plan_says() {
                 offloaded.bits == kept.bits,
                 "{what}: offload changed the results"
             );
-            assert_eq!(offloaded.offloaded, segments * input, "{what}: host bytes");
-            assert_eq!(kept.offloaded, 0, "{what}");
+            let slots = kept_inputs.min(2);
+            assert_eq!(kept.kept, (kept_inputs * input, 0), "{what}: in the arena");
+            let both = (slots * input, kept_inputs * input);
+            assert_eq!(offloaded.kept, both, "{what}: offloaded");
             for (run, offload) in [(&kept, false), (&offloaded, true)] {
                 let rows = ROWS / world;
                 let placed = ActivationPlacement {
@@ -166,8 +169,8 @@ fn offload_on_the_gpu_changes_no_bit_and_lends_what_the_plan_says() {
                 let plan = activation_arena_bytes(&cfg, rows, T, placed);
                 assert_eq!(run.arena_taken, plan.unwrap(), "{what}, offload {offload}");
             }
-            let saved = (segments - segments.min(2)) * input;
-            assert_eq!(kept.arena_taken - offloaded.arena_taken, saved, "{what}");
+            assert_eq!(kept.arena_taken, offloaded.arena_taken, "{what}: the model's buffers");
+            let saved = (kept_inputs - slots) * input;
             eprintln!("cuda_offload: {what}: equal to the bit; {saved} arena bytes saved");
         }
     }
