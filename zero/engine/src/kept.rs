@@ -25,7 +25,7 @@
 
 use super::error::{Error, Result};
 use super::planning::kept_plan::KeptInputs;
-use zero_alloc::{Arena, CopyEngine, Handle, PinnedBuffer, Transfer};
+use zero_alloc::{Arena, CopyEngine, Device, Handle, PinnedBuffer, Transfer};
 
 /// A rank's kept inputs: in arena blocks, or offloaded.
 #[derive(Debug)]
@@ -61,6 +61,20 @@ pub(crate) struct Offloaded {
     slots: Vec<Slot>,
     hosts: Vec<Option<PinnedBuffer>>,
     bytes: usize,
+    /// The arena's device, which the host buffers are page-locked for.
+    device: Device,
+}
+
+/// A host buffer of `bytes` for copies with an arena on `device`: page-locked through the
+/// CUDA driver for a GPU's arena (so its copies are DMA), mlocked where the OS allows
+/// otherwise.
+fn host_buffer(device: Device, bytes: usize) -> Result<PinnedBuffer> {
+    #[cfg(feature = "cuda")]
+    if let Device::Cuda(ordinal) = device {
+        return Ok(PinnedBuffer::cuda(ordinal, bytes)?);
+    }
+    let _ = device;
+    Ok(PinnedBuffer::new(bytes)?)
 }
 
 impl KeptStore {
@@ -73,8 +87,9 @@ impl KeptStore {
             return Ok(Self::Arena(blocks));
         }
         let bytes = how.input_bytes()?;
+        let device = arena.device();
         let hosts = (0..count)
-            .map(|_| Ok(Some(PinnedBuffer::new(bytes)?)))
+            .map(|_| Ok(Some(host_buffer(device, bytes)?)))
             .collect::<Result<Vec<_>>>()?;
         Ok(Self::Offloaded(Offloaded {
             copier: CopyEngine::new()?,
@@ -82,6 +97,7 @@ impl KeptStore {
             blocks,
             hosts,
             bytes,
+            device,
         }))
     }
 
@@ -231,7 +247,7 @@ impl Offloaded {
         let out = |s: &Slot| matches!(s, Slot::Out(j, _) | Slot::In(j, _) if *j == k);
         match self.hosts.get_mut(k) {
             Some(Some(_)) => Ok(self.hosts[k].take().expect("checked above")),
-            Some(None) if !self.slots.iter().any(out) => Ok(PinnedBuffer::new(self.bytes)?),
+            Some(None) if !self.slots.iter().any(out) => host_buffer(self.device, self.bytes),
             _ => Err(Error::Order(format!(
                 "host buffer of kept input {k} is missing or out on a copy"
             ))),

@@ -17,13 +17,21 @@ impl Engine {
     /// applies the accumulated gradients.
     ///
     /// # Errors
-    /// A program not declared to the engine, the model's errors, memory and communication
-    /// failures.
+    /// A program not declared to the engine, or one that writes no gradient (a forward-only
+    /// pass is [`Engine::forward`]'s); the model's errors, memory and communication failures.
     pub fn micro_step<M: Model>(
         &mut self,
         program: &Program<M::Op>,
         model: &mut M,
     ) -> Result<(), M::Error> {
+        if program.is_forward_only() {
+            return Err(Error::BadProgram(
+                "Engine::micro_step trains, and this program writes no gradient (run a \
+                 forward-only pass with Engine::forward)"
+                    .into(),
+            )
+            .into());
+        }
         self.run_program(program, model)?;
         self.end_micro_step()?;
         Ok(())

@@ -132,3 +132,83 @@ fn the_model_may_borrow_only_what_it_declared() {
         })
     ));
 }
+
+#[test]
+fn a_micro_step_must_write_a_gradient() {
+    let program = Program::new(vec![Op::new("f").reads([0])], 3).unwrap();
+    let mut e = engine(&[&program]);
+    let err = e.micro_step(&program, &mut FnModel::new(ones)).unwrap_err();
+    assert!(matches!(err, Error::BadProgram(_)), "{err}");
+    e.forward(&program, &mut FnModel::new(ones)).unwrap();
+}
+
+/// Three operations keep inputs 0-2 (filled with `1000 k + i + pass`), then three restore
+/// them in reverse, checking every value; the last also writes a gradient.
+fn keeping() -> Program<(bool, usize)> {
+    let mut ops: Vec<_> = (0..3)
+        .map(|k| Op::new((true, k)).reads([k]).keeps(k))
+        .collect();
+    ops.extend((0..3).rev().map(|k| Op::new((false, k)).restores(k)));
+    ops.push(Op::new((false, 9)).reads([0]).writes([0]));
+    Program::new(ops, 3).unwrap()
+}
+
+fn kept_value(k: usize, i: usize, pass: usize) -> f32 {
+    (1000 * k + i + pass) as f32
+}
+
+#[test]
+fn kept_inputs_come_back_as_kept_in_the_arena_and_offloaded_and_after_a_failed_pass() {
+    for offload in [false, true] {
+        let comm = zero_comm::local::create(1).unwrap().remove(0);
+        let config = EngineConfig {
+            stage: ZeroStage::Zero3,
+            kept_inputs: zero::KeptInputs { len: 70, offload },
+            ..EngineConfig::default()
+        };
+        let units = vec![
+            UnitSpec::new("a", 300),
+            UnitSpec::new("b", 300),
+            UnitSpec::new("c", 300),
+        ];
+        let program = keeping();
+        let mut e = Engine::new(comm, units, &[program.schedule()], config, |_, w| {
+            w.fill(1.0)
+        })
+        .unwrap();
+        for pass in 0..3 {
+            // Pass 1 fails while restoring input 1: input 0 is still on its way back (or
+            // kept); the engine lets go, and pass 2 starts clean.
+            let mut model = FnModel::new(|&(keep, k): &(bool, usize), units: &mut OpUnits<'_>| {
+                if keep {
+                    for (i, v) in units.kept_mut()?.iter_mut().enumerate() {
+                        *v = kept_value(k, i, pass);
+                    }
+                } else if k < 3 {
+                    if pass == 1 && k == 1 {
+                        return Err(Error::Order("injected".into()));
+                    }
+                    let back = units.restored()?;
+                    assert!(back
+                        .iter()
+                        .enumerate()
+                        .all(|(i, &v)| v == kept_value(k, i, pass)));
+                    assert!(units.kept_mut().is_err(), "it keeps nothing");
+                } else {
+                    ones(&"", units)?;
+                }
+                Ok(())
+            });
+            let result = e.micro_step(&program, &mut model);
+            assert_eq!(result.is_err(), pass == 1, "offload {offload}, pass {pass}");
+        }
+        let (arena, host) = e.kept_input_bytes().unwrap();
+        // 70 f32 = 280 bytes, a 512-byte block at the arena's 256-byte alignment.
+        let want: (u64, u64) = if offload {
+            (2 * 512, 3 * 280)
+        } else {
+            (3 * 512, 0)
+        };
+        assert_eq!((arena, host), want, "offload {offload}");
+    }
+}

@@ -134,7 +134,7 @@ fn offload_on_the_gpu_changes_no_bit_and_lends_what_the_plan_says() {
     let cfg = config();
     for world in [1, 2] {
         let input = (ROWS / world * T * cfg.channels * 4) as u64; // one (N,C) input
-        // L=5: every 1 recomputes (and keeps) 4 segments, every 2 keeps 2.
+                                                                  // L=5: every 1 recomputes (and keeps) 4 segments, every 2 keeps 2.
         for (every, kept_inputs) in [(1, 4u64), (2, 2)] {
             let what = format!("N_d={world}, checkpoint every {every}");
             let Some(kept) = gpu_run(world, placement(every, false)) else {
@@ -169,7 +169,10 @@ fn offload_on_the_gpu_changes_no_bit_and_lends_what_the_plan_says() {
                 let plan = activation_arena_bytes(&cfg, rows, T, placed);
                 assert_eq!(run.arena_taken, plan.unwrap(), "{what}, offload {offload}");
             }
-            assert_eq!(kept.arena_taken, offloaded.arena_taken, "{what}: the model's buffers");
+            assert_eq!(
+                kept.arena_taken, offloaded.arena_taken,
+                "{what}: the model's buffers"
+            );
             let saved = (kept_inputs - slots) * input;
             eprintln!("cuda_offload: {what}: equal to the bit; {saved} arena bytes saved");
         }
