@@ -79,7 +79,7 @@ pub use lend::Lent;
 pub use lend::LentDevice;
 #[cfg(feature = "cuda")]
 pub use libraries::CudaLibrary;
-pub use offload::{offload_double_buffered, Chunk, CopyEngine, Transfer};
+pub use offload::{offload_double_buffered, Chunk, CopyEngine, CopyTiming, Transfer};
 pub use pinned::PinnedBuffer;
 pub use stats::{human_bytes, Stats};
 pub use view::Views;

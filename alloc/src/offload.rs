@@ -12,6 +12,7 @@ use std::ops::Range;
 use std::sync::mpsc::{self, Sender};
 use std::sync::{Arc, Condvar, Mutex, PoisonError};
 use std::thread::JoinHandle;
+use std::time::Instant;
 
 use crate::error::{AllocError, Result};
 use crate::storage::Storage;
@@ -35,6 +36,7 @@ struct Job {
 
 impl Job {
     fn run(mut self) {
+        let started = Instant::now();
         let host = self.buffer.as_bytes_mut().as_mut_ptr();
         let result = match &self.side {
             Side::Host(region) => {
@@ -56,19 +58,38 @@ impl Job {
                 region.copy_on_copy_stream(self.offset, host, self.len, self.to_host)
             }
         };
-        self.done.finish(result.map(|()| self.buffer));
+        let timing = CopyTiming {
+            started,
+            finished: Instant::now(),
+            bytes: self.len,
+            to_host: self.to_host,
+        };
+        self.done.finish(result.map(|()| (self.buffer, timing)));
     }
+}
+
+/// When a finished copy ran on the copy thread, and what it moved.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CopyTiming {
+    /// The copy thread started it.
+    pub started: Instant,
+    /// It finished (on a CUDA arena: its copy stream was synchronized).
+    pub finished: Instant,
+    /// Bytes copied.
+    pub bytes: usize,
+    /// From the arena to the host buffer (else the reverse).
+    pub to_host: bool,
 }
 
 /// Where a finished job leaves its buffer for the waiter.
 #[derive(Default)]
 struct Completion {
-    slot: Mutex<Option<Result<PinnedBuffer>>>,
+    slot: Mutex<Option<Result<(PinnedBuffer, CopyTiming)>>>,
     ready: Condvar,
 }
 
 impl Completion {
-    fn finish(&self, result: Result<PinnedBuffer>) {
+    fn finish(&self, result: Result<(PinnedBuffer, CopyTiming)>) {
         *self.slot.lock().unwrap_or_else(PoisonError::into_inner) = Some(result);
         self.ready.notify_all();
     }
@@ -80,7 +101,7 @@ impl Completion {
             .is_some()
     }
 
-    fn take(&self) -> Result<PinnedBuffer> {
+    fn take(&self) -> Result<(PinnedBuffer, CopyTiming)> {
         let mut slot = self.slot.lock().unwrap_or_else(PoisonError::into_inner);
         loop {
             if let Some(result) = slot.take() {
@@ -275,6 +296,15 @@ impl Transfer {
     /// The copy's own error (CUDA), or a foreign handle when `arena` is not the arena the
     /// copy was submitted on (the copy is still waited for).
     pub fn wait(self, arena: &mut Arena) -> Result<PinnedBuffer> {
+        Ok(self.wait_timed(arena)?.0)
+    }
+
+    /// As [`wait`](Self::wait), with when the copy ran.
+    ///
+    /// # Errors
+    ///
+    /// As [`wait`](Self::wait).
+    pub fn wait_timed(self, arena: &mut Arena) -> Result<(PinnedBuffer, CopyTiming)> {
         let result = self.done.take();
         arena.unpin(self.handle)?;
         result

@@ -149,6 +149,8 @@ pub struct Engine {
     pub(crate) lent_bytes: u64,
     /// The programs' kept inputs (activation checkpointing), in the arena or offloaded.
     pub(crate) kept: KeptStore,
+    /// The timeline being recorded ([`Engine::start_trace`]), if any.
+    pub(crate) trace: Option<crate::Trace>,
 }
 
 /// The registered units: what they are, what the stage means for each, and their blocks.
@@ -286,6 +288,7 @@ impl Engine {
             },
             lent_bytes: 0,
             kept,
+            trace: None,
         })
     }
 

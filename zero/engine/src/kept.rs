@@ -25,7 +25,7 @@
 
 use super::error::{Error, Result};
 use super::planning::kept_plan::KeptInputs;
-use zero_alloc::{Arena, CopyEngine, Device, Handle, PinnedBuffer, Transfer};
+use zero_alloc::{Arena, CopyEngine, CopyTiming, Device, Handle, PinnedBuffer, Transfer};
 
 /// A rank's kept inputs: in arena blocks, or offloaded.
 #[derive(Debug)]
@@ -63,6 +63,8 @@ pub(crate) struct Offloaded {
     bytes: usize,
     /// The arena's device, which the host buffers are page-locked for.
     device: Device,
+    /// Copies waited for since the last [`KeptStore::take_landed`], with their kept input.
+    landed: Vec<(usize, CopyTiming)>,
 }
 
 /// A host buffer of `bytes` for copies with an arena on `device`: page-locked through the
@@ -98,6 +100,7 @@ impl KeptStore {
             hosts,
             bytes,
             device,
+            landed: Vec::new(),
         }))
     }
 
@@ -146,6 +149,14 @@ impl KeptStore {
             on_arena += arena.block(b)?.size as u64;
         }
         Ok((on_arena, host))
+    }
+
+    /// The copies waited for since the last call, with their kept input (for a timeline).
+    pub fn take_landed(&mut self) -> Vec<(usize, CopyTiming)> {
+        match self {
+            Self::Arena(_) => Vec::new(),
+            Self::Offloaded(o) => std::mem::take(&mut o.landed),
+        }
     }
 
     /// Waits for every copy in flight and frees every slot, after a failed program; the
@@ -231,13 +242,19 @@ impl Offloaded {
     /// Waits for slot `at`'s copy, if it has one, and takes its host buffer back; a copy
     /// to host leaves the slot free, a fetch leaves it in place for `begin_restore`.
     fn settle(&mut self, arena: &mut Arena, at: usize) -> Result<()> {
-        match std::mem::replace(&mut self.slots[at], Slot::Free) {
-            Slot::Out(k, transfer) => self.hosts[k] = Some(transfer.wait(arena)?),
-            Slot::In(k, transfer) => {
-                self.hosts[k] = Some(transfer.wait(arena)?);
-                self.slots[at] = Slot::Fetched(k);
+        let (k, transfer, fetched) = match std::mem::replace(&mut self.slots[at], Slot::Free) {
+            Slot::Out(k, transfer) => (k, transfer, false),
+            Slot::In(k, transfer) => (k, transfer, true),
+            other => {
+                self.slots[at] = other;
+                return Ok(());
             }
-            other => self.slots[at] = other,
+        };
+        let (host, timing) = transfer.wait_timed(arena)?;
+        self.hosts[k] = Some(host);
+        self.landed.push((k, timing));
+        if fetched {
+            self.slots[at] = Slot::Fetched(k);
         }
         Ok(())
     }

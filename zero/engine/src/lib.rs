@@ -76,6 +76,7 @@ mod precision;
 mod run;
 mod start;
 mod step;
+mod trace;
 mod transient;
 mod unit_buffers;
 
@@ -103,3 +104,4 @@ pub use planning::unit::UnitSpec;
 pub use planning::MAX_IN_FLIGHT;
 pub use precision::Precision;
 pub use step::StepReport;
+pub use trace::{chrome_trace, Lane, Sample, Span, Trace};

@@ -14,8 +14,9 @@ use zero_alloc::{DeviceView, DeviceViewMut};
 /// `self`; the engine hands each operation the units it declared, gathered and with their
 /// gradients open, and does every gather, release, prefetch and reduction around it.
 pub trait Model {
-    /// The model's description of one operation ([`crate::Op::kind`]).
-    type Op;
+    /// The model's description of one operation ([`crate::Op::kind`]); its `Debug` form
+    /// names the operation in a timeline ([`crate::Engine::start_trace`]).
+    type Op: std::fmt::Debug;
     /// The model's errors; engine errors convert into it.
     type Error: From<Error>;
 

@@ -10,6 +10,8 @@ use super::error::{Error, Result};
 use super::model::{Model, OpUnits};
 use super::planning::program::Program;
 use super::planning::schedule::Call;
+use super::trace::Lane;
+use std::time::Instant;
 
 impl Engine {
     /// One training micro-step: runs `program` (declared at start-up) on `model`, its
@@ -87,7 +89,9 @@ impl Engine {
             let upto = program.calls_before(i);
             self.make_calls(id, made..upto)?;
             made = upto;
+            let start = Instant::now();
             model.run(&op.kind, &mut OpUnits::new(self, op))?;
+            self.trace_span(Lane::Compute, start, || format!("{:?}", op.kind));
         }
         self.make_calls(id, made..self.declared.len(id))?;
         Ok(())
@@ -97,13 +101,16 @@ impl Engine {
     fn make_calls(&mut self, id: usize, range: std::ops::Range<usize>) -> Result<()> {
         for at in range {
             self.declared.set_cursor(Some((id, at)));
-            match self.declared.call(id, at) {
+            let (call, start) = (self.declared.call(id, at), Instant::now());
+            match call {
                 Call::Gather(u) => self.gather(u)?,
                 Call::Release(u) => self.release(u)?,
                 Call::BeginBackward(u) => self.begin_backward(u)?,
                 Call::EndBackward(u) => self.end_backward(u)?,
                 kept => self.kept.call(&mut self.arena, kept)?,
             }
+            self.trace_span(Lane::Engine, start, || call.to_string());
+            self.trace_after_call();
         }
         Ok(())
     }

@@ -17,7 +17,7 @@ where
     }
 }
 
-impl<K, F> Model for FnModel<K, F>
+impl<K: std::fmt::Debug, F> Model for FnModel<K, F>
 where
     F: FnMut(&K, &mut OpUnits<'_>) -> Result<(), zero::Error>,
 {

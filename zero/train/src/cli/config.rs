@@ -270,6 +270,15 @@ pub struct TrainConfig {
     /// File to write JSON-lines metrics into.
     #[arg(long)]
     pub metrics: Option<PathBuf>,
+    /// File to write a timeline of the first --trace-steps steps into, as Chrome trace JSON
+    /// (open it in ui.perfetto.dev or chrome://tracing): each model operation, engine call,
+    /// kept-input copy and optimizer step of every rank. Ranks in other processes (mpi, tcp,
+    /// nccl) write FILE with `.rankN` before its extension.
+    #[arg(long)]
+    pub trace: Option<PathBuf>,
+    /// Steps the --trace timeline records, from the first step the run takes.
+    #[arg(long, allow_negative_numbers = true, default_value_t = 3)]
+    pub trace_steps: u64,
 
     /// ZeRO stage: 0 (data parallel), 1 (optimizer states), 2 (+gradients), 3 (+parameters).
     #[arg(long, default_value = "2", value_parser = parse_stage)]

@@ -225,6 +225,7 @@ impl TrainConfig {
         ] {
             in_range(key, value, 0, MAX_STEPS)?;
         }
+        in_range("trace_steps", self.trace_steps, 1, MAX_STEPS)?;
         // At stage 3 no rank holds the parameters whole: gathered first, every rank's
         // fingerprint would hash the same values and check nothing.
         if self.fingerprint_every > 0 && self.zero_stage == zero::ZeroStage::Zero3 {

@@ -16,6 +16,7 @@ mod progress;
 mod report;
 pub mod resident;
 mod sample;
+mod timeline;
 mod trainer;
 
 use crate::bridge::Placement;
@@ -68,6 +69,8 @@ pub(crate) struct RankOutput {
     pub(crate) val_losses: Vec<(u64, f32)>,
     pub(crate) sample: Vec<u32>,
     pub(crate) report: RankReport,
+    /// The `--trace` timeline of this rank, when asked for.
+    pub(crate) trace: Option<zero::Trace>,
 }
 
 /// Runs a training job as `cfg` describes and returns its summary.
@@ -132,8 +135,18 @@ fn run_loop<B: Placement>(
         // The starting point of the validation curve (llm.c evaluates at step 0 too).
         trainer.evaluate(trainer.start())?;
     }
+    let traced = cfg.trace.as_ref().map(|_| {
+        let first = trainer.start();
+        first..first.saturating_add(cfg.trace_steps)
+    });
     for step in trainer.start()..cfg.steps {
+        if traced.as_ref().is_some_and(|t| t.start == step) {
+            trainer.begin_trace();
+        }
         trainer.step(step)?;
+        if traced.as_ref().is_some_and(|t| t.end == step + 1) {
+            trainer.end_trace();
+        }
         let (done, last) = (step + 1, step + 1 == cfg.steps);
         if due(cfg.fingerprint_every, done) {
             trainer.fingerprint(done)?;
@@ -284,6 +297,9 @@ fn run_group(
         }
     }
     let mut outputs = first_error(results)?;
+    if let Some(path) = &cfg.trace {
+        timeline::write(path, cfg.world_size, &outputs)?;
+    }
     let ranks: Vec<RankReport> = outputs.iter().map(|o| o.report).collect();
     let first = outputs.swap_remove(0);
     let summary = RunSummary {

@@ -53,6 +53,8 @@ pub(crate) struct Trainer<'a, B: Placement = CpuBackend> {
     pending_save: Option<(PendingSave, Instant)>,
     /// An injected `diverge` due at the next micro-step.
     diverge: bool,
+    /// The `--trace` timeline, once its steps are recorded.
+    trace: Option<zero::Trace>,
 }
 
 impl<B: Placement> std::fmt::Debug for Trainer<'_, B> {
@@ -80,6 +82,7 @@ impl RankOutput {
             losses: Vec::new(),
             val_losses: Vec::new(),
             sample: Vec::new(),
+            trace: None,
             report: RankReport {
                 rank: engine.rank(),
                 measured: engine.measured_model_state_bytes()?,
@@ -187,6 +190,7 @@ impl<'a, B: Placement> Trainer<'a, B> {
             received: 0,
             pending_save: None,
             diverge: false,
+            trace: None,
         })
     }
 
@@ -340,6 +344,18 @@ impl<'a, B: Placement> Trainer<'a, B> {
         };
         report.comm_bytes_sent_per_step = self.sent as f64 / steps_run as f64;
         report.comm_bytes_received_per_step = self.received as f64 / steps_run as f64;
+        // A run shorter than --trace-steps is still recording.
+        self.out.trace = self.trace.take().or_else(|| self.engine.take_trace());
         self.out
+    }
+
+    /// Starts recording the engine's timeline (`--trace`).
+    pub(crate) fn begin_trace(&mut self) {
+        self.engine.start_trace();
+    }
+
+    /// Stops recording and keeps the timeline for [`Trainer::report`].
+    pub(crate) fn end_trace(&mut self) {
+        self.trace = self.engine.take_trace();
     }
 }

@@ -1,0 +1,178 @@
+//! A timeline of a rank's work as Chrome trace events, the JSON that Perfetto
+//! (ui.perfetto.dev) and chrome://tracing open: what ran when, on which track, so that what
+//! overlaps (a collective behind compute, a copy to host behind the next block) can be seen.
+//!
+//! Recording is off until [`Engine::start_trace`]; while on, the engine records a span for
+//! each operation of the model, each engine call around them, each copy of a kept input
+//! (timed on the copy thread itself), each optimizer step, and a counter of the arena's bytes
+//! after each call. [`chrome_trace`] lays the traces of several ranks out as one document:
+//! one process per rank (`pid`), one thread per [`Lane`] (`tid`), times in microseconds
+//! from the earliest event.
+
+use super::engine::Engine;
+use serde_json::{json, Value};
+use std::time::Instant;
+
+/// The track a span is drawn on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Lane {
+    /// The model's operations.
+    Compute,
+    /// The engine's calls between them: gathers (with their all-gathers' waits), releases,
+    /// gradient reductions' launches, kept-input calls.
+    Engine,
+    /// Copies of kept inputs between the arena and host memory, as the copy thread ran them.
+    Copy,
+    /// Optimizer steps.
+    Optimizer,
+}
+
+impl Lane {
+    const ALL: [Lane; 4] = [Lane::Compute, Lane::Engine, Lane::Copy, Lane::Optimizer];
+
+    fn tid(self) -> usize {
+        self as usize + 1
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            Lane::Compute => "model operations",
+            Lane::Engine => "engine calls",
+            Lane::Copy => "kept-input copies",
+            Lane::Optimizer => "optimizer",
+        }
+    }
+}
+
+/// One span: `name` on `lane` from `start` to `end`, with the bytes it moved if any.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Span {
+    /// What ran: an operation's `Debug` form, an engine call, a copy.
+    pub name: String,
+    /// Its track.
+    pub lane: Lane,
+    /// When it started.
+    pub start: Instant,
+    /// When it ended.
+    pub end: Instant,
+    /// Bytes it moved (copies).
+    pub bytes: Option<u64>,
+}
+
+/// One sample of a counter.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Sample {
+    /// The counter.
+    pub name: &'static str,
+    /// When it was read.
+    pub at: Instant,
+    /// Its value.
+    pub value: u64,
+}
+
+/// What a rank recorded.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Trace {
+    /// Spans, in the order they were recorded.
+    pub spans: Vec<Span>,
+    /// Counter samples, in the order they were read.
+    pub samples: Vec<Sample>,
+}
+
+impl Trace {
+    /// Records `name` on `lane` from `start` until now.
+    pub fn span_until_now(&mut self, name: String, lane: Lane, start: Instant) {
+        self.spans.push(Span {
+            name,
+            lane,
+            start,
+            end: Instant::now(),
+            bytes: None,
+        });
+    }
+
+    /// The earliest instant recorded (`None` for an empty trace).
+    pub fn origin(&self) -> Option<Instant> {
+        let spans = self.spans.iter().map(|s| s.start);
+        spans.chain(self.samples.iter().map(|s| s.at)).min()
+    }
+}
+
+/// The traces of `ranks` (rank, trace) as one Chrome trace document
+/// (`{"traceEvents": [...]}`): complete events (`ph: "X"`) for spans, counter events
+/// (`ph: "C"`) for samples, and names for every process and thread.
+pub fn chrome_trace(ranks: &[(usize, &Trace)]) -> Value {
+    let origin = ranks.iter().filter_map(|(_, t)| t.origin()).min();
+    let Some(origin) = origin else {
+        return json!({ "traceEvents": [] });
+    };
+    let micros = |at: Instant| at.saturating_duration_since(origin).as_secs_f64() * 1e6;
+    let mut events = Vec::new();
+    for &(rank, trace) in ranks {
+        events.push(json!({"ph": "M", "name": "process_name", "pid": rank,
+            "args": {"name": format!("rank {rank}")}}));
+        for lane in Lane::ALL {
+            events.push(json!({"ph": "M", "name": "thread_name", "pid": rank,
+                "tid": lane.tid(), "args": {"name": lane.name()}}));
+        }
+        for s in &trace.spans {
+            let mut event = json!({"ph": "X", "name": s.name, "pid": rank, "tid": s.lane.tid(),
+                "ts": micros(s.start), "dur": micros(s.end) - micros(s.start)});
+            if let Some(bytes) = s.bytes {
+                event["args"] = json!({ "bytes": bytes });
+            }
+            events.push(event);
+        }
+        for c in &trace.samples {
+            events.push(
+                json!({"ph": "C", "name": c.name, "pid": rank, "ts": micros(c.at),
+                "args": { "bytes": c.value }}),
+            );
+        }
+    }
+    json!({ "traceEvents": events, "displayTimeUnit": "ms" })
+}
+
+impl Engine {
+    /// Starts recording a timeline (module docs), dropping what was recorded before.
+    pub fn start_trace(&mut self) {
+        self.trace = Some(Trace::default());
+    }
+
+    /// Stops recording and returns what was recorded (`None` when nothing was started).
+    pub fn take_trace(&mut self) -> Option<Trace> {
+        self.trace.take()
+    }
+
+    /// Records `name()` on `lane` from `start` until now, when recording; `name` is only
+    /// called then.
+    pub(crate) fn trace_span(&mut self, lane: Lane, start: Instant, name: impl FnOnce() -> String) {
+        if let Some(trace) = &mut self.trace {
+            trace.span_until_now(name(), lane, start);
+        }
+    }
+
+    /// Samples the arena's allocated bytes, and moves the kept-input copies that landed into
+    /// spans, when recording (the landed copies are dropped otherwise).
+    pub(crate) fn trace_after_call(&mut self) {
+        let landed = self.kept.take_landed();
+        let Some(trace) = &mut self.trace else {
+            return;
+        };
+        for (k, t) in landed {
+            let way = if t.to_host { "to host" } else { "from host" };
+            trace.spans.push(Span {
+                name: format!("kept input {k} {way}"),
+                lane: Lane::Copy,
+                start: t.started,
+                end: t.finished,
+                bytes: Some(t.bytes as u64),
+            });
+        }
+        trace.samples.push(Sample {
+            name: "arena bytes",
+            at: Instant::now(),
+            value: self.arena.stats().allocated as u64,
+        });
+    }
+}
