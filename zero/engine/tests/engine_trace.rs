@@ -113,7 +113,7 @@ fn the_chrome_document_holds_every_span_and_sample_from_time_zero() {
         .collect();
     assert!(ts.iter().all(|&t| t >= 0.0));
     assert!(
-        ts.iter().any(|&t| t == 0.0),
+        ts.contains(&0.0),
         "times count from the earliest event"
     );
     assert!(events
