@@ -6,7 +6,8 @@
 # does the same.
 #
 #   bash scripts/fuzz.sh TARGET [SECONDS]    # TARGET: arena_ops, token_file, llmc_checkpoint,
-#                                            # safetensors_gpt2, hf_index, sharded_manifest;
+#                                            # safetensors_gpt2, hf_index, sharded_manifest,
+#                                            # tier_header;
 #                                            # SECONDS: 60
 #
 # Corpus: fuzz/corpus/TARGET (git-ignored); a failing input lands in fuzz/artifacts/TARGET/.
@@ -37,7 +38,7 @@ cargo build --release --bin "$target" --target "$triple" --target-dir target/ins
 mkdir -p "corpus/$target" "artifacts/$target"
 # The llm.c parsers stop at a 1024-byte header that random bytes never reach: seed each with
 # one valid file (magic and version from llm.c; the checkpoint's shape maxT=V=L=NH=C=1,
-# Vp=128: 156 parameters).
+# Vp=128: 156 parameters); the tier header with one valid header.
 if [ -z "$(ls -A "corpus/$target")" ]; then
     case "$target" in
         token_file) python3 -c 'import struct,sys; h=[0]*256; h[0:3]=[20240520,1,4]
@@ -46,6 +47,12 @@ sys.stdout.buffer.write(struct.pack("<256i",*h)+struct.pack("<4H",1,2,3,50256))'
         llmc_checkpoint) python3 -c 'import struct,sys; h=[0]*256; h[0:8]=[20240326,3,1,1,1,1,1,128]
 sys.stdout.buffer.write(struct.pack("<256i",*h)+struct.pack("<156f",*[0.5]*156))' \
             >"corpus/$target/seed" ;;
+        # A valid header (its FNV-1a checksum is out of random bytes' reach).
+        tier_header) python3 -c 'import struct,sys
+b=b"ZEROTIER"+struct.pack("<4I",1,1,2,0)+b"optimizer".ljust(16,b"\0")+struct.pack("<4Q",9,2,7,8192)
+h=0xcbf29ce484222325
+for x in b: h=((h^x)*0x100000001b3)%(1<<64)
+sys.stdout.buffer.write((b+struct.pack("<Q",h)).ljust(4096,b"\0"))' >"corpus/$target/seed" ;;
     esac
 fi
 exec "target/instrumented/$triple/release/$target" -max_total_time="$seconds" \

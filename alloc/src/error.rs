@@ -145,6 +145,29 @@ pub enum AllocError {
         /// Destination bytes.
         dst: usize,
     },
+    /// A tier file could not be created, opened, read or written.
+    #[error("{op} {}: {source}", path.display())]
+    TierIo {
+        /// The file.
+        path: std::path::PathBuf,
+        /// What was being done.
+        op: &'static str,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A tier file is not the one expected: another run's, rank's or layout's, or shorter.
+    #[error("{}: its {what} is {found}, expected {expected}", path.display())]
+    TierMismatch {
+        /// The file.
+        path: std::path::PathBuf,
+        /// What differs.
+        what: &'static str,
+        /// What this run expected.
+        expected: String,
+        /// What the file holds.
+        found: String,
+    },
     /// The copy engine's thread is gone (it panicked or was shut down).
     #[error("copy engine is shut down")]
     CopyEngineGone,

@@ -62,6 +62,7 @@ mod stats;
 mod storage;
 #[doc(hidden)]
 pub mod testing;
+pub mod tier;
 mod view;
 
 pub use arena::{Arena, DefragReport};

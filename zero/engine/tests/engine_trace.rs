@@ -112,10 +112,7 @@ fn the_chrome_document_holds_every_span_and_sample_from_time_zero() {
         .map(|e| e["ts"].as_f64().unwrap())
         .collect();
     assert!(ts.iter().all(|&t| t >= 0.0));
-    assert!(
-        ts.contains(&0.0),
-        "times count from the earliest event"
-    );
+    assert!(ts.contains(&0.0), "times count from the earliest event");
     assert!(events
         .iter()
         .filter(|e| e["ph"] == "X")

@@ -1,0 +1,352 @@
+//! The file tier (ZeRO-Infinity's NVMe offload): one file per rank and tier, holding pieces
+//! of states at fixed offsets, read and written with positioned I/O through a fixed pool of
+//! aligned pinned buffers.
+//!
+//! Layout: a [`HEADER_BYTES`] header ([`TierHeader`]: rank, tier, run, layout), then one slot
+//! per piece, each rounded up to [`TIER_ALIGN`] bytes, so every read and write starts and ends
+//! on a block boundary and the file can be opened with `O_DIRECT` (bypassing the page cache,
+//! which would otherwise hold a second copy of states meant to leave memory); where the
+//! filesystem refuses `O_DIRECT` (tmpfs), the file is opened buffered and says so
+//! ([`TierFile::is_direct`]).
+//!
+//! A piece is moved chunk by chunk through one buffer of the pool ([`ChunkPool`]), so a piece
+//! larger than a buffer is chunked, never refused, and the memory the tier uses besides the
+//! file is the pool's, fixed at start-up. Why positioned I/O rather than a memory map
+//! (memmap2): a map's page faults read on the computing thread at the kernel's pace, its dirty
+//! pages are written back when the kernel decides, a map larger than memory competes with the
+//! arena for the same RAM, and an I/O error arrives as SIGBUS rather than an error value.
+//!
+//! Refused with the file's path and what was expected: a header of another run, rank, tier or
+//! layout, a file shorter than its layout, a piece of another length.
+
+mod header;
+
+pub use header::{TierHeader, HEADER_BYTES};
+
+use std::fs::{File, OpenOptions};
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+
+use crate::error::{AllocError, Result};
+use crate::PinnedBuffer;
+
+/// Alignment of every piece's slot and of every read and write: the largest logical block
+/// size `O_DIRECT` asks for on common devices.
+pub const TIER_ALIGN: usize = 4096;
+
+/// Where and whose a tier file is.
+#[derive(Debug, Clone, Copy)]
+pub struct TierSpec<'a> {
+    /// The folder (`--nvme-path`).
+    pub dir: &'a Path,
+    /// The tier's name, at most 16 bytes (`optimizer`, `params`).
+    pub tier: &'a str,
+    /// The rank, in a group of `world`.
+    pub rank: u32,
+    /// The group's size.
+    pub world: u32,
+    /// A value the run draws at start-up, so that a file another run left is refused.
+    pub run: u64,
+}
+
+/// A fixed set of page-aligned pinned buffers of one chunk size, the only memory the tier's
+/// I/O goes through.
+#[derive(Debug)]
+pub struct ChunkPool {
+    buffers: Vec<PinnedBuffer>,
+    chunk: usize,
+}
+
+impl ChunkPool {
+    /// `count` buffers of `chunk` bytes, rounded up to [`TIER_ALIGN`].
+    ///
+    /// # Errors
+    /// [`AllocError::InvalidConfig`] for no buffer or a chunk of 0 bytes; memory errors.
+    pub fn new(count: usize, chunk: usize) -> Result<Self> {
+        if count == 0 || chunk == 0 {
+            return Err(AllocError::InvalidConfig {
+                reason: format!("a tier's chunk pool needs buffers of bytes ({count} x {chunk})"),
+            });
+        }
+        let chunk = chunk
+            .checked_next_multiple_of(TIER_ALIGN)
+            .ok_or(AllocError::SizeOverflow {
+                count: chunk,
+                elem_size: 1,
+            })?;
+        let buffers = (0..count)
+            .map(|_| PinnedBuffer::new(chunk))
+            .collect::<Result<_>>()?;
+        Ok(Self { buffers, chunk })
+    }
+
+    /// Bytes of one buffer.
+    pub fn chunk(&self) -> usize {
+        self.chunk
+    }
+
+    /// Bytes of every buffer together.
+    pub fn bytes(&self) -> usize {
+        self.chunk * self.buffers.len()
+    }
+}
+
+/// One rank's file of one tier (module docs).
+#[derive(Debug)]
+pub struct TierFile {
+    file: File,
+    path: PathBuf,
+    header: TierHeader,
+    /// Each piece's (offset in the file, length in bytes).
+    pieces: Vec<(u64, u64)>,
+    direct: bool,
+}
+
+impl TierFile {
+    /// Creates (or replaces) `spec`'s file for pieces of `lens` bytes, zeroed.
+    ///
+    /// # Errors
+    /// [`AllocError::TierIo`] when the file cannot be created or sized; a tier name over 16
+    /// bytes; sizes that overflow.
+    pub fn create(spec: TierSpec<'_>, lens: &[u64]) -> Result<Self> {
+        let (header, pieces) = layout(spec, lens)?;
+        let path = file_path(spec);
+        let opened = open_file(&path, true)?;
+        let tier = Self {
+            file: opened.0,
+            path,
+            header,
+            pieces,
+            direct: opened.1,
+        };
+        let total = HEADER_BYTES as u64 + header.payload;
+        tier.file
+            .set_len(total)
+            .map_err(tier.io_error("size the tier file"))?;
+        tier.write_header()?;
+        Ok(tier)
+    }
+
+    /// Opens `spec`'s existing file, which must hold pieces of `lens` bytes for the same run.
+    ///
+    /// # Errors
+    /// [`AllocError::TierMismatch`] naming the first field that differs (tier, rank, run,
+    /// layout, length) or why the header is unreadable; [`AllocError::TierIo`].
+    pub fn open(spec: TierSpec<'_>, lens: &[u64]) -> Result<Self> {
+        let (want, pieces) = layout(spec, lens)?;
+        let path = file_path(spec);
+        let (file, direct) = open_file(&path, false)?;
+        let tier = Self {
+            file,
+            path,
+            header: want,
+            pieces,
+            direct,
+        };
+        tier.check_header()?;
+        let len = tier.file.metadata().map_err(tier.io_error("stat"))?.len();
+        let expected = HEADER_BYTES as u64 + want.payload;
+        if len != expected {
+            return Err(tier.mismatch("file length", expected, len));
+        }
+        Ok(tier)
+    }
+
+    /// The file.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The file bypasses the page cache (`O_DIRECT`).
+    pub fn is_direct(&self) -> bool {
+        self.direct
+    }
+
+    /// Bytes of the file (header and every slot).
+    pub fn file_bytes(&self) -> u64 {
+        HEADER_BYTES as u64 + self.header.payload
+    }
+
+    /// Writes `data`, all of piece `piece`, chunk by chunk through `pool`.
+    ///
+    /// # Errors
+    /// A piece past the layout or `data` of another length; [`AllocError::TierIo`].
+    pub fn write_piece(&self, piece: usize, data: &[u8], pool: &mut ChunkPool) -> Result<()> {
+        let (offset, len) = self.piece(piece, data.len())?;
+        let buf = pool.buffers[0].as_bytes_mut();
+        for at in (0..len).step_by(pool.chunk) {
+            let n = (len - at).min(pool.chunk);
+            let slot = n.next_multiple_of(TIER_ALIGN);
+            buf[..n].copy_from_slice(&data[at..at + n]);
+            buf[n..slot].fill(0);
+            self.file
+                .write_all_at(&buf[..slot], offset + at as u64)
+                .map_err(self.io_error("write a piece"))?;
+        }
+        Ok(())
+    }
+
+    /// Reads piece `piece` into `out`, all of it, chunk by chunk through `pool`.
+    ///
+    /// # Errors
+    /// A piece past the layout or `out` of another length; [`AllocError::TierMismatch`] when
+    /// the file has become shorter than its layout; [`AllocError::TierIo`].
+    pub fn read_piece(&self, piece: usize, out: &mut [u8], pool: &mut ChunkPool) -> Result<()> {
+        let (offset, len) = self.piece(piece, out.len())?;
+        let buf = pool.buffers[0].as_bytes_mut();
+        for at in (0..len).step_by(pool.chunk) {
+            let n = (len - at).min(pool.chunk);
+            let slot = n.next_multiple_of(TIER_ALIGN);
+            let read = self
+                .file
+                .read_exact_at(&mut buf[..slot], offset + at as u64);
+            if let Err(e) = read {
+                return Err(match e.kind() {
+                    std::io::ErrorKind::UnexpectedEof => {
+                        let len = self.file.metadata().map_or(0, |m| m.len());
+                        self.mismatch("file length", self.file_bytes(), len)
+                    }
+                    _ => self.io_error("read a piece")(e),
+                });
+            }
+            out[at..at + n].copy_from_slice(&buf[..n]);
+        }
+        Ok(())
+    }
+
+    /// Piece `piece`'s offset, checking that it exists and is `len` bytes.
+    fn piece(&self, piece: usize, len: usize) -> Result<(u64, usize)> {
+        let &(offset, want) = self
+            .pieces
+            .get(piece)
+            .ok_or_else(|| AllocError::InvalidConfig {
+                reason: format!(
+                    "{}: no piece {piece} (it holds {})",
+                    self.path.display(),
+                    self.pieces.len()
+                ),
+            })?;
+        if want != len as u64 {
+            return Err(AllocError::LengthMismatch {
+                src: len,
+                dst: usize::try_from(want).unwrap_or(usize::MAX),
+            });
+        }
+        Ok((offset, len))
+    }
+
+    fn write_header(&self) -> Result<()> {
+        let mut buf = PinnedBuffer::new(HEADER_BYTES)?;
+        buf.as_bytes_mut().copy_from_slice(&self.header.encode());
+        self.file
+            .write_all_at(buf.as_bytes(), 0)
+            .map_err(self.io_error("write the header"))
+    }
+
+    fn check_header(&self) -> Result<()> {
+        let mut buf = PinnedBuffer::new(HEADER_BYTES)?;
+        let read = self.file.read_exact_at(buf.as_bytes_mut(), 0);
+        if read.is_err() {
+            return Err(self.mismatch("header", "a tier header", "a file shorter than one"));
+        }
+        let found = TierHeader::decode(buf.as_bytes())
+            .map_err(|why| self.mismatch("header", self.header, why))?;
+        match found.first_difference(&self.header) {
+            Some((what, expected, found)) => Err(self.mismatch(what, expected, found)),
+            None => Ok(()),
+        }
+    }
+
+    fn mismatch(
+        &self,
+        what: &'static str,
+        expected: impl ToString,
+        found: impl ToString,
+    ) -> AllocError {
+        AllocError::TierMismatch {
+            path: self.path.clone(),
+            what,
+            expected: expected.to_string(),
+            found: found.to_string(),
+        }
+    }
+
+    fn io_error(&self, op: &'static str) -> impl FnOnce(std::io::Error) -> AllocError + '_ {
+        move |source| AllocError::TierIo {
+            path: self.path.clone(),
+            op,
+            source,
+        }
+    }
+}
+
+/// `spec`'s header and each piece's (offset, length) for pieces of `lens` bytes.
+fn layout(spec: TierSpec<'_>, lens: &[u64]) -> Result<(TierHeader, Vec<(u64, u64)>)> {
+    let mut tier = [0u8; 16];
+    let name = spec.tier.as_bytes();
+    if name.len() > tier.len() {
+        return Err(AllocError::InvalidConfig {
+            reason: format!("tier name {:?} is longer than 16 bytes", spec.tier),
+        });
+    }
+    tier[..name.len()].copy_from_slice(name);
+    let overflow = || AllocError::SizeOverflow {
+        count: lens.len(),
+        elem_size: TIER_ALIGN,
+    };
+    let mut at = HEADER_BYTES as u64;
+    let mut pieces = Vec::with_capacity(lens.len());
+    for &len in lens {
+        pieces.push((at, len));
+        let slot = len
+            .checked_next_multiple_of(TIER_ALIGN as u64)
+            .ok_or_else(overflow)?;
+        at = at.checked_add(slot).ok_or_else(overflow)?;
+    }
+    let layout = lens.iter().fold(header::FNV_OFFSET, |h, len| {
+        header::fnv1a(h, &len.to_le_bytes())
+    });
+    let header = TierHeader {
+        rank: spec.rank,
+        world: spec.world,
+        tier,
+        run: spec.run,
+        pieces: lens.len() as u64,
+        layout,
+        payload: at - HEADER_BYTES as u64,
+    };
+    Ok((header, pieces))
+}
+
+/// `spec`'s file: one per rank and tier in the folder.
+fn file_path(spec: TierSpec<'_>) -> PathBuf {
+    spec.dir
+        .join(format!("zero-{}-rank{}.tier", spec.tier, spec.rank))
+}
+
+/// `path` opened for reading and writing (created and truncated when `create`), with
+/// `O_DIRECT` where the filesystem takes it; returns whether it did.
+fn open_file(path: &Path, create: bool) -> Result<(File, bool)> {
+    let open = |direct: bool| {
+        let mut options = OpenOptions::new();
+        options
+            .read(true)
+            .write(true)
+            .create(create)
+            .truncate(create);
+        if direct {
+            options.custom_flags(libc::O_DIRECT);
+        }
+        options.open(path)
+    };
+    match open(true) {
+        Ok(file) => Ok((file, true)),
+        Err(e) if e.raw_os_error() == Some(libc::EINVAL) => open(false).map(|f| (f, false)),
+        Err(e) => Err(e),
+    }
+    .map_err(|source| AllocError::TierIo {
+        path: path.to_path_buf(),
+        op: if create { "create" } else { "open" },
+        source,
+    })
+}

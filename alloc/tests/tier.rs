@@ -1,0 +1,156 @@
+//! The file tier: every piece reads back as written whatever the piece and chunk sizes (a
+//! piece larger than the pool's buffer is chunked), pieces do not overwrite each other, and a
+//! file of another run, rank or layout, or a shortened one, is refused naming its path and
+//! what differs.
+
+use proptest::prelude::*;
+use std::path::PathBuf;
+use zero_alloc::tier::{ChunkPool, TierFile, TierSpec, HEADER_BYTES, TIER_ALIGN};
+use zero_alloc::AllocError;
+
+/// A fresh folder under the system's temporary one.
+struct Dir(PathBuf);
+
+impl Dir {
+    fn new(tag: &str) -> Self {
+        let unique = format!(
+            "zero-tier-{tag}-{}-{:?}",
+            std::process::id(),
+            std::thread::current().id()
+        );
+        let dir = std::env::temp_dir().join(unique.replace(['(', ')'], ""));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        Self(dir)
+    }
+
+    fn spec(&self, run: u64) -> TierSpec<'_> {
+        TierSpec {
+            dir: &self.0,
+            tier: "optimizer",
+            rank: 1,
+            world: 2,
+            run,
+        }
+    }
+}
+
+impl Drop for Dir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn bytes(seed: u64, len: usize) -> Vec<u8> {
+    (0..len as u64)
+        .map(|i| (i.wrapping_mul(31).wrapping_add(seed * 7) % 251) as u8)
+        .collect()
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(24))]
+    #[test]
+    fn pieces_read_back_as_written_whatever_the_chunk(
+        lens in prop::collection::vec(0u64..20_000, 1..6),
+        chunk in 1usize..3 * TIER_ALIGN,
+        order in prop::collection::vec(any::<usize>(), 6),
+    ) {
+        let dir = Dir::new("prop");
+        let tier = TierFile::create(dir.spec(9), &lens).unwrap();
+        let mut pool = ChunkPool::new(1, chunk).unwrap();
+        // Written in a shuffled order, each twice (the second value wins).
+        let mut shuffled: Vec<usize> = (0..lens.len()).collect();
+        shuffled.sort_by_key(|&p| order[p]);
+        for pass in 0..2u64 {
+            for &p in &shuffled {
+                tier.write_piece(p, &bytes(p as u64 + 10 * pass, lens[p] as usize), &mut pool).unwrap();
+            }
+        }
+        for (p, &len) in lens.iter().enumerate() {
+            let mut out = vec![0xAA; len as usize];
+            tier.read_piece(p, &mut out, &mut pool).unwrap();
+            prop_assert_eq!(out, bytes(p as u64 + 10, len as usize), "piece {}", p);
+        }
+        let slots: u64 = lens.iter().map(|l| l.next_multiple_of(TIER_ALIGN as u64)).sum();
+        prop_assert_eq!(tier.file_bytes(), HEADER_BYTES as u64 + slots);
+        prop_assert_eq!(std::fs::metadata(tier.path()).unwrap().len(), tier.file_bytes());
+    }
+}
+
+fn mismatch(err: AllocError) -> (PathBuf, &'static str, String, String) {
+    match err {
+        AllocError::TierMismatch {
+            path,
+            what,
+            expected,
+            found,
+        } => (path, what, expected, found),
+        other => panic!("expected a mismatch, got {other}"),
+    }
+}
+
+#[test]
+fn a_file_of_another_run_rank_or_layout_or_a_shortened_one_is_refused() {
+    let dir = Dir::new("refuse");
+    let lens = [5000, 10];
+    let made = TierFile::create(dir.spec(1), &lens).unwrap();
+    let path = made.path().to_path_buf();
+    let mut pool = ChunkPool::new(1, 4096).unwrap();
+    made.write_piece(0, &bytes(3, 5000), &mut pool).unwrap();
+    drop(made);
+    assert!(TierFile::open(dir.spec(1), &lens).is_ok());
+    let (p, what, expected, found) = mismatch(TierFile::open(dir.spec(2), &lens).unwrap_err());
+    assert_eq!(
+        (p, what, expected.as_str(), found.as_str()),
+        (path.clone(), "run", "0x2", "0x1")
+    );
+    let (_, what, _, _) = mismatch(TierFile::open(dir.spec(1), &[5000, 11]).unwrap_err());
+    assert_eq!(what, "layout");
+    let text = TierFile::open(dir.spec(1), &[5000])
+        .unwrap_err()
+        .to_string();
+    assert!(
+        text.contains(&path.display().to_string()) && text.contains("pieces"),
+        "{text}"
+    );
+    // Shortened behind the tier's back: refused at open, and by a read of an open file.
+    let open = TierFile::open(dir.spec(1), &lens).unwrap();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&path)
+        .unwrap()
+        .set_len(6000)
+        .unwrap();
+    let (_, what, _, found) = mismatch(TierFile::open(dir.spec(1), &lens).unwrap_err());
+    assert_eq!((what, found.as_str()), ("file length", "6000"));
+    let mut out = vec![0u8; 5000];
+    let (_, what, _, _) = mismatch(open.read_piece(0, &mut out, &mut pool).unwrap_err());
+    assert_eq!(what, "file length");
+    std::fs::write(&path, b"not a tier").unwrap();
+    let (_, what, _, found) = mismatch(TierFile::open(dir.spec(1), &lens).unwrap_err());
+    assert_eq!(what, "header");
+    assert!(found.contains("shorter"), "{found}");
+}
+
+#[test]
+fn wrong_pieces_and_lengths_are_errors_not_panics() {
+    let dir = Dir::new("bad");
+    let tier = TierFile::create(dir.spec(1), &[100]).unwrap();
+    let mut pool = ChunkPool::new(1, 4096).unwrap();
+    assert!(tier.write_piece(1, &[0; 100], &mut pool).is_err());
+    assert!(tier.write_piece(0, &[0; 99], &mut pool).is_err());
+    assert!(tier.read_piece(0, &mut [0; 101], &mut pool).is_err());
+    let long = TierSpec {
+        tier: "a name of seventeen",
+        ..dir.spec(1)
+    };
+    assert!(TierFile::create(long, &[1]).is_err());
+    assert!(ChunkPool::new(0, 4096).is_err() && ChunkPool::new(1, 0).is_err());
+    assert!(TierFile::create(dir.spec(1), &[u64::MAX]).is_err());
+    let missing = TierSpec {
+        dir: std::path::Path::new("/nonexistent/zero"),
+        ..dir.spec(1)
+    };
+    let err = TierFile::create(missing, &[1]).unwrap_err();
+    assert!(matches!(err, AllocError::TierIo { .. }), "{err}");
+}
