@@ -204,3 +204,22 @@ fn double_buffered_offload_rejects_mismatched_buffers() {
     let err = offload_double_buffered(&engine, &mut arena, h, bufs, |_, _| Ok(())).unwrap_err();
     assert!(matches!(err, AllocError::LengthMismatch { .. }));
 }
+
+#[test]
+fn a_waited_copy_says_when_it_ran_and_what_it_moved() {
+    let engine = CopyEngine::new().unwrap();
+    let mut arena = Arena::host(1 << 16).unwrap();
+    let h = arena.alloc(4096).unwrap();
+    let submitted = std::time::Instant::now();
+    let t = engine
+        .to_host(&mut arena, h, 96..1096, PinnedBuffer::new(1000).unwrap())
+        .unwrap();
+    let (buf, timing) = t.wait_timed(&mut arena).unwrap();
+    let waited = std::time::Instant::now();
+    assert_eq!((timing.bytes, timing.to_host), (1000, true));
+    assert!(submitted <= timing.started && timing.started <= timing.finished);
+    assert!(timing.finished <= waited);
+    let t = engine.to_arena(&mut arena, buf, h, 0..10).unwrap();
+    let (_, timing) = t.wait_timed(&mut arena).unwrap();
+    assert_eq!((timing.bytes, timing.to_host), (10, false));
+}
