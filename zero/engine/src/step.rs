@@ -7,6 +7,7 @@ use super::engine::Engine;
 use super::error::{Error, Result};
 use super::kernels::{AdamWBuffers, AdamWStep, Span};
 use super::precision::{with_store, Precision, Store};
+use super::trace::Lane;
 use super::transient::free_after;
 use crate::optim::{clip_coefficient, global_norm};
 use zero_comm::ReduceOp;
@@ -32,6 +33,14 @@ impl Engine {
     /// No micro-step since the last step, a backward left open, a non-finite gradient norm
     /// (fp32 and bf16; fp16 skips the step instead), collective or arena failures.
     pub fn step(&mut self, lr: f32) -> Result<StepReport> {
+        let start = std::time::Instant::now();
+        let report = self.step_at(lr)?;
+        let steps = self.progress.steps;
+        self.trace_span(Lane::Optimizer, start, || format!("step {steps}"));
+        Ok(report)
+    }
+
+    fn step_at(&mut self, lr: f32) -> Result<StepReport> {
         if self.progress.micro_steps == 0 {
             return Err(Error::Order(
                 "step without a finished micro-step (call end_micro_step after backward)".into(),

@@ -23,7 +23,7 @@ pub enum Lane {
     Engine,
     /// Copies of kept inputs between the arena and host memory, as the copy thread ran them.
     Copy,
-    /// Optimizer steps.
+    /// Optimizer steps, one span each.
     Optimizer,
 }
 

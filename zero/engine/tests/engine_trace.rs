@@ -1,7 +1,7 @@
 //! The engine's timeline: every operation of a micro-step recorded once, in program order,
 //! without overlap; each offloaded kept input copied out and back once, its fetch landed
-//! before the operation that restores it starts; and the Chrome trace document holds every
-//! span and sample with times from the earliest one.
+//! before the operation that restores it starts; the optimizer step after them; and the
+//! Chrome trace document holds every span and sample with times from the earliest one.
 
 #[path = "../examples/mlp/model.rs"]
 #[allow(dead_code)]
@@ -36,6 +36,7 @@ fn traced_step() -> (Trace, Vec<String>, Vec<(usize, usize)>) {
     mlp.set_batch(x, y);
     e.start_trace();
     e.micro_step(&train, &mut mlp).unwrap();
+    e.step(1e-3).unwrap();
     let trace = e.take_trace().unwrap();
     let names = train
         .ops()
