@@ -151,6 +151,9 @@ pub struct Engine {
     pub(crate) kept: KeptStore,
     /// The timeline being recorded ([`Engine::start_trace`]), if any.
     pub(crate) trace: Option<crate::Trace>,
+    /// The tensor-parallel group beside this data-parallel one
+    /// ([`Engine::with_tensor_parallel`]), if any.
+    pub(crate) tp: Option<Communicator>,
 }
 
 /// The registered units: what they are, what the stage means for each, and their blocks.
@@ -289,6 +292,7 @@ impl Engine {
             lent_bytes: 0,
             kept,
             trace: None,
+            tp: None,
         })
     }
 

@@ -76,6 +76,7 @@ mod precision;
 mod run;
 mod start;
 mod step;
+pub mod tensor_parallel;
 mod trace;
 mod transient;
 mod unit_buffers;

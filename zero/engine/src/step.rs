@@ -6,6 +6,7 @@ use super::collectives::InPlace;
 use super::engine::Engine;
 use super::error::{Error, Result};
 use super::kernels::{AdamWBuffers, AdamWStep, Span};
+use super::planning::unit::UnitSpec;
 use super::precision::{with_store, Precision, Store};
 use super::trace::Lane;
 use super::transient::free_after;
@@ -101,11 +102,15 @@ impl Engine {
         })
     }
 
-    /// Agrees across ranks whether any rank saw an inf or NaN since the last step.
+    /// Agrees across ranks (of both groups beside tensor parallelism) whether any rank saw
+    /// an inf or NaN since the last step.
     fn any_rank_overflowed(&mut self) -> Result<bool> {
         let local = self.kernels.take_overflow(&mut self.arena)?;
         let mut flag = [if local { 1.0f32 } else { 0.0 }];
         self.comm.all_reduce_in_place(&mut flag, ReduceOp::Max)?;
+        if let Some(tp) = &self.tp {
+            tp.all_reduce_in_place(&mut flag, ReduceOp::Max)?;
+        }
         Ok(flag[0] > 0.0)
     }
 
@@ -189,8 +194,24 @@ impl Engine {
     ///
     /// Each rank's shards are summed in f64 in unit order; the per-rank partial sums are
     /// combined in rank order. Stage 0 computes every rank's partial itself with the same
-    /// code, so every stage gets the same norm to the bit.
+    /// code, so every stage gets the same norm to the bit. Beside a tensor-parallel group,
+    /// the squares of the units that are slices are summed over that group in rank order,
+    /// and the others' counted once.
     fn global_norm(&mut self, factor: f32) -> Result<f64> {
+        if self.tp.is_none() {
+            return Ok(global_norm(&self.dp_partials(factor, |_| true)?));
+        }
+        let sharded: f64 = self.dp_partials(factor, |s| s.tp_sharded)?.iter().sum();
+        let replicated: f64 = self.dp_partials(factor, |s| !s.tp_sharded)?.iter().sum();
+        let tp = self.tp.as_ref().expect("checked above");
+        let mut all = vec![0f64; tp.size()];
+        tp.all_gather(&[sharded], &mut all)?;
+        Ok((all.iter().sum::<f64>() + replicated).sqrt())
+    }
+
+    /// Every data-parallel rank's sum of squares over the units `keep` selects, in rank
+    /// order.
+    fn dp_partials(&mut self, factor: f32, keep: fn(&UnitSpec) -> bool) -> Result<Vec<f64>> {
         let world = self.world();
         // Under all-reduce a rank holds every reduced shard; under reduce-scatter only its
         // own (stage 1's whole buffer is reduced only on this rank's shard), so ranks
@@ -200,31 +221,40 @@ impl Engine {
             .policies
             .iter()
             .all(|p| p.holds_every_reduced_shard());
-        let partials: Vec<f64> = if holds_all || world == 1 {
-            (0..world)
-                .map(|r| self.partial_norm(r, factor))
-                .collect::<Result<_>>()?
-        } else {
-            let mine = self.partial_norm(self.rank(), factor)?;
-            let mut all = vec![0f64; world];
-            self.comm.all_gather(&[mine], &mut all)?;
-            all
-        };
-        Ok(global_norm(&partials))
+        if holds_all || world == 1 {
+            return (0..world)
+                .map(|r| self.partial_norm(r, factor, keep))
+                .collect();
+        }
+        let mine = self.partial_norm(self.rank(), factor, keep)?;
+        let mut all = vec![0f64; world];
+        self.comm.all_gather(&[mine], &mut all)?;
+        Ok(all)
     }
 
-    /// Sum of squares of rank `r`'s shards, as the exchange sends it (an f64, unchanged), so
-    /// a partial computed locally equals one received. It is rounded to the sum of two f32
-    /// (about 48 bits) first: that is what partials were while collectives carried only f32,
-    /// and keeping it keeps norms, clipping and so every saved run bitwise as before.
-    fn partial_norm(&mut self, r: usize, factor: f32) -> Result<f64> {
-        let sum = with_store!(self.config.precision, S => self.sum_of_squares::<S>(r, factor))?;
+    /// Sum of squares of rank `r`'s shards of the units `keep` selects, as the exchange
+    /// sends it (an f64, unchanged), so a partial computed locally equals one received. It
+    /// is rounded to the sum of two f32 (about 48 bits) first: that is what partials were
+    /// while collectives carried only f32, and keeping it keeps norms, clipping and so every
+    /// saved run bitwise as before.
+    fn partial_norm(&mut self, r: usize, factor: f32, keep: fn(&UnitSpec) -> bool) -> Result<f64> {
+        let sum =
+            with_store!(self.config.precision, S => self.sum_of_squares::<S>(r, factor, keep))?;
         Ok(round_to_f32_pair(sum))
     }
 
-    fn sum_of_squares<S: Store>(&mut self, r: usize, factor: f32) -> Result<f64> {
+    fn sum_of_squares<S: Store>(
+        &mut self,
+        r: usize,
+        factor: f32,
+        keep: fn(&UnitSpec) -> bool,
+    ) -> Result<f64> {
         let mut sum = 0f64;
-        for (policy, b) in self.units.policies.iter().zip(&self.units.bufs) {
+        let units = self.units.specs.iter().zip(&self.units.policies);
+        for ((spec, policy), b) in units.zip(&self.units.bufs) {
+            if !keep(spec) {
+                continue;
+            }
             let data = policy
                 .part
                 .local(r, policy.part.data_shard(r), policy.whole_grads);

@@ -375,7 +375,7 @@ pub fn affine(x: &[f32], w: &[f32], b: &[f32], rows: usize, n_in: usize, n_out: 
 }
 
 /// Adds `dW += dy^T x` and `db += Σ_rows dy` (rows in order).
-fn affine_backward_params(
+pub fn affine_backward_params(
     dy: &[f32],
     x: &[f32],
     dw: &mut [f32],
@@ -396,7 +396,7 @@ fn affine_backward_params(
 }
 
 /// `dx = dy W`: each input's gradient summed in output order.
-fn affine_backward_input(
+pub fn affine_backward_input(
     dy: &[f32],
     w: &[f32],
     rows: usize,

@@ -13,6 +13,11 @@ pub struct UnitSpec {
     pub numel: usize,
     /// Ranges of the unit that take decoupled weight decay (matrices); the rest do not.
     pub decay: Vec<Range<usize>>,
+    /// Under tensor parallelism ([`Engine::with_tensor_parallel`](crate::Engine)): the unit
+    /// holds this rank's slice of tensors split across the tensor-parallel group, so its
+    /// gradient's squares are summed over the group; otherwise every tensor-parallel rank
+    /// holds the same unit, counted once.
+    pub tp_sharded: bool,
 }
 
 impl UnitSpec {
@@ -22,7 +27,15 @@ impl UnitSpec {
             name: name.into(),
             numel,
             decay: Vec::new(),
+            tp_sharded: false,
         }
+    }
+
+    /// This unit, a slice of tensors split across the tensor-parallel group.
+    #[must_use]
+    pub fn tp_sharded(mut self) -> Self {
+        self.tp_sharded = true;
+        self
     }
 
     /// Adds a range that takes weight decay.
