@@ -105,6 +105,41 @@ impl RankOutput {
     }
 }
 
+/// Loads the training state in `dir` (`--resume`) into `engine` and `loader` and returns
+/// its step; rank 0 says so.
+///
+/// # Errors
+/// Checkpoint errors; [`TrainError::Resume`] when the state is past `--steps`.
+fn resume(
+    shared: &Shared<'_>,
+    dir: &std::path::Path,
+    rank: usize,
+    engine: &mut Engine,
+    loader: &mut DataLoader,
+) -> Result<u64, TrainError> {
+    let cfg = shared.cfg;
+    let began = Instant::now();
+    let start = load_state(dir, &shared.model, engine, loader)?;
+    if start > cfg.steps {
+        return Err(TrainError::Resume {
+            dir: dir.to_path_buf(),
+            reason: format!("its state is at step {start}, past --steps {}", cfg.steps),
+        });
+    }
+    if rank == 0 {
+        let init = match &cfg.init_from {
+            Some(path) => format!("; its weights, not {}'s", path.display()),
+            None => String::new(),
+        };
+        shared.reporter.line(&format!(
+            "resumed from {} at step {start} ({:.0} ms on rank 0{init})",
+            dir.display(),
+            began.elapsed().as_secs_f64() * 1e3
+        ));
+    }
+    Ok(start)
+}
+
 impl<'a, B: Placement> Trainer<'a, B> {
     /// Builds rank `comm.rank()`'s engine on `ops` and its data loader for `model`, and loads
     /// `--init-from` and `--resume` when given.
@@ -139,28 +174,10 @@ impl<'a, B: Placement> Trainer<'a, B> {
         if let (Some(path), None) = (&cfg.init_from, &cfg.resume) {
             load_init(path, &shared.model, &mut engine)?;
         }
-        let mut start = 0;
-        if let Some(dir) = &cfg.resume {
-            let began = Instant::now();
-            start = load_state(dir, &shared.model, &mut engine, &mut loader)?;
-            if start > cfg.steps {
-                return Err(TrainError::Resume {
-                    dir: dir.clone(),
-                    reason: format!("its state is at step {start}, past --steps {}", cfg.steps),
-                });
-            }
-            if rank == 0 {
-                let init = match &cfg.init_from {
-                    Some(path) => format!("; its weights, not {}'s", path.display()),
-                    None => String::new(),
-                };
-                shared.reporter.line(&format!(
-                    "resumed from {} at step {start} ({:.0} ms on rank 0{init})",
-                    dir.display(),
-                    began.elapsed().as_secs_f64() * 1e3
-                ));
-            }
-        }
+        let start = match &cfg.resume {
+            Some(dir) => resume(shared, dir, rank, &mut engine, &mut loader)?,
+            None => 0,
+        };
         let schedule = CosineSchedule {
             max_lr: cfg.lr,
             warmup_steps: cfg.warmup_steps.min(cfg.steps),
