@@ -12,6 +12,7 @@ pub mod elastic;
 pub mod fault;
 mod launch;
 pub mod metrics;
+mod pool;
 mod progress;
 mod report;
 pub mod resident;
@@ -313,21 +314,24 @@ fn run_group(
     Ok(summary)
 }
 
-/// Runs `rank_main` for every communicator on its own thread and collects the results in
-/// rank order; a thread that cannot start or that panics becomes that rank's error.
+/// Runs `rank_main` for every communicator on its own thread, on a rayon pool of its own
+/// ([`pool`]), and collects the results in rank order; a thread or pool that cannot start, or
+/// a rank that panics, becomes that rank's error.
 fn run_ranks(
     shared: &Shared<'_>,
     comms: Vec<Communicator>,
     devices: Vec<RankDevice>,
 ) -> Vec<Result<RankOutput, TrainError>> {
+    let threads = pool::threads_per_rank(comms.len());
     std::thread::scope(|s| {
         let handles: Vec<_> = comms
             .into_iter()
             .zip(devices)
             .map(|(comm, device)| {
                 let rank = comm.rank();
-                let spawned = std::thread::Builder::new()
-                    .spawn_scoped(s, move || rank_main(shared, comm, device));
+                let spawned = std::thread::Builder::new().spawn_scoped(s, move || {
+                    pool::on_own_pool(rank, threads, || rank_main(shared, comm, device))
+                });
                 (rank, spawned)
             })
             .collect();
