@@ -9,6 +9,7 @@ use super::inflight::{InFlight, MAX_IN_FLIGHT};
 use super::kernels::Span;
 use super::planning::policy::GradReduce;
 use super::precision::{with_store, Store};
+use super::trace::Launched;
 use super::transient::{free_after, free_on_error};
 use zero_alloc::Handle;
 use zero_comm::{Bucket, DType, ShardBuckets};
@@ -141,23 +142,27 @@ impl Engine {
                     .narrow(&mut self.arena, S::DTYPE, src, dst, scale)
             });
             free_on_error(&mut self.arena, staged, packed)?;
-            let op = match self.units.policies[unit].reduce {
+            let (op, what) = match self.units.policies[unit].reduce {
                 GradReduce::AllReduce => {
                     self.progress.traffic.all_reduce += elems as u64;
-                    InPlace::AllReduceAvg
+                    (InPlace::AllReduceAvg, "all-reduce")
                 }
                 GradReduce::ReduceScatter => {
                     self.progress.traffic.reduce_scatter += elems as u64;
-                    InPlace::ReduceScatterAvg
+                    (InPlace::ReduceScatterAvg, "reduce-scatter")
                 }
             };
+            let launched = Launched::now(what, unit, elems * std::mem::size_of::<S>());
             let flight = self
                 .collectives
                 .launch(&self.comm, &mut self.arena, S::DTYPE, op, staged);
             let flight = free_on_error(&mut self.arena, staged, flight)?;
-            self.flights
-                .reductions
-                .push_back(InFlight::new::<S>(unit, layout, bucket, flight));
+            self.flights.reductions.push_back(InFlight::new::<S>(
+                unit,
+                layout,
+                bucket,
+                (flight, launched),
+            ));
             self.complete_reductions(MAX_IN_FLIGHT)?;
         }
         Ok(())

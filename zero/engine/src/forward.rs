@@ -8,6 +8,7 @@ use super::error::{Error, Result};
 use super::inflight::Prefetch;
 use super::kernels::Span;
 use super::precision::{with_store, Store};
+use super::trace::Launched;
 use super::transient::{free_after, free_on_error};
 use zero_alloc::Handle;
 
@@ -102,6 +103,7 @@ impl Engine {
                 self.kernels
                     .copy(&mut self.arena, S::DTYPE, shard, Span::new(staged, chunk));
             free_on_error(&mut self.arena, staged, copied)?;
+            let launched = Launched::now("all-gather", unit, padded * std::mem::size_of::<S>());
             let flight = self.collectives.launch(
                 &self.comm,
                 &mut self.arena,
@@ -111,7 +113,7 @@ impl Engine {
             );
             let flight = free_on_error(&mut self.arena, staged, flight)?;
             self.progress.traffic.all_gather += padded as u64;
-            self.flights.prefetched[unit] = Some(Prefetch::new::<S>(flight));
+            self.flights.prefetched[unit] = Some(Prefetch::new::<S>((flight, launched)));
         }
         Ok(())
     }

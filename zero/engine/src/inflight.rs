@@ -10,6 +10,7 @@ use super::engine::Engine;
 use super::error::Result;
 use super::kernels::Span;
 use super::precision::Store;
+use super::trace::Launched;
 use super::transient::{free_after, free_on_error};
 use std::marker::PhantomData;
 use zero_alloc::Handle;
@@ -30,18 +31,19 @@ impl std::fmt::Debug for InFlight {
 }
 
 impl InFlight {
-    /// Bucket `bucket` of `unit`, laid out by `layout`.
+    /// Bucket `bucket` of `unit`, laid out by `layout`, launched as `launched` says.
     pub fn new<S: Store>(
         unit: usize,
         layout: ShardBuckets,
         bucket: Bucket,
-        flight: Flight,
+        (flight, launched): (Flight, Launched),
     ) -> Self {
         Self(Box::new(Reduction::<S> {
             unit,
             layout,
             bucket,
             flight,
+            launched,
             _store: PhantomData,
         }))
     }
@@ -62,6 +64,7 @@ struct Reduction<S> {
     layout: ShardBuckets,
     bucket: Bucket,
     flight: Flight,
+    launched: Launched,
     _store: PhantomData<fn() -> S>,
 }
 
@@ -72,12 +75,14 @@ impl<S: Store> Pending for Reduction<S> {
 
     fn finish(self: Box<Self>, engine: &mut Engine) -> Result<()> {
         let staged = self.flight.land(&mut engine.arena)?;
+        engine.trace_landed(&self.launched);
         engine.accumulate_reduced::<S>(self.unit, self.layout, self.bucket, staged)
     }
 }
 
-/// A stage-3 all-gather launched ahead of its unit's `gather`, type-erased like [`InFlight`].
-pub(crate) struct Prefetch(Box<dyn PendingGather>);
+/// A stage-3 all-gather launched ahead of its unit's `gather`, type-erased like [`InFlight`],
+/// and its launch until it lands.
+pub(crate) struct Prefetch(Box<dyn PendingGather>, Option<Launched>);
 
 impl std::fmt::Debug for Prefetch {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -86,19 +91,23 @@ impl std::fmt::Debug for Prefetch {
 }
 
 impl Prefetch {
-    pub fn new<S: Store>(flight: Flight) -> Self {
-        Self(Box::new(Gather::<S>::Flying(flight)))
+    pub fn new<S: Store>((flight, launched): (Flight, Launched)) -> Self {
+        Self(Box::new(Gather::<S>::Flying(flight)), Some(launched))
     }
 
     /// Waits for the all-gather and takes its staged block back (unpinned, so compaction may
     /// move it), keeping it until the unit's `gather`.
     pub fn land(&mut self, engine: &mut Engine) -> Result<()> {
-        self.0.land(engine)
+        self.0.land(engine)?;
+        if let Some(launched) = self.1.take() {
+            engine.trace_landed(&launched);
+        }
+        Ok(())
     }
 
     /// Waits for the all-gather and returns the unit's f32 compute copy.
     pub fn finish(mut self, engine: &mut Engine) -> Result<Handle> {
-        self.0.land(engine)?;
+        self.land(engine)?;
         self.0.finish(engine)
     }
 }

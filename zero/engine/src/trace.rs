@@ -3,11 +3,13 @@
 //! overlaps (a collective behind compute, a copy to host behind the next block) can be seen.
 //!
 //! Recording is off until [`Engine::start_trace`]; while on, the engine records a span for
-//! each operation of the model, each engine call around them, each copy of a kept input
+//! each operation of the model, each engine call around them, each collective it launches
+//! ahead of its use (from launch until the engine saw it land), each copy of a kept input
 //! (timed on the copy thread itself), each optimizer step, and a counter of the arena's bytes
 //! after each call. [`chrome_trace`] lays the traces of several ranks out as one document:
 //! one process per rank (`pid`), one thread per [`Lane`] (`tid`), times in microseconds
-//! from the earliest event.
+//! from the earliest event. Collectives in flight overlap each other without nesting, so
+//! they are async events (one row each in Perfetto), the other lanes complete events.
 
 use super::engine::Engine;
 use serde_json::{json, Value};
@@ -25,10 +27,20 @@ pub enum Lane {
     Copy,
     /// Optimizer steps, one span each.
     Optimizer,
+    /// Collectives launched ahead of their use (gradient reductions, stage-3 prefetches),
+    /// from launch until the engine waited for them and saw them land: an upper bound of
+    /// their time on the wire.
+    Collective,
 }
 
 impl Lane {
-    const ALL: [Lane; 4] = [Lane::Compute, Lane::Engine, Lane::Copy, Lane::Optimizer];
+    const ALL: [Lane; 5] = [
+        Lane::Compute,
+        Lane::Engine,
+        Lane::Copy,
+        Lane::Optimizer,
+        Lane::Collective,
+    ];
 
     fn tid(self) -> usize {
         self as usize + 1
@@ -40,6 +52,7 @@ impl Lane {
             Lane::Engine => "engine calls",
             Lane::Copy => "kept-input copies",
             Lane::Optimizer => "optimizer",
+            Lane::Collective => "collectives in flight",
         }
     }
 }
@@ -47,7 +60,7 @@ impl Lane {
 /// One span: `name` on `lane` from `start` to `end`, with the bytes it moved if any.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Span {
-    /// What ran: an operation's `Debug` form, an engine call, a copy.
+    /// What ran: an operation's `Debug` form, an engine call, a collective, a copy.
     pub name: String,
     /// Its track.
     pub lane: Lane,
@@ -55,7 +68,7 @@ pub struct Span {
     pub start: Instant,
     /// When it ended.
     pub end: Instant,
-    /// Bytes it moved (copies).
+    /// Bytes it moved (copies, collectives).
     pub bytes: Option<u64>,
 }
 
@@ -79,6 +92,31 @@ pub struct Trace {
     pub samples: Vec<Sample>,
 }
 
+/// A collective the engine launched, for its span once it lands.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Launched {
+    /// When it was launched.
+    pub at: Instant,
+    /// Which collective (`reduce-scatter`, `all-reduce`, `all-gather`).
+    pub what: &'static str,
+    /// The unit whose blocks it moves.
+    pub unit: usize,
+    /// The bytes of the block it runs on.
+    pub bytes: u64,
+}
+
+impl Launched {
+    /// `what` on `unit`'s block of `bytes` bytes, launched now.
+    pub fn now(what: &'static str, unit: usize, bytes: usize) -> Self {
+        Self {
+            at: Instant::now(),
+            what,
+            unit,
+            bytes: bytes as u64,
+        }
+    }
+}
+
 impl Trace {
     /// Records `name` on `lane` from `start` until now.
     pub fn span_until_now(&mut self, name: String, lane: Lane, start: Instant) {
@@ -99,8 +137,9 @@ impl Trace {
 }
 
 /// The traces of `ranks` (rank, trace) as one Chrome trace document
-/// (`{"traceEvents": [...]}`): complete events (`ph: "X"`) for spans, counter events
-/// (`ph: "C"`) for samples, and names for every process and thread.
+/// (`{"traceEvents": [...]}`): complete events (`ph: "X"`) for spans, a begin and an end
+/// async event (`ph: "b"`, `"e"`, with the span's index as `id`) for each collective,
+/// counter events (`ph: "C"`) for samples, and names for every process and thread.
 pub fn chrome_trace(ranks: &[(usize, &Trace)]) -> Value {
     let origin = ranks.iter().filter_map(|(_, t)| t.origin()).min();
     let Some(origin) = origin else {
@@ -115,13 +154,21 @@ pub fn chrome_trace(ranks: &[(usize, &Trace)]) -> Value {
             events.push(json!({"ph": "M", "name": "thread_name", "pid": rank,
                 "tid": lane.tid(), "args": {"name": lane.name()}}));
         }
-        for s in &trace.spans {
-            let mut event = json!({"ph": "X", "name": s.name, "pid": rank, "tid": s.lane.tid(),
-                "ts": micros(s.start), "dur": micros(s.end) - micros(s.start)});
-            if let Some(bytes) = s.bytes {
-                event["args"] = json!({ "bytes": bytes });
+        for (id, s) in trace.spans.iter().enumerate() {
+            let args = s.bytes.map_or(json!({}), |bytes| json!({ "bytes": bytes }));
+            if s.lane == Lane::Collective {
+                for (ph, at) in [("b", s.start), ("e", s.end)] {
+                    events.push(
+                        json!({"ph": ph, "cat": "collective", "id": id, "name": s.name,
+                        "pid": rank, "tid": s.lane.tid(), "ts": micros(at), "args": args}),
+                    );
+                }
+            } else {
+                events.push(
+                    json!({"ph": "X", "name": s.name, "pid": rank, "tid": s.lane.tid(),
+                    "ts": micros(s.start), "dur": micros(s.end) - micros(s.start), "args": args}),
+                );
             }
-            events.push(event);
         }
         for c in &trace.samples {
             events.push(
@@ -149,6 +196,20 @@ impl Engine {
     pub(crate) fn trace_span(&mut self, lane: Lane, start: Instant, name: impl FnOnce() -> String) {
         if let Some(trace) = &mut self.trace {
             trace.span_until_now(name(), lane, start);
+        }
+    }
+
+    /// Records a collective launched at `launched` (a [`Launched`]) as landing now, when
+    /// recording.
+    pub(crate) fn trace_landed(&mut self, launched: &Launched) {
+        if let Some(trace) = &mut self.trace {
+            trace.spans.push(Span {
+                name: format!("{} of unit {}", launched.what, launched.unit),
+                lane: Lane::Collective,
+                start: launched.at,
+                end: Instant::now(),
+                bytes: Some(launched.bytes),
+            });
         }
     }
 

@@ -1,14 +1,16 @@
 //! The engine's timeline: every operation of a micro-step recorded once, in program order,
 //! without overlap; each offloaded kept input copied out and back once, its fetch landed
-//! before the operation that restores it starts; the optimizer step after them; and the
-//! Chrome trace document holds every span and sample with times from the earliest one.
+//! before the operation that restores it starts; at stage 3 over two ranks each unit's
+//! reduction once and each prefetch landed before its unit is read, some of them in flight
+//! across an operation; and the Chrome trace document holds every span and sample with
+//! times from the earliest one.
 
 #[path = "../examples/mlp/model.rs"]
 #[allow(dead_code)]
 mod model;
 
 use model::{init, micro_batch, Mlp, Shape};
-use zero::{chrome_trace, Engine, EngineConfig, Lane, Trace, ZeroStage};
+use zero::{chrome_trace, Engine, EngineConfig, Lane, Trace, ZeroStage, SHARD_ALIGN_ELEMS};
 
 const SHAPE: Shape = Shape {
     inputs: 6,
@@ -103,10 +105,16 @@ fn the_chrome_document_holds_every_span_and_sample_from_time_zero() {
     let doc = chrome_trace(&[(0, &trace), (1, &trace)]);
     let events = doc["traceEvents"].as_array().unwrap();
     let count = |ph: &str| events.iter().filter(|e| e["ph"] == ph).count();
-    assert_eq!(count("X"), 2 * trace.spans.len());
+    let flights = trace
+        .spans
+        .iter()
+        .filter(|s| s.lane == Lane::Collective)
+        .count();
+    assert_eq!(count("X"), 2 * (trace.spans.len() - flights));
+    assert_eq!((count("b"), count("e")), (2 * flights, 2 * flights));
     assert_eq!(count("C"), 2 * trace.samples.len());
     // Per rank: its process name and one name per lane.
-    assert_eq!(count("M"), 2 * 5);
+    assert_eq!(count("M"), 2 * 6);
     let ts: Vec<f64> = events
         .iter()
         .filter(|e| e["ph"] == "X")
@@ -119,4 +127,89 @@ fn the_chrome_document_holds_every_span_and_sample_from_time_zero() {
         .filter(|e| e["ph"] == "X")
         .all(|e| e["dur"].as_f64().unwrap() >= 0.0));
     assert_eq!(chrome_trace(&[])["traceEvents"], serde_json::json!([]));
+}
+
+/// Rank 0's timeline of one stage-3 micro-step and step over two ranks, one unit
+/// prefetched, no checkpointing; with the program's operations.
+fn traced_stage3_on_two_ranks() -> (Trace, Vec<zero::Op<model::MlpOp>>) {
+    let train = SHAPE.train_program(None);
+    let config = EngineConfig {
+        stage: ZeroStage::Zero3,
+        prefetch_units: 1,
+        ..EngineConfig::default()
+    };
+    let comms = zero_comm::local::create(2).unwrap();
+    let traces: Vec<Trace> = std::thread::scope(|s| {
+        let runs: Vec<_> = comms
+            .into_iter()
+            .map(|comm| {
+                let (train, config) = (&train, config.clone());
+                s.spawn(move || {
+                    let rank = comm.rank();
+                    let mut e =
+                        Engine::new(comm, SHAPE.units(), &[train.schedule()], config, |u, w| {
+                            init(&SHAPE, u, w)
+                        })
+                        .unwrap();
+                    let mut mlp = Mlp::new(SHAPE, None, vec![], vec![]);
+                    let (x, y) = micro_batch(&SHAPE, 0, rank, 0);
+                    mlp.set_batch(x, y);
+                    e.start_trace();
+                    e.micro_step(train, &mut mlp).unwrap();
+                    e.step(1e-3).unwrap();
+                    e.take_trace().unwrap()
+                })
+            })
+            .collect();
+        runs.into_iter().map(|r| r.join().unwrap()).collect()
+    });
+    (traces[0].clone(), train.ops().to_vec())
+}
+
+#[test]
+fn each_reduction_once_and_each_prefetch_landed_before_its_unit_is_read() {
+    let (trace, ops) = traced_stage3_on_two_ranks();
+    let of = |lane| trace.spans.iter().filter(move |s| s.lane == lane);
+    let compute: Vec<_> = of(Lane::Compute).collect();
+    assert_eq!(compute.len(), ops.len());
+    // A unit's f32 block, two shards each rounded up to SHARD_ALIGN_ELEMS: its reduction's
+    // and its gather's bytes (4 MiB buckets hold every unit of this shape whole).
+    let units = SHAPE.units();
+    let shard =
+        |u: usize| units[u].numel.div_ceil(2).div_ceil(SHARD_ALIGN_ELEMS) * SHARD_ALIGN_ELEMS;
+    let bytes = |u: usize| (shard(u) * 2 * 4) as u64;
+    let mut reduced: Vec<usize> = Vec::new();
+    let mut gathers = 0;
+    for flight in of(Lane::Collective) {
+        let (what, unit) = flight
+            .name
+            .split_once(" of unit ")
+            .expect("named by its unit");
+        let unit: usize = unit.parse().unwrap();
+        assert_eq!(flight.bytes, Some(bytes(unit)), "{}", flight.name);
+        assert!(flight.start <= flight.end);
+        match what {
+            "reduce-scatter" => reduced.push(unit),
+            "all-gather" => {
+                gathers += 1;
+                // The first operation reading the unit after the launch starts after landing.
+                let reader = compute
+                    .iter()
+                    .zip(&ops)
+                    .find(|(s, op)| s.start >= flight.start && op.reads.contains(&unit))
+                    .expect("a prefetched unit is read");
+                assert!(flight.end <= reader.0.start, "{} landed late", flight.name);
+            }
+            other => panic!("unexpected collective {other}"),
+        }
+    }
+    reduced.sort_unstable();
+    assert_eq!(reduced, (0..units.len()).collect::<Vec<_>>());
+    assert!(gathers > 0, "stage 3 prefetches");
+    let overlaps =
+        of(Lane::Collective).any(|f| compute.iter().any(|c| f.start < c.start && c.end < f.end));
+    assert!(
+        overlaps,
+        "some collective is in flight across a whole operation"
+    );
 }
