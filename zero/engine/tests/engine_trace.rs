@@ -143,7 +143,7 @@ fn traced_stage3_on_two_ranks() -> (Trace, Vec<zero::Op<model::MlpOp>>) {
         let runs: Vec<_> = comms
             .into_iter()
             .map(|comm| {
-                let (train, config) = (&train, config.clone());
+                let train = &train;
                 s.spawn(move || {
                     let rank = comm.rank();
                     let mut e =
