@@ -78,7 +78,10 @@ fn the_grid_puts_tensor_parallel_ranks_side_by_side() {
         assert_eq!((tp_rank, dp_rank, sizes), (r % 2, r / 2, (2, 3)));
         let pair = (r - r % 2) as f32;
         assert_eq!(sum, pair + pair + 1.0, "rank {r} sums with its neighbour");
-        assert!(refused, "a tensor-parallel size of 4 does not divide 6 ranks");
+        assert!(
+            refused,
+            "a tensor-parallel size of 4 does not divide 6 ranks"
+        );
     }
 }
 
