@@ -54,6 +54,56 @@ pub(crate) enum Progress {
     Backward { next: usize },
     /// Backward finished.
     Done,
+    /// Split over a tensor-parallel group: block `layer`'s split pass has run up to `done`.
+    Split { layer: usize, done: SplitStep },
+}
+
+/// The steps of a block split over a tensor-parallel group, in the order they run: each
+/// compute call, then its collective (the model hands out the buffer the collective runs
+/// on, [`crate::Gpt::tp_partial`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum SplitStep {
+    /// Forward: the attention's partial output (N,C) of this rank's heads.
+    AttentionPartial,
+    /// Forward: that output handed out to be summed over the group.
+    AttentionReduced,
+    /// Forward: the MLP's partial output (N,C) of this rank's columns.
+    MlpPartial,
+    /// Forward: that output handed out to be summed over the group.
+    MlpReduced,
+    /// Backward: this rank's part of d(ln2's output).
+    MlpGradPartial,
+    /// Backward: that gradient handed out to be summed over the group.
+    MlpGradReduced,
+    /// Backward: this rank's part of d(ln1's output).
+    AttentionGradPartial,
+    /// Backward: that gradient handed out to be summed over the group.
+    AttentionGradReduced,
+}
+
+impl SplitStep {
+    /// True for the backward steps.
+    pub(crate) fn is_backward(self) -> bool {
+        matches!(
+            self,
+            Self::MlpGradPartial
+                | Self::MlpGradReduced
+                | Self::AttentionGradPartial
+                | Self::AttentionGradReduced
+        )
+    }
+
+    /// A partial step's reduced twin (the step after its buffer is handed out), or `None`
+    /// when no collective is due.
+    pub(crate) fn reduced(self) -> Option<Self> {
+        match self {
+            Self::AttentionPartial => Some(Self::AttentionReduced),
+            Self::MlpPartial => Some(Self::MlpReduced),
+            Self::MlpGradPartial => Some(Self::MlpGradReduced),
+            Self::AttentionGradPartial => Some(Self::AttentionGradReduced),
+            _ => None,
+        }
+    }
 }
 
 /// Memory an activation buffer lives in, viewed as `S` (a backend's `Slice`): on CPU a
@@ -93,6 +143,8 @@ pub struct Activations<B: Backend = CpuBackend> {
     pub(crate) c: usize,
     /// The model these buffers were sized for; every unit call checks it.
     pub(crate) config: GptConfig,
+    /// The tensor-parallel size they were sized for (1: whole blocks); checked likewise.
+    pub(crate) tp: usize,
     /// Forward buffer: `[input (N,C) | slots x layer region | head region]`; block `l` uses
     /// region `l % slots`.
     pub(crate) fwd: Buffer<B::Slice>,
@@ -180,10 +232,14 @@ impl<B: Backend> Activations<B> {
     /// # Errors
     /// [`GptError::OutOfOrder`] before a loss was computed.
     pub fn losses(&self) -> Result<&B::Slice> {
-        if !matches!(
-            self.progress,
-            Progress::Loss | Progress::HeadWeight | Progress::Backward { .. } | Progress::Done
-        ) {
+        let in_backward = match self.progress {
+            Progress::Loss | Progress::HeadWeight | Progress::Backward { .. } | Progress::Done => {
+                true
+            }
+            Progress::Split { done, .. } => done.is_backward(),
+            _ => false,
+        };
+        if !in_backward {
             return Err(GptError::OutOfOrder {
                 call: "losses",
                 reason: "no head forward with targets since the last embed forward".into(),

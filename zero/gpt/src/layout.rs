@@ -8,10 +8,16 @@
 //! - units 1..=L: one transformer block each (12 tensors, the same table for every block);
 //! - unit L+1: the final LayerNorm, `lnfw` (C), `lnfb` (C).
 //!
+//! Split over a tensor-parallel group of T > 1 ranks ([`ParamLayout::split`]), block `l` is
+//! two units, `1 + 2l` its slice (this rank's part of qkvw, qkvb, attprojw, fcw, fcb,
+//! fcprojw; see `split`) and `2 + 2l` its replicated tensors (ln1w, ln1b, attprojb, ln2w,
+//! ln2b, fcprojb), and the final LayerNorm is unit 2L+1.
+//!
 //! Gradients use the same table: a unit's gradient buffer has the unit's length and the same
 //! offsets. Sizes are element counts, not bytes, so the table serves any dtype.
 
 use super::config::GptConfig;
+use super::split::{replicated_specs, slice_specs};
 
 /// One named tensor inside a unit.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -38,8 +44,18 @@ pub enum UnitKind {
         /// Layer index in `0..L`.
         layer: usize,
     },
-    /// The final LayerNorm (unit L+1).
+    /// The final LayerNorm (unit L+1, or 2L+1 split).
     FinalNorm,
+    /// Split over T > 1 ranks: this rank's slice of block `layer` (unit `1 + 2 * layer`).
+    BlockSlice {
+        /// Layer index in `0..L`.
+        layer: usize,
+    },
+    /// Split over T > 1 ranks: block `layer`'s replicated tensors (unit `2 + 2 * layer`).
+    BlockReplicated {
+        /// Layer index in `0..L`.
+        layer: usize,
+    },
 }
 
 /// One unit's table.
@@ -124,6 +140,8 @@ fn block_specs(c: usize) -> Vec<(&'static str, Vec<usize>)> {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ParamLayout {
     units: Vec<UnitLayout>,
+    /// T, the tensor-parallel size the blocks are split for (1: whole blocks).
+    tensor_parallel: usize,
 }
 
 impl ParamLayout {
@@ -146,7 +164,78 @@ impl ParamLayout {
             UnitKind::FinalNorm,
             vec![("lnfw", vec![c]), ("lnfb", vec![c])],
         ));
-        Self { units }
+        Self {
+            units,
+            tensor_parallel: 1,
+        }
+    }
+
+    /// The table of one rank of a tensor-parallel group of `tp` ranks: at `tp` = 1
+    /// [`ParamLayout::new`]'s, above it each block as two units, its slice then its
+    /// replicated tensors (see the module doc). `tp` must have passed
+    /// [`TpSplit::validate`](crate::TpSplit::validate).
+    #[must_use]
+    pub fn split(config: &GptConfig, tp: usize) -> Self {
+        let mut layout = Self::new(config);
+        if tp <= 1 {
+            return layout;
+        }
+        let c = config.channels;
+        let final_norm = layout.units.pop();
+        layout.units.truncate(1);
+        for layer in 0..config.num_layers {
+            let slice = UnitLayout::new(UnitKind::BlockSlice { layer }, slice_specs(c, tp));
+            layout.units.push(slice);
+            let replicated =
+                UnitLayout::new(UnitKind::BlockReplicated { layer }, replicated_specs(c));
+            layout.units.push(replicated);
+        }
+        layout.units.extend(final_norm);
+        layout.tensor_parallel = tp;
+        layout
+    }
+
+    /// T, the tensor-parallel size the blocks are split for (1: whole blocks).
+    #[must_use]
+    pub fn tensor_parallel(&self) -> usize {
+        self.tensor_parallel
+    }
+
+    /// L.
+    #[must_use]
+    pub fn num_layers(&self) -> usize {
+        (self.units.len() - 2) / self.units_per_block()
+    }
+
+    /// Units per block: 1, or 2 split over T > 1 ranks.
+    fn units_per_block(&self) -> usize {
+        if self.tensor_parallel > 1 {
+            2
+        } else {
+            1
+        }
+    }
+
+    /// The units holding block `layer`'s parameters: `[layer + 1]`, or split over T > 1
+    /// ranks its slice and its replicated unit.
+    #[must_use]
+    pub fn block_units(&self, layer: usize) -> Vec<usize> {
+        match self.units_per_block() {
+            1 => vec![Self::block_unit(layer)],
+            _ => vec![Self::slice_unit(layer), Self::replicated_unit(layer)],
+        }
+    }
+
+    /// Split over T > 1 ranks: the unit of block `layer`'s slice.
+    #[must_use]
+    pub fn slice_unit(layer: usize) -> usize {
+        1 + 2 * layer
+    }
+
+    /// Split over T > 1 ranks: the unit of block `layer`'s replicated tensors.
+    #[must_use]
+    pub fn replicated_unit(layer: usize) -> usize {
+        2 + 2 * layer
     }
 
     /// All units, in order: embedding, blocks 0..L, final norm.
@@ -173,7 +262,7 @@ impl ParamLayout {
         self.units.iter().map(|u| u.len).sum()
     }
 
-    /// Unit index of block `layer`.
+    /// Unit index of block `layer` (whole blocks, T = 1).
     #[must_use]
     pub fn block_unit(layer: usize) -> usize {
         layer + 1

@@ -38,6 +38,7 @@ mod layout;
 mod model;
 mod program;
 mod sample;
+mod split;
 mod views;
 
 pub use activations::{
@@ -49,8 +50,9 @@ pub use config::{
     pad_vocab, GptConfig, GPT2_VOCAB_SIZE, MAX_LAYERS_OR_HEADS, PRESET_NAMES, VOCAB_PAD_MULTIPLE,
 };
 pub use error::{GptError, Result};
-pub use init::{init_params, init_unit, Rng, INIT_STD};
+pub use init::{init_params, init_split_unit, init_unit, Rng, INIT_STD};
 pub use layout::{decays, ParamLayout, TensorSpec, UnitKind, UnitLayout};
 pub use model::Gpt;
 pub use program::{checkpoint_segment, forward_ops, is_recomputed, train_ops, GptOp};
 pub use sample::sample_top_k;
+pub use split::{slice_block, TpSplit};

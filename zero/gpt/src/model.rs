@@ -22,6 +22,8 @@
 mod checks;
 mod head;
 mod kept_io;
+mod split;
+mod split_backward;
 mod step;
 
 use super::activations::{Activations, Progress};
@@ -29,6 +31,7 @@ use super::backend::{Backend, CpuBackend, View};
 use super::config::GptConfig;
 use super::error::{GptError, Result};
 use super::layout::ParamLayout;
+use super::split::TpSplit;
 use super::views::{carve, carve_mut, sub, sub_mut};
 use checks::check_ids;
 
@@ -39,6 +42,8 @@ pub struct Gpt<B: Backend = CpuBackend> {
     config: GptConfig,
     layout: ParamLayout,
     backend: B,
+    /// This rank's place in its tensor-parallel group ([`TpSplit::NONE`]: whole blocks).
+    split: TpSplit,
 }
 
 impl Gpt {
@@ -62,7 +67,35 @@ impl<B: Backend> Gpt<B> {
             layout: ParamLayout::new(&config),
             config,
             backend,
+            split: TpSplit::NONE,
         })
+    }
+
+    /// Rank `split.rank` of a tensor-parallel group of `split.size` ranks running a model of
+    /// shape `config` on `backend`, Megatron's way (see `model::split` for the calls and
+    /// where the group's reductions go). Its layout is [`ParamLayout::split`]: each block is
+    /// two units, this rank's slice and the replicated tensors; the embedding, the tied LM
+    /// head and the final LayerNorm stay whole on every rank in this version. At
+    /// `split.size` = 1 the same model as [`Gpt::with_backend`].
+    ///
+    /// # Errors
+    /// [`GptError::InvalidConfig`] if `config` does not validate, or `split` does not
+    /// ([`TpSplit::validate`]: T must divide the heads).
+    pub fn with_tensor_parallel(config: GptConfig, backend: B, split: TpSplit) -> Result<Self> {
+        config.validate()?;
+        split.validate(&config)?;
+        Ok(Self {
+            layout: ParamLayout::split(&config, split.size),
+            config,
+            backend,
+            split,
+        })
+    }
+
+    /// This rank's place in its tensor-parallel group ([`TpSplit::NONE`] when whole).
+    #[must_use]
+    pub fn tensor_parallel(&self) -> TpSplit {
+        self.split
     }
 
     /// The backend that runs the kernels.
@@ -113,7 +146,17 @@ impl<B: Backend> Gpt<B> {
         t: usize,
         every: Option<usize>,
     ) -> Result<Activations<B>> {
-        Activations::in_backend(&self.backend, &self.config, b, t, every)
+        if self.split.size == 1 {
+            return Activations::in_backend(&self.backend, &self.config, b, t, every);
+        }
+        if every.is_some() {
+            return Err(GptError::BadBatch {
+                batch: b,
+                seq_len: t,
+                reason: "activation checkpointing is not implemented for split blocks",
+            });
+        }
+        Activations::in_backend_split(&self.backend, &self.config, b, t, self.split.size)
     }
 
     /// Embeds `tokens` (B,T): `encoded = wte[tokens] + wpe`. Starts a new forward pass.

@@ -91,10 +91,42 @@ impl<B: Backend> Activations<B> {
         b: usize,
         t: usize,
         every: Option<usize>,
-        mut alloc: impl FnMut(usize, usize) -> std::result::Result<Buffer<B::Slice>, E>,
+        alloc: impl FnMut(usize, usize) -> std::result::Result<Buffer<B::Slice>, E>,
         kept: KeptBy,
     ) -> std::result::Result<Self, E> {
-        let sizes = Sizes::new(config, b, t, every)?;
+        Self::build(backend, config, b, t, every, alloc, kept, 1)
+    }
+
+    /// Buffers for one rank of a tensor-parallel group of `tp` ranks (`tp` must divide NH),
+    /// in `backend`'s memory, every activation kept: the views of this rank's heads and MLP
+    /// columns are `tp` times smaller (see [`Sizes::split`]).
+    ///
+    /// # Errors
+    /// As [`Activations::in_backend`]; also a `tp` that does not divide NH.
+    pub(crate) fn in_backend_split(
+        backend: &B,
+        config: &GptConfig,
+        b: usize,
+        t: usize,
+        tp: usize,
+    ) -> Result<Self> {
+        let alloc = |_, len| backend.alloc(len);
+        Self::build(backend, config, b, t, None, alloc, KeptBy::Model, tp)
+    }
+
+    /// [`Activations::with_backend_memory`] sized for a tensor-parallel size `tp`.
+    #[allow(clippy::too_many_arguments)]
+    fn build<E: From<GptError>>(
+        backend: &B,
+        config: &GptConfig,
+        b: usize,
+        t: usize,
+        every: Option<usize>,
+        mut alloc: impl FnMut(usize, usize) -> std::result::Result<Buffer<B::Slice>, E>,
+        kept: KeptBy,
+        tp: usize,
+    ) -> std::result::Result<Self, E> {
+        let sizes = Sizes::split(config, b, t, every, tp)?;
         // Handed over before the backend runs anything, the fills below included; not
         // zeroed (the backend writes its scratch before reading it).
         let scratch_len = backend.scratch_len(config, b, t)?;
@@ -143,6 +175,7 @@ impl<B: Backend> Activations<B> {
             t,
             c: config.channels,
             config: *config,
+            tp,
             fwd,
             kept,
             grad,

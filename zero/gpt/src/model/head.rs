@@ -28,7 +28,9 @@ impl<B: Backend> Gpt<B> {
         let last = self.layout.final_norm_unit();
         self.check_unit(last, final_norm.len(), "final norm parameters")?;
         self.check_unit(0, embed.len(), "embedding parameters")?;
-        self.check_call_order(acts, Progress::Forward { next: last }, "head_forward")?;
+        // Progress counts positions: the embedding 0, block l at l + 1, the head at L+1.
+        let head = self.config.num_layers + 1;
+        self.check_call_order(acts, Progress::Forward { next: head }, "head_forward")?;
         if let Some(targets) = targets {
             check_ids("targets", targets, acts.b * acts.t, self.config.vocab_size)?;
             self.backend
@@ -149,7 +151,7 @@ impl<B: Backend> Gpt<B> {
         self.backend
             .matmul_backward_weight(dwte, None, dlogits, lnf, n, c, vp);
         acts.progress = Progress::Backward {
-            next: self.layout.final_norm_unit() - 1,
+            next: self.config.num_layers,
         };
         Ok(())
     }

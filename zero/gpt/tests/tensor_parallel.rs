@@ -1,0 +1,474 @@
+//! Megatron-style tensor parallelism of the blocks, on the CPU: T ranks of a split model
+//! ([`Gpt::with_tensor_parallel`]) run in lockstep in one thread, the group's all-reduces
+//! done here by a naive sum of the ranks' buffers (rank order, the sum written back to every
+//! rank), against the whole model (T = 1) from the same seed. The ranks' gradient slices
+//! are put back into whole tensors by this file's own index arithmetic.
+//!
+//! Legend: T the tensor-parallel size, B batch, S sequence, C channels, NH heads, L layers.
+
+use zero_gpt::{
+    init_params, init_split_unit, Activations, CpuBackend, Gpt, GptConfig, GptError, ParamLayout,
+    TpSplit,
+};
+
+const B: usize = 2;
+const S: usize = 8;
+const SEED: u64 = 1234;
+/// The largest relative difference allowed between a gradient at T > 1 and at T = 1.
+const GRAD_TOL: f64 = 1e-5;
+/// The largest relative difference allowed between the losses.
+const LOSS_TOL: f64 = 1e-6;
+
+/// L = 2, NH = 4, C = 32, maxS = 16, V = 50 (padded to 128).
+fn config() -> GptConfig {
+    GptConfig::new(16, 50, 2, 4, 32).unwrap()
+}
+
+/// Deterministic tokens and targets (B, S), every id below V.
+fn batch(cfg: &GptConfig) -> (Vec<u32>, Vec<u32>) {
+    let v = cfg.vocab_size as u32;
+    let tokens: Vec<u32> = (0..(B * S) as u32).map(|i| (i * 7 + 3) % v).collect();
+    let targets: Vec<u32> = (0..(B * S) as u32).map(|i| (i * 11 + 5) % v).collect();
+    (tokens, targets)
+}
+
+fn zeros(layout: &ParamLayout) -> Vec<Vec<f32>> {
+    layout.unit_lens().iter().map(|&n| vec![0.0; n]).collect()
+}
+
+/// One step of the whole model: the loss and the gradients, one buffer per unit.
+fn whole_step(cfg: &GptConfig) -> (f32, Vec<Vec<f32>>) {
+    let model = Gpt::new(*cfg).unwrap();
+    let params = init_params(cfg, model.layout(), SEED);
+    let mut grads = zeros(model.layout());
+    let mut acts = model.activations(B, S).unwrap();
+    let (tokens, targets) = batch(cfg);
+    let loss = model
+        .forward_backward(&mut acts, &params, &mut grads, &tokens, &targets)
+        .unwrap();
+    (loss, grads)
+}
+
+/// One rank of the group: its model, its units (split layout), its gradients, activations.
+struct Rank {
+    model: Gpt,
+    params: Vec<Vec<f32>>,
+    grads: Vec<Vec<f32>>,
+    acts: Activations,
+}
+
+fn ranks(cfg: &GptConfig, t: usize) -> Vec<Rank> {
+    (0..t)
+        .map(|rank| {
+            let split = TpSplit { size: t, rank };
+            let model = Gpt::with_tensor_parallel(*cfg, CpuBackend, split).unwrap();
+            let layout = model.layout().clone();
+            let params = (0..layout.num_units())
+                .map(|unit| {
+                    let mut buf = vec![0.0; layout.units()[unit].len];
+                    init_split_unit(cfg, &layout, split, unit, SEED, &mut buf).unwrap();
+                    buf
+                })
+                .collect();
+            let acts = model.activations(B, S).unwrap();
+            Rank {
+                model,
+                params,
+                grads: zeros(&layout),
+                acts,
+            }
+        })
+        .collect()
+}
+
+/// The group's all-reduce (sum): every rank's due buffer summed in rank order, and the sum
+/// written back to every rank, so every rank holds the same bits.
+fn all_reduce(ranks: &mut [Rank]) {
+    let mut bufs: Vec<&mut [f32]> = ranks
+        .iter_mut()
+        .map(|r| r.model.tp_partial(&mut r.acts).unwrap())
+        .collect();
+    let mut sum = vec![0.0f32; bufs[0].len()];
+    for buf in &bufs {
+        for (s, &x) in sum.iter_mut().zip(buf.iter()) {
+            *s += x;
+        }
+    }
+    for buf in &mut bufs {
+        buf.copy_from_slice(&sum);
+    }
+}
+
+/// A broken collective: the buffers are taken but left as they are (each rank keeps only
+/// its own part), to show the comparison catches a missing reduction.
+fn no_reduce(ranks: &mut [Rank]) {
+    for r in ranks {
+        r.model.tp_partial(&mut r.acts).unwrap();
+    }
+}
+
+fn each(ranks: &mut [Rank], mut call: impl FnMut(&mut Rank) -> Result<(), GptError>) {
+    for r in ranks {
+        call(r).unwrap();
+    }
+}
+
+/// Block `layer`'s gradient units of one rank: (slice, replicated).
+fn block_grads(grads: &mut [Vec<f32>], layer: usize) -> (&mut [f32], &mut [f32]) {
+    let (su, ru) = (
+        ParamLayout::slice_unit(layer),
+        ParamLayout::replicated_unit(layer),
+    );
+    let (before, after) = grads.split_at_mut(ru);
+    (&mut before[su], &mut after[0])
+}
+
+/// Forward of the split blocks on every rank, in lockstep, `reduce` between the calls.
+fn tp_forward(ranks: &mut [Rank], layers: usize, tokens: &[u32], reduce: fn(&mut [Rank])) {
+    each(ranks, |r| {
+        r.model.embed_forward(&mut r.acts, &r.params[0], tokens)
+    });
+    for layer in 0..layers {
+        let (su, ru) = (
+            ParamLayout::slice_unit(layer),
+            ParamLayout::replicated_unit(layer),
+        );
+        each(ranks, |r| {
+            r.model
+                .tp_attention_forward(&mut r.acts, layer, &r.params[su], &r.params[ru])
+        });
+        reduce(ranks);
+        each(ranks, |r| {
+            r.model
+                .tp_mlp_forward(&mut r.acts, layer, &r.params[su], &r.params[ru])
+        });
+        reduce(ranks);
+        each(ranks, |r| r.model.tp_block_output(&mut r.acts, layer));
+    }
+}
+
+/// Backward of the split blocks on every rank, in lockstep, `reduce` between the calls.
+fn tp_backward(ranks: &mut [Rank], layers: usize, reduce: fn(&mut [Rank])) {
+    for layer in (0..layers).rev() {
+        let (su, ru) = (
+            ParamLayout::slice_unit(layer),
+            ParamLayout::replicated_unit(layer),
+        );
+        each(ranks, |r| {
+            let (sg, rg) = block_grads(&mut r.grads, layer);
+            let params = [&r.params[su][..], &r.params[ru][..]];
+            r.model.tp_mlp_backward(&mut r.acts, layer, params, sg, rg)
+        });
+        reduce(ranks);
+        each(ranks, |r| {
+            let (sg, rg) = block_grads(&mut r.grads, layer);
+            let params = [&r.params[su][..], &r.params[ru][..]];
+            r.model
+                .tp_attention_backward(&mut r.acts, layer, params, sg, rg)
+        });
+        reduce(ranks);
+        each(ranks, |r| {
+            let (_, rg) = block_grads(&mut r.grads, layer);
+            r.model
+                .tp_block_input_grad(&mut r.acts, layer, &r.params[ru], rg)
+        });
+    }
+}
+
+/// One training step of the group; returns every rank's loss.
+fn tp_step(ranks: &mut [Rank], cfg: &GptConfig, reduce: fn(&mut [Rank])) -> Vec<f32> {
+    let (tokens, targets) = batch(cfg);
+    let (layers, last) = (cfg.num_layers, 2 * cfg.num_layers + 1);
+    tp_forward(ranks, layers, &tokens, reduce);
+    let mut losses = Vec::new();
+    for r in ranks.iter_mut() {
+        let (embed, final_norm) = (&r.params[0], &r.params[last]);
+        let loss = r
+            .model
+            .head_forward(&mut r.acts, final_norm, embed, Some(&targets))
+            .unwrap();
+        losses.push(loss.unwrap());
+    }
+    each(ranks, |r| {
+        let (embed_grad, rest) = r.grads.split_at_mut(1);
+        let (embed, final_norm) = (&r.params[0], &r.params[last]);
+        let final_grad = &mut rest[last - 1];
+        r.model.head_backward(
+            &mut r.acts,
+            final_norm,
+            embed,
+            final_grad,
+            &mut embed_grad[0],
+        )
+    });
+    tp_backward(ranks, layers, reduce);
+    each(ranks, |r| {
+        r.model.embed_backward(&mut r.acts, &mut r.grads[0])
+    });
+    losses
+}
+
+/// Rank parts of a whole (rows, cols) matrix put back together: rank r's part of each
+/// `groups` consecutive row groups (rows split, `cols_split` false) or of every row
+/// (columns split). `parts[r]` is rank r's tensor.
+fn gather(parts: &[&[f32]], rows: usize, cols: usize, groups: usize, cols_split: bool) -> Vec<f32> {
+    let t = parts.len();
+    let mut whole = vec![f32::NAN; rows * cols];
+    for (r, part) in parts.iter().enumerate() {
+        if cols_split {
+            let w = cols / t;
+            for row in 0..rows {
+                for j in 0..w {
+                    whole[row * cols + r * w + j] = part[row * w + j];
+                }
+            }
+        } else {
+            let (group, h) = (rows / groups, rows / groups / t);
+            for g in 0..groups {
+                for i in 0..h {
+                    for j in 0..cols {
+                        whole[(g * group + r * h + i) * cols + j] = part[(g * h + i) * cols + j];
+                    }
+                }
+            }
+        }
+    }
+    whole
+}
+
+/// Tensor `name` of a block, whole, from every rank's gradient units: sliced tensors
+/// gathered, replicated ones taken from `rank`.
+fn whole_block_tensor(ranks: &[Rank], layer: usize, name: &str, c: usize, rank: usize) -> Vec<f32> {
+    let (su, ru) = (
+        ParamLayout::slice_unit(layer),
+        ParamLayout::replicated_unit(layer),
+    );
+    let tensor = |r: &Rank, unit: usize| -> Vec<f32> {
+        let spec = r.model.layout().units()[unit].tensor(name).unwrap();
+        r.grads[unit][spec.offset..spec.offset + spec.len].to_vec()
+    };
+    let sliced = ["qkvw", "qkvb", "attprojw", "fcw", "fcb", "fcprojw"];
+    if !sliced.contains(&name) {
+        return tensor(&ranks[rank], ru);
+    }
+    let parts: Vec<Vec<f32>> = ranks.iter().map(|r| tensor(r, su)).collect();
+    let parts: Vec<&[f32]> = parts.iter().map(Vec::as_slice).collect();
+    match name {
+        "qkvw" => gather(&parts, 3 * c, c, 3, false),
+        "qkvb" => gather(&parts, 3 * c, 1, 3, false),
+        "fcw" => gather(&parts, 4 * c, c, 1, false),
+        "fcb" => gather(&parts, 4 * c, 1, 1, false),
+        "attprojw" => gather(&parts, c, c, 1, true),
+        _ => gather(&parts, c, 4 * c, 1, true), // fcprojw
+    }
+}
+
+/// max |got - want| / max |want|: the relative difference of a tensor.
+fn rel_diff(got: &[f32], want: &[f32]) -> f64 {
+    assert_eq!(got.len(), want.len());
+    let scale = want.iter().map(|&x| f64::from(x).abs()).fold(0.0, f64::max);
+    let diff = got
+        .iter()
+        .zip(want)
+        .map(|(&g, &w)| (f64::from(g) - f64::from(w)).abs())
+        .fold(0.0, f64::max);
+    if scale == 0.0 {
+        diff
+    } else {
+        diff / scale
+    }
+}
+
+/// Every gradient tensor of the group against the whole model's, as (name, relative
+/// difference); replicated tensors are compared on every rank.
+fn compare_grads(ranks: &[Rank], cfg: &GptConfig, whole: &[Vec<f32>]) -> Vec<(String, f64)> {
+    let whole_layout = ParamLayout::new(cfg);
+    let last = 2 * cfg.num_layers + 1;
+    let mut out = Vec::new();
+    for (rank, r) in ranks.iter().enumerate() {
+        out.push((
+            format!("embedding rank {rank}"),
+            rel_diff(&r.grads[0], &whole[0]),
+        ));
+        let final_norm = &whole[whole_layout.final_norm_unit()];
+        out.push((
+            format!("final norm rank {rank}"),
+            rel_diff(&r.grads[last], final_norm),
+        ));
+        for layer in 0..cfg.num_layers {
+            let unit = &whole_layout.units()[ParamLayout::block_unit(layer)];
+            for spec in &unit.tensors {
+                let got = whole_block_tensor(ranks, layer, spec.name, cfg.channels, rank);
+                let want = &whole[ParamLayout::block_unit(layer)][spec.offset..][..spec.len];
+                out.push((
+                    format!("block {layer} {} rank {rank}", spec.name),
+                    rel_diff(&got, want),
+                ));
+            }
+        }
+    }
+    out
+}
+
+/// The group of `t` against the whole model: the losses within [`LOSS_TOL`], every gradient
+/// within [`GRAD_TOL`]; returns the largest gradient difference seen.
+fn check_group(t: usize) -> f64 {
+    let cfg = config();
+    let (loss, whole) = whole_step(&cfg);
+    let mut group = ranks(&cfg, t);
+    let losses = tp_step(&mut group, &cfg, all_reduce);
+    for (rank, &l) in losses.iter().enumerate() {
+        let rel = (f64::from(l) - f64::from(loss)).abs() / f64::from(loss).abs();
+        println!("T={t} rank {rank}: loss {l} (whole {loss}), relative difference {rel:e}");
+        assert!(rel <= LOSS_TOL, "T={t} rank {rank}: loss {l} vs {loss}");
+        assert_eq!(
+            l.to_bits(),
+            losses[0].to_bits(),
+            "ranks disagree on the loss"
+        );
+    }
+    let diffs = compare_grads(&group, &cfg, &whole);
+    let (worst, max) = diffs
+        .iter()
+        .max_by(|a, b| a.1.total_cmp(&b.1))
+        .cloned()
+        .unwrap();
+    println!("T={t}: max gradient relative difference {max:e} ({worst})");
+    for (name, diff) in &diffs {
+        assert!(*diff <= GRAD_TOL, "T={t}: {name} differs by {diff:e}");
+    }
+    max
+}
+
+#[test]
+fn two_ranks_match_the_whole_model() {
+    check_group(2);
+}
+
+#[test]
+fn four_ranks_match_the_whole_model() {
+    check_group(4);
+}
+
+#[test]
+fn a_missing_reduction_is_caught() {
+    let cfg = config();
+    let (_, whole) = whole_step(&cfg);
+    let mut group = ranks(&cfg, 2);
+    tp_step(&mut group, &cfg, no_reduce);
+    let max = compare_grads(&group, &cfg, &whole)
+        .into_iter()
+        .map(|(_, d)| d)
+        .fold(0.0, f64::max);
+    println!("without the reductions: max gradient relative difference {max:e}");
+    assert!(
+        max > 1e3 * GRAD_TOL,
+        "a missing reduction went unseen ({max:e})"
+    );
+}
+
+#[test]
+fn replicated_gradients_are_the_same_on_every_rank() {
+    let cfg = config();
+    let mut group = ranks(&cfg, 2);
+    tp_step(&mut group, &cfg, all_reduce);
+    let last = 2 * cfg.num_layers + 1;
+    let mut units = vec![0, last];
+    units.extend((0..cfg.num_layers).map(ParamLayout::replicated_unit));
+    for unit in units {
+        let (a, b) = (&group[0].grads[unit], &group[1].grads[unit]);
+        assert!(a.iter().any(|&x| x != 0.0), "unit {unit} got no gradient");
+        let same = a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits());
+        assert!(same, "unit {unit}: rank 0 and rank 1 differ");
+    }
+    // The slices differ: each rank holds its own part.
+    let slice = ParamLayout::slice_unit(0);
+    assert_ne!(group[0].grads[slice], group[1].grads[slice]);
+}
+
+fn invalid_field(err: GptError) -> &'static str {
+    match err {
+        GptError::InvalidConfig { field, .. } => field,
+        other => panic!("expected InvalidConfig, got {other}"),
+    }
+}
+
+#[test]
+fn a_size_that_does_not_divide_the_heads_is_refused() {
+    let cfg = config(); // NH = 4
+    let split = |size, rank| Gpt::with_tensor_parallel(cfg, CpuBackend, TpSplit { size, rank });
+    let err = split(3, 0).unwrap_err();
+    assert!(err.to_string().contains("num_heads"), "{err}");
+    assert_eq!(invalid_field(err), "num_heads");
+    assert_eq!(invalid_field(split(8, 0).unwrap_err()), "num_heads");
+    assert_eq!(
+        invalid_field(split(0, 0).unwrap_err()),
+        "tensor_parallel_size"
+    );
+    assert_eq!(
+        invalid_field(split(2, 2).unwrap_err()),
+        "tensor_parallel_rank"
+    );
+    assert!(TpSplit { size: 4, rank: 3 }.validate(&cfg).is_ok());
+}
+
+#[test]
+fn whole_and_split_calls_do_not_mix() {
+    let cfg = config();
+    let mut group = ranks(&cfg, 2);
+    let (tokens, targets) = batch(&cfg);
+    let r = &mut group[0];
+    // A split model runs no whole block, so no whole-model step either.
+    let mut grads = zeros(r.model.layout());
+    let err = r
+        .model
+        .forward_backward(&mut r.acts, &r.params, &mut grads, &tokens, &targets)
+        .unwrap_err();
+    assert!(matches!(err, GptError::OutOfOrder { .. }), "{err}");
+    // A whole model runs no split call, and refuses a split model's activations.
+    let whole = Gpt::new(cfg).unwrap();
+    let mut acts = whole.activations(B, S).unwrap();
+    let params = init_params(&cfg, whole.layout(), SEED);
+    whole.embed_forward(&mut acts, &params[0], &tokens).unwrap();
+    let err = whole
+        .tp_attention_forward(&mut acts, 0, &params[1], &params[1])
+        .unwrap_err();
+    assert!(err.to_string().contains("not split"), "{err}");
+    let err = whole
+        .embed_forward(&mut r.acts, &params[0], &tokens)
+        .unwrap_err();
+    assert!(matches!(err, GptError::BadBatch { .. }), "{err}");
+    // Checkpointing is not implemented for split blocks.
+    assert!(r.model.activations_checkpointed(B, S, Some(1)).is_err());
+}
+
+#[test]
+fn a_call_before_its_reduction_is_refused() {
+    let cfg = config();
+    let mut group = ranks(&cfg, 2);
+    let (tokens, _) = batch(&cfg);
+    let r = &mut group[0];
+    let (su, ru) = (ParamLayout::slice_unit(0), ParamLayout::replicated_unit(0));
+    r.model
+        .embed_forward(&mut r.acts, &r.params[0], &tokens)
+        .unwrap();
+    assert!(r.model.tp_partial(&mut r.acts).is_err(), "nothing due yet");
+    r.model
+        .tp_attention_forward(&mut r.acts, 0, &r.params[su], &r.params[ru])
+        .unwrap();
+    let err = r
+        .model
+        .tp_mlp_forward(&mut r.acts, 0, &r.params[su], &r.params[ru])
+        .unwrap_err();
+    assert!(matches!(err, GptError::OutOfOrder { .. }), "{err}");
+    assert_eq!(
+        r.model.tp_partial(&mut r.acts).unwrap().len(),
+        B * S * cfg.channels
+    );
+    assert!(r.model.tp_partial(&mut r.acts).is_err(), "handed out once");
+    r.model
+        .tp_mlp_forward(&mut r.acts, 0, &r.params[su], &r.params[ru])
+        .unwrap();
+    let err = r.model.tp_block_output(&mut r.acts, 0).unwrap_err();
+    assert!(matches!(err, GptError::OutOfOrder { .. }), "{err}");
+}
