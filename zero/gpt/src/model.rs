@@ -24,6 +24,7 @@ mod head;
 mod kept_io;
 mod split;
 mod split_backward;
+mod split_step;
 mod step;
 
 use super::activations::{Activations, Progress};

@@ -6,9 +6,12 @@
 //!
 //! Legend: T the tensor-parallel size, B batch, S sequence, C channels, NH heads, L layers.
 
+use std::sync::{Barrier, Mutex};
+use std::thread;
+
 use zero_gpt::{
-    init_params, init_split_unit, Activations, CpuBackend, Gpt, GptConfig, GptError, ParamLayout,
-    TpSplit,
+    init_params, init_split_unit, slice_block, Activations, CpuBackend, Gpt, GptConfig, GptError,
+    ParamLayout, Rng, TpSplit, UnitKind,
 };
 
 const B: usize = 2;
@@ -36,15 +39,30 @@ fn zeros(layout: &ParamLayout) -> Vec<Vec<f32>> {
     layout.unit_lens().iter().map(|&n| vec![0.0; n]).collect()
 }
 
-/// One step of the whole model: the loss and the gradients, one buffer per unit.
-fn whole_step(cfg: &GptConfig) -> (f32, Vec<Vec<f32>>) {
+/// The whole model's parameters: the seeded init, or (`perturbed`) every element scaled by
+/// 3 and moved by up to ±0.1, so that the biases and LayerNorm parameters are not their
+/// init's 0 and 1 (a row-parallel bias added by every rank, or by none, would show) and the
+/// attention is far from uniform.
+fn whole_params(cfg: &GptConfig, perturbed: bool) -> Vec<Vec<f32>> {
+    let mut params = init_params(cfg, &ParamLayout::new(cfg), SEED);
+    if perturbed {
+        let mut rng = Rng::new(99);
+        for x in params.iter_mut().flatten() {
+            *x = *x * 3.0 + (0.2 * rng.uniform() - 0.1) as f32;
+        }
+    }
+    params
+}
+
+/// One step of the whole model from `params`: the loss and the gradients, one buffer per
+/// unit.
+fn whole_step(cfg: &GptConfig, params: &[Vec<f32>]) -> (f32, Vec<Vec<f32>>) {
     let model = Gpt::new(*cfg).unwrap();
-    let params = init_params(cfg, model.layout(), SEED);
     let mut grads = zeros(model.layout());
     let mut acts = model.activations(B, S).unwrap();
     let (tokens, targets) = batch(cfg);
     let loss = model
-        .forward_backward(&mut acts, &params, &mut grads, &tokens, &targets)
+        .forward_backward(&mut acts, params, &mut grads, &tokens, &targets)
         .unwrap();
     (loss, grads)
 }
@@ -57,26 +75,74 @@ struct Rank {
     acts: Activations,
 }
 
+/// Rank `split.rank`, its units made by `unit(layout, index, buffer)`.
+fn rank(
+    cfg: &GptConfig,
+    split: TpSplit,
+    mut unit: impl FnMut(&ParamLayout, usize, &mut [f32]),
+) -> Rank {
+    let model = Gpt::with_tensor_parallel(*cfg, CpuBackend, split).unwrap();
+    let layout = model.layout().clone();
+    let params = (0..layout.num_units())
+        .map(|index| {
+            let mut buf = vec![0.0; layout.units()[index].len];
+            unit(&layout, index, &mut buf);
+            buf
+        })
+        .collect();
+    let acts = model.activations(B, S).unwrap();
+    Rank {
+        model,
+        params,
+        grads: zeros(&layout),
+        acts,
+    }
+}
+
+/// A group of `t` ranks initialised by [`init_split_unit`] from [`SEED`].
 fn ranks(cfg: &GptConfig, t: usize) -> Vec<Rank> {
+    let init = |split| {
+        move |layout: &ParamLayout, unit, out: &mut [f32]| {
+            init_split_unit(cfg, layout, split, unit, SEED, out).unwrap();
+        }
+    };
     (0..t)
-        .map(|rank| {
-            let split = TpSplit { size: t, rank };
-            let model = Gpt::with_tensor_parallel(*cfg, CpuBackend, split).unwrap();
-            let layout = model.layout().clone();
-            let params = (0..layout.num_units())
-                .map(|unit| {
-                    let mut buf = vec![0.0; layout.units()[unit].len];
-                    init_split_unit(cfg, &layout, split, unit, SEED, &mut buf).unwrap();
-                    buf
-                })
-                .collect();
-            let acts = model.activations(B, S).unwrap();
-            Rank {
-                model,
-                params,
-                grads: zeros(&layout),
-                acts,
+        .map(|r| {
+            rank(
+                cfg,
+                TpSplit { size: t, rank: r },
+                init(TpSplit { size: t, rank: r }),
+            )
+        })
+        .collect()
+}
+
+/// A group of `t` ranks holding `whole` (the whole model's units), sliced by
+/// [`slice_block`].
+fn ranks_from(cfg: &GptConfig, t: usize, whole: &[Vec<f32>]) -> Vec<Rank> {
+    let whole_layout = ParamLayout::new(cfg);
+    let cut = |split| {
+        let whole_layout = &whole_layout;
+        move |layout: &ParamLayout, unit: usize, out: &mut [f32]| {
+            let part = &layout.units()[unit];
+            match part.kind {
+                UnitKind::BlockSlice { layer } | UnitKind::BlockReplicated { layer } => {
+                    let from = ParamLayout::block_unit(layer);
+                    let spec = &whole_layout.units()[from];
+                    slice_block(cfg, split, spec, &whole[from], part, out).unwrap();
+                }
+                UnitKind::FinalNorm => out.copy_from_slice(&whole[cfg.num_layers + 1]),
+                _ => out.copy_from_slice(&whole[0]),
             }
+        }
+    };
+    (0..t)
+        .map(|r| {
+            rank(
+                cfg,
+                TpSplit { size: t, rank: r },
+                cut(TpSplit { size: t, rank: r }),
+            )
         })
         .collect()
 }
@@ -263,7 +329,8 @@ fn whole_block_tensor(ranks: &[Rank], layer: usize, name: &str, c: usize, rank: 
     }
 }
 
-/// max |got - want| / max |want|: the relative difference of a tensor.
+/// max |got - want| / max |want|: the relative difference of a tensor (its absolute
+/// difference when `want` is all zeros).
 fn rel_diff(got: &[f32], want: &[f32]) -> f64 {
     assert_eq!(got.len(), want.len());
     let scale = want.iter().map(|&x| f64::from(x).abs()).fold(0.0, f64::max);
@@ -271,6 +338,8 @@ fn rel_diff(got: &[f32], want: &[f32]) -> f64 {
         .iter()
         .zip(want)
         .map(|(&g, &w)| (f64::from(g) - f64::from(w)).abs())
+        // A NaN (a hole the gathering left, or a broken kernel) counts as infinitely far.
+        .map(|d| if d.is_nan() { f64::INFINITY } else { d })
         .fold(0.0, f64::max);
     if scale == 0.0 {
         diff
@@ -310,17 +379,20 @@ fn compare_grads(ranks: &[Rank], cfg: &GptConfig, whole: &[Vec<f32>]) -> Vec<(St
     out
 }
 
-/// The group of `t` against the whole model: the losses within [`LOSS_TOL`], every gradient
-/// within [`GRAD_TOL`]; returns the largest gradient difference seen.
-fn check_group(t: usize) -> f64 {
+/// The group of `t` against the whole model, both from [`whole_params`]: the losses within
+/// [`LOSS_TOL`], every gradient within [`GRAD_TOL`]; returns the largest gradient
+/// difference seen.
+fn check_group(t: usize, perturbed: bool) -> f64 {
     let cfg = config();
-    let (loss, whole) = whole_step(&cfg);
-    let mut group = ranks(&cfg, t);
+    let params = whole_params(&cfg, perturbed);
+    let (loss, whole) = whole_step(&cfg, &params);
+    let mut group = ranks_from(&cfg, t, &params);
     let losses = tp_step(&mut group, &cfg, all_reduce);
+    let case = format!("T={t}{}", if perturbed { " perturbed" } else { "" });
     for (rank, &l) in losses.iter().enumerate() {
         let rel = (f64::from(l) - f64::from(loss)).abs() / f64::from(loss).abs();
-        println!("T={t} rank {rank}: loss {l} (whole {loss}), relative difference {rel:e}");
-        assert!(rel <= LOSS_TOL, "T={t} rank {rank}: loss {l} vs {loss}");
+        println!("{case} rank {rank}: loss {l} (whole {loss}), relative difference {rel:e}");
+        assert!(rel <= LOSS_TOL, "{case} rank {rank}: loss {l} vs {loss}");
         assert_eq!(
             l.to_bits(),
             losses[0].to_bits(),
@@ -333,28 +405,31 @@ fn check_group(t: usize) -> f64 {
         .max_by(|a, b| a.1.total_cmp(&b.1))
         .cloned()
         .unwrap();
-    println!("T={t}: max gradient relative difference {max:e} ({worst})");
+    println!("{case}: max gradient relative difference {max:e} ({worst})");
     for (name, diff) in &diffs {
-        assert!(*diff <= GRAD_TOL, "T={t}: {name} differs by {diff:e}");
+        assert!(*diff <= GRAD_TOL, "{case}: {name} differs by {diff:e}");
     }
     max
 }
 
 #[test]
 fn two_ranks_match_the_whole_model() {
-    check_group(2);
+    check_group(2, false);
+    check_group(2, true);
 }
 
 #[test]
 fn four_ranks_match_the_whole_model() {
-    check_group(4);
+    check_group(4, false);
+    check_group(4, true);
 }
 
 #[test]
 fn a_missing_reduction_is_caught() {
     let cfg = config();
-    let (_, whole) = whole_step(&cfg);
-    let mut group = ranks(&cfg, 2);
+    let params = whole_params(&cfg, true);
+    let (_, whole) = whole_step(&cfg, &params);
+    let mut group = ranks_from(&cfg, 2, &params);
     tp_step(&mut group, &cfg, no_reduce);
     let max = compare_grads(&group, &cfg, &whole)
         .into_iter()
@@ -471,4 +546,91 @@ fn a_call_before_its_reduction_is_refused() {
         .unwrap();
     let err = r.model.tp_block_output(&mut r.acts, 0).unwrap_err();
     assert!(matches!(err, GptError::OutOfOrder { .. }), "{err}");
+}
+
+/// One step of a group of `t` with each rank on its own thread, through
+/// [`Gpt::tp_forward_backward`]; the all-reduce sums the ranks' buffers in rank order through
+/// shared slots (two barriers: all written, all read), as [`all_reduce`] does in lockstep.
+fn threaded_step(cfg: &GptConfig, t: usize) -> Vec<(f32, Vec<Vec<f32>>)> {
+    let (tokens, targets) = batch(cfg);
+    let slots: Vec<Mutex<Vec<f32>>> = (0..t).map(|_| Mutex::new(Vec::new())).collect();
+    let barrier = Barrier::new(t);
+    let (slots, barrier, tokens, targets) = (&slots, &barrier, &tokens, &targets);
+    thread::scope(|scope| {
+        let handles: Vec<_> = ranks(cfg, t)
+            .into_iter()
+            .enumerate()
+            .map(|(rank, mut r)| {
+                scope.spawn(move || {
+                    let mut reduce = |buf: &mut [f32]| -> Result<(), GptError> {
+                        *slots[rank].lock().unwrap() = buf.to_vec();
+                        barrier.wait();
+                        let mut sum = vec![0.0f32; buf.len()];
+                        for slot in slots {
+                            for (s, &x) in sum.iter_mut().zip(slot.lock().unwrap().iter()) {
+                                *s += x;
+                            }
+                        }
+                        buf.copy_from_slice(&sum);
+                        barrier.wait();
+                        Ok(())
+                    };
+                    let (params, grads) = (&r.params, &mut r.grads);
+                    let loss = r
+                        .model
+                        .tp_forward_backward(
+                            &mut r.acts,
+                            params,
+                            grads,
+                            tokens,
+                            targets,
+                            &mut reduce,
+                        )
+                        .unwrap();
+                    (loss, r.grads)
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    })
+}
+
+#[test]
+fn ranks_on_their_own_threads_give_the_lockstep_results_to_the_bit() {
+    let cfg = config();
+    let mut lockstep = ranks(&cfg, 2);
+    let losses = tp_step(&mut lockstep, &cfg, all_reduce);
+    let threaded = threaded_step(&cfg, 2);
+    for (rank, (loss, grads)) in threaded.iter().enumerate() {
+        assert_eq!(loss.to_bits(), losses[rank].to_bits(), "rank {rank}'s loss");
+        assert_eq!(grads, &lockstep[rank].grads, "rank {rank}'s gradients");
+    }
+}
+
+#[test]
+fn the_split_init_is_the_whole_init_sliced() {
+    let cfg = config();
+    let whole = init_params(&cfg, &ParamLayout::new(&cfg), SEED);
+    let mut group = ranks(&cfg, 2);
+    // Put the parameters where the gradients go, to reuse the gathering.
+    for r in &mut group {
+        r.grads = r.params.clone();
+    }
+    let diffs = compare_grads(&group, &cfg, &whole);
+    assert!(diffs.iter().all(|(_, d)| *d == 0.0), "{diffs:?}");
+    let layout = ParamLayout::split(&cfg, 2);
+    assert_eq!(layout.num_units(), 2 * cfg.num_layers + 2);
+    let per_rank = layout.units()[1].len;
+    let replicated = layout.units()[2].len;
+    let whole_block = ParamLayout::new(&cfg).units()[1].len;
+    assert_eq!(2 * per_rank + replicated, whole_block);
+}
+
+#[test]
+fn a_rank_holds_a_t_th_of_the_head_and_mlp_activations() {
+    let cfg = config();
+    let whole = Gpt::new(cfg).unwrap().activations(B, S).unwrap().bytes();
+    let split = ranks(&cfg, 2)[0].acts.bytes();
+    let split4 = ranks(&cfg, 4)[0].acts.bytes();
+    assert!(split4 < split && split < whole, "{split4} {split} {whole}");
 }
