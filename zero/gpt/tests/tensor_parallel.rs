@@ -29,10 +29,18 @@ fn config() -> GptConfig {
 
 /// Deterministic tokens and targets (B, S), every id below V.
 fn batch(cfg: &GptConfig) -> (Vec<u32>, Vec<u32>) {
+    micro_batch(cfg, 0)
+}
+
+/// Micro-batch `step` of a sequence of them: tokens and targets (B, S) below V.
+fn micro_batch(cfg: &GptConfig, step: u32) -> (Vec<u32>, Vec<u32>) {
     let v = cfg.vocab_size as u32;
-    let tokens: Vec<u32> = (0..(B * S) as u32).map(|i| (i * 7 + 3) % v).collect();
-    let targets: Vec<u32> = (0..(B * S) as u32).map(|i| (i * 11 + 5) % v).collect();
-    (tokens, targets)
+    let ids = |a: u32, b: u32| {
+        (0..(B * S) as u32)
+            .map(|i| (i * a + b + 13 * step) % v)
+            .collect()
+    };
+    (ids(7, 3), ids(11, 5))
 }
 
 fn zeros(layout: &ParamLayout) -> Vec<Vec<f32>> {
@@ -54,16 +62,19 @@ fn whole_params(cfg: &GptConfig, perturbed: bool) -> Vec<Vec<f32>> {
     params
 }
 
-/// One step of the whole model from `params`: the loss and the gradients, one buffer per
-/// unit.
-fn whole_step(cfg: &GptConfig, params: &[Vec<f32>]) -> (f32, Vec<Vec<f32>>) {
+/// `steps` micro-steps of the whole model from `params`: the last loss and the gradients
+/// accumulated over the steps, one buffer per unit.
+fn whole_step(cfg: &GptConfig, params: &[Vec<f32>], steps: u32) -> (f32, Vec<Vec<f32>>) {
     let model = Gpt::new(*cfg).unwrap();
     let mut grads = zeros(model.layout());
     let mut acts = model.activations(B, S).unwrap();
-    let (tokens, targets) = batch(cfg);
-    let loss = model
-        .forward_backward(&mut acts, params, &mut grads, &tokens, &targets)
-        .unwrap();
+    let mut loss = f32::NAN;
+    for step in 0..steps {
+        let (tokens, targets) = micro_batch(cfg, step);
+        loss = model
+            .forward_backward(&mut acts, params, &mut grads, &tokens, &targets)
+            .unwrap();
+    }
     (loss, grads)
 }
 
@@ -243,7 +254,17 @@ fn tp_backward(ranks: &mut [Rank], layers: usize, reduce: fn(&mut [Rank])) {
 
 /// One training step of the group; returns every rank's loss.
 fn tp_step(ranks: &mut [Rank], cfg: &GptConfig, reduce: fn(&mut [Rank])) -> Vec<f32> {
-    let (tokens, targets) = batch(cfg);
+    tp_micro_step(ranks, cfg, reduce, 0)
+}
+
+/// Micro-step `step` of the group (gradients accumulate); returns every rank's loss.
+fn tp_micro_step(
+    ranks: &mut [Rank],
+    cfg: &GptConfig,
+    reduce: fn(&mut [Rank]),
+    step: u32,
+) -> Vec<f32> {
+    let (tokens, targets) = micro_batch(cfg, step);
     let (layers, last) = (cfg.num_layers, 2 * cfg.num_layers + 1);
     tp_forward(ranks, layers, &tokens, reduce);
     let mut losses = Vec::new();
@@ -379,19 +400,28 @@ fn compare_grads(ranks: &[Rank], cfg: &GptConfig, whole: &[Vec<f32>]) -> Vec<(St
     out
 }
 
-/// The group of `t` against the whole model, both from [`whole_params`]: the losses within
-/// [`LOSS_TOL`], every gradient within [`GRAD_TOL`]; returns the largest gradient
-/// difference seen.
-fn check_group(t: usize, perturbed: bool) -> f64 {
-    let cfg = config();
-    let params = whole_params(&cfg, perturbed);
-    let (loss, whole) = whole_step(&cfg, &params);
-    let mut group = ranks_from(&cfg, t, &params);
-    let losses = tp_step(&mut group, &cfg, all_reduce);
-    let case = format!("T={t}{}", if perturbed { " perturbed" } else { "" });
+/// A group of `t` ranks against the whole model of `cfg`, both from [`whole_params`], over
+/// `steps` micro-steps: the last losses within [`LOSS_TOL`], every accumulated gradient
+/// within [`GRAD_TOL`]; returns the largest gradient difference seen.
+fn check_group(cfg: &GptConfig, t: usize, perturbed: bool, steps: u32) -> f64 {
+    let params = whole_params(cfg, perturbed);
+    let (loss, whole) = whole_step(cfg, &params, steps);
+    let mut group = ranks_from(cfg, t, &params);
+    let mut losses = Vec::new();
+    for step in 0..steps {
+        losses = tp_micro_step(&mut group, cfg, all_reduce, step);
+    }
+    let case = format!(
+        "NH={} C={} T={t}{} steps={steps}",
+        cfg.num_heads,
+        cfg.channels,
+        if perturbed { " perturbed" } else { "" }
+    );
     for (rank, &l) in losses.iter().enumerate() {
         let rel = (f64::from(l) - f64::from(loss)).abs() / f64::from(loss).abs();
-        println!("{case} rank {rank}: loss {l} (whole {loss}), relative difference {rel:e}");
+        if rank == 0 {
+            println!("{case}: loss {l} (whole {loss}), relative difference {rel:e}");
+        }
         assert!(rel <= LOSS_TOL, "{case} rank {rank}: loss {l} vs {loss}");
         assert_eq!(
             l.to_bits(),
@@ -399,7 +429,7 @@ fn check_group(t: usize, perturbed: bool) -> f64 {
             "ranks disagree on the loss"
         );
     }
-    let diffs = compare_grads(&group, &cfg, &whole);
+    let diffs = compare_grads(&group, cfg, &whole);
     let (worst, max) = diffs
         .iter()
         .max_by(|a, b| a.1.total_cmp(&b.1))
@@ -414,21 +444,32 @@ fn check_group(t: usize, perturbed: bool) -> f64 {
 
 #[test]
 fn two_ranks_match_the_whole_model() {
-    check_group(2, false);
-    check_group(2, true);
+    check_group(&config(), 2, false, 1);
+    check_group(&config(), 2, true, 1);
 }
 
 #[test]
 fn four_ranks_match_the_whole_model() {
-    check_group(4, false);
-    check_group(4, true);
+    check_group(&config(), 4, false, 1);
+    check_group(&config(), 4, true, 1);
+}
+
+/// Another shape (L = 3, NH = 8, C = 64, V = 70), down to one head per rank, and gradients
+/// accumulated over two micro-batches.
+#[test]
+fn other_shapes_and_accumulated_micro_batches_match() {
+    let cfg = GptConfig::new(16, 70, 3, 8, 64).unwrap();
+    for t in [2, 8] {
+        check_group(&cfg, t, true, 2);
+    }
+    check_group(&config(), 2, true, 2);
 }
 
 #[test]
 fn a_missing_reduction_is_caught() {
     let cfg = config();
     let params = whole_params(&cfg, true);
-    let (_, whole) = whole_step(&cfg, &params);
+    let (_, whole) = whole_step(&cfg, &params, 1);
     let mut group = ranks_from(&cfg, 2, &params);
     tp_step(&mut group, &cfg, no_reduce);
     let max = compare_grads(&group, &cfg, &whole)
