@@ -54,7 +54,8 @@ pub(crate) enum Progress {
     Backward { next: usize },
     /// Backward finished.
     Done,
-    /// Split over a tensor-parallel group: block `layer`'s split pass has run up to `done`.
+    /// Split over a tensor-parallel group: block `layer`'s split pass (or, vocabulary split,
+    /// the embedding's, layer 0, or the head's, layer L) has run up to `done`.
     Split { layer: usize, done: SplitStep },
 }
 
@@ -79,6 +80,17 @@ pub(crate) enum SplitStep {
     AttentionGradPartial,
     /// Backward: that gradient handed out to be summed over the group.
     AttentionGradReduced,
+    /// Vocabulary split, forward: this rank's part of the embedding (N,C) (layer 0); once
+    /// handed out, block 0 is due.
+    EmbedPartial,
+    /// Vocabulary split, forward: this rank's loss statistics (N,T+1) (layer L).
+    LossStatsPartial,
+    /// Those handed out to be summed over the group.
+    LossStatsReduced,
+    /// Vocabulary split, backward: this rank's part of d(lnf) (N,C) (layer L).
+    HeadGradPartial,
+    /// That gradient handed out to be summed over the group.
+    HeadGradReduced,
 }
 
 impl SplitStep {
@@ -90,19 +102,25 @@ impl SplitStep {
                 | Self::MlpGradReduced
                 | Self::AttentionGradPartial
                 | Self::AttentionGradReduced
+                | Self::HeadGradPartial
+                | Self::HeadGradReduced
         )
     }
 
-    /// A partial step's reduced twin (the step after its buffer is handed out), or `None`
-    /// when no collective is due.
-    pub(crate) fn reduced(self) -> Option<Self> {
-        match self {
-            Self::AttentionPartial => Some(Self::AttentionReduced),
-            Self::MlpPartial => Some(Self::MlpReduced),
-            Self::MlpGradPartial => Some(Self::MlpGradReduced),
-            Self::AttentionGradPartial => Some(Self::AttentionGradReduced),
-            _ => None,
-        }
+    /// The progress once a partial step's buffer of layer `layer` was handed out (its
+    /// reduced twin), or `None` when no collective is due after this step.
+    pub(crate) fn after_reduction(self, layer: usize) -> Option<Progress> {
+        let done = match self {
+            Self::AttentionPartial => Self::AttentionReduced,
+            Self::MlpPartial => Self::MlpReduced,
+            Self::MlpGradPartial => Self::MlpGradReduced,
+            Self::AttentionGradPartial => Self::AttentionGradReduced,
+            Self::LossStatsPartial => Self::LossStatsReduced,
+            Self::HeadGradPartial => Self::HeadGradReduced,
+            Self::EmbedPartial => return Some(Progress::Forward { next: 1 }),
+            _ => return None,
+        };
+        Some(Progress::Split { layer, done })
     }
 }
 
@@ -145,6 +163,8 @@ pub struct Activations<B: Backend = CpuBackend> {
     pub(crate) config: GptConfig,
     /// The tensor-parallel size they were sized for (1: whole blocks); checked likewise.
     pub(crate) tp: usize,
+    /// Whether they were sized for a split vocabulary (logits (N,Vp/T) and statistics).
+    pub(crate) vocab_parallel: bool,
     /// Forward buffer: `[input (N,C) | slots x layer region | head region]`; block `l` uses
     /// region `l % slots`.
     pub(crate) fwd: Buffer<B::Slice>,

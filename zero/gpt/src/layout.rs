@@ -11,7 +11,9 @@
 //! Split over a tensor-parallel group of T > 1 ranks ([`ParamLayout::split`]), block `l` is
 //! two units, `1 + 2l` its slice (this rank's part of qkvw, qkvb, attprojw, fcw, fcb,
 //! fcprojw; see `split`) and `2 + 2l` its replicated tensors (ln1w, ln1b, attprojb, ln2w,
-//! ln2b, fcprojb), and the final LayerNorm is unit 2L+1.
+//! ln2b, fcprojb), and the final LayerNorm is unit 2L+1. With the vocabulary split too
+//! ([`ParamLayout::split_vocab`]), unit 0 holds this rank's Vp/T rows of `wte` alone,
+//! `wpe` (replicated) is unit 2L+1 and the final LayerNorm unit 2L+2.
 //!
 //! Gradients use the same table: a unit's gradient buffer has the unit's length and the same
 //! offsets. Sizes are element counts, not bytes, so the table serves any dtype.
@@ -56,6 +58,10 @@ pub enum UnitKind {
         /// Layer index in `0..L`.
         layer: usize,
     },
+    /// Vocabulary split over T > 1 ranks: this rank's Vp/T rows of `wte` (unit 0).
+    EmbeddingSlice,
+    /// Vocabulary split over T > 1 ranks: `wpe`, replicated (unit 2L+1).
+    Positions,
 }
 
 /// One unit's table.
@@ -195,16 +201,55 @@ impl ParamLayout {
         layout
     }
 
+    /// The table of one rank of a tensor-parallel group of `tp` > 1 ranks that splits the
+    /// vocabulary too: [`ParamLayout::split`]'s, with unit 0 only this rank's Vp/T rows of
+    /// `wte` and `wpe` a unit of its own, 2L+1, before the final LayerNorm (2L+2). `tp` must
+    /// divide NH and Vp; at `tp` = 1 [`ParamLayout::new`]'s.
+    #[must_use]
+    pub fn split_vocab(config: &GptConfig, tp: usize) -> Self {
+        let mut layout = Self::split(config, tp);
+        if tp <= 1 {
+            return layout;
+        }
+        let (c, vp) = (config.channels, config.padded_vocab_size);
+        let slice = vec![("wte", vec![vp / tp, c])];
+        layout.units[0] = UnitLayout::new(UnitKind::EmbeddingSlice, slice);
+        let positions = vec![("wpe", vec![config.max_seq_len, c])];
+        let at = layout.units.len() - 1;
+        layout
+            .units
+            .insert(at, UnitLayout::new(UnitKind::Positions, positions));
+        layout
+    }
+
     /// T, the tensor-parallel size the blocks are split for (1: whole blocks).
     #[must_use]
     pub fn tensor_parallel(&self) -> usize {
         self.tensor_parallel
     }
 
+    /// True when unit 0 holds a slice of the vocabulary ([`ParamLayout::split_vocab`]).
+    #[must_use]
+    pub fn vocab_parallel(&self) -> bool {
+        self.units[0].kind == UnitKind::EmbeddingSlice
+    }
+
+    /// The unit of `wpe` when the vocabulary is split ([`ParamLayout::split_vocab`]), else
+    /// `None` (it is in unit 0).
+    #[must_use]
+    pub fn positions_unit(&self) -> Option<usize> {
+        self.units
+            .iter()
+            .position(|u| u.kind == UnitKind::Positions)
+    }
+
     /// L.
     #[must_use]
     pub fn num_layers(&self) -> usize {
-        (self.units.len() - 2) / self.units_per_block()
+        let block = |u: &&UnitLayout| {
+            matches!(u.kind, UnitKind::Block { .. } | UnitKind::BlockSlice { .. })
+        };
+        self.units.iter().filter(block).count()
     }
 
     /// Units per block: 1, or 2 split over T > 1 ranks.
@@ -244,7 +289,7 @@ impl ParamLayout {
         &self.units
     }
 
-    /// Number of units (L + 2).
+    /// Number of units (L + 2; split, 2L + 2, or 2L + 3 with the vocabulary split).
     #[must_use]
     pub fn num_units(&self) -> usize {
         self.units.len()

@@ -55,4 +55,4 @@ pub use layout::{decays, ParamLayout, TensorSpec, UnitKind, UnitLayout};
 pub use model::Gpt;
 pub use program::{checkpoint_segment, forward_ops, is_recomputed, train_ops, GptOp};
 pub use sample::sample_top_k;
-pub use split::{slice_block, TpSplit};
+pub use split::{slice_part, TpSplit};

@@ -24,6 +24,7 @@ mod head;
 mod kept_io;
 mod split;
 mod split_backward;
+mod split_head;
 mod split_step;
 mod step;
 
@@ -157,7 +158,8 @@ impl<B: Backend> Gpt<B> {
                 reason: "activation checkpointing is not implemented for split blocks",
             });
         }
-        Activations::in_backend_split(&self.backend, &self.config, b, t, self.split.size)
+        let vocab = self.layout.vocab_parallel();
+        Activations::in_backend_split(&self.backend, &self.config, b, t, self.split.size, vocab)
     }
 
     /// Embeds `tokens` (B,T): `encoded = wte[tokens] + wpe`. Starts a new forward pass.
@@ -171,6 +173,7 @@ impl<B: Backend> Gpt<B> {
         tokens: &[u32],
     ) -> Result<()> {
         self.check_acts(acts)?;
+        self.check_whole_vocab("embed_forward")?;
         self.check_unit(0, embed.len(), "embedding parameters")?;
         check_ids("tokens", tokens, acts.b * acts.t, self.config.vocab_size)?;
         let (b, t, c) = (acts.b, acts.t, self.config.channels);
@@ -380,6 +383,7 @@ impl<B: Backend> Gpt<B> {
         acts: &mut Activations<B>,
         embed_grad: &mut B::Slice,
     ) -> Result<()> {
+        self.check_whole_vocab("embed_backward")?;
         self.check_unit(0, embed_grad.len(), "embedding gradients")?;
         self.check_call_order(acts, Progress::Backward { next: 0 }, "embed_backward")?;
         let (b, t, c) = (acts.b, acts.t, self.config.channels);

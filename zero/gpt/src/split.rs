@@ -10,8 +10,10 @@
 //! `attprojw` (C, C/T) and `r*4C/T..(r+1)*4C/T` of `fcprojw` (C, 4C/T); their biases are
 //! replicated and added after the reduction, as are the LayerNorms. A block at T > 1 is two
 //! units ([`ParamLayout::split`](crate::ParamLayout::split)): its slice, then its
-//! replicated tensors. Every tensor is made whole as at T = 1 and sliced
-//! ([`slice_block`]), so every T starts from the same model.
+//! replicated tensors. With the vocabulary split as well ([`ParamLayout::split_vocab`](crate::ParamLayout::split_vocab)),
+//! rank r holds rows `r*Vp/T..(r+1)*Vp/T` of `wte` (T must divide Vp) and `wpe` whole, in
+//! a unit of its own. Every tensor is made whole as at T = 1 and sliced
+//! ([`slice_part`]), so every T starts from the same model.
 
 use crate::config::GptConfig;
 use crate::error::{GptError, Result};
@@ -68,6 +70,22 @@ impl TpSplit {
         }
         Ok(())
     }
+
+    /// [`TpSplit::validate`], and T dividing Vp, for a group that splits the vocabulary too.
+    ///
+    /// # Errors
+    /// As [`TpSplit::validate`]; [`GptError::InvalidConfig`] naming `padded_vocab_size`.
+    pub fn validate_vocab(&self, config: &GptConfig) -> Result<()> {
+        self.validate(config)?;
+        if config.padded_vocab_size % self.size != 0 {
+            return Err(GptError::InvalidConfig {
+                field: "padded_vocab_size",
+                value: config.padded_vocab_size,
+                reason: "must be a multiple of the tensor-parallel size to split the vocabulary",
+            });
+        }
+        Ok(())
+    }
 }
 
 /// The slice unit's tensors (rank-local shapes), in buffer order.
@@ -96,7 +114,7 @@ pub(crate) fn replicated_specs(c: usize) -> Vec<(&'static str, Vec<usize>)> {
 
 /// Rank `split.rank`'s part of tensor `name` of a whole block of `config` (`whole` holds it,
 /// in the T = 1 layout's shape): rows of its heads of q, k and v; its rows of `fcw`, `fcb`;
-/// its columns of `attprojw`, `fcprojw`; any other tensor whole.
+/// its columns of `attprojw`, `fcprojw`; its Vp/T rows of `wte`; any other tensor whole.
 fn slice_tensor(config: &GptConfig, split: TpSplit, name: &str, whole: &[f32]) -> Vec<f32> {
     let (c, t, r) = (config.channels, split.size, split.rank);
     let rows =
@@ -119,17 +137,22 @@ fn slice_tensor(config: &GptConfig, split: TpSplit, name: &str, whole: &[f32]) -
         "fcb" => rows(r * 4 * c / t, 4 * c / t, 1),
         "attprojw" => columns(c),
         "fcprojw" => columns(4 * c),
+        "wte" => {
+            let part = config.padded_vocab_size / t;
+            rows(r * part, part, c)
+        }
         _ => whole.to_vec(),
     }
 }
 
-/// Fills `out`, a unit laid out as `part` (a block's slice or its replicated tensors), with
-/// rank `split.rank`'s part of the whole block `whole` laid out as `whole_layout` (T = 1).
+/// Fills `out`, a unit laid out as `part` (a block's slice or its replicated tensors; with
+/// the vocabulary split, the embedding's slice or `wpe`), with rank `split.rank`'s part of
+/// the whole unit `whole` laid out as `whole_layout` (T = 1: the block, or unit 0).
 ///
 /// # Errors
 /// [`GptError::SizeMismatch`] when `whole` or `out` does not match its layout, or `part`
 /// names a tensor the whole block lacks.
-pub fn slice_block(
+pub fn slice_part(
     config: &GptConfig,
     split: TpSplit,
     whole_layout: &UnitLayout,

@@ -10,7 +10,7 @@ use std::sync::{Barrier, Mutex};
 use std::thread;
 
 use zero_gpt::{
-    init_params, init_split_unit, slice_block, Activations, CpuBackend, Gpt, GptConfig, GptError,
+    init_params, init_split_unit, slice_part, Activations, CpuBackend, Gpt, GptConfig, GptError,
     ParamLayout, Rng, TpSplit, UnitKind,
 };
 
@@ -86,13 +86,19 @@ struct Rank {
     acts: Activations,
 }
 
-/// Rank `split.rank`, its units made by `unit(layout, index, buffer)`.
+/// Rank `split.rank` (its vocabulary split too with `vocab`), its units made by
+/// `unit(layout, index, buffer)`.
 fn rank(
     cfg: &GptConfig,
     split: TpSplit,
+    vocab: bool,
     mut unit: impl FnMut(&ParamLayout, usize, &mut [f32]),
 ) -> Rank {
-    let model = Gpt::with_tensor_parallel(*cfg, CpuBackend, split).unwrap();
+    let model = if vocab {
+        Gpt::with_vocab_parallel(*cfg, split).unwrap()
+    } else {
+        Gpt::with_tensor_parallel(*cfg, CpuBackend, split).unwrap()
+    };
     let layout = model.layout().clone();
     let params = (0..layout.num_units())
         .map(|index| {
@@ -122,15 +128,16 @@ fn ranks(cfg: &GptConfig, t: usize) -> Vec<Rank> {
             rank(
                 cfg,
                 TpSplit { size: t, rank: r },
+                false,
                 init(TpSplit { size: t, rank: r }),
             )
         })
         .collect()
 }
 
-/// A group of `t` ranks holding `whole` (the whole model's units), sliced by
-/// [`slice_block`].
-fn ranks_from(cfg: &GptConfig, t: usize, whole: &[Vec<f32>]) -> Vec<Rank> {
+/// A group of `t` ranks (the vocabulary split too with `vocab`) holding `whole` (the whole
+/// model's units), sliced by [`slice_part`].
+fn ranks_from(cfg: &GptConfig, t: usize, whole: &[Vec<f32>], vocab: bool) -> Vec<Rank> {
     let whole_layout = ParamLayout::new(cfg);
     let cut = |split| {
         let whole_layout = &whole_layout;
@@ -140,7 +147,11 @@ fn ranks_from(cfg: &GptConfig, t: usize, whole: &[Vec<f32>]) -> Vec<Rank> {
                 UnitKind::BlockSlice { layer } | UnitKind::BlockReplicated { layer } => {
                     let from = ParamLayout::block_unit(layer);
                     let spec = &whole_layout.units()[from];
-                    slice_block(cfg, split, spec, &whole[from], part, out).unwrap();
+                    slice_part(cfg, split, spec, &whole[from], part, out).unwrap();
+                }
+                UnitKind::EmbeddingSlice | UnitKind::Positions => {
+                    let spec = &whole_layout.units()[0];
+                    slice_part(cfg, split, spec, &whole[0], part, out).unwrap();
                 }
                 UnitKind::FinalNorm => out.copy_from_slice(&whole[cfg.num_layers + 1]),
                 _ => out.copy_from_slice(&whole[0]),
@@ -152,6 +163,7 @@ fn ranks_from(cfg: &GptConfig, t: usize, whole: &[Vec<f32>]) -> Vec<Rank> {
             rank(
                 cfg,
                 TpSplit { size: t, rank: r },
+                vocab,
                 cut(TpSplit { size: t, rank: r }),
             )
         })
@@ -201,10 +213,7 @@ fn block_grads(grads: &mut [Vec<f32>], layer: usize) -> (&mut [f32], &mut [f32])
 }
 
 /// Forward of the split blocks on every rank, in lockstep, `reduce` between the calls.
-fn tp_forward(ranks: &mut [Rank], layers: usize, tokens: &[u32], reduce: fn(&mut [Rank])) {
-    each(ranks, |r| {
-        r.model.embed_forward(&mut r.acts, &r.params[0], tokens)
-    });
+fn tp_blocks_forward(ranks: &mut [Rank], layers: usize, reduce: fn(&mut [Rank])) {
     for layer in 0..layers {
         let (su, ru) = (
             ParamLayout::slice_unit(layer),
@@ -265,14 +274,49 @@ fn tp_micro_step(
     step: u32,
 ) -> Vec<f32> {
     let (tokens, targets) = micro_batch(cfg, step);
-    let (layers, last) = (cfg.num_layers, 2 * cfg.num_layers + 1);
-    tp_forward(ranks, layers, &tokens, reduce);
+    let layers = cfg.num_layers;
+    let vocab = ranks[0].model.layout().vocab_parallel();
+    let positions = 2 * layers + 1; // wpe's unit with the vocabulary split
+    if vocab {
+        each(ranks, |r| {
+            let (wte, wpe) = (&r.params[0], &r.params[positions]);
+            r.model.tp_embed_forward(&mut r.acts, wte, wpe, &tokens)
+        });
+        reduce(ranks);
+    } else {
+        each(ranks, |r| {
+            r.model.embed_forward(&mut r.acts, &r.params[0], &tokens)
+        });
+    }
+    tp_blocks_forward(ranks, layers, reduce);
+    let losses = if vocab {
+        vocab_head(ranks, cfg, &targets, reduce)
+    } else {
+        replicated_head(ranks, cfg, &targets)
+    };
+    tp_backward(ranks, layers, reduce);
+    each(ranks, |r| {
+        let (wte_grad, rest) = r.grads.split_at_mut(1);
+        if vocab {
+            let wpe_grad = &mut rest[positions - 1];
+            r.model
+                .tp_embed_backward(&mut r.acts, &mut wte_grad[0], wpe_grad)
+        } else {
+            r.model.embed_backward(&mut r.acts, &mut wte_grad[0])
+        }
+    });
+    losses
+}
+
+/// The head whole on every rank, forward and backward; returns every rank's loss.
+fn replicated_head(ranks: &mut [Rank], cfg: &GptConfig, targets: &[u32]) -> Vec<f32> {
+    let last = 2 * cfg.num_layers + 1;
     let mut losses = Vec::new();
     for r in ranks.iter_mut() {
         let (embed, final_norm) = (&r.params[0], &r.params[last]);
         let loss = r
             .model
-            .head_forward(&mut r.acts, final_norm, embed, Some(&targets))
+            .head_forward(&mut r.acts, final_norm, embed, Some(targets))
             .unwrap();
         losses.push(loss.unwrap());
     }
@@ -288,9 +332,37 @@ fn tp_micro_step(
             &mut embed_grad[0],
         )
     });
-    tp_backward(ranks, layers, reduce);
+    losses
+}
+
+/// The head over the split vocabulary, forward and backward, `reduce` between the calls;
+/// returns every rank's loss.
+fn vocab_head(
+    ranks: &mut [Rank],
+    cfg: &GptConfig,
+    targets: &[u32],
+    reduce: fn(&mut [Rank]),
+) -> Vec<f32> {
+    let last = 2 * cfg.num_layers + 2;
     each(ranks, |r| {
-        r.model.embed_backward(&mut r.acts, &mut r.grads[0])
+        let (wte, final_norm) = (&r.params[0], &r.params[last]);
+        r.model
+            .tp_head_forward(&mut r.acts, final_norm, wte, targets)
+    });
+    reduce(ranks);
+    let losses = ranks
+        .iter_mut()
+        .map(|r| r.model.tp_head_loss(&mut r.acts).unwrap())
+        .collect();
+    each(ranks, |r| {
+        r.model.tp_head_backward_input(&mut r.acts, &r.params[0])
+    });
+    reduce(ranks);
+    each(ranks, |r| {
+        let (wte_grad, rest) = r.grads.split_at_mut(1);
+        let final_grad = &mut rest[last - 1];
+        r.model
+            .tp_head_backward_rest(&mut r.acts, &r.params[last], final_grad, &mut wte_grad[0])
     });
     losses
 }
@@ -323,30 +395,60 @@ fn gather(parts: &[&[f32]], rows: usize, cols: usize, groups: usize, cols_split:
     whole
 }
 
-/// Tensor `name` of a block, whole, from every rank's gradient units: sliced tensors
-/// gathered, replicated ones taken from `rank`.
-fn whole_block_tensor(ranks: &[Rank], layer: usize, name: &str, c: usize, rank: usize) -> Vec<f32> {
-    let (su, ru) = (
-        ParamLayout::slice_unit(layer),
-        ParamLayout::replicated_unit(layer),
-    );
-    let tensor = |r: &Rank, unit: usize| -> Vec<f32> {
+/// Whether a rank's unit of kind `part` holds tensors of the whole model's unit `whole`.
+fn holds(part: &UnitKind, whole: &UnitKind) -> bool {
+    match (part, whole) {
+        (
+            UnitKind::BlockSlice { layer } | UnitKind::BlockReplicated { layer },
+            UnitKind::Block { layer: l },
+        ) => layer == l,
+        (
+            UnitKind::Embedding | UnitKind::EmbeddingSlice | UnitKind::Positions,
+            UnitKind::Embedding,
+        ) => true,
+        (UnitKind::FinalNorm, UnitKind::FinalNorm) => true,
+        _ => false,
+    }
+}
+
+/// Tensor `name` of the whole model's unit `whole_kind`, whole, from every rank's gradient
+/// units: sliced tensors gathered, replicated ones taken from `rank`.
+fn whole_tensor(
+    ranks: &[Rank],
+    whole_kind: &UnitKind,
+    name: &str,
+    cfg: &GptConfig,
+    rank: usize,
+) -> Vec<f32> {
+    let layout = ranks[0].model.layout();
+    let (unit, part) = layout
+        .units()
+        .iter()
+        .enumerate()
+        .find(|(_, u)| holds(&u.kind, whole_kind) && u.tensor(name).is_some())
+        .unwrap();
+    let tensor = |r: &Rank| -> Vec<f32> {
         let spec = r.model.layout().units()[unit].tensor(name).unwrap();
         r.grads[unit][spec.offset..spec.offset + spec.len].to_vec()
     };
-    let sliced = ["qkvw", "qkvb", "attprojw", "fcw", "fcb", "fcprojw"];
-    if !sliced.contains(&name) {
-        return tensor(&ranks[rank], ru);
+    if !matches!(
+        part.kind,
+        UnitKind::BlockSlice { .. } | UnitKind::EmbeddingSlice
+    ) {
+        return tensor(&ranks[rank]);
     }
-    let parts: Vec<Vec<f32>> = ranks.iter().map(|r| tensor(r, su)).collect();
+    let parts: Vec<Vec<f32>> = ranks.iter().map(tensor).collect();
     let parts: Vec<&[f32]> = parts.iter().map(Vec::as_slice).collect();
+    let c = cfg.channels;
     match name {
         "qkvw" => gather(&parts, 3 * c, c, 3, false),
         "qkvb" => gather(&parts, 3 * c, 1, 3, false),
         "fcw" => gather(&parts, 4 * c, c, 1, false),
         "fcb" => gather(&parts, 4 * c, 1, 1, false),
         "attprojw" => gather(&parts, c, c, 1, true),
-        _ => gather(&parts, c, 4 * c, 1, true), // fcprojw
+        "fcprojw" => gather(&parts, c, 4 * c, 1, true),
+        "wte" => gather(&parts, cfg.padded_vocab_size, c, 1, false),
+        other => panic!("no slicing known for {other}"),
     }
 }
 
@@ -373,27 +475,14 @@ fn rel_diff(got: &[f32], want: &[f32]) -> f64 {
 /// difference); replicated tensors are compared on every rank.
 fn compare_grads(ranks: &[Rank], cfg: &GptConfig, whole: &[Vec<f32>]) -> Vec<(String, f64)> {
     let whole_layout = ParamLayout::new(cfg);
-    let last = 2 * cfg.num_layers + 1;
     let mut out = Vec::new();
-    for (rank, r) in ranks.iter().enumerate() {
-        out.push((
-            format!("embedding rank {rank}"),
-            rel_diff(&r.grads[0], &whole[0]),
-        ));
-        let final_norm = &whole[whole_layout.final_norm_unit()];
-        out.push((
-            format!("final norm rank {rank}"),
-            rel_diff(&r.grads[last], final_norm),
-        ));
-        for layer in 0..cfg.num_layers {
-            let unit = &whole_layout.units()[ParamLayout::block_unit(layer)];
+    for rank in 0..ranks.len() {
+        for (index, unit) in whole_layout.units().iter().enumerate() {
             for spec in &unit.tensors {
-                let got = whole_block_tensor(ranks, layer, spec.name, cfg.channels, rank);
-                let want = &whole[ParamLayout::block_unit(layer)][spec.offset..][..spec.len];
-                out.push((
-                    format!("block {layer} {} rank {rank}", spec.name),
-                    rel_diff(&got, want),
-                ));
+                let got = whole_tensor(ranks, &unit.kind, spec.name, cfg, rank);
+                let want = &whole[index][spec.offset..][..spec.len];
+                let name = format!("unit {index} {} rank {rank}", spec.name);
+                out.push((name, rel_diff(&got, want)));
             }
         }
     }
@@ -403,18 +492,20 @@ fn compare_grads(ranks: &[Rank], cfg: &GptConfig, whole: &[Vec<f32>]) -> Vec<(St
 /// A group of `t` ranks against the whole model of `cfg`, both from [`whole_params`], over
 /// `steps` micro-steps: the last losses within [`LOSS_TOL`], every accumulated gradient
 /// within [`GRAD_TOL`]; returns the largest gradient difference seen.
-fn check_group(cfg: &GptConfig, t: usize, perturbed: bool, steps: u32) -> f64 {
+fn check_group(cfg: &GptConfig, t: usize, vocab: bool, perturbed: bool, steps: u32) -> f64 {
     let params = whole_params(cfg, perturbed);
     let (loss, whole) = whole_step(cfg, &params, steps);
-    let mut group = ranks_from(cfg, t, &params);
+    let mut group = ranks_from(cfg, t, &params, vocab);
     let mut losses = Vec::new();
     for step in 0..steps {
         losses = tp_micro_step(&mut group, cfg, all_reduce, step);
     }
     let case = format!(
-        "NH={} C={} T={t}{} steps={steps}",
+        "NH={} C={} V={} T={t}{}{} steps={steps}",
         cfg.num_heads,
         cfg.channels,
+        cfg.vocab_size,
+        if vocab { " vocab-parallel" } else { "" },
         if perturbed { " perturbed" } else { "" }
     );
     for (rank, &l) in losses.iter().enumerate() {
@@ -444,14 +535,14 @@ fn check_group(cfg: &GptConfig, t: usize, perturbed: bool, steps: u32) -> f64 {
 
 #[test]
 fn two_ranks_match_the_whole_model() {
-    check_group(&config(), 2, false, 1);
-    check_group(&config(), 2, true, 1);
+    check_group(&config(), 2, false, false, 1);
+    check_group(&config(), 2, false, true, 1);
 }
 
 #[test]
 fn four_ranks_match_the_whole_model() {
-    check_group(&config(), 4, false, 1);
-    check_group(&config(), 4, true, 1);
+    check_group(&config(), 4, false, false, 1);
+    check_group(&config(), 4, false, true, 1);
 }
 
 /// Another shape (L = 3, NH = 8, C = 64, V = 70), down to one head per rank, and gradients
@@ -460,9 +551,9 @@ fn four_ranks_match_the_whole_model() {
 fn other_shapes_and_accumulated_micro_batches_match() {
     let cfg = GptConfig::new(16, 70, 3, 8, 64).unwrap();
     for t in [2, 8] {
-        check_group(&cfg, t, true, 2);
+        check_group(&cfg, t, false, true, 2);
     }
-    check_group(&config(), 2, true, 2);
+    check_group(&config(), 2, false, true, 2);
 }
 
 #[test]
@@ -470,7 +561,7 @@ fn a_missing_reduction_is_caught() {
     let cfg = config();
     let params = whole_params(&cfg, true);
     let (_, whole) = whole_step(&cfg, &params, 1);
-    let mut group = ranks_from(&cfg, 2, &params);
+    let mut group = ranks_from(&cfg, 2, &params, false);
     tp_step(&mut group, &cfg, no_reduce);
     let max = compare_grads(&group, &cfg, &whole)
         .into_iter()
@@ -604,16 +695,7 @@ fn threaded_step(cfg: &GptConfig, t: usize) -> Vec<(f32, Vec<Vec<f32>>)> {
             .map(|(rank, mut r)| {
                 scope.spawn(move || {
                     let mut reduce = |buf: &mut [f32]| -> Result<(), GptError> {
-                        *slots[rank].lock().unwrap() = buf.to_vec();
-                        barrier.wait();
-                        let mut sum = vec![0.0f32; buf.len()];
-                        for slot in slots {
-                            for (s, &x) in sum.iter_mut().zip(slot.lock().unwrap().iter()) {
-                                *s += x;
-                            }
-                        }
-                        buf.copy_from_slice(&sum);
-                        barrier.wait();
+                        slot_all_reduce(slots, barrier, rank, buf);
                         Ok(())
                     };
                     let (params, grads) = (&r.params, &mut r.grads);
@@ -674,4 +756,168 @@ fn a_rank_holds_a_t_th_of_the_head_and_mlp_activations() {
     let split = ranks(&cfg, 2)[0].acts.bytes();
     let split4 = ranks(&cfg, 4)[0].acts.bytes();
     assert!(split4 < split && split < whole, "{split4} {split} {whole}");
+}
+
+/// The vocabulary split too (`Gpt::with_vocab_parallel`): V = 50 of Vp = 128, so at T = 2
+/// rank 1 holds padding only, and at T = 4 ranks 2 and 3 do.
+#[test]
+fn vocab_parallel_ranks_match_the_whole_model() {
+    for t in [2, 4] {
+        check_group(&config(), t, true, false, 1);
+        check_group(&config(), t, true, true, 1);
+    }
+}
+
+/// Every rank holding real ids (V = 120 of 128, T = 4), another shape down to one head and
+/// 16 ids per rank (NH = 8, C = 64, V = 70, T = 8), and two accumulated micro-batches.
+#[test]
+fn vocab_parallel_other_shapes_and_micro_batches_match() {
+    let every_rank_real = GptConfig::new(16, 120, 2, 4, 32).unwrap();
+    check_group(&every_rank_real, 4, true, true, 2);
+    let other = GptConfig::new(16, 70, 3, 8, 64).unwrap();
+    for t in [2, 8] {
+        check_group(&other, t, true, true, 2);
+    }
+}
+
+#[test]
+fn vocab_parallel_missing_reductions_are_caught() {
+    let cfg = GptConfig::new(16, 120, 2, 4, 32).unwrap();
+    let params = whole_params(&cfg, true);
+    let (loss, whole) = whole_step(&cfg, &params, 1);
+    let mut group = ranks_from(&cfg, 2, &params, true);
+    let losses = tp_step(&mut group, &cfg, no_reduce);
+    let max = compare_grads(&group, &cfg, &whole)
+        .into_iter()
+        .map(|(_, d)| d)
+        .fold(0.0, f64::max);
+    println!("vocab-parallel without the reductions: loss {} vs {loss}, max gradient relative difference {max:e}", losses[0]);
+    assert!(
+        max > 1e3 * GRAD_TOL,
+        "a missing reduction went unseen ({max:e})"
+    );
+    assert!(
+        (losses[0] - loss).abs() > 1e-3,
+        "a missing reduction left the loss"
+    );
+}
+
+#[test]
+fn vocab_parallel_replicated_gradients_are_the_same_on_every_rank() {
+    let cfg = GptConfig::new(16, 120, 2, 4, 32).unwrap();
+    let params = whole_params(&cfg, true);
+    let mut group = ranks_from(&cfg, 2, &params, true);
+    tp_step(&mut group, &cfg, all_reduce);
+    let layers = cfg.num_layers;
+    let mut units = vec![2 * layers + 1, 2 * layers + 2]; // wpe, final norm
+    units.extend((0..layers).map(ParamLayout::replicated_unit));
+    for unit in units {
+        let (a, b) = (&group[0].grads[unit], &group[1].grads[unit]);
+        assert!(a.iter().any(|&x| x != 0.0), "unit {unit} got no gradient");
+        let same = a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits());
+        assert!(same, "unit {unit}: rank 0 and rank 1 differ");
+    }
+    assert_ne!(
+        group[0].grads[0], group[1].grads[0],
+        "wte rows are each rank's own"
+    );
+}
+
+/// The driver with the all-reduce as a closure, each rank on its own thread, gives the
+/// lockstep results to the bit.
+#[test]
+fn vocab_parallel_driver_on_threads_gives_the_lockstep_bits() {
+    let cfg = GptConfig::new(16, 120, 2, 4, 32).unwrap();
+    let params = whole_params(&cfg, true);
+    let mut lockstep = ranks_from(&cfg, 2, &params, true);
+    let losses = tp_step(&mut lockstep, &cfg, all_reduce);
+    let (tokens, targets) = batch(&cfg);
+    let slots: Vec<Mutex<Vec<f32>>> = (0..2).map(|_| Mutex::new(Vec::new())).collect();
+    let barrier = Barrier::new(2);
+    let (slots, barrier, tokens, targets) = (&slots, &barrier, &tokens, &targets);
+    let threaded: Vec<(f32, Vec<Vec<f32>>)> = thread::scope(|scope| {
+        let handles: Vec<_> = ranks_from(&cfg, 2, &params, true)
+            .into_iter()
+            .enumerate()
+            .map(|(rank, mut r)| {
+                scope.spawn(move || {
+                    let mut reduce = |buf: &mut [f32]| -> Result<(), GptError> {
+                        slot_all_reduce(slots, barrier, rank, buf);
+                        Ok(())
+                    };
+                    let (params, grads) = (&r.params, &mut r.grads);
+                    let loss = r
+                        .model
+                        .tp_vocab_forward_backward(
+                            &mut r.acts,
+                            params,
+                            grads,
+                            tokens,
+                            targets,
+                            &mut reduce,
+                        )
+                        .unwrap();
+                    (loss, r.grads)
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    for (rank, (loss, grads)) in threaded.iter().enumerate() {
+        assert_eq!(loss.to_bits(), losses[rank].to_bits(), "rank {rank}'s loss");
+        assert_eq!(grads, &lockstep[rank].grads, "rank {rank}'s gradients");
+    }
+}
+
+/// One rank's part of a sum over threads: its buffer into its slot, then (all written)
+/// the slots summed in rank order into the buffer, then (all read) done.
+fn slot_all_reduce(slots: &[Mutex<Vec<f32>>], barrier: &Barrier, rank: usize, buf: &mut [f32]) {
+    *slots[rank].lock().unwrap() = buf.to_vec();
+    barrier.wait();
+    let mut sum = vec![0.0f32; buf.len()];
+    for slot in slots {
+        for (s, &x) in sum.iter_mut().zip(slot.lock().unwrap().iter()) {
+            *s += x;
+        }
+    }
+    buf.copy_from_slice(&sum);
+    barrier.wait();
+}
+
+#[test]
+fn vocab_parallel_refusals() {
+    // NH = 3 allows T = 3 for the blocks, but 3 does not divide Vp = 128.
+    let cfg = GptConfig::new(16, 50, 1, 3, 24).unwrap();
+    let split = TpSplit { size: 3, rank: 0 };
+    assert!(Gpt::with_tensor_parallel(cfg, CpuBackend, split).is_ok());
+    let err = Gpt::with_vocab_parallel(cfg, split).unwrap_err();
+    assert_eq!(invalid_field(err), "padded_vocab_size");
+    // The whole embedding and head refuse a split vocabulary, and the split ones a whole
+    // one.
+    let cfg = config();
+    let (tokens, _) = batch(&cfg);
+    let mut vocab = ranks_from(&cfg, 2, &whole_params(&cfg, false), true);
+    let r = &mut vocab[0];
+    let err = r
+        .model
+        .embed_forward(&mut r.acts, &r.params[0], &tokens)
+        .unwrap_err();
+    assert!(err.to_string().contains("vocabulary is split"), "{err}");
+    let mut blocks_only = ranks(&cfg, 2);
+    let b = &mut blocks_only[0];
+    let err = b
+        .model
+        .tp_embed_forward(&mut b.acts, &b.params[0], &b.params[0], &tokens)
+        .unwrap_err();
+    assert!(err.to_string().contains("not split"), "{err}");
+    // Activations of the blocks-only split do not fit the vocabulary split.
+    let err = r
+        .model
+        .tp_embed_forward(&mut b.acts, &r.params[0], &r.params[5], &tokens);
+    assert!(matches!(err, Err(GptError::BadBatch { .. })), "{err:?}");
+    // The loss needs its statistics summed first.
+    r.model
+        .tp_embed_forward(&mut r.acts, &r.params[0], &r.params[5], &tokens)
+        .unwrap();
+    assert!(r.model.tp_head_loss(&mut r.acts).is_err());
 }

@@ -94,27 +94,40 @@ impl<B: Backend> Activations<B> {
         alloc: impl FnMut(usize, usize) -> std::result::Result<Buffer<B::Slice>, E>,
         kept: KeptBy,
     ) -> std::result::Result<Self, E> {
-        Self::build(backend, config, b, t, every, alloc, kept, 1)
+        Self::build(backend, config, b, t, every, alloc, kept, (1, false))
     }
 
     /// Buffers for one rank of a tensor-parallel group of `tp` ranks (`tp` must divide NH),
     /// in `backend`'s memory, every activation kept: the views of this rank's heads and MLP
-    /// columns are `tp` times smaller (see [`Sizes::split`]).
+    /// columns are `tp` times smaller, and with `vocab` its logits too (see
+    /// [`Sizes::split`]).
     ///
     /// # Errors
-    /// As [`Activations::in_backend`]; also a `tp` that does not divide NH.
+    /// As [`Activations::in_backend`]; also a `tp` that does not divide NH (or Vp with
+    /// `vocab`).
     pub(crate) fn in_backend_split(
         backend: &B,
         config: &GptConfig,
         b: usize,
         t: usize,
         tp: usize,
+        vocab: bool,
     ) -> Result<Self> {
         let alloc = |_, len| backend.alloc(len);
-        Self::build(backend, config, b, t, None, alloc, KeptBy::Model, tp)
+        Self::build(
+            backend,
+            config,
+            b,
+            t,
+            None,
+            alloc,
+            KeptBy::Model,
+            (tp, vocab),
+        )
     }
 
-    /// [`Activations::with_backend_memory`] sized for a tensor-parallel size `tp`.
+    /// [`Activations::with_backend_memory`] sized for a tensor-parallel size and whether
+    /// the vocabulary is split, `(tp, vocab)`.
     #[allow(clippy::too_many_arguments)]
     fn build<E: From<GptError>>(
         backend: &B,
@@ -124,9 +137,9 @@ impl<B: Backend> Activations<B> {
         every: Option<usize>,
         mut alloc: impl FnMut(usize, usize) -> std::result::Result<Buffer<B::Slice>, E>,
         kept: KeptBy,
-        tp: usize,
+        (tp, vocab): (usize, bool),
     ) -> std::result::Result<Self, E> {
-        let sizes = Sizes::split(config, b, t, every, tp)?;
+        let sizes = Sizes::split(config, b, t, every, tp, vocab)?;
         // Handed over before the backend runs anything, the fills below included; not
         // zeroed (the backend writes its scratch before reading it).
         let scratch_len = backend.scratch_len(config, b, t)?;
@@ -176,6 +189,7 @@ impl<B: Backend> Activations<B> {
             c: config.channels,
             config: *config,
             tp,
+            vocab_parallel: vocab && tp > 1,
             fwd,
             kept,
             grad,

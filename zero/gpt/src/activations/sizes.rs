@@ -33,20 +33,23 @@ impl Sizes {
     /// Per layer region 19NC + 4N + NH·N·T; head NC + 4N + N·Vp; scratch 14NC; plus the
     /// input (N,C) and 3N for tokens, targets and dlosses.
     pub fn new(config: &GptConfig, b: usize, t: usize, every: Option<usize>) -> Result<Self> {
-        Self::split(config, b, t, every, 1)
+        Self::split(config, b, t, every, 1, false)
     }
 
     /// As [`Sizes::new`] for one rank of a tensor-parallel group of `tp` ranks (`tp` must
     /// divide NH and 4C, [`TpSplit::validate`](crate::TpSplit::validate)): the views of this
     /// rank's heads and MLP columns shrink by `tp` (qkv (N,3C/tp), atty (N,C/tp), att
     /// (B,T,NH/tp,T), fch and fch_gelu (N,4C/tp), and their gradients); every (N,C) view
-    /// stays whole. At `tp` = 1 exactly [`Sizes::new`].
+    /// stays whole. With `vocab` (the vocabulary split too, `tp` dividing Vp) the logits
+    /// view holds this rank's (N,Vp/tp) logits followed by its (N,tp+1) loss statistics
+    /// (`kernels::vocab_parallel`). At `tp` = 1 exactly [`Sizes::new`].
     pub fn split(
         config: &GptConfig,
         b: usize,
         t: usize,
         every: Option<usize>,
         tp: usize,
+        vocab: bool,
     ) -> Result<Self> {
         let bad = |reason| {
             Err(GptError::BadBatch {
@@ -66,6 +69,9 @@ impl Sizes {
         }
         if tp == 0 || config.num_heads % tp != 0 {
             return bad("the tensor-parallel size must divide the heads");
+        }
+        if vocab && config.padded_vocab_size % tp != 0 {
+            return bad("the tensor-parallel size must divide the padded vocabulary");
         }
         let (c, nh, vp, l) = (
             config.channels,
@@ -100,11 +106,16 @@ impl Sizes {
             n * c,          // fcproj (N,C)
             n * c,          // res3 (N,C)
         ];
+        let logits = if vocab && tp > 1 {
+            n * vp / tp + n * (tp + 1) // this rank's columns, then the loss statistics
+        } else {
+            n * vp
+        };
         let head_lens = [
             n * c,  // lnf (N,C)
             n,      // lnf_mean (N,)
             n,      // lnf_rstd (N,)
-            n * vp, // logits (N,Vp): logits, then probs, then dlogits
+            logits, // logits (N,Vp): logits, then probs, then dlogits
             n,      // losses (N,)
         ];
         let (cw, fw) = (c / tp, 4 * c / tp); // this rank's attention and MLP widths

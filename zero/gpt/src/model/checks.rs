@@ -55,11 +55,11 @@ impl<B: Backend> Gpt<B> {
                 reason: "activations were sized for a different model config",
             });
         }
-        if acts.tp != self.split.size {
+        if acts.tp != self.split.size || acts.vocab_parallel != self.layout.vocab_parallel() {
             return Err(GptError::BadBatch {
                 batch: acts.b,
                 seq_len: acts.t,
-                reason: "activations were sized for a different tensor-parallel size",
+                reason: "activations were sized for a different tensor-parallel split",
             });
         }
         Ok(())
@@ -76,6 +76,19 @@ impl<B: Backend> Gpt<B> {
             });
         }
         Ok(ParamLayout::block_unit(layer))
+    }
+
+    /// Refuses a whole-embedding or whole-head call (`call`) when the vocabulary is split.
+    pub(super) fn check_whole_vocab(&self, call: &'static str) -> Result<()> {
+        if self.layout.vocab_parallel() {
+            return Err(GptError::OutOfOrder {
+                call,
+                reason: "the vocabulary is split over a tensor-parallel group: run \
+                         Gpt::tp_embed_forward, Gpt::tp_head_forward and the rest"
+                    .into(),
+            });
+        }
+        Ok(())
     }
 
     /// Refuses a layer past L.

@@ -25,6 +25,7 @@ impl<B: Backend> Gpt<B> {
         embed: &B::Slice,
         targets: Option<&[u32]>,
     ) -> Result<Option<f32>> {
+        self.check_whole_vocab("head_forward")?;
         let last = self.layout.final_norm_unit();
         self.check_unit(last, final_norm.len(), "final norm parameters")?;
         self.check_unit(0, embed.len(), "embedding parameters")?;
@@ -101,6 +102,7 @@ impl<B: Backend> Gpt<B> {
         embed: &B::Slice,
         final_norm_grad: &mut B::Slice,
     ) -> Result<()> {
+        self.check_whole_vocab("head_backward_input")?;
         let last = self.layout.final_norm_unit();
         self.check_unit(last, final_norm.len(), "final norm parameters")?;
         self.check_unit(last, final_norm_grad.len(), "final norm gradients")?;
@@ -137,6 +139,7 @@ impl<B: Backend> Gpt<B> {
         acts: &mut Activations<B>,
         embed_grad: &mut B::Slice,
     ) -> Result<()> {
+        self.check_whole_vocab("head_backward_weight")?;
         self.check_unit(0, embed_grad.len(), "embedding gradients")?;
         self.check_call_order(acts, Progress::HeadWeight, "head_backward_weight")?;
         let (n, c, vp) = (

@@ -221,23 +221,27 @@ impl<B: Backend> Gpt<B> {
     /// The buffer the group's collective is due on now, handed out once: the caller sums it
     /// over the group in place (an all-reduce) before the next call. It is the partial
     /// attention or MLP output (N,C) in forward, this rank's part of d(ln2 output) or
-    /// d(ln1 output) (N,C) in backward.
+    /// d(ln1 output) (N,C) in backward; with the vocabulary split also the partial
+    /// embedding (N,C), the loss statistics (N,T+1) and the partial d(lnf) (N,C) (see
+    /// `model::split_head`).
     ///
     /// # Errors
     /// [`GptError::OutOfOrder`] when no split call just left a partial buffer.
     pub fn tp_partial<'a>(&self, acts: &'a mut Activations<B>) -> Result<&'a mut B::Slice> {
         self.check_acts(acts)?;
-        let (layer, done, next) = match acts.progress {
-            Progress::Split { layer, done } => match done.reduced() {
-                Some(next) => (layer, done, next),
-                None => return Err(no_partial(acts.progress)),
-            },
-            other => return Err(no_partial(other)),
+        let due = match acts.progress {
+            Progress::Split { layer, done } => {
+                done.after_reduction(layer).map(|next| (layer, done, next))
+            }
+            _ => None,
         };
-        acts.progress = split_at(layer, next);
-        let nc = acts.b * acts.t * self.config.channels;
+        let Some((layer, done, next)) = due else {
+            return Err(no_partial(acts.progress));
+        };
+        acts.progress = next;
+        let (n, c, tp) = (acts.b * acts.t, self.config.channels, self.split.size);
         let lens = acts.layer_lens;
-        let (buffer, from) = match done {
+        let (buffer, from, len) = match done {
             SplitStep::AttentionPartial | SplitStep::MlpPartial => {
                 let view = if done == SplitStep::MlpPartial {
                     FCPROJ
@@ -245,12 +249,19 @@ impl<B: Backend> Gpt<B> {
                     ATTPROJ
                 };
                 let from = acts.layer_offset(layer) + lens[..view].iter().sum::<usize>();
-                (acts.fwd.floats_mut(), from)
+                (acts.fwd.floats_mut(), from, n * c)
+            }
+            SplitStep::EmbedPartial => (acts.fwd.floats_mut(), 0, n * c),
+            SplitStep::LossStatsPartial => {
+                // The statistics follow this rank's logits (N,Vp/T) in the logits view.
+                let logits = acts.head_offset() + acts.head_lens[..3].iter().sum::<usize>();
+                let from = logits + n * self.config.padded_vocab_size / tp;
+                (acts.fwd.floats_mut(), from, n * (tp + 1))
             }
             // dln, after dres in the backward scratch.
-            _ => (acts.grad.floats_mut(), acts.grad_lens[0]),
+            _ => (acts.grad.floats_mut(), acts.grad_lens[0], n * c),
         };
-        Ok(sub_mut(buffer, from..from + nc))
+        Ok(sub_mut(buffer, from..from + len))
     }
 }
 

@@ -113,3 +113,65 @@ fn split_units(layer: usize) -> (usize, usize) {
         ParamLayout::replicated_unit(layer),
     )
 }
+
+impl Gpt {
+    /// One training micro-step of this rank of a model whose vocabulary is split too
+    /// ([`Gpt::with_vocab_parallel`]), as [`Gpt::tp_forward_backward`]: `params` and
+    /// `grads` hold one buffer per unit of [`ParamLayout::split_vocab`] (2L + 3), and
+    /// `all_reduce` is called 4L + 3 times (the embedding, the loss statistics and d(lnf)
+    /// besides the blocks'), at the same points on every rank. Returns the mean loss.
+    ///
+    /// # Errors
+    /// As the unit calls; also a wrong number of units, and `all_reduce`'s errors.
+    pub fn tp_vocab_forward_backward<P, G, E>(
+        &self,
+        acts: &mut Activations,
+        params: &[P],
+        grads: &mut [G],
+        tokens: &[u32],
+        targets: &[u32],
+        all_reduce: &mut dyn FnMut(&mut [f32]) -> Result<(), E>,
+    ) -> Result<f32, E>
+    where
+        P: AsRef<[f32]>,
+        G: AsMut<[f32]>,
+        E: From<GptError>,
+    {
+        self.check_num_units(params.len(), "parameter units")?;
+        self.check_num_units(grads.len(), "gradient units")?;
+        let layers = self.config.num_layers;
+        let (positions, last) = (2 * layers + 1, 2 * layers + 2);
+        let block = |layer| {
+            let (slice, replicated) = split_units(layer);
+            [params[slice].as_ref(), params[replicated].as_ref()]
+        };
+        let (wte, wpe, final_norm) = (
+            params[0].as_ref(),
+            params[positions].as_ref(),
+            params[last].as_ref(),
+        );
+        self.tp_embed_forward(acts, wte, wpe, tokens)?;
+        all_reduce(self.tp_partial(acts)?)?;
+        for layer in 0..layers {
+            self.tp_block_forward(acts, layer, block(layer), all_reduce)?;
+        }
+        self.tp_head_forward(acts, final_norm, wte, targets)?;
+        all_reduce(self.tp_partial(acts)?)?;
+        let loss = self.tp_head_loss(acts)?;
+        self.tp_head_backward_input(acts, wte)?;
+        all_reduce(self.tp_partial(acts)?)?;
+        // Units: wte slice | 2L block units | wpe | final norm.
+        let (wte_grad, rest) = grads.split_at_mut(1);
+        let (blocks, outer) = rest.split_at_mut(2 * layers);
+        let (wpe_grad, final_grad) = outer.split_at_mut(1);
+        let wte_grad = wte_grad[0].as_mut();
+        self.tp_head_backward_rest(acts, final_norm, final_grad[0].as_mut(), wte_grad)?;
+        for layer in (0..layers).rev() {
+            let (before, after) = blocks.split_at_mut(2 * layer + 1);
+            let unit_grads = [before[2 * layer].as_mut(), after[0].as_mut()];
+            self.tp_block_backward(acts, layer, block(layer), unit_grads, all_reduce)?;
+        }
+        self.tp_embed_backward(acts, wte_grad, wpe_grad[0].as_mut())?;
+        Ok(loss)
+    }
+}
