@@ -10,6 +10,14 @@
 //! trait: `Gpt::new` runs them on the CPU ([`CpuBackend`]), `Gpt::with_backend` on another
 //! backend (`cuda::CudaBackend` with the `cuda` feature, not yet run on a GPU).
 //!
+//! Tensor parallelism (Megatron-LM's): `Gpt::with_tensor_parallel` is one rank of a group
+//! of T that splits every block's matrices by heads and MLP columns
+//! ([`ParamLayout::split`]), `Gpt::with_vocab_parallel` (CPU) also the vocabulary of the
+//! tied embedding and the loss ([`ParamLayout::split_vocab`]). The model owns no
+//! communicator: between its split calls it hands out the buffer due for the group's
+//! all-reduce ([`Gpt::tp_partial`]), so an engine can run the collectives as operations of
+//! its own.
+//!
 //! ```
 //! use zero_gpt::{init_params, Gpt, GptConfig};
 //!

@@ -77,8 +77,9 @@ impl<B: Backend> Gpt<B> {
     /// shape `config` on `backend`, Megatron's way (see `model::split` for the calls and
     /// where the group's reductions go). Its layout is [`ParamLayout::split`]: each block is
     /// two units, this rank's slice and the replicated tensors; the embedding, the tied LM
-    /// head and the final LayerNorm stay whole on every rank in this version. At
-    /// `split.size` = 1 the same model as [`Gpt::with_backend`].
+    /// head and the final LayerNorm stay whole on every rank (on the CPU,
+    /// [`Gpt::with_vocab_parallel`] splits them too). At `split.size` = 1 the same model as
+    /// [`Gpt::with_backend`].
     ///
     /// # Errors
     /// [`GptError::InvalidConfig`] if `config` does not validate, or `split` does not
@@ -121,12 +122,13 @@ impl<B: Backend> Gpt<B> {
     /// Training FLOPs per token at sequence length `seq_len`: 6 per parameter (forward 2,
     /// backward 4, the llm.c/PaLM count; padded vocabulary rows included) plus causal
     /// attention's 6·L·T·C (scores and weighted sum over T/2 keys on average, forward and
-    /// backward). Multiply by tokens per second for achieved FLOP/s.
+    /// backward). Multiply by tokens per second for achieved FLOP/s. Split over a
+    /// tensor-parallel group, this rank's: its units' parameters, its C/T of the attention.
     #[must_use]
     pub fn flops_per_token(&self, seq_len: usize) -> f64 {
         let cfg = &self.config;
         6.0 * self.layout.num_params() as f64
-            + 6.0 * (cfg.num_layers * seq_len * cfg.channels) as f64
+            + 6.0 * (cfg.num_layers * seq_len * cfg.channels / self.split.size) as f64
     }
 
     /// Activation buffers for batches of shape (B, T).

@@ -12,10 +12,12 @@
 //! NH/T heads (column-parallel: its heads' q, k, v (N,3C/T) need no communication), the
 //! matching C/T columns of `attprojw` (row-parallel: its (N,C) output is a partial sum over
 //! heads), rows r of `fcw`/`fcb` (4C/T, column-parallel) and the matching columns of
-//! `fcprojw` (row-parallel again). The LayerNorms and the two output biases are replicated,
-//! and so are the embedding, the tied LM head and the final LayerNorm: in this version they
-//! are whole on every rank ([`Gpt::embed_forward`], [`Gpt::head_forward`] and their backward
-//! run as at T = 1, every rank computing the same values).
+//! `fcprojw` (row-parallel again). The LayerNorms and the two output biases are replicated.
+//! The embedding, the tied LM head and the final LayerNorm are whole on every rank of a
+//! [`Gpt::with_tensor_parallel`] model ([`Gpt::embed_forward`], [`Gpt::head_forward`] and
+//! their backward run as at T = 1, every rank computing the same values); a
+//! [`Gpt::with_vocab_parallel`] model splits `wte` by vocabulary rows instead (see
+//! `model::split_head`).
 //!
 //! Block `l` on every rank, with the caller's all-reduce between the calls:
 //!
