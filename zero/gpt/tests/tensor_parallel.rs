@@ -9,6 +9,8 @@
 use std::sync::{Barrier, Mutex};
 use std::thread;
 
+use proptest::prelude::*;
+
 use zero_gpt::{
     init_params, init_split_unit, slice_part, Activations, CpuBackend, Gpt, GptConfig, GptError,
     ParamLayout, Rng, TpSplit, UnitKind,
@@ -118,6 +120,12 @@ fn rank(
 
 /// A group of `t` ranks initialised by [`init_split_unit`] from [`SEED`].
 fn ranks(cfg: &GptConfig, t: usize) -> Vec<Rank> {
+    init_ranks(cfg, t, false)
+}
+
+/// A group of `t` ranks (the vocabulary split too with `vocab`) initialised by
+/// [`init_split_unit`] from [`SEED`].
+fn init_ranks(cfg: &GptConfig, t: usize, vocab: bool) -> Vec<Rank> {
     let init = |split| {
         move |layout: &ParamLayout, unit, out: &mut [f32]| {
             init_split_unit(cfg, layout, split, unit, SEED, out).unwrap();
@@ -128,7 +136,7 @@ fn ranks(cfg: &GptConfig, t: usize) -> Vec<Rank> {
             rank(
                 cfg,
                 TpSplit { size: t, rank: r },
-                false,
+                vocab,
                 init(TpSplit { size: t, rank: r }),
             )
         })
@@ -734,14 +742,26 @@ fn ranks_on_their_own_threads_give_the_lockstep_results_to_the_bit() {
 fn the_split_init_is_the_whole_init_sliced() {
     let cfg = config();
     let whole = init_params(&cfg, &ParamLayout::new(&cfg), SEED);
-    let mut group = ranks(&cfg, 2);
-    // Put the parameters where the gradients go, to reuse the gathering.
-    for r in &mut group {
-        r.grads = r.params.clone();
+    for (t, vocab) in [(2, false), (4, false), (2, true), (4, true)] {
+        let mut group = init_ranks(&cfg, t, vocab);
+        // Put the parameters where the gradients go, to reuse the gathering.
+        for r in &mut group {
+            r.grads = r.params.clone();
+        }
+        let diffs = compare_grads(&group, &cfg, &whole);
+        assert!(
+            diffs.iter().all(|(_, d)| *d == 0.0),
+            "T={t} {vocab}: {diffs:?}"
+        );
     }
-    let diffs = compare_grads(&group, &cfg, &whole);
-    assert!(diffs.iter().all(|(_, d)| *d == 0.0), "{diffs:?}");
+    let vocab = ParamLayout::split_vocab(&cfg, 4);
+    assert_eq!(vocab.num_units(), 2 * cfg.num_layers + 3);
+    assert_eq!(vocab.num_layers(), cfg.num_layers);
+    assert_eq!(vocab.positions_unit(), Some(2 * cfg.num_layers + 1));
+    let wte = cfg.padded_vocab_size * cfg.channels;
+    assert_eq!(4 * vocab.units()[0].len, wte);
     let layout = ParamLayout::split(&cfg, 2);
+    assert_eq!(layout.num_layers(), cfg.num_layers);
     assert_eq!(layout.num_units(), 2 * cfg.num_layers + 2);
     let per_rank = layout.units()[1].len;
     let replicated = layout.units()[2].len;
@@ -920,4 +940,50 @@ fn vocab_parallel_refusals() {
         .tp_embed_forward(&mut r.acts, &r.params[0], &r.params[5], &tokens)
         .unwrap();
     assert!(r.model.tp_head_loss(&mut r.acts).is_err());
+}
+
+/// At T = 1 the tensor-parallel constructors give the whole model, to the bit.
+#[test]
+fn one_rank_is_the_whole_model() {
+    let cfg = config();
+    let params = whole_params(&cfg, true);
+    let (loss, grads) = whole_step(&cfg, &params, 1);
+    let whole = TpSplit::NONE;
+    for model in [
+        Gpt::with_tensor_parallel(cfg, CpuBackend, whole).unwrap(),
+        Gpt::with_vocab_parallel(cfg, whole).unwrap(),
+    ] {
+        assert_eq!(model.layout(), &ParamLayout::new(&cfg));
+        let mut got = zeros(model.layout());
+        let mut acts = model.activations(B, S).unwrap();
+        let (tokens, targets) = micro_batch(&cfg, 0);
+        let l = model
+            .forward_backward(&mut acts, &params, &mut got, &tokens, &targets)
+            .unwrap();
+        assert_eq!(l.to_bits(), loss.to_bits());
+        assert_eq!(got, grads);
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(16))]
+
+    /// Random shapes: NH = 2..8 heads of 2..8 channels, T = 2..NH (a power of two), L = 1..2,
+    /// V = 1..300 (Vp = 128..384, so some ranks hold padding only), the vocabulary split or
+    /// not; perturbed parameters, two micro-batches.
+    #[test]
+    fn random_shapes_match_the_whole_model(
+        heads_log in 1u32..4,
+        t_pick in 0u32..3,
+        hs in prop::sample::select(vec![2usize, 4, 8]),
+        layers in 1usize..3,
+        vocab_size in 1usize..300,
+        vocab in any::<bool>(),
+    ) {
+        let nh = 1usize << heads_log;
+        let t = 1usize << (1 + t_pick % heads_log);
+        let cfg = GptConfig::new(16, vocab_size, layers, nh, nh * hs).unwrap();
+        let max = check_group(&cfg, t, vocab, true, 2);
+        prop_assert!(max <= GRAD_TOL);
+    }
 }

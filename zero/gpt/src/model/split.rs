@@ -278,3 +278,15 @@ fn no_partial(progress: Progress) -> GptError {
         reason: format!("no partial buffer is due for a collective (state {progress:?})"),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::{ATTPROJ, FCPROJ};
+    use crate::LAYER_VIEWS;
+
+    #[test]
+    fn partial_outputs_name_their_views() {
+        assert_eq!(LAYER_VIEWS[ATTPROJ], "attproj");
+        assert_eq!(LAYER_VIEWS[FCPROJ], "fcproj");
+    }
+}
