@@ -183,6 +183,8 @@ pub struct Activations<B: Backend = CpuBackend> {
     pub(crate) valid_segment: Option<usize>,
     /// The next block a segment's recompute runs.
     pub(crate) recompute_next: Option<usize>,
+    /// Split blocks: the block running now is a recompute (its output returns to backward).
+    pub(crate) recomputing: bool,
     pub(crate) dlosses: Buffer<B::Slice>, // (B,T), 1/N each: d(mean loss)/d(loss[b,t])
     pub(crate) tokens: Buffer<B::Slice>,  // (B,T) u32 ids, viewed by `B::ids`
     pub(crate) targets: Buffer<B::Slice>, // (B,T) u32 ids, viewed by `B::ids`

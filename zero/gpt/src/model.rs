@@ -153,15 +153,8 @@ impl<B: Backend> Gpt<B> {
         if self.split.size == 1 {
             return Activations::in_backend(&self.backend, &self.config, b, t, every);
         }
-        if every.is_some() {
-            return Err(GptError::BadBatch {
-                batch: b,
-                seq_len: t,
-                reason: "activation checkpointing is not implemented for split blocks",
-            });
-        }
-        let vocab = self.layout.vocab_parallel();
-        Activations::in_backend_split(&self.backend, &self.config, b, t, self.split.size, vocab)
+        let (config, tp, vocab) = (&self.config, self.split.size, self.layout.vocab_parallel());
+        Activations::in_backend_split(&self.backend, config, (b, t), every, tp, vocab)
     }
 
     /// Embeds `tokens` (B,T): `encoded = wte[tokens] + wpe`. Starts a new forward pass.

@@ -6,6 +6,7 @@
 //!
 //! Legend: T the tensor-parallel size, B batch, S sequence, C channels, NH heads, L layers.
 
+use std::ops::Range;
 use std::sync::{Barrier, Mutex};
 use std::thread;
 
@@ -220,9 +221,10 @@ fn block_grads(grads: &mut [Vec<f32>], layer: usize) -> (&mut [f32], &mut [f32])
     (&mut before[su], &mut after[0])
 }
 
-/// Forward of the split blocks on every rank, in lockstep, `reduce` between the calls.
-fn tp_blocks_forward(ranks: &mut [Rank], layers: usize, reduce: fn(&mut [Rank])) {
-    for layer in 0..layers {
+/// Forward of the split blocks `layers` on every rank, in lockstep, `reduce` between the
+/// calls (in backward, their recompute).
+fn tp_blocks_forward(ranks: &mut [Rank], layers: Range<usize>, reduce: fn(&mut [Rank])) {
+    for layer in layers {
         let (su, ru) = (
             ParamLayout::slice_unit(layer),
             ParamLayout::replicated_unit(layer),
@@ -244,6 +246,10 @@ fn tp_blocks_forward(ranks: &mut [Rank], layers: usize, reduce: fn(&mut [Rank]))
 /// Backward of the split blocks on every rank, in lockstep, `reduce` between the calls.
 fn tp_backward(ranks: &mut [Rank], layers: usize, reduce: fn(&mut [Rank])) {
     for layer in (0..layers).rev() {
+        if ranks[0].acts.needs_recompute(layer) {
+            let segment = ranks[0].acts.segment(layer);
+            tp_blocks_forward(ranks, segment, reduce);
+        }
         let (su, ru) = (
             ParamLayout::slice_unit(layer),
             ParamLayout::replicated_unit(layer),
@@ -296,7 +302,7 @@ fn tp_micro_step(
             r.model.embed_forward(&mut r.acts, &r.params[0], &tokens)
         });
     }
-    tp_blocks_forward(ranks, layers, reduce);
+    tp_blocks_forward(ranks, 0..layers, reduce);
     let losses = if vocab {
         vocab_head(ranks, cfg, &targets, reduce)
     } else {
@@ -653,8 +659,6 @@ fn whole_and_split_calls_do_not_mix() {
         .embed_forward(&mut r.acts, &params[0], &tokens)
         .unwrap_err();
     assert!(matches!(err, GptError::BadBatch { .. }), "{err}");
-    // Checkpointing is not implemented for split blocks.
-    assert!(r.model.activations_checkpointed(B, S, Some(1)).is_err());
 }
 
 #[test]
@@ -691,7 +695,7 @@ fn a_call_before_its_reduction_is_refused() {
 /// One step of a group of `t` with each rank on its own thread, through
 /// [`Gpt::tp_forward_backward`]; the all-reduce sums the ranks' buffers in rank order through
 /// shared slots (two barriers: all written, all read), as [`all_reduce`] does in lockstep.
-fn threaded_step(cfg: &GptConfig, t: usize) -> Vec<(f32, Vec<Vec<f32>>)> {
+fn threaded_step(cfg: &GptConfig, t: usize, every: Option<usize>) -> Vec<(f32, Vec<Vec<f32>>)> {
     let (tokens, targets) = batch(cfg);
     let slots: Vec<Mutex<Vec<f32>>> = (0..t).map(|_| Mutex::new(Vec::new())).collect();
     let barrier = Barrier::new(t);
@@ -701,6 +705,7 @@ fn threaded_step(cfg: &GptConfig, t: usize) -> Vec<(f32, Vec<Vec<f32>>)> {
             .into_iter()
             .enumerate()
             .map(|(rank, mut r)| {
+                r.acts = r.model.activations_checkpointed(B, S, every).unwrap();
                 scope.spawn(move || {
                     let mut reduce = |buf: &mut [f32]| -> Result<(), GptError> {
                         slot_all_reduce(slots, barrier, rank, buf);
@@ -731,10 +736,13 @@ fn ranks_on_their_own_threads_give_the_lockstep_results_to_the_bit() {
     let cfg = config();
     let mut lockstep = ranks(&cfg, 2);
     let losses = tp_step(&mut lockstep, &cfg, all_reduce);
-    let threaded = threaded_step(&cfg, 2);
-    for (rank, (loss, grads)) in threaded.iter().enumerate() {
-        assert_eq!(loss.to_bits(), losses[rank].to_bits(), "rank {rank}'s loss");
-        assert_eq!(grads, &lockstep[rank].grads, "rank {rank}'s gradients");
+    // With checkpointing every block too: the recompute's reductions run in backward.
+    for every in [None, Some(1)] {
+        let threaded = threaded_step(&cfg, 2, every);
+        for (rank, (loss, grads)) in threaded.iter().enumerate() {
+            assert_eq!(loss.to_bits(), losses[rank].to_bits(), "rank {rank}'s loss");
+            assert_eq!(grads, &lockstep[rank].grads, "rank {rank}'s gradients");
+        }
     }
 }
 
@@ -986,4 +994,98 @@ proptest! {
         let max = check_group(&cfg, t, vocab, true, 2);
         prop_assert!(max <= GRAD_TOL);
     }
+}
+
+/// Checkpointing every k blocks: the group's recompute (the three calls of each block of a
+/// segment and their reductions, again, in backward) gives the un-checkpointed group's
+/// losses and gradients to the bit, the vocabulary split or not.
+#[test]
+fn checkpointed_split_blocks_give_the_same_bits() {
+    let cfg = GptConfig::new(16, 120, 3, 4, 32).unwrap();
+    let params = whole_params(&cfg, true);
+    for vocab in [false, true] {
+        let mut plain = ranks_from(&cfg, 2, &params, vocab);
+        let want = tp_step(&mut plain, &cfg, all_reduce);
+        for every in [1, 2] {
+            let mut group = ranks_from(&cfg, 2, &params, vocab);
+            for r in &mut group {
+                r.acts = r.model.activations_checkpointed(B, S, Some(every)).unwrap();
+            }
+            let got = tp_step(&mut group, &cfg, all_reduce);
+            assert_eq!(got, want, "vocab {vocab} every {every}: losses");
+            for (g, p) in group.iter().zip(&plain) {
+                assert_eq!(g.grads, p.grads, "vocab {vocab} every {every}: gradients");
+            }
+        }
+    }
+}
+
+/// A checkpointed block's backward before its recompute, and a recompute out of order, are
+/// refused (one rank, the reductions skipped: the order is all that is checked).
+#[test]
+fn a_backward_before_its_recompute_is_refused() {
+    let cfg = GptConfig::new(16, 120, 3, 4, 32).unwrap();
+    let mut group = ranks_from(&cfg, 2, &whole_params(&cfg, false), false);
+    group.truncate(1);
+    let r = &mut group[0];
+    r.acts = r.model.activations_checkpointed(B, S, Some(1)).unwrap();
+    let (tokens, targets) = batch(&cfg);
+    let mut reduce = |_: &mut [f32]| -> Result<(), GptError> { Ok(()) };
+    r.model
+        .embed_forward(&mut r.acts, &r.params[0], &tokens)
+        .unwrap();
+    for layer in 0..3 {
+        let unit = |u: usize| &r.params[u][..];
+        let block = [
+            unit(ParamLayout::slice_unit(layer)),
+            unit(ParamLayout::replicated_unit(layer)),
+        ];
+        r.model
+            .tp_block_forward(&mut r.acts, layer, block, &mut reduce)
+            .unwrap();
+    }
+    let last = 2 * cfg.num_layers + 1;
+    let (embed_grad, rest) = r.grads.split_at_mut(1);
+    r.model
+        .head_forward(&mut r.acts, &r.params[last], &r.params[0], Some(&targets))
+        .unwrap();
+    r.model
+        .head_backward(
+            &mut r.acts,
+            &r.params[last],
+            &r.params[0],
+            &mut rest[last - 1],
+            &mut embed_grad[0],
+        )
+        .unwrap();
+    // Block 2 ends the last segment, kept in place; block 1 needs its recompute first.
+    let params = |l: usize| {
+        [
+            &r.params[ParamLayout::slice_unit(l)][..],
+            &r.params[ParamLayout::replicated_unit(l)][..],
+        ]
+    };
+    let (sg, rg) = block_grads(&mut r.grads, 2);
+    r.model
+        .tp_block_backward(&mut r.acts, 2, params(2), [sg, rg], &mut reduce)
+        .unwrap();
+    assert!(r.acts.needs_recompute(1));
+    let (sg, rg) = block_grads(&mut r.grads, 1);
+    let err = r
+        .model
+        .tp_mlp_backward(&mut r.acts, 1, params(1), sg, rg)
+        .unwrap_err();
+    assert!(err.to_string().contains("not recomputed"), "{err}");
+    let err = r
+        .model
+        .tp_block_forward(&mut r.acts, 0, params(0), &mut reduce)
+        .unwrap_err();
+    assert!(matches!(err, GptError::OutOfOrder { .. }), "{err}");
+    r.model
+        .tp_block_forward(&mut r.acts, 1, params(1), &mut reduce)
+        .unwrap();
+    let (sg, rg) = block_grads(&mut r.grads, 1);
+    r.model
+        .tp_block_backward(&mut r.acts, 1, params(1), [sg, rg], &mut reduce)
+        .unwrap();
 }

@@ -98,7 +98,8 @@ impl<B: Backend> Activations<B> {
     }
 
     /// Buffers for one rank of a tensor-parallel group of `tp` ranks (`tp` must divide NH),
-    /// in `backend`'s memory, every activation kept: the views of this rank's heads and MLP
+    /// in `backend`'s memory, keeping every `every`-th block input with checkpointing (else
+    /// every activation): the views of this rank's heads and MLP
     /// columns are `tp` times smaller, and with `vocab` its logits too (see
     /// [`Sizes::split`]).
     ///
@@ -108,8 +109,8 @@ impl<B: Backend> Activations<B> {
     pub(crate) fn in_backend_split(
         backend: &B,
         config: &GptConfig,
-        b: usize,
-        t: usize,
+        (b, t): (usize, usize),
+        every: Option<usize>,
         tp: usize,
         vocab: bool,
     ) -> Result<Self> {
@@ -119,7 +120,7 @@ impl<B: Backend> Activations<B> {
             config,
             b,
             t,
-            None,
+            every,
             alloc,
             KeptBy::Model,
             (tp, vocab),
@@ -200,6 +201,7 @@ impl<B: Backend> Activations<B> {
             slots: sizes.slots,
             valid_segment: None,
             recompute_next: None,
+            recomputing: false,
             dlosses,
             tokens,
             targets,

@@ -115,6 +115,11 @@ impl<B: Backend> Gpt<B> {
     ///
     /// `slice` and `replicated` are block `layer`'s units of [`ParamLayout::split`].
     ///
+    /// With activation checkpointing ([`Gpt::activations_checkpointed`]) the same three
+    /// calls and their reductions recompute a segment in backward, when
+    /// [`Activations::needs_recompute`] says so before the backward of its last block: its
+    /// blocks in order, each ending in backward again.
+    ///
     /// # Errors
     /// A whole model, wrong buffer sizes, a layer past L, or a call out of order (block
     /// `layer - 1` not finished).
@@ -133,8 +138,7 @@ impl<B: Backend> Gpt<B> {
                 "block replicated",
             ),
         ];
-        let want = Progress::Forward { next: layer + 1 };
-        self.check_tp_call(acts, layer, &units, want, "tp_attention_forward")?;
+        self.begin_tp_block(acts, layer, &units)?;
         let Dims {
             b, s, n, c, cw, nh, ..
         } = self.tp_dims(acts);
@@ -204,7 +208,8 @@ impl<B: Backend> Gpt<B> {
     }
 
     /// Block `layer`, last part, after the MLP output was summed over the group: the block's
-    /// output res3 = res2 + fcproj (replicated). Block `layer + 1` (or the head) may run.
+    /// output res3 = res2 + fcproj (replicated). Block `layer + 1` (or the head) may run; in
+    /// a recompute, the next block of the segment or the backward.
     ///
     /// # Errors
     /// A whole model, a layer past L, or the MLP output not handed out for its sum.
@@ -216,7 +221,65 @@ impl<B: Backend> Gpt<B> {
         let [_, _, _, _, _, _, _, res2, _, _, _, _, _, fcproj, res3] =
             carve_mut(region, acts.layer_lens);
         self.backend.residual_forward(res3, res2, fcproj);
-        acts.progress = Progress::Forward { next: layer + 2 };
+        let segment = acts.segment(layer);
+        if !acts.recomputing {
+            acts.valid_segment = Some(segment.start);
+            acts.progress = Progress::Forward { next: layer + 2 };
+            return Ok(());
+        }
+        // A recompute: back to the backward of the segment's last block.
+        acts.recomputing = false;
+        if layer + 1 == segment.end {
+            acts.valid_segment = Some(segment.start);
+            acts.recompute_next = None;
+        } else {
+            acts.recompute_next = Some(layer + 1);
+        }
+        acts.progress = Progress::Backward { next: segment.end };
+        Ok(())
+    }
+
+    /// Checks a [`Gpt::tp_attention_forward`] call and readies the activations: in forward,
+    /// the block's input kept when it starts a checkpointed segment; in backward, the
+    /// recompute of a checkpointed segment, in order (as [`Gpt::block_recompute`]'s), its
+    /// first block putting the kept input back.
+    fn begin_tp_block(
+        &self,
+        acts: &mut Activations<B>,
+        layer: usize,
+        units: &[(usize, usize, &'static str)],
+    ) -> Result<()> {
+        self.check_layer(layer)?;
+        let segment = acts.segment(layer);
+        let forward = Progress::Forward { next: layer + 1 };
+        let recompute = acts.every.is_some() && matches!(acts.progress, Progress::Backward { .. });
+        if !recompute {
+            self.check_tp_call(acts, layer, units, forward, "tp_attention_forward")?;
+            if acts.every.is_some() && segment.start == layer {
+                acts.begin_segment(&self.backend, layer)?;
+            }
+            acts.recomputing = false;
+            return Ok(());
+        }
+        // The segment's recompute is due when backward reaches its last block.
+        let due = Progress::Backward { next: segment.end };
+        self.check_tp_call(acts, layer, units, due, "tp_attention_forward (recompute)")?;
+        let in_order = if layer == segment.start {
+            acts.needs_recompute(layer)
+        } else {
+            acts.recompute_next == Some(layer)
+        };
+        if !in_order {
+            return Err(GptError::OutOfOrder {
+                call: "tp_attention_forward (recompute)",
+                reason: format!("block {layer} is not the next block its segment recomputes"),
+            });
+        }
+        if layer == segment.start {
+            acts.restore_segment(&self.backend, layer)?;
+            acts.valid_segment = None;
+        }
+        acts.recomputing = true;
         Ok(())
     }
 

@@ -12,7 +12,7 @@ use super::split::{split_at, Dims};
 use super::Gpt;
 use crate::activations::{Activations, Progress, SplitStep};
 use crate::backend::{Backend, View};
-use crate::error::Result;
+use crate::error::{GptError, Result};
 use crate::layout::ParamLayout;
 use crate::views::{carve, carve_mut, sub};
 
@@ -60,6 +60,12 @@ impl<B: Backend> Gpt<B> {
         );
         let want = Progress::Backward { next: layer + 1 };
         self.check_tp_call(acts, layer, &units, want, "tp_mlp_backward")?;
+        if acts.needs_recompute(layer) {
+            return Err(GptError::OutOfOrder {
+                call: "tp_mlp_backward",
+                reason: format!("block {layer}'s checkpointed segment was not recomputed"),
+            });
+        }
         let Dims { n, c, fw, .. } = self.tp_dims(acts);
         let be = &self.backend;
         let [_, _, _, fcw, _, fcprojw] = carve(slice, self.layout.units()[units[0].0].lens());

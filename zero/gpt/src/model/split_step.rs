@@ -14,7 +14,8 @@ use crate::layout::ParamLayout;
 
 impl<B: Backend> Gpt<B> {
     /// Block `layer` forward on this rank: [`Gpt::tp_attention_forward`], `all_reduce`,
-    /// [`Gpt::tp_mlp_forward`], `all_reduce`, [`Gpt::tp_block_output`].
+    /// [`Gpt::tp_mlp_forward`], `all_reduce`, [`Gpt::tp_block_output`]; in backward, its
+    /// recompute (checkpointing).
     ///
     /// # Errors
     /// As those calls, and `all_reduce`'s.
@@ -96,6 +97,11 @@ impl<B: Backend> Gpt<B> {
         let embed_grad = embed_grad[0].as_mut();
         self.head_backward(acts, final_norm, embed, rest[last - 1].as_mut(), embed_grad)?;
         for layer in (0..layers).rev() {
+            if acts.needs_recompute(layer) {
+                for r in acts.segment(layer) {
+                    self.tp_block_forward(acts, r, block(r), all_reduce)?;
+                }
+            }
             let (slice, replicated) = split_units(layer);
             let (before, after) = rest.split_at_mut(replicated - 1);
             let unit_grads = [before[slice - 1].as_mut(), after[0].as_mut()];
@@ -167,6 +173,11 @@ impl Gpt {
         let wte_grad = wte_grad[0].as_mut();
         self.tp_head_backward_rest(acts, final_norm, final_grad[0].as_mut(), wte_grad)?;
         for layer in (0..layers).rev() {
+            if acts.needs_recompute(layer) {
+                for r in acts.segment(layer) {
+                    self.tp_block_forward(acts, r, block(r), all_reduce)?;
+                }
+            }
             let (before, after) = blocks.split_at_mut(2 * layer + 1);
             let unit_grads = [before[2 * layer].as_mut(), after[0].as_mut()];
             self.tp_block_backward(acts, layer, block(layer), unit_grads, all_reduce)?;
