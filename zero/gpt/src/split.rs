@@ -174,7 +174,7 @@ pub fn slice_part(
     for spec in &part.tensors {
         let from = whole_layout
             .tensor(spec.name)
-            .ok_or_else(|| mismatch("whole block tensor", 1, 0))?;
+            .ok_or_else(|| mismatch("tensors of the whole unit named like the part's", 1, 0))?;
         let sliced = slice_tensor(
             config,
             split,
