@@ -28,7 +28,7 @@ mod split_head;
 mod split_step;
 mod step;
 
-use super::activations::{Activations, Progress};
+use super::activations::{Activations, Buffer, KeptBy, Progress, Sizes};
 use super::backend::{Backend, CpuBackend, View};
 use super::config::GptConfig;
 use super::error::{GptError, Result};
@@ -155,6 +155,43 @@ impl<B: Backend> Gpt<B> {
         }
         let (config, tp, vocab) = (&self.config, self.split.size, self.layout.vocab_parallel());
         Activations::in_backend_split(&self.backend, config, (b, t), every, tp, vocab)
+    }
+
+    /// Elements (4 bytes each) of every activation buffer of this model for (B, T) batches
+    /// with checkpointing every `every` blocks (or none), in
+    /// [`BUFFER_NAMES`](crate::BUFFER_NAMES) order: what [`Gpt::activations_with_memory`]
+    /// asks for. At T = 1 [`activation_buffers`](crate::activation_buffers)'; split over a
+    /// tensor-parallel group, this rank's (its heads', MLP columns' and, vocabulary split,
+    /// logits' share).
+    ///
+    /// # Errors
+    /// As [`Gpt::activations_checkpointed`].
+    pub fn activation_buffers(
+        &self,
+        b: usize,
+        t: usize,
+        every: Option<usize>,
+    ) -> Result<[usize; 6]> {
+        let (tp, vocab) = (self.split.size, self.layout.vocab_parallel());
+        Ok(Sizes::split(&self.config, b, t, every, tp, vocab)?.buffers())
+    }
+
+    /// [`Activations::with_backend_memory`] for this model, at any tensor-parallel split:
+    /// every buffer from `alloc` (index in [`BUFFER_NAMES`](crate::BUFFER_NAMES), length from
+    /// [`Gpt::activation_buffers`]), the kept block inputs held by the activations or by the
+    /// caller (`kept`: [`Gpt::keep_input`], [`Gpt::restore_input`]).
+    ///
+    /// # Errors
+    /// As [`Gpt::activations_checkpointed`], and the errors of `alloc`.
+    pub fn activations_with_memory<E: From<GptError>>(
+        &self,
+        (b, t): (usize, usize),
+        every: Option<usize>,
+        alloc: impl FnMut(usize, usize) -> std::result::Result<Buffer<B::Slice>, E>,
+        kept: KeptBy,
+    ) -> std::result::Result<Activations<B>, E> {
+        let split = (self.split.size, self.layout.vocab_parallel());
+        Activations::build(&self.backend, &self.config, b, t, every, alloc, kept, split)
     }
 
     /// Embeds `tokens` (B,T): `encoded = wte[tokens] + wpe`. Starts a new forward pass.

@@ -9,6 +9,7 @@
 //!
 //! Legend: T the tensor-parallel size, B batch, S sequence, C channels, NH heads, L layers.
 
+use std::collections::HashMap;
 use std::ops::Range;
 use std::sync::{Barrier, Mutex};
 use std::thread;
@@ -16,8 +17,8 @@ use std::thread;
 use proptest::prelude::*;
 
 use zero_gpt::{
-    init_params, init_split_unit, slice_part, Activations, CpuBackend, Gpt, GptConfig, GptError,
-    ParamLayout, Rng, TpSplit, UnitKind,
+    init_params, init_split_unit, slice_part, Activations, Buffer, CpuBackend, Gpt, GptConfig,
+    GptError, GptOp, KeptBy, ParamLayout, Rng, TpSplit, UnitKind, KEPT_INPUTS,
 };
 
 const B: usize = 2;
@@ -248,9 +249,21 @@ fn tp_blocks_forward(ranks: &mut [Rank], layers: Range<usize>, reduce: fn(&mut [
 
 /// Backward of the split blocks on every rank, in lockstep, `reduce` between the calls.
 fn tp_backward(ranks: &mut [Rank], layers: usize, reduce: fn(&mut [Rank])) {
+    tp_backward_with(ranks, layers, reduce, &mut |_, _| {});
+}
+
+/// [`tp_backward`], calling `before_recompute(ranks, first block)` before each segment's
+/// recompute.
+fn tp_backward_with(
+    ranks: &mut [Rank],
+    layers: usize,
+    reduce: fn(&mut [Rank]),
+    before_recompute: &mut dyn FnMut(&mut [Rank], usize),
+) {
     for layer in (0..layers).rev() {
         if ranks[0].acts.needs_recompute(layer) {
             let segment = ranks[0].acts.segment(layer);
+            before_recompute(ranks, segment.start);
             tp_blocks_forward(ranks, segment, reduce);
         }
         let (su, ru) = (
@@ -1091,4 +1104,67 @@ fn a_backward_before_its_recompute_is_refused() {
     r.model
         .tp_block_backward(&mut r.acts, 1, params(1), [sg, rg], &mut reduce)
         .unwrap();
+}
+
+/// Inputs kept by the caller (as the engine keeps them in its arena): each rank's
+/// activations from [`Gpt::activations_with_memory`] (sized by [`Gpt::activation_buffers`]),
+/// [`Gpt::keep_input`] after a segment's first block, [`Gpt::restore_input`] before its
+/// recompute; the same bits as inputs kept by the activations.
+#[test]
+fn caller_kept_inputs_give_the_model_kept_bits() {
+    let cfg = GptConfig::new(16, 120, 3, 4, 32).unwrap();
+    let (layers, every) = (cfg.num_layers, Some(1));
+    let params = whole_params(&cfg, true);
+    let mut model_kept = ranks_from(&cfg, 2, &params, false);
+    for r in &mut model_kept {
+        r.acts = r.model.activations_checkpointed(B, S, every).unwrap();
+    }
+    let want = tp_step(&mut model_kept, &cfg, all_reduce);
+    let mut group = ranks_from(&cfg, 2, &params, false);
+    for r in &mut group {
+        let sizes = r.model.activation_buffers(B, S, every).unwrap();
+        let alloc = |index: usize, len: usize| {
+            assert!(
+                index != KEPT_INPUTS && len == sizes[index],
+                "buffer {index}: {len}"
+            );
+            Ok::<_, GptError>(Box::new(vec![0f32; len]) as Buffer)
+        };
+        r.acts = r
+            .model
+            .activations_with_memory((B, S), every, alloc, KeptBy::Caller)
+            .unwrap();
+    }
+    let mut stores: Vec<HashMap<usize, Vec<f32>>> = vec![HashMap::new(); 2];
+    let (tokens, targets) = batch(&cfg);
+    each(&mut group, |r| {
+        r.model.embed_forward(&mut r.acts, &r.params[0], &tokens)
+    });
+    for layer in 0..layers {
+        tp_blocks_forward(&mut group, layer..layer + 1, all_reduce);
+        if let Some(segment) = GptOp::Block(layer).keeps(layers, every) {
+            for (r, store) in group.iter_mut().zip(&mut stores) {
+                let mut kept = vec![0.0; B * S * cfg.channels];
+                r.model.keep_input(&r.acts, layer, &mut kept).unwrap();
+                store.insert(segment, kept);
+            }
+        }
+    }
+    let losses = replicated_head(&mut group, &cfg, &targets);
+    let mut restore = |ranks: &mut [Rank], first: usize| {
+        let segment = GptOp::Recompute(first).restores(layers, every).unwrap();
+        for (r, store) in ranks.iter_mut().zip(&stores) {
+            r.model
+                .restore_input(&mut r.acts, first, &store[&segment])
+                .unwrap();
+        }
+    };
+    tp_backward_with(&mut group, layers, all_reduce, &mut restore);
+    each(&mut group, |r| {
+        r.model.embed_backward(&mut r.acts, &mut r.grads[0])
+    });
+    assert_eq!(losses, want);
+    for (g, m) in group.iter().zip(&model_kept) {
+        assert_eq!(g.grads, m.grads);
+    }
 }

@@ -130,7 +130,7 @@ impl<B: Backend> Activations<B> {
     /// [`Activations::with_backend_memory`] sized for a tensor-parallel size and whether
     /// the vocabulary is split, `(tp, vocab)`.
     #[allow(clippy::too_many_arguments)]
-    fn build<E: From<GptError>>(
+    pub(crate) fn build<E: From<GptError>>(
         backend: &B,
         config: &GptConfig,
         b: usize,
