@@ -47,6 +47,7 @@ mod model;
 mod program;
 mod sample;
 mod split;
+mod tp_program;
 mod views;
 
 pub use activations::{
@@ -64,3 +65,4 @@ pub use model::Gpt;
 pub use program::{checkpoint_segment, forward_ops, is_recomputed, train_ops, GptOp};
 pub use sample::sample_top_k;
 pub use split::{slice_part, TpSplit};
+pub use tp_program::{tp_train_ops, BlockPart, TpOp};
