@@ -7,6 +7,11 @@
 //! so one layer's activations are contiguous. Each region ends with its output (N,C), so a
 //! block's input is always the last N*C elements before its region. With activation
 //! checkpointing every K blocks, only K regions exist, reused segment after segment.
+//!
+//! For one rank of a tensor-parallel group of T (`Gpt::with_tensor_parallel`), the views of
+//! its heads and MLP columns (qkv, atty, att, fch, fch_gelu and their gradients) are T times
+//! smaller and every (N,C) view whole; with the vocabulary split too, the logits view holds
+//! this rank's (N,Vp/T) logits followed by its (N,T+1) loss statistics.
 
 use super::backend::{Backend, CpuBackend, View};
 use super::config::GptConfig;

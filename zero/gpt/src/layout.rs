@@ -46,7 +46,7 @@ pub enum UnitKind {
         /// Layer index in `0..L`.
         layer: usize,
     },
-    /// The final LayerNorm (unit L+1, or 2L+1 split).
+    /// The final LayerNorm (unit L+1; split, 2L+1, or 2L+2 with the vocabulary split).
     FinalNorm,
     /// Split over T > 1 ranks: this rank's slice of block `layer` (unit `1 + 2 * layer`).
     BlockSlice {
@@ -283,7 +283,7 @@ impl ParamLayout {
         2 + 2 * layer
     }
 
-    /// All units, in order: embedding, blocks 0..L, final norm.
+    /// All units, in order: embedding, blocks 0..L, final norm (split: see the module doc).
     #[must_use]
     pub fn units(&self) -> &[UnitLayout] {
         &self.units

@@ -8,12 +8,14 @@
 //! k and v (`qkvw` (3C/T, C), `qkvb` (3C/T)) and rows `r*4C/T..(r+1)*4C/T` of `fcw` and `fcb`.
 //! Attention-out and MLP-down are row-parallel: rank r holds columns `r*C/T..(r+1)*C/T` of
 //! `attprojw` (C, C/T) and `r*4C/T..(r+1)*4C/T` of `fcprojw` (C, 4C/T); their biases are
-//! replicated and added after the reduction, as are the LayerNorms. A block at T > 1 is two
-//! units ([`ParamLayout::split`](crate::ParamLayout::split)): its slice, then its
-//! replicated tensors. With the vocabulary split as well ([`ParamLayout::split_vocab`](crate::ParamLayout::split_vocab)),
-//! rank r holds rows `r*Vp/T..(r+1)*Vp/T` of `wte` (T must divide Vp) and `wpe` whole, in
-//! a unit of its own. Every tensor is made whole as at T = 1 and sliced
-//! ([`slice_part`]), so every T starts from the same model.
+//! replicated (rank 0 adds them into its partial output, so the group's sum holds them
+//! once), as are the LayerNorms. A block at T > 1 is two units
+//! ([`ParamLayout::split`](crate::ParamLayout::split)): its slice, then its replicated
+//! tensors. With the vocabulary split as well
+//! ([`ParamLayout::split_vocab`](crate::ParamLayout::split_vocab)), rank r holds rows
+//! `r*Vp/T..(r+1)*Vp/T` of `wte` (T must divide Vp), and `wpe` whole in a unit of its own.
+//! Every tensor is made whole as at T = 1 and sliced ([`slice_part`]), so every T starts
+//! from the same model.
 
 use crate::config::GptConfig;
 use crate::error::{GptError, Result};
