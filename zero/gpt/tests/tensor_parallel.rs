@@ -1295,3 +1295,71 @@ fn the_split_program_runs_the_step() {
         }
     }
 }
+
+/// A step's error on a rank driven by zero-comm: the model's or the collective's.
+#[derive(Debug)]
+enum StepError {
+    Model(GptError),
+    Comm(zero_comm::CommError),
+}
+
+impl From<GptError> for StepError {
+    fn from(e: GptError) -> Self {
+        Self::Model(e)
+    }
+}
+
+impl std::fmt::Display for StepError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Model(e) => write!(f, "model: {e}"),
+            Self::Comm(e) => write!(f, "all-reduce: {e}"),
+        }
+    }
+}
+
+/// The project's own collectives: zero-comm's in-process backend, one communicator per
+/// rank on its own thread, runs the driver's all-reduces. At T = 2 a sum of two terms is
+/// the same in any order, so the lockstep bits must come back, vocabulary split or not.
+#[test]
+fn zero_comm_all_reduce_drives_the_split_model() {
+    let cfg = GptConfig::new(16, 120, 2, 4, 32).unwrap();
+    let params = whole_params(&cfg, true);
+    let (tokens, targets) = batch(&cfg);
+    for vocab in [false, true] {
+        let mut lockstep = ranks_from(&cfg, 2, &params, vocab);
+        let losses = tp_step(&mut lockstep, &cfg, all_reduce);
+        let comms = zero_comm::local::create(2).unwrap();
+        let (tokens, targets) = (&tokens, &targets);
+        let got: Vec<(f32, Vec<Vec<f32>>)> = thread::scope(|scope| {
+            let handles: Vec<_> = comms
+                .into_iter()
+                .zip(ranks_from(&cfg, 2, &params, vocab))
+                .map(|(comm, mut r)| {
+                    scope.spawn(move || {
+                        let mut reduce = |buf: &mut [f32]| -> Result<(), StepError> {
+                            let sum = zero_comm::ReduceOp::Sum;
+                            comm.all_reduce_in_place(buf, sum).map_err(StepError::Comm)
+                        };
+                        let (m, acts, p, g) = (&r.model, &mut r.acts, &r.params, &mut r.grads);
+                        let loss = if vocab {
+                            m.tp_vocab_forward_backward(acts, p, g, tokens, targets, &mut reduce)
+                        } else {
+                            m.tp_forward_backward(acts, p, g, tokens, targets, &mut reduce)
+                        };
+                        (loss.unwrap_or_else(|e| panic!("{e}")), r.grads)
+                    })
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        for (rank, (loss, grads)) in got.iter().enumerate() {
+            assert_eq!(
+                loss.to_bits(),
+                losses[rank].to_bits(),
+                "vocab {vocab} rank {rank}"
+            );
+            assert_eq!(grads, &lockstep[rank].grads, "vocab {vocab} rank {rank}");
+        }
+    }
+}
