@@ -51,44 +51,13 @@ impl Sizes {
         tp: usize,
         vocab: bool,
     ) -> Result<Self> {
-        let bad = |reason| {
-            Err(GptError::BadBatch {
-                batch: b,
-                seq_len: t,
-                reason,
-            })
-        };
-        if b == 0 || t == 0 {
-            return bad("B and T must be at least 1");
-        }
-        if t > config.max_seq_len {
-            return bad("T exceeds the model's max_seq_len");
-        }
-        if every == Some(0) {
-            return bad("checkpointing every 0 blocks");
-        }
-        if tp == 0 || config.num_heads % tp != 0 {
-            return bad("the tensor-parallel size must divide the heads");
-        }
-        if vocab && config.padded_vocab_size % tp != 0 {
-            return bad("the tensor-parallel size must divide the padded vocabulary");
-        }
+        let n = check_shape(config, b, t, every, tp, vocab)?;
         let (c, nh, vp, l) = (
             config.channels,
             config.num_heads / tp,
             config.padded_vocab_size,
             config.num_layers,
         );
-        let Some(n) = b.checked_mul(t) else {
-            return bad("B*T overflows");
-        };
-        let largest = n.checked_mul(vp.max(nh * t).max(4 * c));
-        if largest
-            .and_then(|x| x.checked_mul(16 * (config.num_layers + 2)))
-            .is_none()
-        {
-            return bad("activation buffers overflow usize");
-        }
         let layer_lens = [
             n * c,          // ln1 (N,C)
             n,              // ln1_mean (N,)
@@ -145,6 +114,56 @@ impl Sizes {
     pub fn bytes(&self) -> u64 {
         4 * self.buffers().iter().sum::<usize>() as u64
     }
+}
+
+/// Refuses a batch shape (B, T), checkpointing option or tensor-parallel split the buffers
+/// cannot be sized for; returns N = B*T.
+fn check_shape(
+    config: &GptConfig,
+    b: usize,
+    t: usize,
+    every: Option<usize>,
+    tp: usize,
+    vocab: bool,
+) -> Result<usize> {
+    let bad = |reason| {
+        Err(GptError::BadBatch {
+            batch: b,
+            seq_len: t,
+            reason,
+        })
+    };
+    if b == 0 || t == 0 {
+        return bad("B and T must be at least 1");
+    }
+    if t > config.max_seq_len {
+        return bad("T exceeds the model's max_seq_len");
+    }
+    if every == Some(0) {
+        return bad("checkpointing every 0 blocks");
+    }
+    if tp == 0 || config.num_heads % tp != 0 {
+        return bad("the tensor-parallel size must divide the heads");
+    }
+    if vocab && config.padded_vocab_size % tp != 0 {
+        return bad("the tensor-parallel size must divide the padded vocabulary");
+    }
+    let (c, nh, vp) = (
+        config.channels,
+        config.num_heads / tp,
+        config.padded_vocab_size,
+    );
+    let Some(n) = b.checked_mul(t) else {
+        return bad("B*T overflows");
+    };
+    let largest = n.checked_mul(vp.max(nh * t).max(4 * c));
+    if largest
+        .and_then(|x| x.checked_mul(16 * (config.num_layers + 2)))
+        .is_none()
+    {
+        return bad("activation buffers overflow usize");
+    }
+    Ok(n)
 }
 
 /// The activation buffers, in the order [`Activations::with_memory`](crate::Activations::with_memory) asks for them (tokens
