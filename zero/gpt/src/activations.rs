@@ -7,6 +7,11 @@
 //! so one layer's activations are contiguous. Each region ends with its output (N,C), so a
 //! block's input is always the last N*C elements before its region. With activation
 //! checkpointing every K blocks, only K regions exist, reused segment after segment.
+//!
+//! For one rank of a tensor-parallel group of T (`Gpt::with_tensor_parallel`), the views of
+//! its heads and MLP columns (qkv, atty, att, fch, fch_gelu and their gradients) are T times
+//! smaller and every (N,C) view whole; with the vocabulary split too, the logits view holds
+//! this rank's (N,Vp/T) logits followed by its (N,T+1) loss statistics.
 
 use super::backend::{Backend, CpuBackend, View};
 use super::config::GptConfig;
@@ -54,6 +59,74 @@ pub(crate) enum Progress {
     Backward { next: usize },
     /// Backward finished.
     Done,
+    /// Split over a tensor-parallel group: block `layer`'s split pass (or, vocabulary split,
+    /// the embedding's, layer 0, or the head's, layer L) has run up to `done`.
+    Split { layer: usize, done: SplitStep },
+}
+
+/// The steps of a block split over a tensor-parallel group, in the order they run: each
+/// compute call, then its collective (the model hands out the buffer the collective runs
+/// on, [`crate::Gpt::tp_partial`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum SplitStep {
+    /// Forward: the attention's partial output (N,C) of this rank's heads.
+    AttentionPartial,
+    /// Forward: that output handed out to be summed over the group.
+    AttentionReduced,
+    /// Forward: the MLP's partial output (N,C) of this rank's columns.
+    MlpPartial,
+    /// Forward: that output handed out to be summed over the group.
+    MlpReduced,
+    /// Backward: this rank's part of d(ln2's output).
+    MlpGradPartial,
+    /// Backward: that gradient handed out to be summed over the group.
+    MlpGradReduced,
+    /// Backward: this rank's part of d(ln1's output).
+    AttentionGradPartial,
+    /// Backward: that gradient handed out to be summed over the group.
+    AttentionGradReduced,
+    /// Vocabulary split, forward: this rank's part of the embedding (N,C) (layer 0); once
+    /// handed out, block 0 is due.
+    EmbedPartial,
+    /// Vocabulary split, forward: this rank's loss statistics (N,T+1) (layer L).
+    LossStatsPartial,
+    /// Those handed out to be summed over the group.
+    LossStatsReduced,
+    /// Vocabulary split, backward: this rank's part of d(lnf) (N,C) (layer L).
+    HeadGradPartial,
+    /// That gradient handed out to be summed over the group.
+    HeadGradReduced,
+}
+
+impl SplitStep {
+    /// True for the backward steps.
+    pub(crate) fn is_backward(self) -> bool {
+        matches!(
+            self,
+            Self::MlpGradPartial
+                | Self::MlpGradReduced
+                | Self::AttentionGradPartial
+                | Self::AttentionGradReduced
+                | Self::HeadGradPartial
+                | Self::HeadGradReduced
+        )
+    }
+
+    /// The progress once a partial step's buffer of layer `layer` was handed out (its
+    /// reduced twin), or `None` when no collective is due after this step.
+    pub(crate) fn after_reduction(self, layer: usize) -> Option<Progress> {
+        let done = match self {
+            Self::AttentionPartial => Self::AttentionReduced,
+            Self::MlpPartial => Self::MlpReduced,
+            Self::MlpGradPartial => Self::MlpGradReduced,
+            Self::AttentionGradPartial => Self::AttentionGradReduced,
+            Self::LossStatsPartial => Self::LossStatsReduced,
+            Self::HeadGradPartial => Self::HeadGradReduced,
+            Self::EmbedPartial => return Some(Progress::Forward { next: 1 }),
+            _ => return None,
+        };
+        Some(Progress::Split { layer, done })
+    }
 }
 
 /// Memory an activation buffer lives in, viewed as `S` (a backend's `Slice`): on CPU a
@@ -93,6 +166,10 @@ pub struct Activations<B: Backend = CpuBackend> {
     pub(crate) c: usize,
     /// The model these buffers were sized for; every unit call checks it.
     pub(crate) config: GptConfig,
+    /// The tensor-parallel size they were sized for (1: whole blocks); checked likewise.
+    pub(crate) tp: usize,
+    /// Whether they were sized for a split vocabulary (logits (N,Vp/T) and statistics).
+    pub(crate) vocab_parallel: bool,
     /// Forward buffer: `[input (N,C) | slots x layer region | head region]`; block `l` uses
     /// region `l % slots`.
     pub(crate) fwd: Buffer<B::Slice>,
@@ -111,6 +188,8 @@ pub struct Activations<B: Backend = CpuBackend> {
     pub(crate) valid_segment: Option<usize>,
     /// The next block a segment's recompute runs.
     pub(crate) recompute_next: Option<usize>,
+    /// Split blocks: the block running now is a recompute (its output returns to backward).
+    pub(crate) recomputing: bool,
     pub(crate) dlosses: Buffer<B::Slice>, // (B,T), 1/N each: d(mean loss)/d(loss[b,t])
     pub(crate) tokens: Buffer<B::Slice>,  // (B,T) u32 ids, viewed by `B::ids`
     pub(crate) targets: Buffer<B::Slice>, // (B,T) u32 ids, viewed by `B::ids`
@@ -180,10 +259,14 @@ impl<B: Backend> Activations<B> {
     /// # Errors
     /// [`GptError::OutOfOrder`] before a loss was computed.
     pub fn losses(&self) -> Result<&B::Slice> {
-        if !matches!(
-            self.progress,
-            Progress::Loss | Progress::HeadWeight | Progress::Backward { .. } | Progress::Done
-        ) {
+        let in_backward = match self.progress {
+            Progress::Loss | Progress::HeadWeight | Progress::Backward { .. } | Progress::Done => {
+                true
+            }
+            Progress::Split { done, .. } => done.is_backward(),
+            _ => false,
+        };
+        if !in_backward {
             return Err(GptError::OutOfOrder {
                 call: "losses",
                 reason: "no head forward with targets since the last embed forward".into(),

@@ -5,7 +5,8 @@
 
 use super::config::GptConfig;
 use super::error::{GptError, Result};
-use super::layout::ParamLayout;
+use super::layout::{ParamLayout, UnitKind};
+use super::split::{slice_part, TpSplit};
 
 /// SplitMix64 (Steele, Lea, Flood 2014): 64 bits of state, passes BigCrush, and trivially
 /// reproducible. Chosen over xorshift because any seed, zero included, is a good state.
@@ -95,6 +96,60 @@ pub fn init_unit(
         }
     }
     Ok(())
+}
+
+/// Unit `unit` of rank `split.rank`'s layout `layout` ([`ParamLayout::split`]) initialised:
+/// the whole unit made by [`init_unit`] from `seed` and its index at T = 1 (block `l`'s is
+/// `l + 1`, the final norm's L+1, the embedding's 0), then sliced ([`slice_part`]); so
+/// every T starts from
+/// the same model to the bit. At T = 1, [`init_unit`] itself.
+///
+/// # Errors
+/// As [`init_unit`]; a `split` that does not match `layout`.
+pub fn init_split_unit(
+    config: &GptConfig,
+    layout: &ParamLayout,
+    split: TpSplit,
+    unit: usize,
+    seed: u64,
+    out: &mut [f32],
+) -> Result<()> {
+    if split.size != layout.tensor_parallel() {
+        return Err(GptError::SizeMismatch {
+            what: "tensor-parallel size of the layout",
+            expected: layout.tensor_parallel(),
+            got: split.size,
+        });
+    }
+    if split.size == 1 {
+        return init_unit(config, layout, unit, seed, out);
+    }
+    let spec = layout.units().get(unit).ok_or(GptError::SizeMismatch {
+        what: "unit index (expected < num_units)",
+        expected: layout.num_units(),
+        got: unit,
+    })?;
+    let whole_layout = ParamLayout::new(config);
+    let whole_unit = match spec.kind {
+        UnitKind::Embedding | UnitKind::EmbeddingSlice | UnitKind::Positions => 0,
+        UnitKind::Block { layer }
+        | UnitKind::BlockSlice { layer }
+        | UnitKind::BlockReplicated { layer } => ParamLayout::block_unit(layer),
+        UnitKind::FinalNorm => whole_layout.final_norm_unit(),
+    };
+    let whole_spec = &whole_layout.units()[whole_unit];
+    if !matches!(
+        spec.kind,
+        UnitKind::BlockSlice { .. }
+            | UnitKind::BlockReplicated { .. }
+            | UnitKind::EmbeddingSlice
+            | UnitKind::Positions
+    ) {
+        return init_unit(config, &whole_layout, whole_unit, seed, out);
+    }
+    let mut whole = vec![0.0; whole_spec.len];
+    init_unit(config, &whole_layout, whole_unit, seed, &mut whole)?;
+    slice_part(config, split, whole_spec, &whole, spec, out)
 }
 
 /// Every unit initialised, one `Vec` per unit: a convenience for tests and single-process use.

@@ -8,10 +8,18 @@
 //! - units 1..=L: one transformer block each (12 tensors, the same table for every block);
 //! - unit L+1: the final LayerNorm, `lnfw` (C), `lnfb` (C).
 //!
+//! Split over a tensor-parallel group of T > 1 ranks ([`ParamLayout::split`]), block `l` is
+//! two units, `1 + 2l` its slice (this rank's part of qkvw, qkvb, attprojw, fcw, fcb,
+//! fcprojw; see `split`) and `2 + 2l` its replicated tensors (ln1w, ln1b, attprojb, ln2w,
+//! ln2b, fcprojb), and the final LayerNorm is unit 2L+1. With the vocabulary split too
+//! ([`ParamLayout::split_vocab`]), unit 0 holds this rank's Vp/T rows of `wte` alone,
+//! `wpe` (replicated) is unit 2L+1 and the final LayerNorm unit 2L+2.
+//!
 //! Gradients use the same table: a unit's gradient buffer has the unit's length and the same
 //! offsets. Sizes are element counts, not bytes, so the table serves any dtype.
 
 use super::config::GptConfig;
+use super::split::{replicated_specs, slice_specs};
 
 /// One named tensor inside a unit.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -38,8 +46,22 @@ pub enum UnitKind {
         /// Layer index in `0..L`.
         layer: usize,
     },
-    /// The final LayerNorm (unit L+1).
+    /// The final LayerNorm (unit L+1; split, 2L+1, or 2L+2 with the vocabulary split).
     FinalNorm,
+    /// Split over T > 1 ranks: this rank's slice of block `layer` (unit `1 + 2 * layer`).
+    BlockSlice {
+        /// Layer index in `0..L`.
+        layer: usize,
+    },
+    /// Split over T > 1 ranks: block `layer`'s replicated tensors (unit `2 + 2 * layer`).
+    BlockReplicated {
+        /// Layer index in `0..L`.
+        layer: usize,
+    },
+    /// Vocabulary split over T > 1 ranks: this rank's Vp/T rows of `wte` (unit 0).
+    EmbeddingSlice,
+    /// Vocabulary split over T > 1 ranks: `wpe`, replicated (unit 2L+1).
+    Positions,
 }
 
 /// One unit's table.
@@ -124,6 +146,8 @@ fn block_specs(c: usize) -> Vec<(&'static str, Vec<usize>)> {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ParamLayout {
     units: Vec<UnitLayout>,
+    /// T, the tensor-parallel size the blocks are split for (1: whole blocks).
+    tensor_parallel: usize,
 }
 
 impl ParamLayout {
@@ -146,16 +170,126 @@ impl ParamLayout {
             UnitKind::FinalNorm,
             vec![("lnfw", vec![c]), ("lnfb", vec![c])],
         ));
-        Self { units }
+        Self {
+            units,
+            tensor_parallel: 1,
+        }
     }
 
-    /// All units, in order: embedding, blocks 0..L, final norm.
+    /// The table of one rank of a tensor-parallel group of `tp` ranks: at `tp` = 1
+    /// [`ParamLayout::new`]'s, above it each block as two units, its slice then its
+    /// replicated tensors (see the module doc). `tp` must have passed
+    /// [`TpSplit::validate`](crate::TpSplit::validate).
+    #[must_use]
+    pub fn split(config: &GptConfig, tp: usize) -> Self {
+        let mut layout = Self::new(config);
+        if tp <= 1 {
+            return layout;
+        }
+        let c = config.channels;
+        let final_norm = layout.units.pop();
+        layout.units.truncate(1);
+        for layer in 0..config.num_layers {
+            let slice = UnitLayout::new(UnitKind::BlockSlice { layer }, slice_specs(c, tp));
+            layout.units.push(slice);
+            let replicated =
+                UnitLayout::new(UnitKind::BlockReplicated { layer }, replicated_specs(c));
+            layout.units.push(replicated);
+        }
+        layout.units.extend(final_norm);
+        layout.tensor_parallel = tp;
+        layout
+    }
+
+    /// The table of one rank of a tensor-parallel group of `tp` > 1 ranks that splits the
+    /// vocabulary too: [`ParamLayout::split`]'s, with unit 0 only this rank's Vp/T rows of
+    /// `wte` and `wpe` a unit of its own, 2L+1, before the final LayerNorm (2L+2). `tp` must
+    /// divide NH and Vp; at `tp` = 1 [`ParamLayout::new`]'s.
+    #[must_use]
+    pub fn split_vocab(config: &GptConfig, tp: usize) -> Self {
+        let mut layout = Self::split(config, tp);
+        if tp <= 1 {
+            return layout;
+        }
+        let (c, vp) = (config.channels, config.padded_vocab_size);
+        let slice = vec![("wte", vec![vp / tp, c])];
+        layout.units[0] = UnitLayout::new(UnitKind::EmbeddingSlice, slice);
+        let positions = vec![("wpe", vec![config.max_seq_len, c])];
+        let at = layout.units.len() - 1;
+        layout
+            .units
+            .insert(at, UnitLayout::new(UnitKind::Positions, positions));
+        layout
+    }
+
+    /// T, the tensor-parallel size the blocks are split for (1: whole blocks).
+    #[must_use]
+    pub fn tensor_parallel(&self) -> usize {
+        self.tensor_parallel
+    }
+
+    /// True when unit 0 holds a slice of the vocabulary ([`ParamLayout::split_vocab`]).
+    #[must_use]
+    pub fn vocab_parallel(&self) -> bool {
+        self.units[0].kind == UnitKind::EmbeddingSlice
+    }
+
+    /// The unit of `wpe` when the vocabulary is split ([`ParamLayout::split_vocab`]), else
+    /// `None` (it is in unit 0).
+    #[must_use]
+    pub fn positions_unit(&self) -> Option<usize> {
+        self.units
+            .iter()
+            .position(|u| u.kind == UnitKind::Positions)
+    }
+
+    /// L.
+    #[must_use]
+    pub fn num_layers(&self) -> usize {
+        let block = |u: &&UnitLayout| {
+            matches!(u.kind, UnitKind::Block { .. } | UnitKind::BlockSlice { .. })
+        };
+        self.units.iter().filter(block).count()
+    }
+
+    /// Units per block: 1, or 2 split over T > 1 ranks.
+    fn units_per_block(&self) -> usize {
+        if self.tensor_parallel > 1 {
+            2
+        } else {
+            1
+        }
+    }
+
+    /// The units holding block `layer`'s parameters: `[layer + 1]`, or split over T > 1
+    /// ranks its slice and its replicated unit.
+    #[must_use]
+    pub fn block_units(&self, layer: usize) -> Vec<usize> {
+        match self.units_per_block() {
+            1 => vec![Self::block_unit(layer)],
+            _ => vec![Self::slice_unit(layer), Self::replicated_unit(layer)],
+        }
+    }
+
+    /// Split over T > 1 ranks: the unit of block `layer`'s slice.
+    #[must_use]
+    pub fn slice_unit(layer: usize) -> usize {
+        1 + 2 * layer
+    }
+
+    /// Split over T > 1 ranks: the unit of block `layer`'s replicated tensors.
+    #[must_use]
+    pub fn replicated_unit(layer: usize) -> usize {
+        2 + 2 * layer
+    }
+
+    /// All units, in order: embedding, blocks 0..L, final norm (split: see the module doc).
     #[must_use]
     pub fn units(&self) -> &[UnitLayout] {
         &self.units
     }
 
-    /// Number of units (L + 2).
+    /// Number of units (L + 2; split, 2L + 2, or 2L + 3 with the vocabulary split).
     #[must_use]
     pub fn num_units(&self) -> usize {
         self.units.len()
@@ -173,7 +307,7 @@ impl ParamLayout {
         self.units.iter().map(|u| u.len).sum()
     }
 
-    /// Unit index of block `layer`.
+    /// Unit index of block `layer` (whole blocks, T = 1).
     #[must_use]
     pub fn block_unit(layer: usize) -> usize {
         layer + 1

@@ -10,6 +10,14 @@
 //! trait: `Gpt::new` runs them on the CPU ([`CpuBackend`]), `Gpt::with_backend` on another
 //! backend (`cuda::CudaBackend` with the `cuda` feature, not yet run on a GPU).
 //!
+//! Tensor parallelism (Megatron-LM's): `Gpt::with_tensor_parallel` is one rank of a group
+//! of T that splits every block's matrices by heads and MLP columns
+//! ([`ParamLayout::split`]), `Gpt::with_vocab_parallel` (CPU) also the vocabulary of the
+//! tied embedding and the loss ([`ParamLayout::split_vocab`]). The model owns no
+//! communicator: between its split calls it hands out the buffer due for the group's
+//! all-reduce ([`Gpt::tp_partial`]), so an engine can run the collectives as operations of
+//! its own.
+//!
 //! ```
 //! use zero_gpt::{init_params, Gpt, GptConfig};
 //!
@@ -38,6 +46,8 @@ mod layout;
 mod model;
 mod program;
 mod sample;
+mod split;
+mod tp_program;
 mod views;
 
 pub use activations::{
@@ -49,8 +59,10 @@ pub use config::{
     pad_vocab, GptConfig, GPT2_VOCAB_SIZE, MAX_LAYERS_OR_HEADS, PRESET_NAMES, VOCAB_PAD_MULTIPLE,
 };
 pub use error::{GptError, Result};
-pub use init::{init_params, init_unit, Rng, INIT_STD};
+pub use init::{init_params, init_split_unit, init_unit, Rng, INIT_STD};
 pub use layout::{decays, ParamLayout, TensorSpec, UnitKind, UnitLayout};
 pub use model::Gpt;
 pub use program::{checkpoint_segment, forward_ops, is_recomputed, train_ops, GptOp};
 pub use sample::sample_top_k;
+pub use split::{slice_part, TpSplit};
+pub use tp_program::{tp_train_ops, BlockPart, TpOp};

@@ -22,13 +22,18 @@
 mod checks;
 mod head;
 mod kept_io;
+mod split;
+mod split_backward;
+mod split_head;
+mod split_step;
 mod step;
 
-use super::activations::{Activations, Progress};
+use super::activations::{Activations, Buffer, KeptBy, Progress, Sizes};
 use super::backend::{Backend, CpuBackend, View};
 use super::config::GptConfig;
 use super::error::{GptError, Result};
 use super::layout::ParamLayout;
+use super::split::TpSplit;
 use super::views::{carve, carve_mut, sub, sub_mut};
 use checks::check_ids;
 
@@ -39,6 +44,8 @@ pub struct Gpt<B: Backend = CpuBackend> {
     config: GptConfig,
     layout: ParamLayout,
     backend: B,
+    /// This rank's place in its tensor-parallel group ([`TpSplit::NONE`]: whole blocks).
+    split: TpSplit,
 }
 
 impl Gpt {
@@ -62,7 +69,36 @@ impl<B: Backend> Gpt<B> {
             layout: ParamLayout::new(&config),
             config,
             backend,
+            split: TpSplit::NONE,
         })
+    }
+
+    /// Rank `split.rank` of a tensor-parallel group of `split.size` ranks running a model of
+    /// shape `config` on `backend`, Megatron's way (see `model::split` for the calls and
+    /// where the group's reductions go). Its layout is [`ParamLayout::split`]: each block is
+    /// two units, this rank's slice and the replicated tensors; the embedding, the tied LM
+    /// head and the final LayerNorm stay whole on every rank (on the CPU,
+    /// [`Gpt::with_vocab_parallel`] splits them too). At `split.size` = 1 the same model as
+    /// [`Gpt::with_backend`].
+    ///
+    /// # Errors
+    /// [`GptError::InvalidConfig`] if `config` does not validate, or `split` does not
+    /// ([`TpSplit::validate`]: T must divide the heads).
+    pub fn with_tensor_parallel(config: GptConfig, backend: B, split: TpSplit) -> Result<Self> {
+        config.validate()?;
+        split.validate(&config)?;
+        Ok(Self {
+            layout: ParamLayout::split(&config, split.size),
+            config,
+            backend,
+            split,
+        })
+    }
+
+    /// This rank's place in its tensor-parallel group ([`TpSplit::NONE`] when whole).
+    #[must_use]
+    pub fn tensor_parallel(&self) -> TpSplit {
+        self.split
     }
 
     /// The backend that runs the kernels.
@@ -86,12 +122,13 @@ impl<B: Backend> Gpt<B> {
     /// Training FLOPs per token at sequence length `seq_len`: 6 per parameter (forward 2,
     /// backward 4, the llm.c/PaLM count; padded vocabulary rows included) plus causal
     /// attention's 6·L·T·C (scores and weighted sum over T/2 keys on average, forward and
-    /// backward). Multiply by tokens per second for achieved FLOP/s.
+    /// backward). Multiply by tokens per second for achieved FLOP/s. Split over a
+    /// tensor-parallel group, this rank's: its units' parameters, its C/T of the attention.
     #[must_use]
     pub fn flops_per_token(&self, seq_len: usize) -> f64 {
         let cfg = &self.config;
         6.0 * self.layout.num_params() as f64
-            + 6.0 * (cfg.num_layers * seq_len * cfg.channels) as f64
+            + 6.0 * (cfg.num_layers * seq_len * cfg.channels / self.split.size) as f64
     }
 
     /// Activation buffers for batches of shape (B, T).
@@ -113,7 +150,48 @@ impl<B: Backend> Gpt<B> {
         t: usize,
         every: Option<usize>,
     ) -> Result<Activations<B>> {
-        Activations::in_backend(&self.backend, &self.config, b, t, every)
+        if self.split.size == 1 {
+            return Activations::in_backend(&self.backend, &self.config, b, t, every);
+        }
+        let (config, tp, vocab) = (&self.config, self.split.size, self.layout.vocab_parallel());
+        Activations::in_backend_split(&self.backend, config, (b, t), every, tp, vocab)
+    }
+
+    /// Elements (4 bytes each) of every activation buffer of this model for (B, T) batches
+    /// with checkpointing every `every` blocks (or none), in
+    /// [`BUFFER_NAMES`](crate::BUFFER_NAMES) order: what [`Gpt::activations_with_memory`]
+    /// asks for. At T = 1 [`activation_buffers`](crate::activation_buffers)'; split over a
+    /// tensor-parallel group, this rank's (its heads', MLP columns' and, vocabulary split,
+    /// logits' share).
+    ///
+    /// # Errors
+    /// As [`Gpt::activations_checkpointed`].
+    pub fn activation_buffers(
+        &self,
+        b: usize,
+        t: usize,
+        every: Option<usize>,
+    ) -> Result<[usize; 6]> {
+        let (tp, vocab) = (self.split.size, self.layout.vocab_parallel());
+        Ok(Sizes::split(&self.config, b, t, every, tp, vocab)?.buffers())
+    }
+
+    /// [`Activations::with_backend_memory`] for this model, at any tensor-parallel split:
+    /// every buffer from `alloc` (index in [`BUFFER_NAMES`](crate::BUFFER_NAMES), length from
+    /// [`Gpt::activation_buffers`]), the kept block inputs held by the activations or by the
+    /// caller (`kept`: [`Gpt::keep_input`], [`Gpt::restore_input`]).
+    ///
+    /// # Errors
+    /// As [`Gpt::activations_checkpointed`], and the errors of `alloc`.
+    pub fn activations_with_memory<E: From<GptError>>(
+        &self,
+        (b, t): (usize, usize),
+        every: Option<usize>,
+        alloc: impl FnMut(usize, usize) -> std::result::Result<Buffer<B::Slice>, E>,
+        kept: KeptBy,
+    ) -> std::result::Result<Activations<B>, E> {
+        let split = (self.split.size, self.layout.vocab_parallel());
+        Activations::build(&self.backend, &self.config, b, t, every, alloc, kept, split)
     }
 
     /// Embeds `tokens` (B,T): `encoded = wte[tokens] + wpe`. Starts a new forward pass.
@@ -127,6 +205,7 @@ impl<B: Backend> Gpt<B> {
         tokens: &[u32],
     ) -> Result<()> {
         self.check_acts(acts)?;
+        self.check_whole_vocab("embed_forward")?;
         self.check_unit(0, embed.len(), "embedding parameters")?;
         check_ids("tokens", tokens, acts.b * acts.t, self.config.vocab_size)?;
         let (b, t, c) = (acts.b, acts.t, self.config.channels);
@@ -336,6 +415,7 @@ impl<B: Backend> Gpt<B> {
         acts: &mut Activations<B>,
         embed_grad: &mut B::Slice,
     ) -> Result<()> {
+        self.check_whole_vocab("embed_backward")?;
         self.check_unit(0, embed_grad.len(), "embedding gradients")?;
         self.check_call_order(acts, Progress::Backward { next: 0 }, "embed_backward")?;
         let (b, t, c) = (acts.b, acts.t, self.config.channels);

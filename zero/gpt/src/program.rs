@@ -77,7 +77,7 @@ impl GptOp {
 }
 
 /// The index of `layer`'s segment when `layer` starts a recomputed segment.
-fn kept_segment(layer: usize, layers: usize, every: Option<usize>) -> Option<usize> {
+pub(crate) fn kept_segment(layer: usize, layers: usize, every: Option<usize>) -> Option<usize> {
     let starts = checkpoint_segment(layer, layers, every).start == layer;
     (starts && is_recomputed(layer, layers, every)).then(|| layer / every.unwrap_or(1))
 }

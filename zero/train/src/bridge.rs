@@ -46,6 +46,11 @@ pub fn gpt_units(layout: &ParamLayout) -> Vec<UnitSpec> {
                 UnitKind::Embedding => "embeddings".to_string(),
                 UnitKind::Block { layer } => format!("block {layer}"),
                 UnitKind::FinalNorm => "final norm".to_string(),
+                // A layout split over a tensor-parallel group (not yet run by the trainer).
+                UnitKind::BlockSlice { layer } => format!("block {layer} slice"),
+                UnitKind::BlockReplicated { layer } => format!("block {layer} replicated"),
+                UnitKind::EmbeddingSlice => "embeddings slice".to_string(),
+                UnitKind::Positions => "position embeddings".to_string(),
             };
             unit.tensors
                 .iter()

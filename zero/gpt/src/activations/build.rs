@@ -91,10 +91,56 @@ impl<B: Backend> Activations<B> {
         b: usize,
         t: usize,
         every: Option<usize>,
-        mut alloc: impl FnMut(usize, usize) -> std::result::Result<Buffer<B::Slice>, E>,
+        alloc: impl FnMut(usize, usize) -> std::result::Result<Buffer<B::Slice>, E>,
         kept: KeptBy,
     ) -> std::result::Result<Self, E> {
-        let sizes = Sizes::new(config, b, t, every)?;
+        Self::build(backend, config, b, t, every, alloc, kept, (1, false))
+    }
+
+    /// Buffers for one rank of a tensor-parallel group of `tp` ranks (`tp` must divide NH),
+    /// in `backend`'s memory, keeping every `every`-th block input with checkpointing (else
+    /// every activation): the views of this rank's heads and MLP
+    /// columns are `tp` times smaller, and with `vocab` its logits too (see
+    /// [`Sizes::split`]).
+    ///
+    /// # Errors
+    /// As [`Activations::in_backend`]; also a `tp` that does not divide NH (or Vp with
+    /// `vocab`).
+    pub(crate) fn in_backend_split(
+        backend: &B,
+        config: &GptConfig,
+        (b, t): (usize, usize),
+        every: Option<usize>,
+        tp: usize,
+        vocab: bool,
+    ) -> Result<Self> {
+        let alloc = |_, len| backend.alloc(len);
+        Self::build(
+            backend,
+            config,
+            b,
+            t,
+            every,
+            alloc,
+            KeptBy::Model,
+            (tp, vocab),
+        )
+    }
+
+    /// [`Activations::with_backend_memory`] sized for a tensor-parallel size and whether
+    /// the vocabulary is split, `(tp, vocab)`.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn build<E: From<GptError>>(
+        backend: &B,
+        config: &GptConfig,
+        b: usize,
+        t: usize,
+        every: Option<usize>,
+        mut alloc: impl FnMut(usize, usize) -> std::result::Result<Buffer<B::Slice>, E>,
+        kept: KeptBy,
+        (tp, vocab): (usize, bool),
+    ) -> std::result::Result<Self, E> {
+        let sizes = Sizes::split(config, b, t, every, tp, vocab)?;
         // Handed over before the backend runs anything, the fills below included; not
         // zeroed (the backend writes its scratch before reading it).
         let scratch_len = backend.scratch_len(config, b, t)?;
@@ -143,6 +189,8 @@ impl<B: Backend> Activations<B> {
             t,
             c: config.channels,
             config: *config,
+            tp,
+            vocab_parallel: vocab && tp > 1,
             fwd,
             kept,
             grad,
@@ -153,6 +201,7 @@ impl<B: Backend> Activations<B> {
             slots: sizes.slots,
             valid_segment: None,
             recompute_next: None,
+            recomputing: false,
             dlosses,
             tokens,
             targets,

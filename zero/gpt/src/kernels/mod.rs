@@ -24,6 +24,7 @@ pub mod layernorm;
 mod math;
 pub mod matmul;
 pub mod residual;
+pub mod vocab_parallel;
 
 #[cfg(test)]
 pub(crate) mod fd;

@@ -55,17 +55,51 @@ impl<B: Backend> Gpt<B> {
                 reason: "activations were sized for a different model config",
             });
         }
+        if acts.tp != self.split.size || acts.vocab_parallel != self.layout.vocab_parallel() {
+            return Err(GptError::BadBatch {
+                batch: acts.b,
+                seq_len: acts.t,
+                reason: "activations were sized for a different tensor-parallel split",
+            });
+        }
         Ok(())
     }
 
     pub(super) fn block_unit(&self, layer: usize) -> Result<usize> {
+        self.check_layer(layer)?;
+        if self.split.size > 1 {
+            return Err(GptError::OutOfOrder {
+                call: "a whole-block call",
+                reason: "split over a tensor-parallel group, a block runs as its split calls \
+                         (Gpt::tp_attention_forward and the rest)"
+                    .into(),
+            });
+        }
+        Ok(ParamLayout::block_unit(layer))
+    }
+
+    /// Refuses a whole-embedding or whole-head call (`call`) when the vocabulary is split.
+    pub(super) fn check_whole_vocab(&self, call: &'static str) -> Result<()> {
+        if self.layout.vocab_parallel() {
+            return Err(GptError::OutOfOrder {
+                call,
+                reason: "the vocabulary is split over a tensor-parallel group: run \
+                         Gpt::tp_embed_forward, Gpt::tp_head_forward and the rest"
+                    .into(),
+            });
+        }
+        Ok(())
+    }
+
+    /// Refuses a layer past L.
+    pub(super) fn check_layer(&self, layer: usize) -> Result<()> {
         if layer >= self.config.num_layers {
             return Err(GptError::NoSuchLayer {
                 layer,
                 num_layers: self.config.num_layers,
             });
         }
-        Ok(ParamLayout::block_unit(layer))
+        Ok(())
     }
 
     pub(super) fn check_unit(&self, unit: usize, got: usize, what: &'static str) -> Result<()> {

@@ -25,10 +25,13 @@ impl<B: Backend> Gpt<B> {
         embed: &B::Slice,
         targets: Option<&[u32]>,
     ) -> Result<Option<f32>> {
+        self.check_whole_vocab("head_forward")?;
         let last = self.layout.final_norm_unit();
         self.check_unit(last, final_norm.len(), "final norm parameters")?;
         self.check_unit(0, embed.len(), "embedding parameters")?;
-        self.check_call_order(acts, Progress::Forward { next: last }, "head_forward")?;
+        // Progress counts positions: the embedding 0, block l at l + 1, the head at L+1.
+        let head = self.config.num_layers + 1;
+        self.check_call_order(acts, Progress::Forward { next: head }, "head_forward")?;
         if let Some(targets) = targets {
             check_ids("targets", targets, acts.b * acts.t, self.config.vocab_size)?;
             self.backend
@@ -99,6 +102,7 @@ impl<B: Backend> Gpt<B> {
         embed: &B::Slice,
         final_norm_grad: &mut B::Slice,
     ) -> Result<()> {
+        self.check_whole_vocab("head_backward_input")?;
         let last = self.layout.final_norm_unit();
         self.check_unit(last, final_norm.len(), "final norm parameters")?;
         self.check_unit(last, final_norm_grad.len(), "final norm gradients")?;
@@ -135,6 +139,7 @@ impl<B: Backend> Gpt<B> {
         acts: &mut Activations<B>,
         embed_grad: &mut B::Slice,
     ) -> Result<()> {
+        self.check_whole_vocab("head_backward_weight")?;
         self.check_unit(0, embed_grad.len(), "embedding gradients")?;
         self.check_call_order(acts, Progress::HeadWeight, "head_backward_weight")?;
         let (n, c, vp) = (
@@ -149,7 +154,7 @@ impl<B: Backend> Gpt<B> {
         self.backend
             .matmul_backward_weight(dwte, None, dlogits, lnf, n, c, vp);
         acts.progress = Progress::Backward {
-            next: self.layout.final_norm_unit() - 1,
+            next: self.config.num_layers,
         };
         Ok(())
     }

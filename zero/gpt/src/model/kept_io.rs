@@ -10,7 +10,8 @@ use crate::views::{sub, sub_mut};
 
 impl<B: Backend> Gpt<B> {
     /// Copies the input (N,C) of block `layer`, the first block of a recomputed segment,
-    /// into `into`, right after [`Gpt::block_forward`] of that block: what
+    /// into `into`, right after [`Gpt::block_forward`] of that block (or, split,
+    /// [`Gpt::tp_block_output`]): what
     /// [`Gpt::restore_input`] hands back before the segment's recompute.
     ///
     /// # Errors
@@ -22,7 +23,9 @@ impl<B: Backend> Gpt<B> {
         layer: usize,
         into: &mut B::Slice,
     ) -> Result<()> {
-        let unit = self.block_unit(layer)?;
+        // Split blocks too: after Gpt::tp_block_output, progress is the same.
+        self.check_layer(layer)?;
+        let unit = ParamLayout::block_unit(layer);
         self.check_call_order(acts, Progress::Forward { next: unit + 1 }, "keep_input")?;
         check_caller_keeps(acts, layer, into.len())?;
         let nc = acts.b * acts.t * acts.c;
@@ -31,7 +34,8 @@ impl<B: Backend> Gpt<B> {
     }
 
     /// Writes `from`, what [`Gpt::keep_input`] took for block `layer`'s segment, back into
-    /// that block's input, before [`Gpt::block_recompute`] of `layer` (which requires it).
+    /// that block's input, before [`Gpt::block_recompute`] of `layer` (or, split, its
+    /// recompute by [`Gpt::tp_attention_forward`]), which requires it.
     ///
     /// # Errors
     /// As [`Gpt::keep_input`]; a segment that is not due for its recompute.
@@ -41,7 +45,7 @@ impl<B: Backend> Gpt<B> {
         layer: usize,
         from: &B::Slice,
     ) -> Result<()> {
-        self.block_unit(layer)?;
+        self.check_layer(layer)?;
         let due = ParamLayout::block_unit(acts.segment(layer).end - 1);
         self.check_call_order(acts, Progress::Backward { next: due }, "restore_input")?;
         let segment = check_caller_keeps(acts, layer, from.len())?;
