@@ -39,7 +39,6 @@ use super::Gpt;
 use crate::activations::{Activations, Progress, SplitStep};
 use crate::backend::{Backend, View};
 use crate::error::{GptError, Result};
-use crate::layout::ParamLayout;
 use crate::views::{carve, carve_mut, sub, sub_mut};
 
 /// The shapes one rank's split block runs at.
@@ -130,14 +129,7 @@ impl<B: Backend> Gpt<B> {
         slice: &B::Slice,
         replicated: &B::Slice,
     ) -> Result<()> {
-        let units = [
-            (ParamLayout::slice_unit(layer), slice.len(), "block slice"),
-            (
-                ParamLayout::replicated_unit(layer),
-                replicated.len(),
-                "block replicated",
-            ),
-        ];
+        let units = Self::tp_param_units(layer, [slice, replicated]);
         self.begin_tp_block(acts, layer, &units)?;
         let Dims {
             b, s, n, c, cw, nh, ..
@@ -177,14 +169,7 @@ impl<B: Backend> Gpt<B> {
         slice: &B::Slice,
         replicated: &B::Slice,
     ) -> Result<()> {
-        let units = [
-            (ParamLayout::slice_unit(layer), slice.len(), "block slice"),
-            (
-                ParamLayout::replicated_unit(layer),
-                replicated.len(),
-                "block replicated",
-            ),
-        ];
+        let units = Self::tp_param_units(layer, [slice, replicated]);
         let want = split_at(layer, SplitStep::AttentionReduced);
         self.check_tp_call(acts, layer, &units, want, "tp_mlp_forward")?;
         let Dims { n, c, fw, .. } = self.tp_dims(acts);

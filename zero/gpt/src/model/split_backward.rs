@@ -24,15 +24,28 @@ impl<B: Backend> Gpt<B> {
         params: [&B::Slice; 2],
         grads: [&B::Slice; 2],
     ) -> [(usize, usize, &'static str); 4] {
-        let (slice, replicated) = (
-            ParamLayout::slice_unit(layer),
-            ParamLayout::replicated_unit(layer),
-        );
+        let [slice, replicated] = Self::tp_param_units(layer, params);
         [
-            (slice, params[0].len(), "block slice"),
-            (replicated, params[1].len(), "block replicated"),
-            (slice, grads[0].len(), "block slice gradients"),
-            (replicated, grads[1].len(), "block replicated gradients"),
+            slice,
+            replicated,
+            (slice.0, grads[0].len(), "block slice gradients"),
+            (replicated.0, grads[1].len(), "block replicated gradients"),
+        ]
+    }
+
+    /// Block `layer`'s two units as a split call checks them: (unit, the length given, what
+    /// it is) for its slice and its replicated tensors.
+    pub(super) fn tp_param_units(
+        layer: usize,
+        [slice, replicated]: [&B::Slice; 2],
+    ) -> [(usize, usize, &'static str); 2] {
+        [
+            (ParamLayout::slice_unit(layer), slice.len(), "block slice"),
+            (
+                ParamLayout::replicated_unit(layer),
+                replicated.len(),
+                "block replicated",
+            ),
         ]
     }
 
