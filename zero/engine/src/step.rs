@@ -142,15 +142,18 @@ impl Engine {
                 offset: policy.owned(rank).offset,
                 segments: &segments,
             };
+            let start = std::time::Instant::now();
             if self.offloaded.is_some() {
                 self.update_offloaded::<S>(unit, &step)?;
             } else {
                 self.update_unit::<S>(unit, &step)?;
             }
+            self.trace_span(Lane::Optimizer, start, || format!("update unit {unit}"));
             let b = &self.units.bufs[unit];
             let grads = Span::new(b.grads, 0..policy.len(policy.whole_grads));
             self.kernels.fill_zero(&mut self.arena, S::DTYPE, grads)?;
             if policy.syncs_params_after_step() {
+                let start = std::time::Instant::now();
                 let flight = self.collectives.launch(
                     &self.comm,
                     &mut self.arena,
@@ -159,6 +162,7 @@ impl Engine {
                     b.params,
                 )?;
                 flight.land(&mut self.arena)?;
+                self.trace_span(Lane::Optimizer, start, || format!("all-gather unit {unit}"));
                 self.progress.traffic.all_gather += policy.len(policy.whole_params) as u64;
             }
         }

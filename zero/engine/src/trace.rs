@@ -5,8 +5,9 @@
 //! Recording is off until [`Engine::start_trace`]; while on, the engine records a span for
 //! each operation of the model, each engine call around them, each collective it launches
 //! ahead of its use (from launch until the engine saw it land), each copy of a kept input
-//! (timed on the copy thread itself), each optimizer step, and a counter of the arena's bytes
-//! after each call. [`chrome_trace`] lays the traces of several ranks out as one document:
+//! (timed on the copy thread itself), each optimizer step and each unit's update in it, and
+//! counters of the arena's bytes (and the offloaded optimizer's host arena's) after each
+//! call. [`chrome_trace`] lays the traces of several ranks out as one document:
 //! one process per rank (`pid`), one thread per [`Lane`] (`tid`), times in microseconds
 //! from the earliest event. Collectives in flight overlap each other without nesting, so
 //! they are async events (one row each in Perfetto), the other lanes complete events.
@@ -25,7 +26,8 @@ pub enum Lane {
     Engine,
     /// Copies of kept inputs between the arena and host memory, as the copy thread ran them.
     Copy,
-    /// Optimizer steps, one span each.
+    /// Optimizer steps, one span each, holding a span per unit's update (AdamW, in the
+    /// host arena when offloaded) and per all-gather of updated parameters (stages 1-2).
     Optimizer,
     /// Collectives launched ahead of their use (gradient reductions, stage-3 prefetches),
     /// from launch until the engine waited for them and saw them land: an upper bound of
@@ -213,7 +215,7 @@ impl Engine {
         }
     }
 
-    /// Samples the arena's allocated bytes, and moves the kept-input copies that landed into
+    /// Samples the arena's allocated bytes (and the host arena's, offloaded), and moves the kept-input copies that landed into
     /// spans, when recording (the landed copies are dropped otherwise).
     pub(crate) fn trace_after_call(&mut self) {
         let landed = self.kept.take_landed();
@@ -230,10 +232,18 @@ impl Engine {
                 bytes: Some(t.bytes as u64),
             });
         }
+        let at = Instant::now();
         trace.samples.push(Sample {
             name: "arena bytes",
-            at: Instant::now(),
+            at,
             value: self.arena.stats().allocated as u64,
         });
+        if let Some(host) = &self.offloaded {
+            trace.samples.push(Sample {
+                name: "host arena bytes",
+                at,
+                value: host.arena.stats().allocated as u64,
+            });
+        }
     }
 }

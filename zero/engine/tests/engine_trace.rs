@@ -213,3 +213,55 @@ fn each_reduction_once_and_each_prefetch_landed_before_its_unit_is_read() {
         "some collective is in flight across a whole operation"
     );
 }
+
+/// With the optimizer offloaded: the step's span holds one update span per unit, in unit
+/// order, each followed by its parameters' all-gather, and the host arena's bytes are sampled beside the arena's.
+#[test]
+fn an_offloaded_step_holds_each_unit_s_update_and_samples_the_host_arena() {
+    let comm = zero_comm::local::create(1).unwrap().remove(0);
+    let train = SHAPE.train_program(None);
+    let config = EngineConfig {
+        stage: ZeroStage::Zero2,
+        offload_optimizer: true,
+        ..EngineConfig::default()
+    };
+    let mut e = Engine::new(comm, SHAPE.units(), &[train.schedule()], config, |u, w| {
+        init(&SHAPE, u, w)
+    })
+    .unwrap();
+    let mut mlp = Mlp::new(SHAPE, None, vec![], vec![]);
+    let (x, y) = micro_batch(&SHAPE, 0, 0, 0);
+    mlp.set_batch(x, y);
+    e.start_trace();
+    e.micro_step(&train, &mut mlp).unwrap();
+    e.step(1e-3).unwrap();
+    let trace = e.take_trace().unwrap();
+    let optimizer: Vec<_> = trace
+        .spans
+        .iter()
+        .filter(|s| s.lane == Lane::Optimizer)
+        .collect();
+    let step = optimizer.last().expect("the step's span");
+    assert_eq!(step.name, "step 1");
+    let updates: Vec<&str> = optimizer[..optimizer.len() - 1]
+        .iter()
+        .map(|s| s.name.as_str())
+        .collect();
+    // Stage 2 keeps parameters whole and updates them by shard: each update is followed by
+    // its unit's all-gather.
+    let want: Vec<String> = (0..SHAPE.units().len())
+        .flat_map(|u| [format!("update unit {u}"), format!("all-gather unit {u}")])
+        .collect();
+    assert_eq!(updates, want);
+    assert!(optimizer
+        .iter()
+        .all(|s| step.start <= s.start && s.end <= step.end));
+    let host = |name: &str| trace.samples.iter().filter(|s| s.name == name).count();
+    assert!(host("host arena bytes") > 0);
+    assert_eq!(host("host arena bytes"), host("arena bytes"));
+    assert!(trace
+        .samples
+        .iter()
+        .filter(|s| s.name == "host arena bytes")
+        .all(|s| s.value > 0));
+}
