@@ -5,7 +5,10 @@
 #   bash scripts/bench-compare.sh REV [-- ZERO-TRAIN FLAGS]
 #   bash scripts/bench-compare.sh main
 #   REPS=7 STEPS=12 bash scripts/bench-compare.sh 9a06996 -- --world-size 2 --zero-stage 3
+#   TREE_EXTRA="--offload-optimizer" bash scripts/bench-compare.sh . -- --zero-stage 2
 #
+# REV `.` is the working tree itself: with TREE_EXTRA (flags added to the tree side only) it
+# measures what a flag costs, against the same build without it.
 # 1. REV is checked out in a scratch worktree (target/bench-compare/rev) and built in release
 #    mode in a target folder of its own (target/bench-compare/target-rev, kept for the next
 #    comparison), the working tree in the project's; both binaries are copied beside them.
@@ -36,6 +39,9 @@ fi
 flags=("$@")
 [ ${#flags[@]} -gt 0 ] || flags=(--model small --seq-len 64 --world-size 1 --batch-size 4
     --micro-batch-size 4)
+read -r -a tree_extra <<<"${TREE_EXTRA:-}"
+[ "$rev" != . ] || [ ${#tree_extra[@]} -gt 0 ] ||
+    { echo "bench-compare: REV . compares the tree with itself; give TREE_EXTRA" >&2; exit 2; }
 reps="${REPS:-5}" steps="${STEPS:-8}"
 for n in "$reps" "$steps"; do
     [[ "$n" =~ ^[0-9]{1,3}$ ]] && [ "$n" -ge 1 ] || {
@@ -44,8 +50,10 @@ for n in "$reps" "$steps"; do
     }
 done
 [ "$steps" -ge 3 ] || { echo "bench-compare: STEPS must be at least 3 (two are warm-up)" >&2; exit 2; }
-commit=$(git rev-parse --verify --quiet "$rev^{commit}") ||
-    { echo "bench-compare: $rev is not a revision of this repository" >&2; exit 2; }
+if [ "$rev" != . ]; then
+    commit=$(git rev-parse --verify --quiet "$rev^{commit}") ||
+        { echo "bench-compare: $rev is not a revision of this repository" >&2; exit 2; }
+fi
 
 work="$root/target/bench-compare"
 mkdir -p "$work"
@@ -60,12 +68,18 @@ build() {
     cp "$2/release/zero-train" "$3"
 }
 
-echo "== building $rev ($commit) and the working tree"
-git worktree remove --force "$work/rev" >/dev/null 2>&1 || rm -rf "$work/rev"
-git worktree add --detach "$work/rev" "$commit" >/dev/null
-trap 'git worktree remove --force "$work/rev" >/dev/null 2>&1 || true' EXIT
-build "$work/rev" "$work/target-rev" "$work/zero-train-rev"
-build "$root" "${CARGO_TARGET_DIR:-$root/target}" "$work/zero-train-tree"
+if [ "$rev" = . ]; then
+    echo "== building the working tree (both sides; the tree side adds: ${tree_extra[*]})"
+    build "$root" "${CARGO_TARGET_DIR:-$root/target}" "$work/zero-train-tree"
+    cp "$work/zero-train-tree" "$work/zero-train-rev"
+else
+    echo "== building $rev ($commit) and the working tree"
+    git worktree remove --force "$work/rev" >/dev/null 2>&1 || rm -rf "$work/rev"
+    git worktree add --detach "$work/rev" "$commit" >/dev/null
+    trap 'git worktree remove --force "$work/rev" >/dev/null 2>&1 || true' EXIT
+    build "$work/rev" "$work/target-rev" "$work/zero-train-rev"
+    build "$root" "${CARGO_TARGET_DIR:-$root/target}" "$work/zero-train-tree"
+fi
 
 if [ ! -f "$work/data/train.bin" ]; then
     for i in $(seq 1 20000); do
@@ -74,30 +88,38 @@ if [ ! -f "$work/data/train.bin" ]; then
     "$work/zero-train-tree" prepare --text "$work/corpus.txt" --out "$work/data" >/dev/null
 fi
 
-# Trains with binary $1, metrics to $2; prints the median step time in ms (steps 3 and on).
+# Trains with binary $1, metrics to $2, the flags and then the rest of its arguments; prints
+# the median step time in ms (steps 3 and on).
 one_run() {
-    "$1" --data "$work/data" "${flags[@]}" --steps "$steps" --eval-every 0 --sample-tokens 0 \
-        --metrics "$2" >"$2.log" 2>&1 || { cat "$2.log" >&2; return 1; }
-    python3 - "$2" <<'PY'
+    local bin="$1" metrics="$2"
+    shift 2
+    "$bin" --data "$work/data" "${flags[@]}" "$@" --steps "$steps" --eval-every 0 \
+        --sample-tokens 0 --metrics "$metrics" >"$metrics.log" 2>&1 ||
+        { cat "$metrics.log" >&2; return 1; }
+    python3 - "$metrics" <<'PY'
 import json, statistics, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if '"step_ms"' in l]
 print(f"{statistics.median(r['step_ms'] for r in rows[2:]):.2f}")
 PY
 }
 
-echo "== ${reps} runs each of: zero-train ${flags[*]} --steps $steps"
+echo "== ${reps} runs each of: zero-train ${flags[*]} --steps $steps (tree side adds: ${tree_extra[*]:-nothing})"
 rev_ms=() tree_ms=()
 for i in $(seq 1 "$reps"); do
     order=(rev tree)
     [ $((i % 2)) -eq 0 ] && order=(tree rev)
     for side in "${order[@]}"; do
-        ms=$(one_run "$work/zero-train-$side" "$work/$side-$i.jsonl")
+        extra=()
+        [ "$side" = rev ] || extra=("${tree_extra[@]}")
+        ms=$(one_run "$work/zero-train-$side" "$work/$side-$i.jsonl" "${extra[@]}")
         if [ "$side" = rev ]; then rev_ms+=("$ms"); else tree_ms+=("$ms"); fi
         echo "run $i $side: $ms ms/step"
     done
 done
 
-python3 - "$rev" "${rev_ms[*]}" "${tree_ms[*]}" "$work/rev-1.jsonl" "$work/tree-1.jsonl" <<'PY'
+label="$rev"
+[ "$rev" != . ] || label="tree without '${tree_extra[*]}'"
+python3 - "$label" "${rev_ms[*]}" "${tree_ms[*]}" "$work/rev-1.jsonl" "$work/tree-1.jsonl" <<'PY'
 import json, statistics, sys
 rev, a, b = sys.argv[1], [float(x) for x in sys.argv[2].split()], [float(x) for x in sys.argv[3].split()]
 ma, mb = statistics.median(a), statistics.median(b)
