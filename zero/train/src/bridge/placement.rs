@@ -60,6 +60,14 @@ pub trait Placement: Backend + Sized {
     /// The memory this backend's arenas draw from, for the start-up check when no
     /// `--memory-limit` is given: what it is, and its bytes; `None` where it cannot be told.
     fn memory_budget(&self) -> Option<(&'static str, u64)>;
+
+    /// Sums `partial` over the tensor-parallel group the engine was told
+    /// ([`OpUnits::tensor_parallel`]), in place, in rank order: the all-reduce of a split
+    /// model's partial output or input gradient.
+    ///
+    /// # Errors
+    /// No tensor-parallel group; collective failures; a backend that cannot (CUDA).
+    fn tp_all_reduce(units: &OpUnits<'_>, partial: &mut Self::Slice) -> Result<(), zero::Error>;
 }
 
 impl Placement for CpuBackend {
@@ -97,6 +105,17 @@ impl Placement for CpuBackend {
     fn memory_budget(&self) -> Option<(&'static str, u64)> {
         let available = zero_alloc::host_available_bytes()?;
         Some((zero_alloc::host_memory_description(), available))
+    }
+
+    fn tp_all_reduce(units: &OpUnits<'_>, partial: &mut [f32]) -> Result<(), zero::Error> {
+        let tp = units.tensor_parallel().ok_or_else(|| {
+            zero::Error::Order(
+                "a split model's sum over its tensor-parallel group is due, and the engine \
+                 was told no group (Engine::with_tensor_parallel)"
+                    .into(),
+            )
+        })?;
+        Ok(tp.all_reduce_in_place(partial, zero_comm::ReduceOp::Sum)?)
     }
 }
 
@@ -154,6 +173,18 @@ mod cuda {
             // this catches plans that cannot fit at all, not the last few hundred MB.
             let total = self.stream().context().total_mem().ok()?;
             Some(("the GPU's total memory", total as u64))
+        }
+
+        fn tp_all_reduce(
+            _units: &OpUnits<'_>,
+            _partial: &mut DeviceSlice,
+        ) -> Result<(), zero::Error> {
+            // The trainer refuses --tensor-parallel-size above 1 on a GPU at start-up.
+            Err(zero::Error::Order(
+                "tensor parallelism runs on the CPU only (--tensor-parallel-size 1 with \
+                 --device cuda)"
+                    .into(),
+            ))
         }
     }
 
