@@ -10,8 +10,10 @@ use std::path::Path;
 use zero::ZeroStage;
 use zero_train::{train, RunSummary, TrainConfig, TrainError};
 
-/// The tiny GPT (2 heads) on 4 ranks: a global batch of 4 sequences, evaluation every 3
-/// steps, a closing sample; at T = 2 two data-parallel ranks of 2 micro-batches each.
+/// The tiny GPT (2 heads) on 4 ranks: a global batch of 4 sequences, evaluation every 4
+/// steps on the same 4 validation sequences at every T (an evaluation batch is one
+/// sequence per data-parallel rank, so T batches of them), a closing sample; at T = 2 two
+/// data-parallel ranks of 2 micro-batches each.
 fn tiny(data: &Path, tp: usize, stage: ZeroStage) -> TrainConfig {
     TrainConfig {
         model: "tiny".into(),
@@ -25,7 +27,7 @@ fn tiny(data: &Path, tp: usize, stage: ZeroStage) -> TrainConfig {
         micro_batch_size: 1,
         warmup_steps: 2,
         eval_every: 4,
-        eval_batches: 2,
+        eval_batches: tp.max(1),
         sample_tokens: 5,
         lr: 1e-2,
         ..TrainConfig::default()
@@ -73,8 +75,8 @@ fn two_way_tensor_parallel_follows_the_unsplit_run_at_every_stage() {
             whole.losses
         );
         let rel = max_relative(&whole, &split);
-        eprintln!("stage {stage}: T=2 x DP=2 vs T=1 x DP=4, max relative difference {rel:e}");
-        assert!(rel < 1e-6, "stage {stage}: {rel:e}");
+        eprintln!("{stage}: T=2 x DP=2 vs T=1 x DP=4, max relative difference {rel:e}");
+        assert!(rel < 1e-6, "{stage}: {rel:e}");
         worst = worst.max(rel);
         // Each rank of a group holds its slices: the same parameter count in all.
         assert_eq!(whole.num_params, split.num_params);
@@ -90,9 +92,9 @@ fn every_stage_gives_the_same_bits_at_two_way_tensor_parallelism() {
     let reference = train(&tiny(&dir.0, 2, ZeroStage::Zero0)).unwrap();
     for stage in [ZeroStage::Zero1, ZeroStage::Zero2, ZeroStage::Zero3] {
         let run = train(&tiny(&dir.0, 2, stage)).unwrap();
-        assert_eq!(bits(&run.losses), bits(&reference.losses), "stage {stage}");
-        assert_eq!(val_bits(&run), val_bits(&reference), "stage {stage}");
-        assert_eq!(run.sample, reference.sample, "stage {stage}");
+        assert_eq!(bits(&run.losses), bits(&reference.losses), "{stage}");
+        assert_eq!(val_bits(&run), val_bits(&reference), "{stage}");
+        assert_eq!(run.sample, reference.sample, "{stage}");
     }
     // Every rank reports once, under its world rank.
     let ranks: Vec<usize> = reference.ranks.iter().map(|r| r.rank).collect();

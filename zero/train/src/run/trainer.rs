@@ -23,7 +23,7 @@ use std::time::Instant;
 use zero::optim::CosineSchedule;
 use zero::{expected_model_state_bytes, Engine, EngineOps, Precision, Traffic, ZeroStage};
 use zero_comm::{Communicator, ReduceOp};
-use zero_gpt::{Activations, CpuBackend, Gpt};
+use zero_gpt::{Activations, CpuBackend, Gpt, ParamLayout};
 use zero_state::PendingSave;
 
 /// One rank's model, engine, data and running totals, the model's kernels on backend `B`.
@@ -198,6 +198,9 @@ impl<'a, B: Placement> Trainer<'a, B> {
         schedule.validate()?;
         let params = model.layout().num_params();
         let mut out = RankOutput::new(&engine, acts.bytes(), params, cfg.precision.into())?;
+        // Split over a tensor-parallel group, the rank holds a part of the model: the run
+        // reports the whole model's parameters, each rank under its world rank.
+        out.num_params = ParamLayout::new(&shared.model).num_params();
         out.report.rank = rank;
         let train = TrainStep::new(model.layout(), acts.checkpoint_every())?;
         Ok(Self {
