@@ -65,9 +65,16 @@ pub trait Placement: Backend + Sized {
     /// ([`OpUnits::tensor_parallel`]), in place, in rank order: the all-reduce of a split
     /// model's partial output or input gradient.
     ///
+    /// By default (CUDA among them) the backend runs no tensor parallelism and refuses; the
+    /// trainer refuses `--tensor-parallel-size` above 1 on a GPU at start-up.
+    ///
     /// # Errors
-    /// No tensor-parallel group; collective failures; a backend that cannot (CUDA).
-    fn tp_all_reduce(units: &OpUnits<'_>, partial: &mut Self::Slice) -> Result<(), zero::Error>;
+    /// No tensor-parallel group; collective failures; a backend that cannot.
+    fn tp_all_reduce(_units: &OpUnits<'_>, _partial: &mut Self::Slice) -> Result<(), zero::Error> {
+        Err(zero::Error::Order(
+            "tensor parallelism runs on the CPU only (--tensor-parallel-size 1 elsewhere)".into(),
+        ))
+    }
 }
 
 impl Placement for CpuBackend {
@@ -173,18 +180,6 @@ mod cuda {
             // this catches plans that cannot fit at all, not the last few hundred MB.
             let total = self.stream().context().total_mem().ok()?;
             Some(("the GPU's total memory", total as u64))
-        }
-
-        fn tp_all_reduce(
-            _units: &OpUnits<'_>,
-            _partial: &mut DeviceSlice,
-        ) -> Result<(), zero::Error> {
-            // The trainer refuses --tensor-parallel-size above 1 on a GPU at start-up.
-            Err(zero::Error::Order(
-                "tensor parallelism runs on the CPU only (--tensor-parallel-size 1 with \
-                 --device cuda)"
-                    .into(),
-            ))
         }
     }
 

@@ -141,9 +141,9 @@ struct TpGroup {
 }
 
 impl TpGroup {
-    /// World rank `r`'s groups (zero's [`Grid`](zero::tensor_parallel::Grid): `r = dp_index
-    /// * T + tp_rank`) and its place in its tensor-parallel group. Every rank of `world`
-    /// calls it.
+    /// This world rank's groups (zero's [`Grid`](zero::tensor_parallel::Grid): world rank
+    /// `dp_index * T + tp_rank`) and its place in its tensor-parallel group. Every rank of
+    /// `world` calls it.
     fn new(world: &Communicator, t: usize) -> Result<(Self, TpSplit), TrainError> {
         let grid = zero::tensor_parallel::Grid::new(world, t)?;
         let split = TpSplit {
