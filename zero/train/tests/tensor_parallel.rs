@@ -8,7 +8,8 @@ use common::{learnable_corpus, TempDir};
 
 use std::path::Path;
 use zero::ZeroStage;
-use zero_train::{train, RunSummary, TrainConfig, TrainError};
+use zero_train::plan::plan_report::stage_plans;
+use zero_train::{train, ByteSize, RunSummary, TrainConfig, TrainError};
 
 /// The tiny GPT (2 heads) on 4 ranks: a global batch of 4 sequences, evaluation every 4
 /// steps on the same 4 validation sequences at every T (an evaluation batch is one
@@ -134,6 +135,56 @@ fn four_way_tensor_parallel_splits_every_rank_into_one_group() {
     assert!(rel < 1e-6, "{rel:e}");
 }
 
+#[test]
+fn each_stage_planned_at_two_way_tensor_parallelism_is_the_peak_a_run_measures() {
+    let dir = TempDir::new("tp-plan");
+    learnable_corpus(&dir.0);
+    for every in [None, Some(1)] {
+        // One step, no evaluation or sample; room under the cap, so no allocation has to
+        // land collectives early (which would end the peak below the plan).
+        let cfg = TrainConfig {
+            steps: 1,
+            eval_every: 0,
+            sample_tokens: 0,
+            memory_limit: Some(ByteSize(1 << 30)),
+            activation_checkpointing: every.is_some(),
+            checkpoint_every: every.unwrap_or(1),
+            ..tiny(&dir.0, 2, ZeroStage::Zero0)
+        };
+        let (_, plans) = stage_plans(&cfg).unwrap();
+        // The same data-parallel ranks, the blocks whole.
+        let (_, whole) = stage_plans(&TrainConfig {
+            tensor_parallel_size: 1,
+            world_size: 2,
+            ..cfg.clone()
+        })
+        .unwrap();
+        for (p, w) in plans.iter().zip(&whole) {
+            let run = train(&TrainConfig {
+                zero_stage: p.stage,
+                ..cfg.clone()
+            })
+            .unwrap();
+            let what = format!("{} checkpointing {every:?}", p.stage);
+            for rank in &run.ranks {
+                assert_eq!(
+                    rank.peak_bytes,
+                    p.plan.total(),
+                    "{what}, rank {}",
+                    rank.rank
+                );
+            }
+            // A rank of a group holds half the blocks' parameters, so less than a rank of
+            // as many data-parallel ranks with the blocks whole.
+            assert!(
+                p.plan.model_states.total() < w.plan.model_states.total(),
+                "{what}"
+            );
+            assert!(p.formula <= p.plan.model_states.total(), "{what}");
+        }
+    }
+}
+
 /// The start-up error of `cfg`, as text.
 fn refusal(cfg: &TrainConfig) -> String {
     match train(cfg) {
@@ -228,13 +279,6 @@ fn features_that_do_not_run_split_yet_are_refused_at_start_up() {
             "--offload-optimizer",
             TrainConfig {
                 offload_optimizer: true,
-                ..base.clone()
-            },
-        ),
-        (
-            "--memory-limit",
-            TrainConfig {
-                memory_limit: Some("1G".parse().unwrap()),
                 ..base.clone()
             },
         ),

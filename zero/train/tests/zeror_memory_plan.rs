@@ -181,6 +181,7 @@ fn a_cap_at_the_plan_trains_and_a_cap_below_names_what_fits() {
         seq_len: T,
         placement: placed(None, false),
         shape: default_shape(2, ZeroStage::Zero0, Precision::Fp32),
+        tensor_parallel: 1,
     };
     let plan = |stage, every| query.with(stage, every).plan().unwrap().total();
     // The leanest checkpointed option, below every option without checkpointing: only

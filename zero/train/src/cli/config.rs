@@ -169,6 +169,7 @@ pub struct TrainConfig {
     /// blocks' matrices; ZeRO runs over the world_size / T data-parallel ranks. T must
     /// divide the world size and the heads; 1 is none. CPU only, and for now without
     /// checkpoints, exports, `--init-from`, `--offload-optimizer`, faults or fingerprints.
+    /// `zero-train plan` plans one rank of the split model.
     #[arg(long, allow_negative_numbers = true, default_value_t = 1)]
     pub tensor_parallel_size: usize,
     /// Collective backend.

@@ -244,7 +244,6 @@ impl TrainConfig {
             (self.init_from.is_some(), "--init-from"),
             (self.export_llmc.is_some(), "--export-llmc"),
             (self.offload_optimizer, "--offload-optimizer"),
-            (self.memory_limit.is_some(), "--memory-limit"),
             (!self.inject_fault.is_empty(), "--inject-fault"),
             (self.fingerprint_every > 0, "--fingerprint-every"),
         ];
