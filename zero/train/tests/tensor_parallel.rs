@@ -305,3 +305,43 @@ fn features_that_do_not_run_split_yet_are_refused_at_start_up() {
         );
     }
 }
+
+#[test]
+fn the_flag_and_the_config_key_reach_the_run() {
+    let dir = TempDir::new("tp-cli");
+    learnable_corpus(&dir.0);
+    let toml = dir.0.join("run.toml");
+    std::fs::write(&toml, "tensor_parallel_size = 3\n").unwrap();
+    let data = dir.0.display().to_string();
+    let run = |extra: &[&str]| {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_zero-train"))
+            .args(["--model", "tiny", "--seq-len", "16", "--world-size", "4"])
+            .args(["--steps", "1", "--sample-tokens", "0", "--data", &data])
+            .args(extra)
+            .output()
+            .unwrap();
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stderr).to_string(),
+        )
+    };
+    let (ok, err) = run(&["--config", toml.to_str().unwrap()]);
+    assert!(
+        !ok && err.contains("`tensor_parallel_size` in --config"),
+        "{err}"
+    );
+    assert!(err.contains("e.g. 2"), "{err}");
+    // The flag over the file; the global batch left out is one micro-batch per
+    // data-parallel rank.
+    let (ok, err) = run(&[
+        "--config",
+        toml.to_str().unwrap(),
+        "--tensor-parallel-size",
+        "2",
+    ]);
+    assert!(ok, "{err}");
+    assert!(
+        err.contains("4 ranks in tensor-parallel groups of 2 | global batch 8 x 16"),
+        "{err}"
+    );
+}
