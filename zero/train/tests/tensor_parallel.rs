@@ -9,7 +9,7 @@ use common::{learnable_corpus, TempDir};
 use std::path::Path;
 use zero::ZeroStage;
 use zero_train::plan::plan_report::stage_plans;
-use zero_train::{train, ByteSize, RunSummary, TrainConfig, TrainError};
+use zero_train::{train, ByteSize, PrecisionArg, RunSummary, TrainConfig, TrainError};
 
 /// The tiny GPT (2 heads) on 4 ranks: a global batch of 4 sequences, evaluation every 4
 /// steps on the same 4 validation sequences at every T (an evaluation batch is one
@@ -100,6 +100,26 @@ fn every_stage_gives_the_same_bits_at_two_way_tensor_parallelism() {
     // Every rank reports once, under its world rank.
     let ranks: Vec<usize> = reference.ranks.iter().map(|r| r.rank).collect();
     assert_eq!(ranks, [0, 1, 2, 3]);
+}
+
+#[test]
+fn half_precisions_give_the_same_bits_at_every_stage_split() {
+    let dir = TempDir::new("tp-precision");
+    learnable_corpus(&dir.0);
+    for precision in [PrecisionArg::Bf16, PrecisionArg::Fp16] {
+        let cfg = |stage| TrainConfig {
+            precision,
+            ..tiny(&dir.0, 2, stage)
+        };
+        let reference = train(&cfg(ZeroStage::Zero0)).unwrap();
+        assert!(reference.losses.iter().all(|l| l.is_finite()));
+        for stage in [ZeroStage::Zero1, ZeroStage::Zero2, ZeroStage::Zero3] {
+            let run = train(&cfg(stage)).unwrap();
+            let what = format!("{precision:?} {stage}");
+            assert_eq!(bits(&run.losses), bits(&reference.losses), "{what}");
+            assert_eq!(val_bits(&run), val_bits(&reference), "{what}");
+        }
+    }
 }
 
 #[test]
