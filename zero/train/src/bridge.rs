@@ -374,7 +374,8 @@ impl<B: Placement> Model for GptPass<'_, B> {
 }
 
 /// One training micro-step on this rank's (B, T) batch: forward, backward, and the
-/// reductions of every unit's gradient. Returns this rank's mean loss.
+/// reductions of every unit's gradient ([`TrainStep`]: of whole blocks, or split over the
+/// engine's tensor-parallel group). Returns this rank's mean loss.
 ///
 /// # Errors
 /// Model errors (bad tokens, shapes) and engine errors (memory, communication).
@@ -385,8 +386,8 @@ pub fn micro_step<B: Placement>(
     tokens: &[u32],
     targets: &[u32],
 ) -> Result<f32, StepError> {
-    let programs = GptPrograms::new(model.layout(), acts.checkpoint_every())?;
-    train_program(engine, &programs.train, model, acts, tokens, targets)
+    let step = TrainStep::new(model.layout(), acts.checkpoint_every())?;
+    step.run(engine, model, acts, tokens, targets)
 }
 
 /// As [`micro_step`], running `program`, which the engine must have been declared.
