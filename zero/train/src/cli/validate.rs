@@ -2,7 +2,8 @@
 //! arithmetic on the values cannot overflow and no count is absurd.
 //!
 //! Each refusal is a [`ConfigError::OutOfRange`] naming the flag (and its config key), the
-//! value given and what would be right.
+//! value given and what would be right; a feature that does not run at
+//! `--tensor-parallel-size` above 1 yet is a [`ConfigError::Invalid`] naming both flags.
 
 use crate::cli::config::{Backend, TrainConfig};
 use crate::error::ConfigError;
