@@ -119,6 +119,7 @@ fn fits(args: &Args, model: &GptConfig, stage: ZeroStage, every: Option<usize>) 
         },
         // The local backend's ranks: it stages nothing.
         shape: engine_config(args, stage).plan_shape(args.ranks, zero_comm::StagingRule::None),
+        tensor_parallel: 1,
     };
     query
         .plan()

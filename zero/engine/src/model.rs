@@ -70,6 +70,13 @@ impl<'e> OpUnits<'e> {
         self.restores
     }
 
+    /// The tensor-parallel group the engine was told ([`Engine::with_tensor_parallel`]),
+    /// if any: for the model's own collectives inside an operation (the sums over the
+    /// group of a split layer's partial outputs), which the engine does not derive.
+    pub fn tensor_parallel(&self) -> Option<&zero_comm::Communicator> {
+        self.engine.tp.as_ref()
+    }
+
     /// `unit`'s whole f32 parameters (its `numel` elements), on a host arena.
     ///
     /// # Errors

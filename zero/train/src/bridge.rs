@@ -14,15 +14,17 @@
 //! order.
 
 mod placement;
+mod split;
 
 pub use placement::{Placement, Views};
+pub use split::{tp_forward_ops, tp_program, tp_train_program, TpPrograms};
 use zero::{
     Engine, EngineConfig, EngineOps, KeptInputs, Model, Op, OpUnits, Program, Schedule, UnitSpec,
 };
 use zero_alloc::DEFAULT_ALIGNMENT;
 use zero_gpt::{
     activation_buffers, forward_ops, train_ops, Activations, Backend, CpuBackend, Gpt, GptConfig,
-    GptError, GptOp, KeptBy, ParamLayout, UnitKind, KEPT_INPUTS,
+    GptError, GptOp, KeptBy, ParamLayout, TpOp, UnitKind, KEPT_INPUTS,
 };
 
 /// Why a GPT micro-step failed.
@@ -36,7 +38,10 @@ pub enum StepError {
     Model(#[from] GptError),
 }
 
-/// The engine's view of the model's units: sizes, names, and where weight decay applies.
+/// The engine's view of the model's units: sizes, names, where weight decay applies, and,
+/// in a layout split over a tensor-parallel group, which units are this rank's slices
+/// ([`UnitSpec::tp_sharded`]: the block slices; the rest is the same on every rank of the
+/// group).
 pub fn gpt_units(layout: &ParamLayout) -> Vec<UnitSpec> {
     layout
         .units()
@@ -46,18 +51,22 @@ pub fn gpt_units(layout: &ParamLayout) -> Vec<UnitSpec> {
                 UnitKind::Embedding => "embeddings".to_string(),
                 UnitKind::Block { layer } => format!("block {layer}"),
                 UnitKind::FinalNorm => "final norm".to_string(),
-                // A layout split over a tensor-parallel group (not yet run by the trainer).
+                // A layout split over a tensor-parallel group.
                 UnitKind::BlockSlice { layer } => format!("block {layer} slice"),
                 UnitKind::BlockReplicated { layer } => format!("block {layer} replicated"),
                 UnitKind::EmbeddingSlice => "embeddings slice".to_string(),
                 UnitKind::Positions => "position embeddings".to_string(),
             };
+            let spec = match unit.kind {
+                UnitKind::BlockSlice { .. } | UnitKind::EmbeddingSlice => {
+                    UnitSpec::new(name, unit.len).tp_sharded()
+                }
+                _ => UnitSpec::new(name, unit.len),
+            };
             unit.tensors
                 .iter()
                 .filter(|t| t.weight_decay)
-                .fold(UnitSpec::new(name, unit.len), |spec, t| {
-                    spec.with_decay(t.offset..t.offset + t.len)
-                })
+                .fold(spec, |spec, t| spec.with_decay(t.offset..t.offset + t.len))
         })
         .collect()
 }
@@ -97,15 +106,14 @@ pub fn gpt_engine_on(
     ops: EngineOps,
     init: impl FnMut(usize, &mut [f32]),
 ) -> Result<Engine, zero::Error> {
+    let units = gpt_units(layout);
+    if layout.tensor_parallel() > 1 {
+        let programs = TpPrograms::new(layout, checkpoint_every)?;
+        let schedules = [programs.train.schedule(), programs.forward.schedule()];
+        return Engine::with_ops(comm, units, &schedules, config, ops, init);
+    }
     let programs = GptPrograms::new(layout, checkpoint_every)?;
-    Engine::with_ops(
-        comm,
-        gpt_units(layout),
-        &programs.schedules(),
-        config,
-        ops,
-        init,
-    )
+    Engine::with_ops(comm, units, &programs.schedules(), config, ops, init)
 }
 
 /// Where a micro-batch's activations live, and how many are kept.
@@ -161,16 +169,38 @@ pub fn activation_arena_bytes(
     t: usize,
     placement: ActivationPlacement,
 ) -> Result<u64, GptError> {
+    let buffers = activation_buffers(config, b, t, placement.checkpoint_every)?;
+    Ok(arena_bytes_of(buffers, placement))
+}
+
+/// [`activation_arena_bytes`] of `model`'s buffers ([`Gpt::activation_buffers`]): split
+/// over a tensor-parallel group, this rank's (its heads' and MLP columns' share); whole,
+/// the same bytes.
+///
+/// # Errors
+/// A batch shape the model refuses.
+pub fn model_activation_arena_bytes<B: Backend>(
+    model: &Gpt<B>,
+    b: usize,
+    t: usize,
+    placement: ActivationPlacement,
+) -> Result<u64, GptError> {
+    let buffers = model.activation_buffers(b, t, placement.checkpoint_every)?;
+    Ok(arena_bytes_of(buffers, placement))
+}
+
+/// The arena bytes of activation `buffers` (f32 elements, [`zero_gpt::BUFFER_NAMES`] order)
+/// but the kept inputs, and of the backend scratch of `placement`, each aligned.
+fn arena_bytes_of(buffers: [usize; 6], placement: ActivationPlacement) -> u64 {
     let align = DEFAULT_ALIGNMENT as u64;
     let aligned = |len: usize| (len as u64 * 4).div_ceil(align) * align;
-    let buffers = activation_buffers(config, b, t, placement.checkpoint_every)?;
     let model_buffers: u64 = buffers
         .iter()
         .enumerate()
         .filter(|&(i, _)| i != KEPT_INPUTS)
         .map(|(_, &len)| aligned(len))
         .sum();
-    Ok(model_buffers + aligned(placement.backend_scratch))
+    model_buffers + aligned(placement.backend_scratch)
 }
 
 /// How the engine stores the kept block inputs of (B, T) micro-batches placed as `placement`
@@ -212,9 +242,8 @@ pub fn arena_activations<B: Placement>(
     t: usize,
     placement: ActivationPlacement,
 ) -> Result<Activations<B>, StepError> {
-    let (config, every) = (model.config(), placement.checkpoint_every);
     let lend = |_, len| B::lend(engine, len).map_err(StepError::from);
-    Activations::with_backend_memory(model.backend(), config, b, t, every, lend, KeptBy::Caller)
+    model.activations_with_memory((b, t), placement.checkpoint_every, lend, KeptBy::Caller)
 }
 
 /// Activations of the CPU backend in heap memory, outside the engine's arena (which then
@@ -345,7 +374,8 @@ impl<B: Placement> Model for GptPass<'_, B> {
 }
 
 /// One training micro-step on this rank's (B, T) batch: forward, backward, and the
-/// reductions of every unit's gradient. Returns this rank's mean loss.
+/// reductions of every unit's gradient ([`TrainStep`]: of whole blocks, or split over the
+/// engine's tensor-parallel group). Returns this rank's mean loss.
 ///
 /// # Errors
 /// Model errors (bad tokens, shapes) and engine errors (memory, communication).
@@ -356,8 +386,8 @@ pub fn micro_step<B: Placement>(
     tokens: &[u32],
     targets: &[u32],
 ) -> Result<f32, StepError> {
-    let programs = GptPrograms::new(model.layout(), acts.checkpoint_every())?;
-    train_program(engine, &programs.train, model, acts, tokens, targets)
+    let step = TrainStep::new(model.layout(), acts.checkpoint_every())?;
+    step.run(engine, model, acts, tokens, targets)
 }
 
 /// As [`micro_step`], running `program`, which the engine must have been declared.
@@ -383,6 +413,50 @@ pub fn train_program<B: Placement>(
     Ok(pass.loss.unwrap_or(f32::NAN))
 }
 
+/// The training micro-step a trainer runs, built once: of whole blocks ([`GptPrograms`]), or
+/// of a rank of a tensor-parallel group ([`TpPrograms`]), as the model's layout is.
+#[derive(Debug, Clone)]
+pub enum TrainStep {
+    /// Whole blocks (T = 1).
+    Whole(Program<GptOp>),
+    /// Split blocks, the group's sums among the calls (T > 1).
+    Split(Program<TpOp>),
+}
+
+impl TrainStep {
+    /// The micro-step of the model laid out as `layout`, checkpointing every `every` blocks
+    /// or none.
+    ///
+    /// # Errors
+    /// As [`GptPrograms::new`].
+    pub fn new(layout: &ParamLayout, every: Option<usize>) -> Result<Self, zero::Error> {
+        Ok(if layout.tensor_parallel() > 1 {
+            Self::Split(TpPrograms::new(layout, every)?.train)
+        } else {
+            Self::Whole(GptPrograms::new(layout, every)?.train)
+        })
+    }
+
+    /// Runs the micro-step on `tokens` and `targets` ([`train_program`] or
+    /// [`tp_train_program`]) and returns this rank's mean loss.
+    ///
+    /// # Errors
+    /// As [`micro_step`].
+    pub fn run<B: Placement>(
+        &self,
+        engine: &mut Engine,
+        model: &Gpt<B>,
+        acts: &mut Activations<B>,
+        tokens: &[u32],
+        targets: &[u32],
+    ) -> Result<f32, StepError> {
+        match self {
+            Self::Whole(program) => train_program(engine, program, model, acts, tokens, targets),
+            Self::Split(program) => tp_train_program(engine, program, model, acts, tokens, targets),
+        }
+    }
+}
+
 /// Runs the forward program on `tokens` (and `targets`, for a loss).
 fn forward_pass<B: Placement>(
     engine: &mut Engine,
@@ -391,6 +465,19 @@ fn forward_pass<B: Placement>(
     tokens: &[u32],
     targets: Option<&[u32]>,
 ) -> Result<Option<f32>, StepError> {
+    if model.tensor_parallel().size > 1 {
+        // The forward program keeps nothing, whatever the checkpointing.
+        let programs = TpPrograms::new(model.layout(), None)?;
+        let mut pass = split::TpPass {
+            model,
+            acts,
+            tokens,
+            targets,
+            loss: None,
+        };
+        engine.forward(&programs.forward, &mut pass)?;
+        return Ok(pass.loss);
+    }
     let programs = GptPrograms::new(model.layout(), acts.checkpoint_every())?;
     let mut pass = GptPass {
         model,

@@ -130,6 +130,44 @@ fn two_tcp_processes_train_like_two_local_threads_at_every_stage() {
 }
 
 #[test]
+fn four_tcp_processes_in_tensor_parallel_pairs_train_like_four_local_threads() {
+    // --tensor-parallel-size 2: each process makes its groups from the launcher's world
+    // (Communicator::split over tcp), and the group's sums cross processes.
+    let dir = TempDir::new("tcp-tp");
+    learnable_corpus(&dir.0);
+    for (stage, precision) in [("0", "fp32"), ("3", "bf16")] {
+        let extra = [
+            "--zero-stage",
+            stage,
+            "--precision",
+            precision,
+            "--tensor-parallel-size",
+            "2",
+        ];
+        let local_metrics = dir.0.join(format!("local-tp-{stage}.jsonl"));
+        let local = Command::new(env!("CARGO_BIN_EXE_zero-train"))
+            .args(args(&dir.0, &local_metrics, &extra))
+            .args(["--backend", "local", "--world-size", "4"])
+            .output()
+            .unwrap();
+        check_ok(&local, "the local run");
+        let outs = run_ranks(4, |rank| {
+            let metrics = dir.0.join(format!("tcp-tp-{stage}-{rank}.jsonl"));
+            let mut a = args(&dir.0, &metrics, &extra);
+            a.extend(["--backend", "tcp"].map(String::from));
+            a
+        });
+        for (rank, out) in outs.iter().enumerate() {
+            check_ok(out, &format!("tcp rank {rank}"));
+        }
+        let want = losses(&local_metrics);
+        assert_eq!(want.len(), 3, "stage {stage}: {want:?}");
+        let got = losses(&dir.0.join(format!("tcp-tp-{stage}-0.jsonl")));
+        assert_eq!(got, want, "stage {stage} {precision}: tcp losses differ");
+    }
+}
+
+#[test]
 fn a_rank_that_never_comes_is_a_timeout_naming_the_launch() {
     let dir = TempDir::new("tcp-missing-rank");
     learnable_corpus(&dir.0);

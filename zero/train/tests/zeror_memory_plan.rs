@@ -181,6 +181,7 @@ fn a_cap_at_the_plan_trains_and_a_cap_below_names_what_fits() {
         seq_len: T,
         placement: placed(None, false),
         shape: default_shape(2, ZeroStage::Zero0, Precision::Fp32),
+        tensor_parallel: 1,
     };
     let plan = |stage, every| query.with(stage, every).plan().unwrap().total();
     // The leanest checkpointed option, below every option without checkpointing: only
@@ -205,10 +206,7 @@ fn a_cap_at_the_plan_trains_and_a_cap_below_names_what_fits() {
     // Below it, only offloading the optimizer states as well makes some plan fit; where the
     // host arena draws on the limited memory too (a CPU run's machine memory) that is no
     // option.
-    let offloaded = |stage, every| {
-        let plan = query.with(stage, every).with_offload(true).plan().unwrap();
-        plan.total()
-    };
+    let offloaded = |stage, every| query.with(stage, every).with_offload(true).plan();
     let hint = query.what_fits(with_ckpt - 1);
     assert!(hint.contains("--offload-optimizer fits ("), "{hint}");
     let named: u64 = hint
@@ -222,7 +220,7 @@ fn a_cap_at_the_plan_trains_and_a_cap_below_names_what_fits() {
         .unwrap();
     assert!(named < with_ckpt, "{hint}");
     let leanest_offloaded = ZeroStage::ALL
-        .map(|s| offloaded(s, Some(1)))
+        .map(|s| offloaded(s, Some(1)).unwrap().total())
         .into_iter()
         .min()
         .unwrap();

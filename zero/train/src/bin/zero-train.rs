@@ -170,6 +170,10 @@ fn start_up_line(cfg: &zero_train::cli::config::TrainConfig, m: &zero_gpt::GptCo
         zero_train::cli::config::Backend::Local => format!("{} ranks", cfg.world_size),
         _ => "ranks from the launcher".to_string(),
     };
+    let ranks = match cfg.tensor_parallel_size {
+        1 => ranks,
+        t => format!("{ranks} in tensor-parallel groups of {t}"),
+    };
     // The shape the run builds: the preset's, flags applied, or the --init-from file's.
     let name = match &cfg.init_from {
         Some(path) => format!("from {}", path.display()),

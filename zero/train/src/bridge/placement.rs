@@ -60,6 +60,21 @@ pub trait Placement: Backend + Sized {
     /// The memory this backend's arenas draw from, for the start-up check when no
     /// `--memory-limit` is given: what it is, and its bytes; `None` where it cannot be told.
     fn memory_budget(&self) -> Option<(&'static str, u64)>;
+
+    /// Sums `partial` over the tensor-parallel group the engine was told
+    /// ([`OpUnits::tensor_parallel`]), in place, in rank order: the all-reduce of a split
+    /// model's partial output or input gradient.
+    ///
+    /// By default (CUDA among them) the backend runs no tensor parallelism and refuses; the
+    /// trainer refuses `--tensor-parallel-size` above 1 on a GPU at start-up.
+    ///
+    /// # Errors
+    /// No tensor-parallel group; collective failures; a backend that cannot.
+    fn tp_all_reduce(_units: &OpUnits<'_>, _partial: &mut Self::Slice) -> Result<(), zero::Error> {
+        Err(zero::Error::Order(
+            "tensor parallelism runs on the CPU only (--tensor-parallel-size 1 elsewhere)".into(),
+        ))
+    }
 }
 
 impl Placement for CpuBackend {
@@ -97,6 +112,17 @@ impl Placement for CpuBackend {
     fn memory_budget(&self) -> Option<(&'static str, u64)> {
         let available = zero_alloc::host_available_bytes()?;
         Some((zero_alloc::host_memory_description(), available))
+    }
+
+    fn tp_all_reduce(units: &OpUnits<'_>, partial: &mut [f32]) -> Result<(), zero::Error> {
+        let tp = units.tensor_parallel().ok_or_else(|| {
+            zero::Error::Order(
+                "a split model's sum over its tensor-parallel group is due, and the engine \
+                 was told no group (Engine::with_tensor_parallel)"
+                    .into(),
+            )
+        })?;
+        Ok(tp.all_reduce_in_place(partial, zero_comm::ReduceOp::Sum)?)
     }
 }
 

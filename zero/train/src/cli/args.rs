@@ -150,7 +150,7 @@ impl TrainArgs {
     }
 }
 
-/// A global batch left out is one micro-batch per rank (DeepSpeed derives
+/// A global batch left out is one micro-batch per data-parallel rank (DeepSpeed derives
 /// `train_batch_size` the same way), when the world size is known here: with the local
 /// backend. A launcher's ranks learn it only once joined, so they keep the default, which
 /// must then divide into them.

@@ -165,6 +165,13 @@ pub struct TrainConfig {
     /// launcher: mpirun's world, or `WORLD_SIZE`).
     #[arg(long, allow_negative_numbers = true, default_value_t = 2)]
     pub world_size: usize,
+    /// Megatron tensor parallelism: ranks per tensor-parallel group (T), each splitting the
+    /// blocks' matrices; ZeRO runs over the world_size / T data-parallel ranks. T must
+    /// divide the world size and the heads; 1 is none. CPU only, and for now without
+    /// checkpoints, exports, `--init-from`, `--offload-optimizer`, faults or fingerprints.
+    /// `zero-train plan` plans one rank of the split model.
+    #[arg(long, allow_negative_numbers = true, default_value_t = 1)]
+    pub tensor_parallel_size: usize,
     /// Collective backend.
     #[arg(long, value_enum, default_value_t = Backend::Local)]
     pub backend: Backend,
@@ -401,16 +408,24 @@ impl TrainConfig {
     }
 
     /// Micro-steps per optimizer step on each rank (after [`validate`](Self::validate), the
-    /// global batch is a whole multiple of `micro_batch_size * world_size`).
+    /// global batch is a whole multiple of `micro_batch_size * data_parallel_size()`).
     pub fn grad_accum_steps(&self) -> usize {
         self.batch_size / self.one_micro_batch_per_rank().max(1)
     }
 
-    /// Sequences in a global batch of one micro-batch per rank: the global batch a run takes
-    /// when none is given (with the local backend; see `TrainArgs::merge`) and `zero-train
-    /// plan` takes, since the global batch changes no rank's memory.
+    /// Sequences in a global batch of one micro-batch per data-parallel rank (the ranks of a
+    /// tensor-parallel group share theirs): the global batch a run takes when none is given
+    /// (with the local backend; see `TrainArgs::merge`) and `zero-train plan` takes, since
+    /// the global batch changes no rank's memory.
     pub fn one_micro_batch_per_rank(&self) -> usize {
-        self.micro_batch_size.saturating_mul(self.world_size)
+        self.micro_batch_size
+            .saturating_mul(self.data_parallel_size())
+    }
+
+    /// The data-parallel ranks, `world_size / tensor_parallel_size` (the world size itself
+    /// at T = 1; at least 1, and exact once [`validate_world`](Self::validate_world) passed).
+    pub fn data_parallel_size(&self) -> usize {
+        (self.world_size / self.tensor_parallel_size.max(1)).max(1)
     }
 
     /// The model shape this configuration asks for: the shape of the `--init-from` file when

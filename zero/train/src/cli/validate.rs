@@ -2,12 +2,13 @@
 //! arithmetic on the values cannot overflow and no count is absurd.
 //!
 //! Each refusal is a [`ConfigError::OutOfRange`] naming the flag (and its config key), the
-//! value given and what would be right.
+//! value given and what would be right; a feature that does not run at
+//! `--tensor-parallel-size` above 1 yet is a [`ConfigError::Invalid`] naming both flags.
 
-use crate::cli::config::TrainConfig;
+use crate::cli::config::{Backend, TrainConfig};
 use crate::error::ConfigError;
 use std::fmt::Display;
-use zero_gpt::{GptConfig, ParamLayout};
+use zero_gpt::{GptConfig, ParamLayout, TpSplit};
 
 /// Most ranks one run starts.
 pub use zero::MAX_RANKS;
@@ -86,6 +87,8 @@ impl TrainConfig {
     /// [`ConfigError::Model`] for an unknown preset or an invalid model shape; the errors of
     /// an `--init-from` file.
     pub fn validate(&self) -> Result<GptConfig, ConfigError> {
+        // Before the shape, which reads an `--init-from` file.
+        self.refuse_at_tensor_parallel()?;
         let model = self.validate_shape()?;
         self.validate_batch()?;
         self.validate_schedule()?;
@@ -148,15 +151,18 @@ impl TrainConfig {
     /// [`ConfigError::OutOfRange`] naming `world_size`, `micro_batch_size` or `batch_size`.
     pub fn validate_world(&self) -> Result<(), ConfigError> {
         in_range("world_size", self.world_size, 1, MAX_RANKS)?;
+        self.validate_tensor_parallel_world()?;
         self.validate_batch_sizes()?;
-        let Some(per_micro_step) = self.micro_batch_size.checked_mul(self.world_size) else {
+        let ranks = self.data_parallel_size();
+        let ranks_name = match self.tensor_parallel_size {
+            1 => format!("world_size {ranks}"),
+            t => format!("the data-parallel ranks {ranks} (world_size / tensor_parallel_size {t})"),
+        };
+        let Some(per_micro_step) = self.micro_batch_size.checked_mul(ranks) else {
             return Err(out_of_range(
                 "micro_batch_size",
                 &self.micro_batch_size,
-                format!(
-                    "micro_batch_size x world_size {} overflows",
-                    self.world_size
-                ),
+                format!("micro_batch_size x {ranks_name} overflows"),
             ));
         };
         if self.batch_size % per_micro_step != 0 {
@@ -164,10 +170,10 @@ impl TrainConfig {
                 "batch_size",
                 &self.batch_size,
                 format!(
-                    "batch_size {} is not a multiple of micro_batch_size {} x world_size {} = \
+                    "batch_size {} is not a multiple of micro_batch_size {} x {ranks_name} = \
                      {per_micro_step} (change --batch-size to a multiple of {per_micro_step}, or \
                      --micro-batch-size)",
-                    self.batch_size, self.micro_batch_size, self.world_size
+                    self.batch_size, self.micro_batch_size
                 ),
             ));
         }
@@ -180,6 +186,75 @@ impl TrainConfig {
             ));
         }
         Ok(())
+    }
+
+    /// The tensor-parallel size against the world: at least 1 and dividing the world size
+    /// (every group whole), naming a size that would.
+    fn validate_tensor_parallel_world(&self) -> Result<(), ConfigError> {
+        let (t, world) = (self.tensor_parallel_size, self.world_size);
+        in_range("tensor_parallel_size", t, 1, MAX_RANKS)?;
+        if world % t == 0 {
+            return Ok(());
+        }
+        let fits = (1..=t.min(world))
+            .rev()
+            .find(|d| world % d == 0)
+            .unwrap_or(1);
+        Err(out_of_range(
+            "tensor_parallel_size",
+            &t,
+            format!(
+                "a divisor of the {world} ranks (--world-size, or the launcher's), so every \
+                 tensor-parallel group is whole: e.g. {fits}"
+            ),
+        ))
+    }
+
+    /// At T > 1: T divides the model's heads (zero-gpt's [`TpSplit::validate`]).
+    fn validate_tensor_parallel(&self, model: &GptConfig) -> Result<(), ConfigError> {
+        let t = self.tensor_parallel_size;
+        if t <= 1 || (TpSplit { size: t, rank: 0 }).validate(model).is_ok() {
+            return Ok(());
+        }
+        let heads = model.num_heads;
+        let fits = (1..=t.min(heads))
+            .rev()
+            .find(|d| heads % d == 0)
+            .unwrap_or(1);
+        Err(out_of_range(
+            "tensor_parallel_size",
+            &t,
+            format!(
+                "a divisor of the model's {heads} heads (--heads), so each rank holds whole \
+                 heads: e.g. {fits}"
+            ),
+        ))
+    }
+
+    /// At T > 1, refuses every feature that does not run split yet, naming it.
+    fn refuse_at_tensor_parallel(&self) -> Result<(), ConfigError> {
+        let t = self.tensor_parallel_size;
+        if t <= 1 {
+            return Ok(());
+        }
+        let refused = [
+            (self.device.is_cuda(), "--device cuda (CPU only)"),
+            (self.backend == Backend::Nccl, "--backend nccl (CPU only)"),
+            (self.resume.is_some(), "--resume"),
+            (self.save.is_some(), "--save (checkpoints)"),
+            (self.init_from.is_some(), "--init-from"),
+            (self.export_llmc.is_some(), "--export-llmc"),
+            (self.offload_optimizer, "--offload-optimizer"),
+            (!self.inject_fault.is_empty(), "--inject-fault"),
+            (self.fingerprint_every > 0, "--fingerprint-every"),
+        ];
+        match refused.iter().find(|(asked, _)| *asked) {
+            Some((_, what)) => Err(ConfigError::Invalid(format!(
+                "{what} does not run with --tensor-parallel-size {t} (`tensor_parallel_size` \
+                 in --config) yet: leave it out, or use --tensor-parallel-size 1"
+            ))),
+            None => Ok(()),
+        }
     }
 
     /// Every `--inject-fault` names a step the run takes, and those of launcher attempt
@@ -250,6 +325,7 @@ impl TrainConfig {
     }
 
     fn validate_engine(&self, model: &GptConfig) -> Result<(), ConfigError> {
+        self.validate_tensor_parallel(model)?;
         in_range(
             "reduce_bucket_size",
             self.reduce_bucket_size.0,

@@ -2,14 +2,16 @@
 //! the model's activations), and, for a cap too small, which stage and options would fit.
 
 use crate::bridge::{
-    activation_arena_bytes, gpt_units, kept_inputs, ActivationPlacement, GptPrograms,
+    activation_arena_bytes, gpt_units, kept_inputs, model_activation_arena_bytes,
+    ActivationPlacement, GptPrograms, TpPrograms,
 };
 use crate::cli::config::TrainConfig;
 use crate::error::TrainError;
 use zero::{
-    plan_memory, plan_traffic, EngineConfig, MemoryPlan, PlanShape, Precision, Traffic, ZeroStage,
+    plan_memory, plan_traffic, EngineConfig, MemoryPlan, PlanShape, Precision, Schedule, Traffic,
+    ZeroStage,
 };
-use zero_gpt::{GptConfig, ParamLayout};
+use zero_gpt::{CpuBackend, Gpt, GptConfig, ParamLayout, TpSplit};
 
 /// A training configuration as far as one rank's memory depends on it.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -23,8 +25,12 @@ pub struct MemoryQuery {
     /// Checkpointing and offload of the activations.
     pub placement: ActivationPlacement,
     /// Everything else the engine's plan depends on (its `activation_bytes` and
-    /// `kept_inputs` are filled in from the model's formulas).
+    /// `kept_inputs` are filled in from the model's formulas); its ranks are the
+    /// data-parallel ones, which the engine runs over.
     pub shape: PlanShape,
+    /// Ranks per tensor-parallel group, T (1: the blocks whole): the plan is then one
+    /// rank's, of its split layout ([`ParamLayout::split`]), programs and activations.
+    pub tensor_parallel: usize,
 }
 
 impl MemoryQuery {
@@ -44,6 +50,7 @@ impl MemoryQuery {
             seq_len: cfg.seq_len,
             placement,
             shape,
+            tensor_parallel: cfg.tensor_parallel_size,
         }
     }
 
@@ -62,18 +69,47 @@ impl MemoryQuery {
     /// A batch shape the model refuses, or a plan error (zero ranks, overflow).
     pub fn plan(&self) -> Result<MemoryPlan, TrainError> {
         let (m, b, t, placed) = (&self.model, self.micro_batch, self.seq_len, self.placement);
-        let layout = ParamLayout::new(&self.model);
-        let programs = GptPrograms::new(&layout, self.placement.checkpoint_every)?;
+        let layout = self.layout();
+        let activation_bytes = match self.tensor_parallel {
+            0 | 1 => activation_arena_bytes(m, b, t, placed)?,
+            tp => {
+                let split = TpSplit { size: tp, rank: 0 };
+                let model = Gpt::with_tensor_parallel(*m, CpuBackend, split)?;
+                model_activation_arena_bytes(&model, b, t, placed)?
+            }
+        };
         let shape = PlanShape {
-            activation_bytes: activation_arena_bytes(m, b, t, placed)?,
+            activation_bytes,
             kept_inputs: kept_inputs(m, b, t, placed)?,
             ..self.shape
         };
+        let [train, forward] = self.schedules(&layout)?;
         Ok(plan_memory(
             &gpt_units(&layout),
-            &programs.schedules(),
+            &[&train, &forward],
             shape,
         )?)
+    }
+
+    /// One rank's layout: the model's, split over T ranks at T > 1 (every rank of a group
+    /// holds as many parameters).
+    pub fn layout(&self) -> ParamLayout {
+        match self.tensor_parallel {
+            0 | 1 => ParamLayout::new(&self.model),
+            tp => ParamLayout::split(&self.model, tp),
+        }
+    }
+
+    /// The training and forward programs' calls of `layout`, as the engine is declared them.
+    fn schedules(&self, layout: &ParamLayout) -> Result<[Schedule; 2], TrainError> {
+        let every = self.placement.checkpoint_every;
+        Ok(if layout.tensor_parallel() > 1 {
+            let p = TpPrograms::new(layout, every)?;
+            [p.train.schedule().clone(), p.forward.schedule().clone()]
+        } else {
+            let p = GptPrograms::new(layout, every)?;
+            [p.train.schedule().clone(), p.forward.schedule().clone()]
+        })
     }
 
     /// Elements each rank hands to collectives over one optimizer step of `micro_steps`
@@ -83,11 +119,11 @@ impl MemoryQuery {
     /// # Errors
     /// A plan error (zero ranks, overflow).
     pub fn traffic(&self, micro_steps: u64) -> Result<Traffic, TrainError> {
-        let layout = ParamLayout::new(&self.model);
-        let programs = GptPrograms::new(&layout, self.placement.checkpoint_every)?;
+        let layout = self.layout();
+        let [train, _] = self.schedules(&layout)?;
         Ok(plan_traffic(
             &gpt_units(&layout),
-            programs.train.schedule(),
+            &train,
             self.shape,
             micro_steps,
         )?)

@@ -39,8 +39,10 @@ pub fn stage_plans(cfg: &TrainConfig) -> Result<(GptConfig, Vec<StagePlan>), Tra
     let model = cfg.validate()?;
     // A launched run's --world-size is the plan's statement of the launcher's ranks.
     cfg.validate_world()?;
-    let psi = ParamLayout::new(&model).num_params() as u64;
-    let query = MemoryQuery::for_flags(cfg, model, cfg.world_size);
+    // Engines run over the data-parallel ranks, each on its rank's part of a split model.
+    let ranks = cfg.data_parallel_size();
+    let query = MemoryQuery::for_flags(cfg, model, ranks);
+    let psi = query.layout().num_params() as u64;
     let every = cfg.activation_placement().checkpoint_every;
     let micro_steps = cfg.grad_accum_steps() as u64;
     let plans = ZeroStage::ALL
@@ -48,7 +50,7 @@ pub fn stage_plans(cfg: &TrainConfig) -> Result<(GptConfig, Vec<StagePlan>), Tra
         .map(|stage| {
             let plan = query.with(stage, every).plan()?;
             let precision = query.shape.precision;
-            let formula = expected_model_state_bytes(psi, cfg.world_size, stage, precision);
+            let formula = expected_model_state_bytes(psi, ranks, stage, precision);
             Ok(StagePlan {
                 stage,
                 plan,
@@ -129,7 +131,7 @@ fn link_table(cfg: &TrainConfig, plans: &[StagePlan], rate: LinkRate) -> String 
         cfg.grad_accum_steps(),
     );
     for p in plans {
-        let (sent, received) = p.traffic.ring_bytes(cfg.world_size, dtype);
+        let (sent, received) = p.traffic.ring_bytes(cfg.data_parallel_size(), dtype);
         let mark = if p.stage == cfg.zero_stage {
             " <- asked"
         } else {
@@ -158,14 +160,21 @@ fn heading(cfg: &TrainConfig, m: &GptConfig) -> String {
     } else {
         "optimizer on the device"
     };
+    let tp = match cfg.tensor_parallel_size {
+        1 => String::new(),
+        t => format!(
+            " ({} data-parallel x {t} tensor-parallel; the plan is one rank's)",
+            cfg.data_parallel_size()
+        ),
+    };
     let backend = if cfg.backend == Backend::Local {
         ""
     } else {
         " (the launcher's ranks: give --world-size)"
     };
     format!(
-        "zero-train plan: L {}, C {}, NH {}, V {}: {:.2}M parameters | {} ranks{backend} | {} | \
-         micro-batch {} x {} | {checkpointing} | {optimizer}\n",
+        "zero-train plan: L {}, C {}, NH {}, V {}: {:.2}M parameters | {} ranks{backend}{tp} | \
+         {} | micro-batch {} x {} | {checkpointing} | {optimizer}\n",
         m.num_layers,
         m.channels,
         m.num_heads,

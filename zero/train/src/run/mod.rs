@@ -32,7 +32,7 @@ use crate::run::trainer::Trainer;
 use std::sync::Arc;
 use zero::EngineOps;
 use zero_comm::Communicator;
-use zero_gpt::{Gpt, GptConfig};
+use zero_gpt::{CpuBackend, Gpt, GptConfig, TpSplit};
 
 /// What a finished run hands back.
 #[derive(Debug, Clone, PartialEq)]
@@ -108,19 +108,55 @@ fn rank_main(
         LlmcStreamWriter::check_destination(path)?;
     }
     match device {
+        RankDevice::Cpu if shared.cfg.tensor_parallel_size > 1 => {
+            let (group, split) = TpGroup::new(&comm, shared.cfg.tensor_parallel_size)?;
+            let model = Gpt::with_tensor_parallel(shared.model, CpuBackend, split)?;
+            let (dp, tp) = (group.dp, Some(group.tp));
+            run_loop(
+                shared,
+                Trainer::new(shared, dp, tp, model, EngineOps::host())?,
+            )
+        }
         RankDevice::Cpu => {
             let model = Gpt::new(shared.model)?;
             run_loop(
                 shared,
-                Trainer::new(shared, comm, model, EngineOps::host())?,
+                Trainer::new(shared, comm, None, model, EngineOps::host())?,
             )
         }
         #[cfg(feature = "cuda")]
         RankDevice::Cuda(rank) => {
             let (backend, ops) = rank.into_parts()?;
             let model = Gpt::with_backend(shared.model, backend)?;
-            run_loop(shared, Trainer::new(shared, comm, model, ops)?)
+            run_loop(shared, Trainer::new(shared, comm, None, model, ops)?)
         }
+    }
+}
+
+/// A rank's two groups under tensor parallelism (`--tensor-parallel-size` T): its
+/// data-parallel group, which its engine runs ZeRO over, and its tensor-parallel group.
+struct TpGroup {
+    dp: Communicator,
+    tp: Communicator,
+}
+
+impl TpGroup {
+    /// This world rank's groups (zero's [`Grid`](zero::tensor_parallel::Grid): world rank
+    /// `dp_index * T + tp_rank`) and its place in its tensor-parallel group. Every rank of
+    /// `world` calls it.
+    fn new(world: &Communicator, t: usize) -> Result<(Self, TpSplit), TrainError> {
+        let grid = zero::tensor_parallel::Grid::new(world, t)?;
+        let split = TpSplit {
+            size: t,
+            rank: grid.tp.rank(),
+        };
+        Ok((
+            Self {
+                dp: grid.dp,
+                tp: grid.tp,
+            },
+            split,
+        ))
     }
 }
 

@@ -10,7 +10,7 @@ mod engine_setup;
 mod faults;
 mod saving;
 
-use crate::bridge::{arena_activations, eval_loss, train_program, GptPrograms, Placement};
+use crate::bridge::{arena_activations, eval_loss, Placement, TrainStep};
 use crate::checkpoint::init::load_init;
 use crate::checkpoint::resume::load_state;
 use crate::data::{DataLoader, LoaderConfig};
@@ -21,9 +21,9 @@ use crate::run::{RankOutput, Shared};
 use engine_setup::build_engine;
 use std::time::Instant;
 use zero::optim::CosineSchedule;
-use zero::{expected_model_state_bytes, Engine, EngineOps, Precision, Program, Traffic, ZeroStage};
+use zero::{expected_model_state_bytes, Engine, EngineOps, Precision, Traffic, ZeroStage};
 use zero_comm::{Communicator, ReduceOp};
-use zero_gpt::{Activations, CpuBackend, Gpt, GptOp};
+use zero_gpt::{Activations, CpuBackend, Gpt, ParamLayout};
 use zero_state::PendingSave;
 
 /// One rank's model, engine, data and running totals, the model's kernels on backend `B`.
@@ -38,7 +38,7 @@ pub(crate) struct Trainer<'a, B: Placement = CpuBackend> {
     /// Activations of one micro-batch, (B, T).
     acts: Activations<B>,
     /// The training micro-step the engine was declared, built once.
-    train: Program<GptOp>,
+    train: TrainStep,
     /// Input and target tokens of one micro-batch, (B, T).
     x: Vec<u32>,
     y: Vec<u32>,
@@ -141,8 +141,10 @@ fn resume(
 }
 
 impl<'a, B: Placement> Trainer<'a, B> {
-    /// Builds rank `comm.rank()`'s engine on `ops` and its data loader for `model`, and loads
-    /// `--init-from` and `--resume` when given.
+    /// Builds this rank's engine on `ops` over its data-parallel group `comm` (beside its
+    /// tensor-parallel group `tp`, when `model` is split over one) and its data loader for
+    /// `model`, and loads `--init-from` and `--resume` when given. The data-parallel rank
+    /// picks the batches, so the ranks of a tensor-parallel group read the same ones.
     ///
     /// # Errors
     /// Model, engine, data or checkpoint errors; [`TrainError::Resume`] when the resumed
@@ -150,19 +152,28 @@ impl<'a, B: Placement> Trainer<'a, B> {
     pub(crate) fn new(
         shared: &'a Shared<'a>,
         comm: Communicator,
+        tp: Option<Communicator>,
         model: Gpt<B>,
         ops: EngineOps,
     ) -> Result<Self, TrainError> {
         let cfg = shared.cfg;
-        let (rank, world) = (comm.rank(), comm.size());
+        let (dp_rank, world) = (comm.rank(), comm.size());
+        // The world rank: r = dp_index * T + tp_rank (zero::tensor_parallel::Grid).
+        let rank = match &tp {
+            Some(tp) => dp_rank * tp.size() + tp.rank(),
+            None => dp_rank,
+        };
         let mut engine = build_engine(shared, comm, &model, ops)?;
+        if let Some(tp) = tp {
+            engine = engine.with_tensor_parallel(tp);
+        }
         let (b, t) = (cfg.micro_batch_size, cfg.seq_len);
         // First in the arena after the model states, so these pinned blocks leave no hole.
         let acts = arena_activations(&mut engine, &model, b, t, cfg.activation_placement())?;
         let loader_config = LoaderConfig {
             micro_batch: b,
             seq_len: t,
-            rank,
+            rank: dp_rank,
             world_size: world,
             grad_accum_steps: cfg.grad_accum_steps(),
             seed: cfg.seed,
@@ -186,8 +197,12 @@ impl<'a, B: Placement> Trainer<'a, B> {
         };
         schedule.validate()?;
         let params = model.layout().num_params();
-        let out = RankOutput::new(&engine, acts.bytes(), params, cfg.precision.into())?;
-        let train = GptPrograms::new(model.layout(), acts.checkpoint_every())?.train;
+        let mut out = RankOutput::new(&engine, acts.bytes(), params, cfg.precision.into())?;
+        // Split over a tensor-parallel group, the rank holds a part of the model: the run
+        // reports the whole model's parameters, each rank under its world rank.
+        out.num_params = ParamLayout::new(&shared.model).num_params();
+        out.report.rank = rank;
+        let train = TrainStep::new(model.layout(), acts.checkpoint_every())?;
         Ok(Self {
             acts,
             train,
@@ -234,9 +249,8 @@ impl<'a, B: Placement> Trainer<'a, B> {
             self.loader.next_micro_batch(&mut self.x, &mut self.y)?;
             local += match std::mem::take(&mut self.diverge) {
                 true => self.diverged_micro_step()?,
-                false => train_program(
+                false => self.train.run(
                     &mut self.engine,
-                    &self.train,
                     &self.model,
                     &mut self.acts,
                     &self.x,

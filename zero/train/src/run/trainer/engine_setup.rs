@@ -1,7 +1,7 @@
 //! The rank's engine as the run's flags configure it, and the start-up refusal of a plan above
 //! the memory cap, or above the machine's available memory when no cap is given.
 
-use crate::bridge::{activation_arena_bytes, gpt_engine_on, kept_inputs, Placement};
+use crate::bridge::{gpt_engine_on, kept_inputs, model_activation_arena_bytes, Placement};
 use crate::cli::config::{Backend, Device};
 use crate::error::TrainError;
 use crate::plan::memory_fit::{launcher_local_size, MemoryQuery};
@@ -9,9 +9,10 @@ use crate::run::Shared;
 use zero::{Engine, EngineOps};
 use zero_alloc::host_available_bytes;
 use zero_comm::Communicator;
-use zero_gpt::{init_unit, Gpt};
+use zero_gpt::{init_split_unit, Gpt};
 
-/// The engine over `comm` with the GPT's units on `ops`, initialised from `cfg.seed`.
+/// The engine over `comm` with the GPT's units on `ops` (this rank's, split over a
+/// tensor-parallel group), initialised from `cfg.seed`.
 pub(super) fn build_engine<B: Placement>(
     shared: &Shared<'_>,
     comm: Communicator,
@@ -25,7 +26,7 @@ pub(super) fn build_engine<B: Placement>(
         cfg.activation_placement()
             .with_scratch_of(model.backend(), &shared.model, b, t)?;
     let engine_config = cfg.engine_config(
-        activation_arena_bytes(&shared.model, b, t, placement)?,
+        model_activation_arena_bytes(model, b, t, placement)?,
         kept_inputs(&shared.model, b, t, placement)?,
     );
     engine_config.adam.validate()?;
@@ -50,7 +51,7 @@ pub(super) fn build_engine<B: Placement>(
             refuse_above_the_budget(&query, host_counts, ranks, budget)?;
         }
     }
-    let (gcfg, layout) = (shared.model, model.layout());
+    let (gcfg, layout, split) = (shared.model, model.layout(), model.tensor_parallel());
     let mut init_err = None;
     let engine = gpt_engine_on(
         comm,
@@ -59,7 +60,8 @@ pub(super) fn build_engine<B: Placement>(
         engine_config,
         ops,
         |unit, w| {
-            if let Err(e) = init_unit(&gcfg, layout, unit, cfg.seed, w) {
+            // Whole units made as at T = 1 and sliced: every T starts from the same model.
+            if let Err(e) = init_split_unit(&gcfg, layout, split, unit, cfg.seed, w) {
                 init_err.get_or_insert(e);
             }
         },

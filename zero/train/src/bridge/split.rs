@@ -1,0 +1,223 @@
+//! The GPT split over a tensor-parallel group (Megatron's way, zero-gpt's
+//! [`Gpt::with_tensor_parallel`]) driven through the ZeRO engine on the data-parallel group:
+//! its passes declared as programs of zero-gpt's split calls ([`zero_gpt::tp_train_ops`]),
+//! the group's sums among them as operations of their own ([`TpOp::AllReduce`]), which
+//! [`TpPass`] runs on the tensor-parallel communicator the engine was told
+//! ([`zero::OpUnits::tensor_parallel`]), in place on the buffer [`Gpt::tp_partial`] hands
+//! out.
+//!
+//! The embedding, the tied LM head and the final LayerNorm stay whole on every rank of the
+//! group (the vocabulary is not split): each rank computes them alike, so their gradients,
+//! like those of each block's replicated unit, are the same on every rank of the group; only
+//! the block slices differ ([`UnitSpec::tp_sharded`](zero::UnitSpec)).
+//!
+//! Legend: L layers, T the tensor-parallel size.
+
+use super::{Placement, StepError};
+use zero::{Engine, Model, Op, OpUnits, Program};
+use zero_gpt::{tp_train_ops, Activations, BlockPart, Gpt, GptError, ParamLayout, TpOp};
+
+/// The programs of a rank of a tensor-parallel group whose layout is `layout`
+/// ([`ParamLayout::split`]), checkpointing every `every` blocks or none: its training
+/// micro-step and its forward pass (evaluation, sampling).
+#[derive(Debug, Clone)]
+pub struct TpPrograms {
+    /// One training micro-step.
+    pub train: Program<TpOp>,
+    /// One forward pass, no gradients.
+    pub forward: Program<TpOp>,
+}
+
+impl TpPrograms {
+    /// The programs of `layout` with checkpointing every `every` blocks or none.
+    ///
+    /// # Errors
+    /// A layout whose units do not match its layers (a broken invariant).
+    pub fn new(layout: &ParamLayout, every: Option<usize>) -> Result<Self, zero::Error> {
+        let layers = layout.num_layers();
+        Ok(Self {
+            train: tp_program(layout, tp_train_ops(layers, every, false), every)?,
+            // A forward pass keeps nothing: nothing is recomputed after it.
+            forward: tp_program(layout, tp_forward_ops(layers), None)?,
+        })
+    }
+}
+
+/// The forward pass of a split model of `layers` layers: the training micro-step's ops up
+/// to the head's forward, without checkpointing.
+#[must_use]
+pub fn tp_forward_ops(layers: usize) -> Vec<TpOp> {
+    let mut ops = tp_train_ops(layers, None, false);
+    let head = ops.iter().position(|op| *op == TpOp::Head);
+    ops.truncate(head.map_or(ops.len(), |h| h + 1));
+    ops
+}
+
+/// The program of `ops` on a rank laid out as `layout`, checkpointing every `every` blocks or
+/// none: each op with the units it reads and writes ([`TpOp::reads`], [`TpOp::writes`]) and
+/// the segment input it keeps or restores.
+///
+/// # Errors
+/// A call naming a unit the layout does not have; kept inputs out of order.
+pub fn tp_program(
+    layout: &ParamLayout,
+    ops: Vec<TpOp>,
+    every: Option<usize>,
+) -> Result<Program<TpOp>, zero::Error> {
+    let layers = layout.num_layers();
+    let ops = ops
+        .into_iter()
+        .map(|op| {
+            let mut declared = Op::new(op)
+                .reads(op.reads(layout))
+                .writes(op.writes(layout));
+            declared.keeps = op.keeps(layers, every);
+            declared.restores = op.restores(layers, every);
+            declared
+        })
+        .collect();
+    Program::new(ops, layout.units().len()).map_err(zero::Error::BadProgram)
+}
+
+/// One pass of a split GPT on one batch, as the engine runs it: each [`TpOp`] is the model
+/// call of the same name on the units the engine hands it, or the group's sum.
+pub(super) struct TpPass<'m, B: Placement> {
+    pub(super) model: &'m Gpt<B>,
+    pub(super) acts: &'m mut Activations<B>,
+    pub(super) tokens: &'m [u32],
+    pub(super) targets: Option<&'m [u32]>,
+    /// The head's mean loss (with targets).
+    pub(super) loss: Option<f32>,
+}
+
+impl<B: Placement> TpPass<'_, B> {
+    /// A part of block `layer`'s forward (or recompute): the kept input restored before a
+    /// recomputed segment's first block, kept after a checkpointed segment's first block.
+    fn block_part(
+        &mut self,
+        layer: usize,
+        part: BlockPart,
+        units: &mut OpUnits<'_>,
+    ) -> Result<(), StepError> {
+        let (model, acts) = (self.model, &mut *self.acts);
+        match part {
+            BlockPart::Attention => {
+                if units.restores().is_some() {
+                    model.restore_input(acts, layer, B::restored(units)?)?;
+                }
+                let (slice, replicated) = block_params::<B>(units, layer)?;
+                model.tp_attention_forward(acts, layer, slice, replicated)?;
+            }
+            BlockPart::Mlp => {
+                let (slice, replicated) = block_params::<B>(units, layer)?;
+                model.tp_mlp_forward(acts, layer, slice, replicated)?;
+            }
+            BlockPart::Output => {
+                model.tp_block_output(acts, layer)?;
+                if units.keeps().is_some() {
+                    model.keep_input(acts, layer, B::kept_mut(units)?)?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// A backward call of block `layer`: `op` is [`TpOp::MlpBackward`],
+    /// [`TpOp::AttentionBackward`] or [`TpOp::BlockInputGrad`].
+    fn block_backward(&mut self, op: TpOp, units: &mut OpUnits<'_>) -> Result<(), StepError> {
+        let (model, acts) = (self.model, &mut *self.acts);
+        let (p, mut g) = B::views(units)?;
+        match (op, g.as_mut_slice()) {
+            (TpOp::MlpBackward(l), [slice, replicated]) => {
+                model.tp_mlp_backward(acts, l, [p[0], p[1]], slice, replicated)?;
+            }
+            (TpOp::AttentionBackward(l), [slice, replicated]) => {
+                model.tp_attention_backward(acts, l, [p[0], p[1]], slice, replicated)?;
+            }
+            (TpOp::BlockInputGrad(l), [replicated]) => {
+                model.tp_block_input_grad(acts, l, p[0], replicated)?;
+            }
+            _ => return Err(unsupported(op).into()),
+        }
+        Ok(())
+    }
+}
+
+impl<B: Placement> Model for TpPass<'_, B> {
+    type Op = TpOp;
+    type Error = StepError;
+
+    fn run(&mut self, op: &TpOp, units: &mut OpUnits<'_>) -> Result<(), StepError> {
+        let model = self.model;
+        let last = model.layout().final_norm_unit();
+        match *op {
+            TpOp::Embed => model.embed_forward(self.acts, B::params(units, 0)?, self.tokens)?,
+            TpOp::Block(l, part) | TpOp::Recompute(l, part) => self.block_part(l, part, units)?,
+            TpOp::AllReduce => B::tp_all_reduce(units, model.tp_partial(self.acts)?)?,
+            TpOp::Head => {
+                let (wf, wte) = (B::params(units, last)?, B::params(units, 0)?);
+                self.loss = model.head_forward(self.acts, wf, wte, self.targets)?;
+            }
+            TpOp::HeadBackward => {
+                let (p, mut g) = B::views(units)?;
+                let [final_grad, embed_grad] = g.as_mut_slice() else {
+                    return Err(unsupported(*op).into());
+                };
+                model.head_backward(self.acts, p[0], p[1], final_grad, embed_grad)?;
+            }
+            TpOp::MlpBackward(_) | TpOp::AttentionBackward(_) | TpOp::BlockInputGrad(_) => {
+                self.block_backward(*op, units)?;
+            }
+            TpOp::EmbedBackward => model.embed_backward(self.acts, B::views(units)?.1[0])?,
+            _ => return Err(unsupported(*op).into()),
+        }
+        Ok(())
+    }
+}
+
+/// Block `layer`'s parameters, (slice, replicated), as the running op reads them.
+fn block_params<'u, B: Placement>(
+    units: &'u OpUnits<'_>,
+    layer: usize,
+) -> Result<(&'u B::Slice, &'u B::Slice), zero::Error> {
+    let slice = B::params(units, ParamLayout::slice_unit(layer))?;
+    Ok((
+        slice,
+        B::params(units, ParamLayout::replicated_unit(layer))?,
+    ))
+}
+
+/// An op the trainer's split programs do not declare (the vocabulary-parallel ones), or
+/// declared with other units than the bridge runs it on: a broken invariant, refused.
+fn unsupported(op: TpOp) -> GptError {
+    GptError::OutOfOrder {
+        call: "TpPass::run",
+        reason: format!("{op:?} is not an operation of the trainer's split programs"),
+    }
+}
+
+/// One training micro-step of a split model on this rank's (B, T) batch (the same batch on
+/// every rank of its tensor-parallel group): forward and backward with the group's sums,
+/// and the reductions of every unit's gradient over the data-parallel group. Returns the
+/// mean loss (the same on every rank of the group).
+///
+/// # Errors
+/// As [`micro_step`](super::micro_step); an engine told no tensor-parallel group.
+pub fn tp_train_program<B: Placement>(
+    engine: &mut Engine,
+    program: &Program<TpOp>,
+    model: &Gpt<B>,
+    acts: &mut Activations<B>,
+    tokens: &[u32],
+    targets: &[u32],
+) -> Result<f32, StepError> {
+    let mut pass = TpPass {
+        model,
+        acts,
+        tokens,
+        targets: Some(targets),
+        loss: None,
+    };
+    engine.micro_step(program, &mut pass)?;
+    Ok(pass.loss.unwrap_or(f32::NAN))
+}
