@@ -137,22 +137,35 @@ done >"$work/corpus.txt"
 "$zt" prepare --text "$work/corpus.txt" --out "$work/data" >/dev/null
 args=(--data "$work/data" --layers 2 --heads 2 --dim 64 --seq-len 64 --steps 4
   --batch-size 4 --micro-batch-size 2 --sample-tokens 0 --eval-every 0)
+# Trains NAME with FLAGS on NP ranks, local threads then mpirun; the losses must be equal.
+same_as_local() { # NAME NP FLAGS...
+  local name=$1 np=$2 file=${1//[^a-zA-Z0-9]/_}
+  shift 2
+  timeout 300 "$zt" "$@" --backend local --world-size "$np" \
+    --metrics "$work/local-$file.jsonl" >"$work/log" 2>&1 || { cat "$work/log"; exit 1; }
+  timeout 300 mpirun "${mpirun_flags[@]}" -np "$np" "$zt" "$@" --backend mpi \
+    --metrics "$work/mpi-$file.jsonl" >"$work/log" 2>&1 || { cat "$work/log"; exit 1; }
+  local local_losses mpi_losses
+  local_losses=$(grep -o '"loss":[^,]*' "$work/local-$file.jsonl")
+  mpi_losses=$(grep -o '"loss":[^,]*' "$work/mpi-$file.jsonl")
+  if [[ -z "$local_losses" || "$local_losses" != "$mpi_losses" ]]; then
+    echo "zero-train $name: MPI losses differ from local" >&2
+    diff <(echo "$local_losses") <(echo "$mpi_losses") >&2 || true
+    exit 1
+  fi
+  echo "$name: $(echo "$mpi_losses" | wc -l) losses equal to the bit"
+}
 for precision in fp32 bf16; do
   for stage in 0 1 2 3; do
-    run=("${args[@]}" --precision "$precision" --zero-stage "$stage")
-    timeout 300 "$zt" "${run[@]}" --backend local --world-size 2 \
-      --metrics "$work/local-$precision-$stage.jsonl" >"$work/log" 2>&1 || { cat "$work/log"; exit 1; }
-    timeout 300 mpirun "${mpirun_flags[@]}" -np 2 "$zt" "${run[@]}" --backend mpi \
-      --metrics "$work/mpi-$precision-$stage.jsonl" >"$work/log" 2>&1 || { cat "$work/log"; exit 1; }
-    local_losses=$(grep -o '"loss":[^,]*' "$work/local-$precision-$stage.jsonl")
-    mpi_losses=$(grep -o '"loss":[^,]*' "$work/mpi-$precision-$stage.jsonl")
-    if [[ -z "$local_losses" || "$local_losses" != "$mpi_losses" ]]; then
-      echo "zero-train $precision stage $stage: MPI losses differ from local" >&2
-      diff <(echo "$local_losses") <(echo "$mpi_losses") >&2 || true
-      exit 1
-    fi
-    echo "$precision stage $stage: $(echo "$mpi_losses" | wc -l) losses equal to the bit"
+    same_as_local "$precision stage $stage" 2 "${args[@]}" --precision "$precision" \
+      --zero-stage "$stage"
   done
+done
+# Tensor parallelism: 4 ranks in 2 groups of 2 (T x DP = 2 x 2).
+echo "== zero-train --backend mpi --tensor-parallel-size 2 (mpirun -np 4) against local"
+for stage in 0 3; do
+  same_as_local "fp32 stage $stage, T = 2" 4 "${args[@]}" --zero-stage "$stage" \
+    --tensor-parallel-size 2
 done
 
 # --- injected faults over MPI: each named (docs/faults.md) -----------------------------------
