@@ -9,8 +9,10 @@
 #[allow(dead_code)]
 mod model;
 
-use model::{init, micro_batch, Mlp, Shape};
-use zero::{chrome_trace, Engine, EngineConfig, Lane, Trace, ZeroStage, SHARD_ALIGN_ELEMS};
+use model::{init, micro_batch, Mlp, MlpOp, Shape};
+use zero::{
+    chrome_trace, Engine, EngineConfig, Lane, Program, Trace, ZeroStage, SHARD_ALIGN_ELEMS,
+};
 
 const SHAPE: Shape = Shape {
     inputs: 6,
@@ -21,6 +23,28 @@ const SHAPE: Shape = Shape {
 };
 const EVERY: Option<usize> = Some(1);
 
+/// Rank `comm`'s timeline of one micro-step of `train` (checkpointing every `every` blocks
+/// or none) and one optimizer step, under `config`.
+fn trace_one_step(
+    comm: zero_comm::Communicator,
+    train: &Program<MlpOp>,
+    every: Option<usize>,
+    config: EngineConfig,
+) -> Trace {
+    let rank = comm.rank();
+    let mut e = Engine::new(comm, SHAPE.units(), &[train.schedule()], config, |u, w| {
+        init(&SHAPE, u, w)
+    })
+    .unwrap();
+    let mut mlp = Mlp::new(SHAPE, every, vec![], vec![]);
+    let (x, y) = micro_batch(&SHAPE, 0, rank, 0);
+    mlp.set_batch(x, y);
+    e.start_trace();
+    e.micro_step(train, &mut mlp).unwrap();
+    e.step(1e-3).unwrap();
+    e.take_trace().unwrap()
+}
+
 fn traced_step() -> (Trace, Vec<String>, Vec<(usize, usize)>) {
     let comm = zero_comm::local::create(1).unwrap().remove(0);
     let train = SHAPE.train_program(EVERY);
@@ -29,17 +53,7 @@ fn traced_step() -> (Trace, Vec<String>, Vec<(usize, usize)>) {
         kept_inputs: SHAPE.kept_inputs(true),
         ..EngineConfig::default()
     };
-    let mut e = Engine::new(comm, SHAPE.units(), &[train.schedule()], config, |u, w| {
-        init(&SHAPE, u, w)
-    })
-    .unwrap();
-    let mut mlp = Mlp::new(SHAPE, EVERY, vec![], vec![]);
-    let (x, y) = micro_batch(&SHAPE, 0, 0, 0);
-    mlp.set_batch(x, y);
-    e.start_trace();
-    e.micro_step(&train, &mut mlp).unwrap();
-    e.step(1e-3).unwrap();
-    let trace = e.take_trace().unwrap();
+    let trace = trace_one_step(comm, &train, EVERY, config);
     let names = train
         .ops()
         .iter()
@@ -144,21 +158,7 @@ fn traced_stage3_on_two_ranks() -> (Trace, Vec<zero::Op<model::MlpOp>>) {
             .into_iter()
             .map(|comm| {
                 let train = &train;
-                s.spawn(move || {
-                    let rank = comm.rank();
-                    let mut e =
-                        Engine::new(comm, SHAPE.units(), &[train.schedule()], config, |u, w| {
-                            init(&SHAPE, u, w)
-                        })
-                        .unwrap();
-                    let mut mlp = Mlp::new(SHAPE, None, vec![], vec![]);
-                    let (x, y) = micro_batch(&SHAPE, 0, rank, 0);
-                    mlp.set_batch(x, y);
-                    e.start_trace();
-                    e.micro_step(train, &mut mlp).unwrap();
-                    e.step(1e-3).unwrap();
-                    e.take_trace().unwrap()
-                })
+                s.spawn(move || trace_one_step(comm, train, None, config))
             })
             .collect();
         runs.into_iter().map(|r| r.join().unwrap()).collect()
@@ -215,7 +215,8 @@ fn each_reduction_once_and_each_prefetch_landed_before_its_unit_is_read() {
 }
 
 /// With the optimizer offloaded: the step's span holds one update span per unit, in unit
-/// order, each followed by its parameters' all-gather, and the host arena's bytes are sampled beside the arena's.
+/// order, each followed by its parameters' all-gather, and the host arena's bytes are
+/// sampled beside the arena's.
 #[test]
 fn an_offloaded_step_holds_each_unit_s_update_and_samples_the_host_arena() {
     let comm = zero_comm::local::create(1).unwrap().remove(0);
@@ -225,17 +226,7 @@ fn an_offloaded_step_holds_each_unit_s_update_and_samples_the_host_arena() {
         offload_optimizer: true,
         ..EngineConfig::default()
     };
-    let mut e = Engine::new(comm, SHAPE.units(), &[train.schedule()], config, |u, w| {
-        init(&SHAPE, u, w)
-    })
-    .unwrap();
-    let mut mlp = Mlp::new(SHAPE, None, vec![], vec![]);
-    let (x, y) = micro_batch(&SHAPE, 0, 0, 0);
-    mlp.set_batch(x, y);
-    e.start_trace();
-    e.micro_step(&train, &mut mlp).unwrap();
-    e.step(1e-3).unwrap();
-    let trace = e.take_trace().unwrap();
+    let trace = trace_one_step(comm, &train, None, config);
     let optimizer: Vec<_> = trace
         .spans
         .iter()
