@@ -233,6 +233,19 @@ fn a_cap_at_the_plan_trains_and_a_cap_below_names_what_fits() {
         same_memory.contains("nothing fits") && same_memory.ends_with("remedy"),
         "{same_memory}"
     );
+    // Under tensor parallelism offloading is refused, so it is no option either: below the
+    // split model's leanest checkpointed plan nothing fits.
+    let split = MemoryQuery {
+        tensor_parallel: 2,
+        ..query
+    };
+    let split_leanest = ZeroStage::ALL
+        .map(|s| split.with(s, Some(1)).plan().unwrap().total())
+        .into_iter()
+        .min()
+        .unwrap();
+    let split_hint = split.what_fits(split_leanest - 1);
+    assert!(split_hint.starts_with("nothing fits"), "{split_hint}");
     // The engine refuses a cap below its plan before allocating anything.
     let refused = Run {
         limit: Some(with_ckpt - 1),

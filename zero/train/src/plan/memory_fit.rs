@@ -170,7 +170,7 @@ impl MemoryQuery {
     /// [`MemoryQuery::what_fits`] for a `limit` that the offloaded optimizer's host arena
     /// draws on too when `host_counts` (a CPU run's machine memory), so offloading is then
     /// no option and an offloaded plan counts its host arena; saying `remedy` when nothing
-    /// fits.
+    /// fits. Offloading is no option under tensor parallelism either (refused there).
     pub fn what_fits_or(&self, limit: u64, remedy: &str, host_counts: bool) -> String {
         let (asked_every, asked_offload) = (
             self.placement.checkpoint_every,
@@ -180,7 +180,7 @@ impl MemoryQuery {
         if asked_every.is_none() {
             options.push((Some(1), asked_offload));
         }
-        if !asked_offload && !host_counts {
+        if !asked_offload && !host_counts && self.tensor_parallel == 1 {
             options.push((asked_every, true));
             if asked_every.is_none() {
                 options.push((Some(1), true));
