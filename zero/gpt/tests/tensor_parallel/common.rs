@@ -539,7 +539,8 @@ pub fn check_group(cfg: &GptConfig, t: usize, vocab: bool, perturbed: bool, step
         if perturbed { " perturbed" } else { "" }
     );
     for (rank, &l) in losses.iter().enumerate() {
-        let rel = (f64::from(l) - f64::from(loss)).abs() / f64::from(loss).abs();
+        // rel_diff: relative, or absolute where the whole loss is 0 (a one-token vocabulary).
+        let rel = rel_diff(&[l], &[loss]);
         if rank == 0 {
             println!("{case}: loss {l} (whole {loss}), relative difference {rel:e}");
         }
