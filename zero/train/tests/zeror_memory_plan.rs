@@ -233,19 +233,6 @@ fn a_cap_at_the_plan_trains_and_a_cap_below_names_what_fits() {
         same_memory.contains("nothing fits") && same_memory.ends_with("remedy"),
         "{same_memory}"
     );
-    // Under tensor parallelism offloading is refused, so it is no option either: below the
-    // split model's leanest checkpointed plan nothing fits.
-    let split = MemoryQuery {
-        tensor_parallel: 2,
-        ..query
-    };
-    let split_leanest = ZeroStage::ALL
-        .map(|s| split.with(s, Some(1)).plan().unwrap().total())
-        .into_iter()
-        .min()
-        .unwrap();
-    let split_hint = split.what_fits(split_leanest - 1);
-    assert!(split_hint.starts_with("nothing fits"), "{split_hint}");
     // The engine refuses a cap below its plan before allocating anything.
     let refused = Run {
         limit: Some(with_ckpt - 1),
@@ -255,6 +242,39 @@ fn a_cap_at_the_plan_trains_and_a_cap_below_names_what_fits() {
         Err(StepError::Engine(zero::Error::DoesNotFit { .. })) => {}
         other => panic!("expected DoesNotFit, got {:?}", other.err()),
     }
+}
+
+/// Under tensor parallelism offloading is refused, so a hint never names it: below the
+/// split model's leanest checkpointed plan nothing fits, where at T = 1 offloading would.
+#[test]
+fn a_cap_below_the_split_plan_names_no_offload() {
+    let query = |tensor_parallel| MemoryQuery {
+        model: config(),
+        micro_batch: B,
+        seq_len: T,
+        placement: placed(None, false),
+        shape: default_shape(2, ZeroStage::Zero0, Precision::Fp32),
+        tensor_parallel,
+    };
+    let split = query(2);
+    let leanest = ZeroStage::ALL
+        .map(|s| split.with(s, Some(1)).plan().unwrap().total())
+        .into_iter()
+        .min()
+        .unwrap();
+    let hint = split.what_fits(leanest - 1);
+    assert!(hint.starts_with("nothing fits"), "{hint}");
+    let whole = query(1);
+    let whole_leanest = ZeroStage::ALL
+        .map(|s| whole.with(s, Some(1)).plan().unwrap().total())
+        .into_iter()
+        .min()
+        .unwrap();
+    let whole_hint = whole.what_fits(whole_leanest - 1);
+    assert!(
+        whole_hint.contains("--offload-optimizer fits ("),
+        "{whole_hint}"
+    );
 }
 
 #[test]
