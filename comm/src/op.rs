@@ -35,6 +35,19 @@ impl OpKind {
         OpKind::Split,
     ];
 
+    /// The kind's position in [`OpKind::ALL`].
+    pub const fn index(self) -> usize {
+        match self {
+            OpKind::AllReduce => 0,
+            OpKind::ReduceScatter => 1,
+            OpKind::AllGather => 2,
+            OpKind::Broadcast => 3,
+            OpKind::Reduce => 4,
+            OpKind::Barrier => 5,
+            OpKind::Split => 6,
+        }
+    }
+
     /// The snake_case name used by `zero-bench` and in messages.
     pub const fn name(self) -> &'static str {
         match self {

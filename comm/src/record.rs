@@ -19,6 +19,16 @@ pub struct Stats {
     pub bytes_received: u64,
     /// Wall time spent inside collectives on this rank.
     pub time: Duration,
+    /// Collectives completed, by kind, indexed as [`OpKind::ALL`] lists them (read with
+    /// [`Stats::ops_of`]).
+    pub ops_by_kind: [u64; OpKind::ALL.len()],
+}
+
+impl Stats {
+    /// Collectives of `kind` completed (successfully or not).
+    pub fn ops_of(&self, kind: OpKind) -> u64 {
+        self.ops_by_kind[kind.index()]
+    }
 }
 
 /// Bytes one rank (`rank` of `size`) sends and receives for `desc` under the usual ring
@@ -128,6 +138,7 @@ impl Recorder {
     pub fn record(&mut self, desc: &OpDesc, size: usize, elapsed: Duration, ok: bool) {
         let (sent, received) = ring_bytes(desc, self.history.rank, size);
         self.stats.ops += 1;
+        self.stats.ops_by_kind[desc.kind.index()] += 1;
         self.stats.failed += u64::from(!ok);
         self.stats.bytes_sent += sent;
         self.stats.bytes_received += received;

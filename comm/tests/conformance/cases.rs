@@ -4,7 +4,7 @@
 //! have no avg: every case checks that it is refused instead.
 
 use half::{bf16, f16};
-use zero_comm::{Collective, CommError, Communicator, ReduceOp};
+use zero_comm::{Collective, CommError, Communicator, OpKind, ReduceOp};
 
 use super::data::{
     close, data, f64_rank_order, inputs, int_rank_order, rank_order, reference, rough, rough_f64,
@@ -20,6 +20,7 @@ pub const CASES: &[(&str, Case)] = &[
     ("broadcast", case_broadcast),
     ("reduce", case_reduce),
     ("barrier", case_barrier),
+    ("counts_by_kind", case_counts_by_kind),
     ("split_grid", case_split_grid),
     ("split_key_order", case_split_key_order),
     ("async_in_issue_order", case_async_in_issue_order),
@@ -256,6 +257,42 @@ pub fn case_barrier(c: &Communicator) -> Result {
         "5 barriers counted as {} ops",
         after.ops - before.ops
     );
+    Ok(())
+}
+
+/// Each kind of collective is counted under its own kind, and the counts add up to `ops`.
+pub fn case_counts_by_kind(c: &Communicator) -> Result {
+    let before = c.stats();
+    let n = c.size();
+    let mut x = vec![1.0f32; 2 * n];
+    for _ in 0..3 {
+        c.all_reduce_in_place(&mut x, ReduceOp::Sum)?;
+    }
+    let mut whole = vec![0.0f32; 2 * n];
+    c.all_gather(&x[..2], &mut whole)?;
+    c.all_gather(&x[..2], &mut whole)?;
+    let mut part = vec![0.0f32; 2];
+    c.reduce_scatter(&x, &mut part, ReduceOp::Sum)?;
+    c.barrier()?;
+    let after = c.stats();
+    let delta = |k: OpKind| after.ops_of(k) - before.ops_of(k);
+    let want = [
+        (OpKind::AllReduce, 3),
+        (OpKind::AllGather, 2),
+        (OpKind::ReduceScatter, 1),
+        (OpKind::Barrier, 1),
+        (OpKind::Broadcast, 0),
+        (OpKind::Reduce, 0),
+    ];
+    for (kind, count) in want {
+        ensure!(
+            delta(kind) == count,
+            "{kind}: counted {}, issued {count}",
+            delta(kind)
+        );
+    }
+    let by_kind: u64 = after.ops_by_kind.iter().sum();
+    ensure!(by_kind == after.ops, "by kind {by_kind}, ops {}", after.ops);
     Ok(())
 }
 

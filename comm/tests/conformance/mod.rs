@@ -52,6 +52,7 @@ macro_rules! stamp_every_case {
             broadcast,
             reduce,
             barrier,
+            counts_by_kind,
             split_grid,
             split_key_order,
             async_in_issue_order,

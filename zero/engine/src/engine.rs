@@ -311,6 +311,12 @@ impl Engine {
         &self.comm
     }
 
+    /// The tensor-parallel group beside this data-parallel one
+    /// ([`Engine::with_tensor_parallel`]), if any.
+    pub fn tensor_parallel(&self) -> Option<&Communicator> {
+        self.tp.as_ref()
+    }
+
     /// The rank's arena (statistics, peak).
     pub fn arena(&self) -> &Arena {
         &self.arena

@@ -36,6 +36,10 @@ pub enum StepError {
     /// The model refused its inputs.
     #[error(transparent)]
     Model(#[from] GptError),
+    /// A pass that was to compute the loss ran no loss operation: a program built without
+    /// targets, run as a training or evaluation step.
+    #[error("the micro-step computed no loss: its program has no loss operation (built without targets?)")]
+    NoLoss,
 }
 
 /// The engine's view of the model's units: sizes, names, where weight decay applies, and,
@@ -410,7 +414,7 @@ pub fn train_program<B: Placement>(
         loss: None,
     };
     engine.micro_step(program, &mut pass)?;
-    Ok(pass.loss.unwrap_or(f32::NAN))
+    pass.loss.ok_or(StepError::NoLoss)
 }
 
 /// The training micro-step a trainer runs, built once: of whole blocks ([`GptPrograms`]), or
@@ -501,8 +505,7 @@ pub fn eval_loss<B: Placement>(
     tokens: &[u32],
     targets: &[u32],
 ) -> Result<f32, StepError> {
-    let loss = forward_pass(engine, model, acts, tokens, Some(targets))?;
-    Ok(loss.unwrap_or(f32::NAN))
+    forward_pass(engine, model, acts, tokens, Some(targets))?.ok_or(StepError::NoLoss)
 }
 
 /// Runs `f` on the logits (B, T, Vp) of a forward pass without targets (sampling).

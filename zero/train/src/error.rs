@@ -231,6 +231,7 @@ impl From<super::bridge::StepError> for TrainError {
         match e {
             super::bridge::StepError::Engine(e) => Self::Engine(e),
             super::bridge::StepError::Model(e) => Self::Model(e),
+            e @ super::bridge::StepError::NoLoss => Self::Unsupported(e.to_string()),
         }
     }
 }

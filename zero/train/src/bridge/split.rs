@@ -219,5 +219,5 @@ pub fn tp_train_program<B: Placement>(
         loss: None,
     };
     engine.micro_step(program, &mut pass)?;
-    Ok(pass.loss.unwrap_or(f32::NAN))
+    pass.loss.ok_or(StepError::NoLoss)
 }

@@ -5,3 +5,4 @@
 pub mod link_rate;
 pub mod memory_fit;
 pub mod plan_report;
+pub mod tp_traffic;

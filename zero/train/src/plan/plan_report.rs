@@ -14,6 +14,7 @@ use crate::cli::config::{Backend, TrainConfig};
 use crate::error::TrainError;
 use crate::plan::link_rate::LinkRate;
 use crate::plan::memory_fit::MemoryQuery;
+use crate::plan::tp_traffic::{tp_traffic_plan, TpTrafficPlan};
 
 /// One stage's plan for a run's flags.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -75,7 +76,7 @@ pub fn plan_table(cfg: &TrainConfig, link: Option<LinkRate>) -> Result<String, T
         format!(" | fits --memory-limit {}", human_bytes(l))
     });
     out.push_str(&format!(
-        "stage | parameters | gradients | optimizer | activations | transient | per rank | \
+        "stage | parameters | gradients | optimizer | activations (+ kept inputs) | transient | per rank | \
          host arena/rank | formula (model states){fits_heading}\n",
     ));
     let h = |b: f64| human_bytes(b as u64);
@@ -101,7 +102,7 @@ pub fn plan_table(cfg: &TrainConfig, link: Option<LinkRate>) -> Result<String, T
             h(s.params),
             h(s.grads),
             h(s.optimizer),
-            human_bytes(p.plan.activations),
+            activations_cell(&p.plan),
             human_bytes(p.plan.transient + p.plan.backend_staging),
             human_bytes(p.plan.total()),
             h(p.formula),
@@ -113,6 +114,9 @@ pub fn plan_table(cfg: &TrainConfig, link: Option<LinkRate>) -> Result<String, T
     );
     if let Some(rate) = link {
         out.push_str(&link_table(cfg, &plans, rate));
+    }
+    if let Some(tp) = tp_traffic_plan(cfg, &model) {
+        out.push_str(&tp_line(&tp, link));
     }
     Ok(out)
 }
@@ -147,6 +151,36 @@ fn link_table(cfg: &TrainConfig, plans: &[StagePlan], rate: LinkRate) -> String 
         ));
     }
     out
+}
+
+/// The activations, and the checkpointed block inputs kept beside them (ZeRO-R's
+/// checkpointing), which are most of a checkpointed large model's activation memory.
+fn activations_cell(plan: &MemoryPlan) -> String {
+    match plan.kept_inputs {
+        0 => human_bytes(plan.activations),
+        kept => format!(
+            "{} + {} kept",
+            human_bytes(plan.activations),
+            human_bytes(kept)
+        ),
+    }
+}
+
+/// The tensor-parallel group's traffic per step, the same at every stage.
+fn tp_line(tp: &TpTrafficPlan, link: Option<LinkRate>) -> String {
+    let time = link.map_or(String::new(), |rate| {
+        format!(
+            ", {:.1} ms at --link-rate {rate}",
+            rate.seconds(tp.bytes_sent) * 1e3
+        )
+    });
+    format!(
+        "tensor-parallel group per step, every stage: {} all-reduces of the blocks' sums and \
+         {} all-gather of the norm: {} sent and received per rank{time}\n",
+        tp.all_reduces,
+        tp.all_gathers,
+        human_bytes(tp.bytes_sent),
+    )
 }
 
 fn heading(cfg: &TrainConfig, m: &GptConfig) -> String {

@@ -4,6 +4,7 @@
 use crate::error::TrainError;
 use crate::fsio::failed;
 use crate::run::resident::Resident;
+use crate::run::tp_traffic::TpTrafficPerStep;
 use serde_json::{json, Value};
 use std::fs::File;
 use std::io::{BufWriter, Write};
@@ -73,6 +74,8 @@ pub struct RankReport {
     pub comm_bytes_sent_per_step: f64,
     /// Bytes zero-comm counted as received per training step (all collectives).
     pub comm_bytes_received_per_step: f64,
+    /// The tensor-parallel group's collectives per training step (`None` at T = 1).
+    pub tensor_parallel: Option<TpTrafficPerStep>,
 }
 
 fn bytes_json(b: &ModelStateBytes) -> Value {
@@ -105,6 +108,7 @@ impl RankReport {
                 "bytes_sent": self.comm_bytes_sent_per_step,
                 "bytes_received": self.comm_bytes_received_per_step,
             },
+            "tensor_parallel_per_step": self.tensor_parallel.map(|t| t.to_json()),
         })
     }
 }
@@ -183,6 +187,19 @@ pub fn memory_table(reports: &[RankReport]) -> String {
             100.0 * saving,
             mib(r.activation_bytes as f64),
             r.traffic_per_step.elements()
+        ));
+    }
+    for (rank, t) in reports
+        .iter()
+        .filter_map(|r| Some((r.rank, r.tensor_parallel?)))
+    {
+        s.push_str(&format!(
+            "rank {rank}: tensor-parallel group per step: {:.0} all-reduces, {:.0} all-gathers, \
+             {:.2} MiB sent, {:.2} MiB received\n",
+            t.all_reduces,
+            t.all_gathers,
+            mib(t.bytes_sent),
+            mib(t.bytes_received),
         ));
     }
     for r in reports.iter().filter(|r| r.optimizer_offloaded_bytes > 0) {

@@ -18,6 +18,7 @@ mod report;
 pub mod resident;
 mod sample;
 mod timeline;
+pub mod tp_traffic;
 mod trainer;
 
 use crate::bridge::Placement;

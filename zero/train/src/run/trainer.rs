@@ -17,6 +17,7 @@ use crate::data::{DataLoader, LoaderConfig};
 use crate::error::TrainError;
 use crate::run::metrics::{RankReport, StepMetrics};
 use crate::run::sample::{decode, sample};
+use crate::run::tp_traffic::TpCounter;
 use crate::run::{RankOutput, Shared};
 use engine_setup::build_engine;
 use std::time::Instant;
@@ -49,6 +50,8 @@ pub(crate) struct Trainer<'a, B: Placement = CpuBackend> {
     traffic: Traffic,
     sent: u64,
     received: u64,
+    /// The tensor-parallel group's collectives by the steps run so far.
+    tp_traffic: TpCounter,
     /// An `--async-save` whose pieces are being written, and when it started.
     pending_save: Option<(PendingSave, Instant)>,
     /// An injected `diverge` due at the next micro-step.
@@ -100,6 +103,7 @@ impl RankOutput {
                 traffic_per_step: Traffic::default(),
                 comm_bytes_sent_per_step: 0.0,
                 comm_bytes_received_per_step: 0.0,
+                tensor_parallel: None,
             },
         })
     }
@@ -220,6 +224,7 @@ impl<'a, B: Placement> Trainer<'a, B> {
             traffic: Traffic::default(),
             sent: 0,
             received: 0,
+            tp_traffic: TpCounter::default(),
             pending_save: None,
             diverge: false,
             trace: None,
@@ -241,6 +246,7 @@ impl<'a, B: Placement> Trainer<'a, B> {
         self.arm_faults(step);
         let began = Instant::now();
         let (traffic_before, sent_before) = (self.engine.traffic(), self.bytes_moved());
+        let tp_before = self.engine.tensor_parallel().map(|tp| tp.stats());
         let lr = self.schedule.lr(step);
         let accum = self.loader_config.grad_accum_steps;
         let arena_before = self.engine.arena().stats();
@@ -265,6 +271,9 @@ impl<'a, B: Placement> Trainer<'a, B> {
         let report = self.engine.step(lr)?;
         self.model.backend().finish_step()?;
         self.count_traffic(traffic_before, sent_before);
+        if let (Some(before), Some(tp)) = (tp_before, self.engine.tensor_parallel()) {
+            self.tp_traffic.add(&before, &tp.stats());
+        }
         let secs = began.elapsed().as_secs_f64();
         self.out.losses.push(loss[0]);
         let global_tokens = (self.shared.cfg.batch_size * self.shared.cfg.seq_len) as f64;
@@ -375,6 +384,8 @@ impl<'a, B: Placement> Trainer<'a, B> {
         };
         report.comm_bytes_sent_per_step = self.sent as f64 / steps_run as f64;
         report.comm_bytes_received_per_step = self.received as f64 / steps_run as f64;
+        report.tensor_parallel =
+            (self.engine.tensor_parallel()).map(|_| self.tp_traffic.per_step(steps_run));
         // A run shorter than --trace-steps is still recording.
         self.out.trace = self.trace.take().or_else(|| self.engine.take_trace());
         self.out

@@ -1,0 +1,53 @@
+//! The tensor-parallel group's traffic per optimizer step, read off the split model's own
+//! program: every [`TpOp::AllReduce`] of a training micro-step sums one micro-batch's
+//! (B·T, C) f32 activations, and the engine's gradient norm adds one all-gather of an f64 per
+//! rank each step. The same at every ZeRO stage: ZeRO partitions over the data-parallel
+//! group only.
+
+use zero_comm::{ring_bytes, DType, OpDesc, OpKind};
+use zero_gpt::{tp_train_ops, GptConfig, TpOp};
+
+use crate::cli::config::TrainConfig;
+
+/// One rank's collectives over its tensor-parallel group per optimizer step.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TpTrafficPlan {
+    /// All-reduces of the model's sums.
+    pub all_reduces: u64,
+    /// All-gathers (the norm's partial sums).
+    pub all_gathers: u64,
+    /// Bytes a rank sends, as zero-comm counts them (received is the same).
+    pub bytes_sent: u64,
+}
+
+/// The plan for `cfg` on `model`; `None` at T = 1.
+pub fn tp_traffic_plan(cfg: &TrainConfig, model: &GptConfig) -> Option<TpTrafficPlan> {
+    let t = cfg.tensor_parallel_size;
+    if t <= 1 {
+        return None;
+    }
+    let every = cfg.activation_placement().checkpoint_every;
+    let program = tp_train_ops(model.num_layers, every, false);
+    let sums = program.iter().filter(|op| **op == TpOp::AllReduce).count() as u64;
+    let all_reduces = sums * cfg.grad_accum_steps() as u64;
+    let activations = cfg.micro_batch_size * cfg.seq_len * model.channels;
+    let sum = desc(OpKind::AllReduce, activations, DType::F32);
+    let norm = desc(OpKind::AllGather, t, DType::F64);
+    let sum_bytes = ring_bytes(&sum, 0, t).0;
+    Some(TpTrafficPlan {
+        all_reduces,
+        all_gathers: 1,
+        bytes_sent: all_reduces * sum_bytes + ring_bytes(&norm, 0, t).0,
+    })
+}
+
+fn desc(kind: OpKind, count: usize, dtype: DType) -> OpDesc {
+    OpDesc {
+        seq: 0,
+        kind,
+        dtype: Some(dtype),
+        count,
+        root: None,
+        op: None,
+    }
+}
