@@ -87,6 +87,30 @@ fn two_way_tensor_parallel_follows_the_unsplit_run_at_every_stage() {
 }
 
 #[test]
+fn bf16_at_two_way_follows_the_unsplit_bf16_run() {
+    // bf16 rounds each split product's partial sums before the group adds them, so the
+    // bound is bf16's: 2e-2 relative.
+    let dir = TempDir::new("tp-vs-dp-bf16");
+    learnable_corpus(&dir.0);
+    for stage in [ZeroStage::Zero0, ZeroStage::Zero3] {
+        let cfg = |tp| TrainConfig {
+            precision: PrecisionArg::Bf16,
+            ..tiny(&dir.0, tp, stage)
+        };
+        let whole = train(&cfg(1)).unwrap();
+        let split = train(&cfg(2)).unwrap();
+        assert!(
+            whole.losses[0] > whole.losses[7] + 0.1,
+            "{:?}",
+            whole.losses
+        );
+        let rel = max_relative(&whole, &split);
+        eprintln!("bf16 {stage}: T=2 x DP=2 vs T=1 x DP=4, max relative difference {rel:e}");
+        assert!(rel < 2e-2, "{stage}: {rel:e}");
+    }
+}
+
+#[test]
 fn every_stage_gives_the_same_bits_at_two_way_tensor_parallelism() {
     let dir = TempDir::new("tp-stages");
     learnable_corpus(&dir.0);
