@@ -151,9 +151,11 @@ fn link_table(cfg: &TrainConfig, plans: &[StagePlan], rate: LinkRate) -> String 
 
 fn heading(cfg: &TrainConfig, m: &GptConfig) -> String {
     let params = ParamLayout::new(m).num_params();
-    let checkpointing = match cfg.activation_placement().checkpoint_every {
-        Some(k) => format!("checkpointing every {k}"),
-        None => "no checkpointing".into(),
+    let placement = cfg.activation_placement();
+    let checkpointing = match (placement.checkpoint_every, placement.partitions) {
+        (Some(k), t) if t > 1 => format!("checkpointing every {k}, inputs partitioned over {t}"),
+        (Some(k), _) => format!("checkpointing every {k}"),
+        (None, _) => "no checkpointing".into(),
     };
     let optimizer = if cfg.offload_optimizer {
         "optimizer offloaded to the host"
