@@ -91,7 +91,9 @@ impl KeptStore {
     /// at once ([`Schedule::kept_held`](crate::Schedule::kept_held)), its blocks from `arena`.
     pub fn new(arena: &mut Arena, count: usize, held: usize, how: KeptInputs) -> Result<Self> {
         if how.partitioned() {
-            return Ok(Self::Partitioned(Partitioned::new(arena, count, held, how)?));
+            return Ok(Self::Partitioned(Partitioned::new(
+                arena, count, held, how,
+            )?));
         }
         let blocks = (0..how.arena_blocks(count))
             .map(|_| arena.alloc_elems::<f32>(how.len).map_err(Error::from))

@@ -11,9 +11,12 @@
 //!    that copy lands).
 //! 3. `Fetch(k)`: a free buffer is taken, the slice copied into its chunk (offloaded: from
 //!    host buffer `k`, the copy waited for: a slice is 1/P of the input) and the in-place
-//!    all-gather over the tensor-parallel communicator launched on its progress thread, the
-//!    buffer lent to it. The derivation places this call one restore ahead, so the gather of
-//!    block k-1's input runs while block k recomputes and runs backward.
+//!    all-gather over the tensor-parallel group launched on a progress thread, the buffer
+//!    lent to it. The derivation places this call one restore ahead, so the gather of the
+//!    next restored input runs while the segment before it recomputes and runs backward.
+//!    It runs on a duplicate of the group's communicator (split from it at the first
+//!    fetch): a blocking call on a communicator first waits for what is queued on it, so on
+//!    the group's own communicator the model's next sum would wait for the gather.
 //! 4. `BeginRestore(k)`: the all-gather is waited for and the buffer handed to the operation.
 //! 5. `EndRestore(k)`: the buffer is free again.
 //!
@@ -86,6 +89,8 @@ pub(crate) struct Partitioned {
     slice: usize,
     /// Ranks of the tensor-parallel group the inputs are partitioned over.
     parts: usize,
+    /// The communicator the gathers run on, split from the group's at the first fetch.
+    gatherer: Option<Communicator>,
 }
 
 impl Partitioned {
@@ -119,6 +124,7 @@ impl Partitioned {
             home,
             slice: how.stored_len(),
             parts: how.partitions,
+            gatherer: None,
         })
     }
 
@@ -202,14 +208,31 @@ impl Partitioned {
             Home::Host(h) => {
                 let host = h.take(k, false)?;
                 let bytes = chunk.start * 4..chunk.end * 4;
-                let (host, timing) = h.copier.to_arena(arena, host, buffer, bytes)?.wait_timed(arena)?;
+                let (host, timing) = h
+                    .copier
+                    .to_arena(arena, host, buffer, bytes)?
+                    .wait_timed(arena)?;
                 h.hosts[k] = Some(host);
                 h.landed.push((k, timing));
             }
         }
-        let lent = arena.lend::<f32>(buffer)?;
-        self.states[at] = Buf::Gathering(k, tp.all_gather_async(lent));
+        let gatherer = self.gatherer(tp)?;
+        let work = gatherer.all_gather_async(arena.lend::<f32>(buffer)?);
+        self.states[at] = Buf::Gathering(k, work);
         Ok(())
+    }
+
+    /// The gathers' communicator: a duplicate of `tp`, made by a collective on `tp` at the
+    /// first fetch (every rank of the group runs the same program, so all make it there).
+    fn gatherer(&mut self, tp: &Communicator) -> Result<&Communicator> {
+        if self.gatherer.is_none() {
+            let rank =
+                u32::try_from(tp.rank()).map_err(|_| Error::Order("rank overflow".into()))?;
+            self.gatherer = Some(tp.split(0, rank)?);
+        }
+        self.gatherer
+            .as_ref()
+            .ok_or_else(|| Error::Order("the gathers' communicator is missing".into()))
     }
 
     /// Step 4.
@@ -332,7 +355,9 @@ fn copy_f32(
     let src = views.get::<f32>(from.0)?;
     let dst = views.get_mut::<f32>(to.0)?;
     let (Some(src), Some(dst)) = (src.get(from.1), dst.get_mut(to.1)) else {
-        return Err(Error::Order("a kept slice's range lies outside its block".into()));
+        return Err(Error::Order(
+            "a kept slice's range lies outside its block".into(),
+        ));
     };
     dst.copy_from_slice(src);
     Ok(())

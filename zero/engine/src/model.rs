@@ -147,7 +147,9 @@ impl<'e> OpUnits<'e> {
         let whole = self.engine.arena.slice_mut::<f32>(block)?;
         // A partitioned store's buffer is padded to whole slices past the input.
         let block_len = whole.len();
-        whole.get_mut(..len).ok_or_else(|| short_block(block_len, len))
+        whole
+            .get_mut(..len)
+            .ok_or_else(|| short_block(block_len, len))
     }
 
     /// The declared restored input (f32, its declared length), on a host arena: what the
@@ -159,7 +161,9 @@ impl<'e> OpUnits<'e> {
         let block = self.kept_block(false)?;
         let len = self.engine.config.kept_inputs.len;
         let whole = self.engine.arena.slice::<f32>(block)?;
-        whole.get(..len).ok_or_else(|| short_block(whole.len(), len))
+        whole
+            .get(..len)
+            .ok_or_else(|| short_block(whole.len(), len))
     }
 
     /// [`OpUnits::kept_mut`] on a CUDA arena.

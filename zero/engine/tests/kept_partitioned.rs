@@ -43,9 +43,13 @@ fn config(offload: bool) -> EngineConfig {
 fn engine(program: &Program<(bool, usize)>, offload: bool) -> Engine {
     let comm = zero_comm::local::create(1).unwrap().remove(0);
     let units = (0..3).map(|u| UnitSpec::new(format!("{u}"), 300)).collect();
-    Engine::new(comm, units, &[program.schedule()], config(offload), |_, w| {
-        w.fill(1.0)
-    })
+    Engine::new(
+        comm,
+        units,
+        &[program.schedule()],
+        config(offload),
+        |_, w| w.fill(1.0),
+    )
     .unwrap()
 }
 
@@ -57,7 +61,11 @@ fn run_rank(tp: zero_comm::Communicator, offload: bool) -> (u64, u64, u64) {
         let mut model = FnModel::new(|&(keep, k): &(bool, usize), units: &mut OpUnits<'_>| {
             if keep {
                 let kept = units.kept_mut()?;
-                assert_eq!(kept.len(), LEN, "the operation sees the input, not the padding");
+                assert_eq!(
+                    kept.len(),
+                    LEN,
+                    "the operation sees the input, not the padding"
+                );
                 for (i, v) in kept.iter_mut().enumerate() {
                     *v = kept_value(k, i, pass);
                 }
@@ -117,8 +125,5 @@ fn partitioned_inputs_need_the_tensor_parallel_group() {
         Ok(())
     });
     let err = e.micro_step(&program, &mut model).unwrap_err();
-    assert!(
-        err.to_string().contains("with_tensor_parallel"),
-        "{err}"
-    );
+    assert!(err.to_string().contains("with_tensor_parallel"), "{err}");
 }

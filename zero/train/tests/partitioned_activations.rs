@@ -129,9 +129,18 @@ fn the_plan_with_partitioned_inputs_is_the_peak_a_run_measures() {
             .unwrap();
             let what = format!("{}, offload {offload}", p.stage);
             for rank in &run.ranks {
-                assert_eq!(rank.peak_bytes, p.plan.total(), "{what}, rank {}", rank.rank);
+                assert_eq!(
+                    rank.peak_bytes,
+                    p.plan.total(),
+                    "{what}, rank {}",
+                    rank.rank
+                );
                 let kept = (rank.activation_kept_bytes, rank.activation_offloaded_bytes);
-                assert_eq!(kept, (p.plan.kept_inputs, p.plan.kept_inputs_host), "{what}");
+                assert_eq!(
+                    kept,
+                    (p.plan.kept_inputs, p.plan.kept_inputs_host),
+                    "{what}"
+                );
             }
             // 3 kept inputs of 2 KiB: slices of 1 KiB and one 2 KiB buffer in the arena, or
             // offloaded, the buffer in the arena (in place of two 2 KiB staging slots) and
@@ -140,7 +149,11 @@ fn the_plan_with_partitioned_inputs_is_the_peak_a_run_measures() {
                 false => ((3 * 1024 + 2048), 0, 3 * 2048),
                 true => (2048, 3 * 1024, 2 * 2048),
             };
-            let got = (p.plan.kept_inputs, p.plan.kept_inputs_host, w.plan.kept_inputs);
+            let got = (
+                p.plan.kept_inputs,
+                p.plan.kept_inputs_host,
+                w.plan.kept_inputs,
+            );
             assert_eq!(got, want, "{what}");
         }
     }
@@ -190,13 +203,24 @@ fn the_flag_and_the_config_key_reach_the_plan() {
     std::fs::write(&toml, "partition_activations = true\n").unwrap();
     let plan = |extra: &[&str]| {
         let out = std::process::Command::new(env!("CARGO_BIN_EXE_zero-train"))
-            .args(["plan", "--model", "tiny", "--seq-len", "16", "--world-size", "4"])
+            .args([
+                "plan",
+                "--model",
+                "tiny",
+                "--seq-len",
+                "16",
+                "--world-size",
+                "4",
+            ])
             .args(["--activation-checkpointing", "--tensor-parallel-size", "2"])
             .args(extra)
             .output()
             .unwrap();
         let text = String::from_utf8_lossy(&out.stdout).to_string();
-        (out.status.success(), text + &String::from_utf8_lossy(&out.stderr))
+        (
+            out.status.success(),
+            text + &String::from_utf8_lossy(&out.stderr),
+        )
     };
     for extra in [
         &["--partition-activations"][..],
