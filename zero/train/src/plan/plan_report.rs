@@ -101,7 +101,7 @@ pub fn plan_table(cfg: &TrainConfig, link: Option<LinkRate>) -> Result<String, T
             h(s.params),
             h(s.grads),
             h(s.optimizer),
-            human_bytes(p.plan.activations),
+            human_bytes(p.plan.activations + p.plan.kept_inputs),
             human_bytes(p.plan.transient + p.plan.backend_staging),
             human_bytes(p.plan.total()),
             h(p.formula),
@@ -109,7 +109,8 @@ pub fn plan_table(cfg: &TrainConfig, link: Option<LinkRate>) -> Result<String, T
     }
     out.push_str(
         "# per rank: the arena's peak over a step, as a run with these flags allocates it; \
-         activations as the CPU backend keeps them (f32), a GPU run adds its kernel scratch\n",
+         activations as the CPU backend keeps them (f32), the engine's kept inputs included, \
+         a GPU run adds its kernel scratch\n",
     );
     if let Some(rate) = link {
         out.push_str(&link_table(cfg, &plans, rate));
