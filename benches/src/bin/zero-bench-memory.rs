@@ -116,6 +116,7 @@ fn fits(args: &Args, model: &GptConfig, stage: ZeroStage, every: Option<usize>) 
             checkpoint_every: every,
             offload: false,
             backend_scratch: 0, // the CPU backend's
+            partitions: 1,
         },
         // The local backend's ranks: it stages nothing.
         shape: engine_config(args, stage).plan_shape(args.ranks, zero_comm::StagingRule::None),
@@ -166,6 +167,7 @@ fn train(
         checkpoint_every: every,
         offload: false,
         backend_scratch: 0, // the CPU backend's
+        partitions: 1,
     };
     let engine_config = EngineConfig {
         memory_limit: cap,

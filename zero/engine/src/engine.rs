@@ -260,7 +260,8 @@ impl Engine {
             &mut init,
         )?;
         let kept_count = programs.iter().map(|s| s.kept_inputs()).max().unwrap_or(0);
-        let kept = KeptStore::new(&mut arena, kept_count, config.kept_inputs)?;
+        let held = programs.iter().map(|s| s.kept_held()).max().unwrap_or(0);
+        let kept = KeptStore::new(&mut arena, kept_count, held, config.kept_inputs)?;
         if shape.staging != StagingRule::None {
             provide_staging(&mut arena, &comm, &memory_plan)?;
         }

@@ -22,10 +22,15 @@
 //! check bounds what a pass holds, so two slots always suffice; see `KeptOrder`.) The slots
 //! are allocated right after the model states, below every transient block, so a slot
 //! pinned by a copy splits no free space when the arena compacts.
+//!
+//! Partitioned over the tensor-parallel group (P_a), the kept inputs are
+//! [`crate::kept_partitioned`]'s, under the same calls.
 
 use super::error::{Error, Result};
+use super::kept_partitioned::Partitioned;
 use super::planning::kept_plan::KeptInputs;
 use zero_alloc::{Arena, CopyEngine, CopyTiming, Device, Handle, PinnedBuffer, Transfer};
+use zero_comm::Communicator;
 
 /// A rank's kept inputs: in arena blocks, or offloaded.
 #[derive(Debug)]
@@ -34,6 +39,8 @@ pub(crate) enum KeptStore {
     Arena(Vec<Handle>),
     /// Pinned host buffers behind staging slots.
     Offloaded(Offloaded),
+    /// Slices over the tensor-parallel group, gathered whole before they are read (P_a).
+    Partitioned(Partitioned),
 }
 
 /// What a staging slot holds.
@@ -70,7 +77,7 @@ pub(crate) struct Offloaded {
 /// A host buffer of `bytes` for copies with an arena on `device`: page-locked through the
 /// CUDA driver for a GPU's arena (so its copies are DMA), mlocked where the OS allows
 /// otherwise.
-fn host_buffer(device: Device, bytes: usize) -> Result<PinnedBuffer> {
+pub(crate) fn host_buffer(device: Device, bytes: usize) -> Result<PinnedBuffer> {
     #[cfg(feature = "cuda")]
     if let Device::Cuda(ordinal) = device {
         return Ok(PinnedBuffer::cuda(ordinal, bytes)?);
@@ -80,8 +87,14 @@ fn host_buffer(device: Device, bytes: usize) -> Result<PinnedBuffer> {
 }
 
 impl KeptStore {
-    /// The store of `count` kept inputs stored as `how`, its blocks from `arena`.
-    pub fn new(arena: &mut Arena, count: usize, how: KeptInputs) -> Result<Self> {
+    /// The store of `count` kept inputs stored as `how`, by passes holding at most `held`
+    /// at once ([`Schedule::kept_held`](crate::Schedule::kept_held)), its blocks from `arena`.
+    pub fn new(arena: &mut Arena, count: usize, held: usize, how: KeptInputs) -> Result<Self> {
+        if how.partitioned() {
+            return Ok(Self::Partitioned(Partitioned::new(
+                arena, count, held, how,
+            )?));
+        }
         let blocks = (0..how.arena_blocks(count))
             .map(|_| arena.alloc_elems::<f32>(how.len).map_err(Error::from))
             .collect::<Result<Vec<_>>>()?;
@@ -104,10 +117,18 @@ impl KeptStore {
         }))
     }
 
-    /// Makes kept-input call `call` (steps 1-5 of the module docs).
-    pub fn call(&mut self, arena: &mut Arena, call: crate::Call) -> Result<()> {
-        let Self::Offloaded(o) = self else {
-            return Ok(());
+    /// Makes kept-input call `call` (steps 1-5 of the module docs); `tp` is the engine's
+    /// tensor-parallel group, which partitioned inputs are gathered over.
+    pub fn call(
+        &mut self,
+        arena: &mut Arena,
+        tp: Option<&Communicator>,
+        call: crate::Call,
+    ) -> Result<()> {
+        let o = match self {
+            Self::Arena(_) => return Ok(()),
+            Self::Partitioned(p) => return p.call(arena, tp, call),
+            Self::Offloaded(o) => o,
         };
         use crate::Call::{BeginKeep, BeginRestore, EndKeep, EndRestore, Fetch};
         match call {
@@ -133,6 +154,7 @@ impl KeptStore {
                 };
                 (held == Some(k)).then_some(b)
             }),
+            Self::Partitioned(p) => p.block(k, writing),
         };
         found.ok_or_else(|| Error::Order(format!("kept input {k} is not handed out now")))
     }
@@ -141,6 +163,7 @@ impl KeptStore {
     /// pinned host buffers.
     pub fn bytes(&self, arena: &Arena) -> Result<(u64, u64)> {
         let (blocks, host) = match self {
+            Self::Partitioned(p) => return p.bytes(arena),
             Self::Arena(blocks) => (blocks, 0),
             Self::Offloaded(o) => (&o.blocks, (o.bytes * o.hosts.len()) as u64),
         };
@@ -156,14 +179,17 @@ impl KeptStore {
         match self {
             Self::Arena(_) => Vec::new(),
             Self::Offloaded(o) => std::mem::take(&mut o.landed),
+            Self::Partitioned(p) => p.take_landed(),
         }
     }
 
     /// Waits for every copy in flight and frees every slot, after a failed program; the
     /// first error is returned once everything is waited for.
     pub fn let_go(&mut self, arena: &mut Arena) -> Result<()> {
-        let Self::Offloaded(o) = self else {
-            return Ok(());
+        let o = match self {
+            Self::Arena(_) => return Ok(()),
+            Self::Partitioned(p) => return p.let_go(arena),
+            Self::Offloaded(o) => o,
         };
         let mut first = Ok(());
         for at in 0..o.slots.len() {

@@ -65,6 +65,7 @@ mod forward;
 mod host_io;
 mod inflight;
 mod kept;
+mod kept_partitioned;
 pub mod kernels;
 mod lending;
 mod loss_scale;

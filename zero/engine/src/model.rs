@@ -143,7 +143,13 @@ impl<'e> OpUnits<'e> {
     /// An operation that keeps nothing; an arena without host memory.
     pub fn kept_mut(&mut self) -> Result<&mut [f32]> {
         let block = self.kept_block(true)?;
-        Ok(self.engine.arena.slice_mut::<f32>(block)?)
+        let len = self.engine.config.kept_inputs.len;
+        let whole = self.engine.arena.slice_mut::<f32>(block)?;
+        // A partitioned store's buffer is padded to whole slices past the input.
+        let block_len = whole.len();
+        whole
+            .get_mut(..len)
+            .ok_or_else(|| short_block(block_len, len))
     }
 
     /// The declared restored input (f32, its declared length), on a host arena: what the
@@ -153,7 +159,11 @@ impl<'e> OpUnits<'e> {
     /// An operation that restores nothing; an arena without host memory.
     pub fn restored(&self) -> Result<&[f32]> {
         let block = self.kept_block(false)?;
-        Ok(self.engine.arena.slice::<f32>(block)?)
+        let len = self.engine.config.kept_inputs.len;
+        let whole = self.engine.arena.slice::<f32>(block)?;
+        whole
+            .get(..len)
+            .ok_or_else(|| short_block(whole.len(), len))
     }
 
     /// [`OpUnits::kept_mut`] on a CUDA arena.
@@ -202,4 +212,11 @@ impl<'e> OpUnits<'e> {
             self.reads
         )))
     }
+}
+
+/// A kept input's block shorter than the declared length (a broken store invariant).
+fn short_block(block: usize, len: usize) -> Error {
+    Error::Order(format!(
+        "a kept input's block holds {block} f32, fewer than its declared {len}"
+    ))
 }

@@ -107,7 +107,7 @@ impl Engine {
                 Call::Release(u) => self.release(u)?,
                 Call::BeginBackward(u) => self.begin_backward(u)?,
                 Call::EndBackward(u) => self.end_backward(u)?,
-                kept => self.kept.call(&mut self.arena, kept)?,
+                kept => self.kept.call(&mut self.arena, self.tp.as_ref(), kept)?,
             }
             self.trace_span(Lane::Engine, start, || call.to_string());
             self.trace_after_call();

@@ -163,7 +163,11 @@ fn kept_inputs_come_back_as_kept_in_the_arena_and_offloaded_and_after_a_failed_p
         let comm = zero_comm::local::create(1).unwrap().remove(0);
         let config = EngineConfig {
             stage: ZeroStage::Zero3,
-            kept_inputs: zero::KeptInputs { len: 70, offload },
+            kept_inputs: zero::KeptInputs {
+                len: 70,
+                offload,
+                partitions: 1,
+            },
             ..EngineConfig::default()
         };
         let units = vec![

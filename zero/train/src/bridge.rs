@@ -132,6 +132,10 @@ pub struct ActivationPlacement {
     /// from the arena with the activations: 0 on the CPU; set by
     /// [`ActivationPlacement::with_scratch_of`].
     pub backend_scratch: usize,
+    /// Ranks of the tensor-parallel group each kept block input is partitioned over
+    /// (ZeRO-R's P_a, `--partition-activations`: a slice per rank, all-gathered before its
+    /// recompute); 0 or 1: kept whole.
+    pub partitions: usize,
 }
 
 impl ActivationPlacement {
@@ -208,7 +212,7 @@ fn arena_bytes_of(buffers: [usize; 6], placement: ActivationPlacement) -> u64 {
 }
 
 /// How the engine stores the kept block inputs of (B, T) micro-batches placed as `placement`
-/// says: each one (N,C) input, offloaded or not. What
+/// says: each one (N,C) input, offloaded or not, partitioned or not. What
 /// [`EngineConfig::kept_inputs`](zero::EngineConfig) declares.
 ///
 /// # Errors
@@ -224,6 +228,7 @@ pub fn kept_inputs(
     Ok(KeptInputs {
         len: b * t * config.channels,
         offload: placement.offloads(),
+        partitions: placement.partitions,
     })
 }
 

@@ -32,6 +32,7 @@ fn placement(every: usize, offload: bool) -> ActivationPlacement {
         checkpoint_every: Some(every),
         offload,
         backend_scratch: 0, // set per rank by `rank_run`
+        partitions: 1,
     }
 }
 

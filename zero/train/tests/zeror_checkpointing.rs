@@ -29,6 +29,7 @@ fn train(world: usize, stage: ZeroStage, every: Option<usize>) -> (Vec<u32>, Vec
         kept_inputs: KeptInputs {
             len: T * cfg.channels,
             offload: false,
+            partitions: 1,
         },
         ..EngineConfig::default()
     };

@@ -123,6 +123,7 @@ fn placed(checkpoint_every: Option<usize>, offload: bool) -> ActivationPlacement
         checkpoint_every,
         offload,
         backend_scratch: 0, // the CPU backend's
+        partitions: 1,
     }
 }
 

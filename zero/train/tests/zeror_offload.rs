@@ -29,6 +29,7 @@ fn placement(every: usize, offload: bool) -> ActivationPlacement {
         checkpoint_every: Some(every),
         offload,
         backend_scratch: 0, // the CPU backend's
+        partitions: 1,
     }
 }
 

@@ -90,6 +90,7 @@ impl Shape {
         KeptInputs {
             len: self.batch * self.hidden,
             offload,
+            partitions: 1,
         }
     }
 

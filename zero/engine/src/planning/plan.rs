@@ -28,7 +28,8 @@ pub struct MemoryPlan {
     /// The model's own bytes in the arena (activations), as declared.
     pub activations: u64,
     /// The kept inputs' blocks in the arena: each kept input, or the staging slots when
-    /// they are offloaded ([`KeptInputs`]).
+    /// they are offloaded; partitioned, each slice (unless offloaded) and the whole-input
+    /// buffers ([`KeptInputs`]).
     pub kept_inputs: u64,
     /// Offloaded kept inputs in pinned host memory (outside the arena and [`total`](Self::total)).
     pub kept_inputs_host: u64,
@@ -152,7 +153,8 @@ pub fn plan_memory(
             "the programs keep {kept} inputs, but their length (kept_inputs.len) is 0"
         )));
     }
-    let (kept_inputs, kept_inputs_host) = shape.kept_inputs.bytes(kept)?;
+    let held = schedules.iter().map(|s| s.kept_held()).max().unwrap_or(0);
+    let (kept_inputs, kept_inputs_host) = shape.kept_inputs.bytes(kept, held)?;
     let mut model_states = model_state_bytes(&policies, shape.precision);
     let offload = if shape.offload_optimizer {
         model_states.optimizer = 0.0;

@@ -156,6 +156,23 @@ impl Schedule {
             .unwrap_or(0)
     }
 
+    /// The most kept inputs held at once: each from its `begin_keep` to its `end_keep` and
+    /// from its `fetch` to its `end_restore` (what a partitioned store holds whole; two at
+    /// most in a checked schedule).
+    pub fn kept_held(&self) -> usize {
+        let mut held = 0usize;
+        let mut most = 0;
+        for call in &self.calls {
+            match call {
+                Call::BeginKeep(_) | Call::Fetch(_) => held += 1,
+                Call::EndKeep(_) | Call::EndRestore(_) => held = held.saturating_sub(1),
+                _ => {}
+            }
+            most = most.max(held);
+        }
+        most
+    }
+
     /// Checks that every call names one of `units` units, that releases and gradient closes
     /// follow their opening calls, that kept inputs go keep, fetch, restore in that order
     /// ([`KeptOrder`]), and that nothing is left open at the end.
@@ -353,7 +370,22 @@ mod tests {
             EndRestore(0),
         ];
         assert_eq!(Schedule::new(good.clone()).check(1), Ok(()));
-        assert_eq!(Schedule::new(good).kept_inputs(), 2);
+        assert_eq!(Schedule::new(good.clone()).kept_inputs(), 2);
+        // Each input is held from its keep to its end_keep, then from its fetch on.
+        assert_eq!(Schedule::new(good).kept_held(), 1);
+        let overlapping = vec![
+            BeginKeep(0),
+            EndKeep(0),
+            Fetch(0),
+            BeginKeep(1),
+            EndKeep(1),
+            BeginRestore(0),
+            EndRestore(0),
+            Fetch(1),
+            BeginRestore(1),
+            EndRestore(1),
+        ];
+        assert_eq!(Schedule::new(overlapping).kept_held(), 2);
         let bad = [
             vec![EndKeep(0)],
             vec![BeginKeep(0), EndKeep(0), BeginRestore(0), EndRestore(0)],

@@ -320,6 +320,12 @@ pub struct TrainConfig {
     /// arena keeps two staging slots of one input each.
     #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "true", default_value_t = false, action = clap::ArgAction::Set)]
     pub offload_activations: bool,
+    /// ZeRO-R's P_a, with `--activation-checkpointing` and `--tensor-parallel-size` T > 1:
+    /// each rank of a tensor-parallel group keeps a 1/T slice of each kept block input
+    /// (padded to T slices), all-gathered over the group one block ahead of its recompute;
+    /// with `--offload-activations` the slices go to pinned host memory.
+    #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "true", default_value_t = false, action = clap::ArgAction::Set)]
+    pub partition_activations: bool,
     /// ZeRO-Offload: keep the f32 master weights and Adam's moments in host memory
     /// (page-locked with `--device cuda`) and run AdamW there; the device keeps the stored
     /// parameters and gradients. `--memory-limit` caps the device's arena only.
@@ -374,13 +380,18 @@ impl TrainConfig {
             .then_some(self.checkpoint_every)
     }
 
-    /// Where the activations live: checkpointing, and the kept inputs offloaded or not (no
+    /// Where the activations live: checkpointing, and the kept inputs offloaded or not,
+    /// partitioned over the tensor-parallel group or not (no
     /// backend scratch: see [`ActivationPlacement::with_scratch_of`](crate::bridge::ActivationPlacement::with_scratch_of)).
     pub fn activation_placement(&self) -> crate::bridge::ActivationPlacement {
         crate::bridge::ActivationPlacement {
             checkpoint_every: self.checkpoint_every(),
             offload: self.offload_activations,
             backend_scratch: 0,
+            partitions: match self.partition_activations {
+                true => self.tensor_parallel_size,
+                false => 1,
+            },
         }
     }
 

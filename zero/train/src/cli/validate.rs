@@ -231,6 +231,26 @@ impl TrainConfig {
         ))
     }
 
+    /// `--partition-activations` partitions the inputs that checkpointing keeps over a
+    /// tensor-parallel group: it needs both.
+    fn validate_partition_activations(&self) -> Result<(), ConfigError> {
+        if !self.partition_activations {
+            return Ok(());
+        }
+        let why = if !self.activation_checkpointing {
+            "partitions the block inputs that --activation-checkpointing keeps: give both"
+        } else if self.tensor_parallel_size <= 1 {
+            "partitions each kept block input over a tensor-parallel group, and \
+             --tensor-parallel-size 1 has none: give --tensor-parallel-size 2 or more (a \
+             divisor of --world-size and --heads), or leave --partition-activations out"
+        } else {
+            return Ok(());
+        };
+        Err(ConfigError::Invalid(format!(
+            "--partition-activations (`partition_activations` in --config) {why}"
+        )))
+    }
+
     /// At T > 1, refuses every feature that does not run split yet, naming it.
     fn refuse_at_tensor_parallel(&self) -> Result<(), ConfigError> {
         let t = self.tensor_parallel_size;
@@ -348,6 +368,7 @@ impl TrainConfig {
                     .into(),
             ));
         }
+        self.validate_partition_activations()?;
         // A segment longer than the model is the whole model: a larger K is a typo.
         in_range(
             "checkpoint_every",

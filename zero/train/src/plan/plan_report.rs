@@ -110,7 +110,8 @@ pub fn plan_table(cfg: &TrainConfig, link: Option<LinkRate>) -> Result<String, T
     }
     out.push_str(
         "# per rank: the arena's peak over a step, as a run with these flags allocates it; \
-         activations as the CPU backend keeps them (f32), a GPU run adds its kernel scratch\n",
+         activations as the CPU backend keeps them (f32), \
+         a GPU run adds its kernel scratch\n",
     );
     if let Some(rate) = link {
         out.push_str(&link_table(cfg, &plans, rate));
@@ -185,9 +186,11 @@ fn tp_line(tp: &TpTrafficPlan, link: Option<LinkRate>) -> String {
 
 fn heading(cfg: &TrainConfig, m: &GptConfig) -> String {
     let params = ParamLayout::new(m).num_params();
-    let checkpointing = match cfg.activation_placement().checkpoint_every {
-        Some(k) => format!("checkpointing every {k}"),
-        None => "no checkpointing".into(),
+    let placement = cfg.activation_placement();
+    let checkpointing = match (placement.checkpoint_every, placement.partitions) {
+        (Some(k), t) if t > 1 => format!("checkpointing every {k}, inputs partitioned over {t}"),
+        (Some(k), _) => format!("checkpointing every {k}"),
+        (None, _) => "no checkpointing".into(),
     };
     let optimizer = if cfg.offload_optimizer {
         "optimizer offloaded to the host"

@@ -62,6 +62,10 @@ pub struct RankReport {
     /// Bytes of the rank's activations in its arena (with activation checkpointing, one
     /// segment and the kept block inputs, or with offload the staging slots in their place).
     pub activation_bytes: u64,
+    /// The part of `activation_bytes` the engine holds for the kept block inputs: each
+    /// input, or the staging slots when offloaded; partitioned (P_a), the slices and the
+    /// whole-input buffer they are gathered into (0 without checkpointing).
+    pub activation_kept_bytes: u64,
     /// Bytes of kept block inputs offloaded to pinned host memory (0 without offload).
     pub activation_offloaded_bytes: u64,
     /// ZeRO-Offload: the peak of the host arena of optimizer states (the states and one
@@ -95,6 +99,7 @@ impl RankReport {
             "rank": self.rank,
             "peak_bytes": self.peak_bytes,
             "activation_bytes": self.activation_bytes,
+            "activation_kept_bytes": self.activation_kept_bytes,
             "activation_offloaded_bytes": self.activation_offloaded_bytes,
             "optimizer_offloaded_bytes": self.optimizer_offloaded_bytes,
             "model_state_bytes": bytes_json(&self.measured),

@@ -98,6 +98,7 @@ impl RankOutput {
                 ),
                 peak_bytes: 0,
                 activation_bytes: acts_bytes + kept_arena,
+                activation_kept_bytes: kept_arena,
                 activation_offloaded_bytes: kept_host,
                 optimizer_offloaded_bytes: 0,
                 traffic_per_step: Traffic::default(),
