@@ -15,6 +15,7 @@
 
 mod placement;
 mod split;
+mod split_vocab;
 
 pub use placement::{Placement, Views};
 pub use split::{tp_forward_ops, tp_program, tp_train_program, TpPrograms};
@@ -113,8 +114,7 @@ pub fn gpt_engine_on(
     let units = gpt_units(layout);
     if layout.tensor_parallel() > 1 {
         let programs = TpPrograms::new(layout, checkpoint_every)?;
-        let schedules = [programs.train.schedule(), programs.forward.schedule()];
-        return Engine::with_ops(comm, units, &schedules, config, ops, init);
+        return Engine::with_ops(comm, units, &programs.schedules(), config, ops, init);
     }
     let programs = GptPrograms::new(layout, checkpoint_every)?;
     Engine::with_ops(comm, units, &programs.schedules(), config, ops, init)
@@ -466,7 +466,8 @@ impl TrainStep {
     }
 }
 
-/// Runs the forward program on `tokens` (and `targets`, for a loss).
+/// Runs the forward program on `tokens` (and `targets`, for a loss; without, a split model
+/// stops at its head's logits).
 fn forward_pass<B: Placement>(
     engine: &mut Engine,
     model: &Gpt<B>,
@@ -475,8 +476,12 @@ fn forward_pass<B: Placement>(
     targets: Option<&[u32]>,
 ) -> Result<Option<f32>, StepError> {
     if model.tensor_parallel().size > 1 {
-        // The forward program keeps nothing, whatever the checkpointing.
+        // The forward programs keep nothing, whatever the checkpointing.
         let programs = TpPrograms::new(model.layout(), None)?;
+        let program = match targets {
+            Some(_) => &programs.forward,
+            None => &programs.logits,
+        };
         let mut pass = split::TpPass {
             model,
             acts,
@@ -484,7 +489,7 @@ fn forward_pass<B: Placement>(
             targets,
             loss: None,
         };
-        engine.forward(&programs.forward, &mut pass)?;
+        engine.forward(program, &mut pass)?;
         return Ok(pass.loss);
     }
     let programs = GptPrograms::new(model.layout(), acts.checkpoint_every())?;
@@ -513,19 +518,42 @@ pub fn eval_loss<B: Placement>(
     forward_pass(engine, model, acts, tokens, Some(targets))?.ok_or(StepError::NoLoss)
 }
 
-/// Runs `f` on the logits (B, T, Vp) of a forward pass without targets (sampling).
+/// The logits over the whole padded vocabulary (Vp floats) at position `pos` of a forward
+/// pass on `tokens` without targets (sampling); with the vocabulary split over a
+/// tensor-parallel group, gathered from its ranks.
 ///
 /// # Errors
-/// As [`micro_step`].
-pub fn with_logits<B: Placement, R>(
+/// As [`micro_step`]; a position past the pass.
+pub fn logits_at<B: Placement>(
     engine: &mut Engine,
     model: &Gpt<B>,
     acts: &mut Activations<B>,
     tokens: &[u32],
-    f: impl FnOnce(&[f32]) -> R,
-) -> Result<R, StepError> {
+    pos: usize,
+) -> Result<Vec<f32>, StepError> {
     forward_pass(engine, model, acts, tokens, None)?;
-    Ok(f(&model.backend().to_host(model.logits(acts)?)?))
+    if model.layout().vocab_parallel() {
+        let tp = engine.tensor_parallel().ok_or_else(|| {
+            zero::Error::Order("a split vocabulary's logits need the tensor-parallel group".into())
+        })?;
+        let (model, acts) = B::on_cpu(model, acts).ok_or(GptError::OutOfOrder {
+            call: "logits_at",
+            reason: "the vocabulary is split on the CPU only".into(),
+        })?;
+        return split_vocab::gather_logits_row(model, acts, tp, pos);
+    }
+    let vp = model.config().padded_vocab_size;
+    let logits = model.backend().to_host(model.logits(acts)?)?;
+    let row = logits
+        .get(pos * vp..(pos + 1) * vp)
+        .ok_or(GptError::OutOfOrder {
+            call: "logits_at",
+            reason: format!(
+                "position {pos} is past the pass's {} positions",
+                logits.len() / vp
+            ),
+        })?;
+    Ok(row.to_vec())
 }
 
 /// Every unit's whole parameters as a forward pass reads them (for checks and tests);

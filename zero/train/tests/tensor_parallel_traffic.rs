@@ -7,8 +7,11 @@
 //!   products (`f`'s backward), 2 per block;
 //! - with checkpointing, the recompute of a block repeats its 2 forward all-reduces, for
 //!   every block but those of the last segment;
-//! - each of those sums one micro-batch's (B·T, C) f32 activations: under ring accounting a
-//!   rank sends 2 (T-1)/T of those bytes for each;
+//! - the vocabulary split (Megatron's vocab-parallel embedding and cross-entropy): the
+//!   embedding's partial rows, the loss statistics (each position's max, target logit and sum
+//!   of exponentials: T + 1 floats) and the head's partial d(lnf), 3 per micro-step;
+//! - each of those sums one micro-batch's (B·T, C) f32s, the statistics (B·T, T+1): under
+//!   ring accounting a rank sends 2 (T-1)/T of those bytes for each;
 //! - once per step, the gradient norm's partial sums: an all-gather of one f64 per rank,
 //!   8 (T-1) bytes sent.
 //!
@@ -52,10 +55,13 @@ fn on_paper(cfg: &TrainConfig, recomputed_blocks: usize) -> (f64, f64, f64) {
     let t = cfg.tensor_parallel_size;
     let layers = cfg.layers.unwrap();
     let micro_steps = cfg.batch_size / (cfg.world_size / t) / cfg.micro_batch_size;
-    let per_micro_step = 4 * layers + 2 * recomputed_blocks;
-    let all_reduces = per_micro_step * micro_steps;
-    let activation_bytes = cfg.micro_batch_size * SEQ * WIDTH * 4;
-    let sent = all_reduces * 2 * (t - 1) * activation_bytes / t + 8 * (t - 1);
+    let wide_sums = 4 * layers + 2 * recomputed_blocks + 2;
+    let all_reduces = (wide_sums + 1) * micro_steps;
+    let positions = cfg.micro_batch_size * SEQ;
+    let wide_bytes = positions * WIDTH * 4;
+    let stats_bytes = positions * (t + 1) * 4;
+    let per_micro_step = (wide_sums * wide_bytes + stats_bytes) * 2 * (t - 1) / t;
+    let sent = per_micro_step * micro_steps + 8 * (t - 1);
     (all_reduces as f64, 1.0, sent as f64)
 }
 

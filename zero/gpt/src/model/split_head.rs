@@ -171,6 +171,21 @@ impl Gpt {
         Ok(())
     }
 
+    /// This rank's logits (N,W), ids `rank*W..(rank+1)*W` of each position, as
+    /// [`Gpt::tp_head_forward`] left them (before [`Gpt::tp_head_loss`] turns them into
+    /// probabilities): what a sampler gathers over the group.
+    ///
+    /// # Errors
+    /// A whole vocabulary, activations of another model, or no `tp_head_forward` just before.
+    pub fn tp_logits<'a>(&self, acts: &'a Activations) -> Result<&'a [f32]> {
+        let want = split_at(self.config.num_layers, SplitStep::LossStatsPartial);
+        self.check_vocab_call(acts, &[], Some(want), "tp_logits")?;
+        let n = acts.b * acts.t;
+        let fwd = acts.fwd.floats();
+        let [_, _, _, logits, _] = carve(&fwd[acts.head_offset()..], acts.head_lens);
+        Ok(&logits[..n * self.vocab_slice().width])
+    }
+
     /// After the loss statistics were summed over the group: the per-position losses, this
     /// rank's probabilities (N,W) in place of its logits, and the mean loss, returned (the
     /// same on every rank). Backward may start.

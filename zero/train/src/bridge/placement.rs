@@ -5,7 +5,7 @@
 use std::borrow::Cow;
 
 use zero::{Engine, OpUnits};
-use zero_gpt::{Backend, Buffer, CpuBackend, GptError};
+use zero_gpt::{Activations, Backend, Buffer, CpuBackend, Gpt, GptError};
 
 /// Parameters (shared) and gradients (mutable) of some units in a backend's view type.
 pub type Views<'e, S> = (Vec<&'e S>, Vec<&'e mut S>);
@@ -75,6 +75,15 @@ pub trait Placement: Backend + Sized {
             "tensor parallelism runs on the CPU only (--tensor-parallel-size 1 elsewhere)".into(),
         ))
     }
+
+    /// `model` and `acts` as the CPU backend's, where this is the CPU backend, for the
+    /// calls zero-gpt runs on the CPU only (the vocabulary split); `None` elsewhere.
+    fn on_cpu<'a>(
+        _model: &'a Gpt<Self>,
+        _acts: &'a mut Activations<Self>,
+    ) -> Option<(&'a Gpt, &'a mut Activations)> {
+        None
+    }
 }
 
 impl Placement for CpuBackend {
@@ -123,6 +132,13 @@ impl Placement for CpuBackend {
             )
         })?;
         Ok(tp.all_reduce_in_place(partial, zero_comm::ReduceOp::Sum)?)
+    }
+
+    fn on_cpu<'a>(
+        model: &'a Gpt,
+        acts: &'a mut Activations,
+    ) -> Option<(&'a Gpt, &'a mut Activations)> {
+        Some((model, acts))
     }
 }
 

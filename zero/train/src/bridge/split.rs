@@ -6,26 +6,32 @@
 //! ([`zero::OpUnits::tensor_parallel`]), in place on the buffer [`Gpt::tp_partial`] hands
 //! out.
 //!
-//! The embedding, the tied LM head and the final LayerNorm stay whole on every rank of the
-//! group (the vocabulary is not split): each rank computes them alike, so their gradients,
-//! like those of each block's replicated unit, are the same on every rank of the group; only
-//! the block slices differ ([`UnitSpec::tp_sharded`](zero::UnitSpec)).
+//! With the vocabulary split too ([`Gpt::with_vocab_parallel`], the trainer's layout), the
+//! embedding and the tied head run as `super::split_vocab`'s calls on each rank's rows of
+//! `wte`; without it they stay whole on every rank of the group. The final LayerNorm, the
+//! position embedding and each block's replicated unit are computed alike on every rank, so
+//! their gradients are the same on every rank of the group; the block slices and the rows of
+//! `wte` differ ([`UnitSpec::tp_sharded`](zero::UnitSpec)).
 //!
 //! Legend: L layers, T the tensor-parallel size.
 
+use super::split_vocab::run_vocab_op;
 use super::{Placement, StepError};
-use zero::{Engine, Model, Op, OpUnits, Program};
+use zero::{Engine, Model, Op, OpUnits, Program, Schedule};
 use zero_gpt::{tp_train_ops, Activations, BlockPart, Gpt, GptError, ParamLayout, TpOp};
 
 /// The programs of a rank of a tensor-parallel group whose layout is `layout`
-/// ([`ParamLayout::split`]), checkpointing every `every` blocks or none: its training
-/// micro-step and its forward pass (evaluation, sampling).
+/// ([`ParamLayout::split`], or [`ParamLayout::split_vocab`] with the vocabulary split),
+/// checkpointing every `every` blocks or none: its training micro-step, its forward pass
+/// to the loss (evaluation) and to the logits (sampling).
 #[derive(Debug, Clone)]
 pub struct TpPrograms {
     /// One training micro-step.
     pub train: Program<TpOp>,
-    /// One forward pass, no gradients.
+    /// One forward pass to the loss, no gradients.
     pub forward: Program<TpOp>,
+    /// One forward pass to the logits (with the vocabulary split, each rank's slice).
+    pub logits: Program<TpOp>,
 }
 
 impl TpPrograms {
@@ -34,22 +40,33 @@ impl TpPrograms {
     /// # Errors
     /// A layout whose units do not match its layers (a broken invariant).
     pub fn new(layout: &ParamLayout, every: Option<usize>) -> Result<Self, zero::Error> {
-        let layers = layout.num_layers();
+        let (layers, vocab) = (layout.num_layers(), layout.vocab_parallel());
+        // A forward pass keeps nothing: nothing is recomputed after it.
+        let forward = |last| tp_program(layout, tp_forward_ops(layers, vocab, last), None);
         Ok(Self {
-            train: tp_program(layout, tp_train_ops(layers, every, false), every)?,
-            // A forward pass keeps nothing: nothing is recomputed after it.
-            forward: tp_program(layout, tp_forward_ops(layers), None)?,
+            train: tp_program(layout, tp_train_ops(layers, every, vocab), every)?,
+            forward: forward(if vocab { TpOp::HeadLoss } else { TpOp::Head })?,
+            logits: forward(if vocab { TpOp::HeadSlice } else { TpOp::Head })?,
         })
+    }
+
+    /// Every program's calls, as the engine is told them at start-up.
+    pub fn schedules(&self) -> [&Schedule; 3] {
+        [
+            self.train.schedule(),
+            self.forward.schedule(),
+            self.logits.schedule(),
+        ]
     }
 }
 
-/// The forward pass of a split model of `layers` layers: the training micro-step's ops up
-/// to the head's forward, without checkpointing.
+/// A forward pass of a split model of `layers` layers (its vocabulary split too, with
+/// `vocab`): the training micro-step's ops up to `last`, without checkpointing.
 #[must_use]
-pub fn tp_forward_ops(layers: usize) -> Vec<TpOp> {
-    let mut ops = tp_train_ops(layers, None, false);
-    let head = ops.iter().position(|op| *op == TpOp::Head);
-    ops.truncate(head.map_or(ops.len(), |h| h + 1));
+pub fn tp_forward_ops(layers: usize, vocab: bool, last: TpOp) -> Vec<TpOp> {
+    let mut ops = tp_train_ops(layers, None, vocab);
+    let end = ops.iter().position(|op| *op == last);
+    ops.truncate(end.map_or(ops.len(), |h| h + 1));
     ops
 }
 
@@ -169,7 +186,20 @@ impl<B: Placement> Model for TpPass<'_, B> {
                 self.block_backward(*op, units)?;
             }
             TpOp::EmbedBackward => model.embed_backward(self.acts, B::views(units)?.1[0])?,
-            _ => return Err(unsupported(*op).into()),
+            TpOp::EmbedSlice
+            | TpOp::HeadSlice
+            | TpOp::HeadLoss
+            | TpOp::HeadSliceBackwardInput
+            | TpOp::HeadSliceBackwardRest
+            | TpOp::EmbedSliceBackward => {
+                let Some((model, acts)) = B::on_cpu(model, self.acts) else {
+                    return Err(unsupported(*op).into());
+                };
+                let (tokens, targets) = (self.tokens, self.targets);
+                if let Some(loss) = run_vocab_op(model, acts, *op, units, tokens, targets)? {
+                    self.loss = Some(loss);
+                }
+            }
         }
         Ok(())
     }
@@ -187,8 +217,8 @@ fn block_params<'u, B: Placement>(
     ))
 }
 
-/// An op the trainer's split programs do not declare (the vocabulary-parallel ones), or
-/// declared with other units than the bridge runs it on: a broken invariant, refused.
+/// An op declared with other units than the bridge runs it on, or a vocabulary-split op on
+/// a backend other than the CPU's: a broken invariant, refused.
 fn unsupported(op: TpOp) -> GptError {
     GptError::OutOfOrder {
         call: "TpPass::run",

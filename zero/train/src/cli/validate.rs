@@ -210,23 +210,25 @@ impl TrainConfig {
         ))
     }
 
-    /// At T > 1: T divides the model's heads (zero-gpt's [`TpSplit::validate`]).
+    /// At T > 1: T divides the model's heads and its padded vocabulary (zero-gpt's
+    /// [`TpSplit::validate_vocab`]: the vocabulary is split too).
     fn validate_tensor_parallel(&self, model: &GptConfig) -> Result<(), ConfigError> {
         let t = self.tensor_parallel_size;
-        if t <= 1 || (TpSplit { size: t, rank: 0 }).validate(model).is_ok() {
+        if t <= 1 || (TpSplit { size: t, rank: 0 }).validate_vocab(model).is_ok() {
             return Ok(());
         }
-        let heads = model.num_heads;
+        let (heads, vp) = (model.num_heads, model.padded_vocab_size);
         let fits = (1..=t.min(heads))
             .rev()
-            .find(|d| heads % d == 0)
+            .find(|d| heads % d == 0 && vp % d == 0)
             .unwrap_or(1);
         Err(out_of_range(
             "tensor_parallel_size",
             &t,
             format!(
-                "a divisor of the model's {heads} heads (--heads), so each rank holds whole \
-                 heads: e.g. {fits}"
+                "a divisor of the model's {heads} heads (--heads) and of its vocabulary padded \
+                 to {vp}, so each rank holds whole heads and an equal part of the vocabulary: \
+                 e.g. {fits}"
             ),
         ))
     }

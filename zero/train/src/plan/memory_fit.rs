@@ -11,7 +11,7 @@ use zero::{
     plan_memory, plan_traffic, EngineConfig, MemoryPlan, PlanShape, Precision, Schedule, Traffic,
     ZeroStage,
 };
-use zero_gpt::{CpuBackend, Gpt, GptConfig, ParamLayout, TpSplit};
+use zero_gpt::{Gpt, GptConfig, ParamLayout, TpSplit};
 
 /// A training configuration as far as one rank's memory depends on it.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -74,7 +74,7 @@ impl MemoryQuery {
             0 | 1 => activation_arena_bytes(m, b, t, placed)?,
             tp => {
                 let split = TpSplit { size: tp, rank: 0 };
-                let model = Gpt::with_tensor_parallel(*m, CpuBackend, split)?;
+                let model = Gpt::with_vocab_parallel(*m, split)?;
                 model_activation_arena_bytes(&model, b, t, placed)?
             }
         };
@@ -83,32 +83,32 @@ impl MemoryQuery {
             kept_inputs: kept_inputs(m, b, t, placed)?,
             ..self.shape
         };
-        let [train, forward] = self.schedules(&layout)?;
+        let schedules = self.schedules(&layout)?;
         Ok(plan_memory(
             &gpt_units(&layout),
-            &[&train, &forward],
+            &schedules.iter().collect::<Vec<_>>(),
             shape,
         )?)
     }
 
-    /// One rank's layout: the model's, split over T ranks at T > 1 (every rank of a group
-    /// holds as many parameters).
+    /// One rank's layout: the model's, split over T ranks at T > 1 with its vocabulary
+    /// (every rank of a group holds as many parameters).
     pub fn layout(&self) -> ParamLayout {
         match self.tensor_parallel {
             0 | 1 => ParamLayout::new(&self.model),
-            tp => ParamLayout::split(&self.model, tp),
+            tp => ParamLayout::split_vocab(&self.model, tp),
         }
     }
 
-    /// The training and forward programs' calls of `layout`, as the engine is declared them.
-    fn schedules(&self, layout: &ParamLayout) -> Result<[Schedule; 2], TrainError> {
+    /// The programs' calls of `layout`, as the engine is declared them, training first.
+    fn schedules(&self, layout: &ParamLayout) -> Result<Vec<Schedule>, TrainError> {
         let every = self.placement.checkpoint_every;
         Ok(if layout.tensor_parallel() > 1 {
             let p = TpPrograms::new(layout, every)?;
-            [p.train.schedule().clone(), p.forward.schedule().clone()]
+            p.schedules().into_iter().cloned().collect()
         } else {
             let p = GptPrograms::new(layout, every)?;
-            [p.train.schedule().clone(), p.forward.schedule().clone()]
+            p.schedules().into_iter().cloned().collect()
         })
     }
 
@@ -120,10 +120,10 @@ impl MemoryQuery {
     /// A plan error (zero ranks, overflow).
     pub fn traffic(&self, micro_steps: u64) -> Result<Traffic, TrainError> {
         let layout = self.layout();
-        let [train, _] = self.schedules(&layout)?;
+        let schedules = self.schedules(&layout)?;
         Ok(plan_traffic(
             &gpt_units(&layout),
-            &train,
+            &schedules[0],
             self.shape,
             micro_steps,
         )?)

@@ -1,8 +1,9 @@
 //! The tensor-parallel group's traffic per optimizer step, read off the split model's own
-//! program: every [`TpOp::AllReduce`] of a training micro-step sums one micro-batch's
-//! (B·T, C) f32 activations, and the engine's gradient norm adds one all-gather of an f64 per
-//! rank each step. The same at every ZeRO stage: ZeRO partitions over the data-parallel
-//! group only.
+//! program: every [`TpOp::AllReduce`] of a training micro-step sums f32s of one micro-batch
+//! of N = B·T positions: (N, C) activations or their gradients, except the loss statistics
+//! after the vocabulary-split head's forward, (N, T+1). The engine's gradient norm adds one
+//! all-gather of an f64 per rank each step. The same at every ZeRO stage: ZeRO partitions
+//! over the data-parallel group only.
 
 use zero_comm::{ring_bytes, DType, OpDesc, OpKind};
 use zero_gpt::{tp_train_ops, GptConfig, TpOp};
@@ -27,17 +28,25 @@ pub fn tp_traffic_plan(cfg: &TrainConfig, model: &GptConfig) -> Option<TpTraffic
         return None;
     }
     let every = cfg.activation_placement().checkpoint_every;
-    let program = tp_train_ops(model.num_layers, every, false);
-    let sums = program.iter().filter(|op| **op == TpOp::AllReduce).count() as u64;
-    let all_reduces = sums * cfg.grad_accum_steps() as u64;
-    let activations = cfg.micro_batch_size * cfg.seq_len * model.channels;
-    let sum = desc(OpKind::AllReduce, activations, DType::F32);
+    // The trainer splits the vocabulary at T > 1 (`MemoryQuery::layout`).
+    let program = tp_train_ops(model.num_layers, every, true);
+    let n = cfg.micro_batch_size * cfg.seq_len;
+    let sums = program.windows(2).filter(|w| w[1] == TpOp::AllReduce);
+    let (mut count, mut bytes) = (0u64, 0u64);
+    for w in sums {
+        let floats = match w[0] {
+            TpOp::HeadSlice => n * (t + 1),
+            _ => n * model.channels,
+        };
+        count += 1;
+        bytes += ring_bytes(&desc(OpKind::AllReduce, floats, DType::F32), 0, t).0;
+    }
+    let micro_steps = cfg.grad_accum_steps() as u64;
     let norm = desc(OpKind::AllGather, t, DType::F64);
-    let sum_bytes = ring_bytes(&sum, 0, t).0;
     Some(TpTrafficPlan {
-        all_reduces,
+        all_reduces: count * micro_steps,
         all_gathers: 1,
-        bytes_sent: all_reduces * sum_bytes + ring_bytes(&norm, 0, t).0,
+        bytes_sent: bytes * micro_steps + ring_bytes(&norm, 0, t).0,
     })
 }
 

@@ -33,7 +33,7 @@ use crate::run::trainer::Trainer;
 use std::sync::Arc;
 use zero::EngineOps;
 use zero_comm::Communicator;
-use zero_gpt::{CpuBackend, Gpt, GptConfig, TpSplit};
+use zero_gpt::{Gpt, GptConfig, TpSplit};
 
 /// What a finished run hands back.
 #[derive(Debug, Clone, PartialEq)]
@@ -111,7 +111,7 @@ fn rank_main(
     match device {
         RankDevice::Cpu if shared.cfg.tensor_parallel_size > 1 => {
             let (group, split) = TpGroup::new(&comm, shared.cfg.tensor_parallel_size)?;
-            let model = Gpt::with_tensor_parallel(shared.model, CpuBackend, split)?;
+            let model = Gpt::with_vocab_parallel(shared.model, split)?;
             let (dp, tp) = (group.dp, Some(group.tp));
             run_loop(
                 shared,

@@ -1,6 +1,6 @@
 //! The closing sample: seeded top-k generation after `<|endoftext|>`, and its GPT-2 text.
 
-use crate::bridge::{with_logits, Placement};
+use crate::bridge::{logits_at, Placement};
 use crate::error::TrainError;
 use zero::Engine;
 use zero_gpt::{sample_top_k, Gpt, Rng};
@@ -32,7 +32,6 @@ pub(crate) fn sample<B: Placement>(
     let mut rng = Rng::new(seed ^ 0x5eed);
     let mut acts = model.activations(1, t)?;
     let mut out = vec![start];
-    let vp = config.padded_vocab_size;
     for _ in 0..tokens {
         // The context is the last t tokens, padded on the right: causal attention keeps the
         // padding from touching the positions that are read.
@@ -40,15 +39,8 @@ pub(crate) fn sample<B: Placement>(
         let pos = ctx.len() - 1;
         let mut window = vec![0u32; t];
         window[..ctx.len()].copy_from_slice(ctx);
-        let next = with_logits(engine, model, &mut acts, &window, |logits| {
-            sample_top_k(
-                &logits[pos * vp..(pos + 1) * vp],
-                config.vocab_size,
-                top_k,
-                1.0,
-                &mut rng,
-            )
-        })?;
+        let logits = logits_at(engine, model, &mut acts, &window, pos)?;
+        let next = sample_top_k(&logits, config.vocab_size, top_k, 1.0, &mut rng);
         match next {
             Some(tok) => out.push(tok),
             None => break,
