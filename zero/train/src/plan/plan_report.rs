@@ -176,7 +176,7 @@ fn tp_line(tp: &TpTrafficPlan, link: Option<LinkRate>) -> String {
         )
     });
     format!(
-        "tensor-parallel group per step, every stage: {} all-reduces of the blocks' sums and \
+        "tensor-parallel group per step, every stage: {} all-reduces (the model's sums) and \
          {} all-gather of the norm: {} sent and received per rank{time}\n",
         tp.all_reduces,
         tp.all_gathers,
