@@ -291,20 +291,6 @@ fn features_that_do_not_run_split_yet_are_refused_at_start_up() {
             },
         ),
         (
-            "--resume",
-            TrainConfig {
-                resume: Some(path.clone()),
-                ..base.clone()
-            },
-        ),
-        (
-            "--save",
-            TrainConfig {
-                save: Some(path.clone()),
-                ..base.clone()
-            },
-        ),
-        (
             "--init-from",
             TrainConfig {
                 init_from: Some(path.clone()),

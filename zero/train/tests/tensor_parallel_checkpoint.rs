@@ -1,0 +1,154 @@
+//! Sharded states under `--tensor-parallel-size T`: a state saved at T = 2 x DP = 2 resumes
+//! at the same T to the bit and at T = 1 x DP = 4 within rounding, and the reverse; a state
+//! written before the tensor-parallel axis existed reads as T = 1; a state whose recorded T
+//! cannot be mapped is refused by name.
+
+mod common;
+use common::{learnable_corpus, TempDir};
+
+use std::path::{Path, PathBuf};
+use zero::ZeroStage;
+use zero_train::{train, TrainConfig, TrainError};
+
+/// Largest relative loss difference allowed between a run resumed at another T and the
+/// unbroken run: the bound issue 22 sets for T = 2 against T = 1 (the row-parallel
+/// products sum in another order).
+const ACROSS_T_REL_TOL: f64 = 1e-6;
+
+/// The tiny GPT (2 heads) on 4 ranks, `tp` of them per tensor-parallel group: 4 sequences
+/// per step (the same ones at every T), 6 steps, no evaluation or sample.
+fn tiny(data: &Path, tp: usize, stage: ZeroStage) -> TrainConfig {
+    TrainConfig {
+        model: "tiny".into(),
+        seq_len: 16,
+        data: data.to_path_buf(),
+        world_size: 4,
+        tensor_parallel_size: tp,
+        zero_stage: stage,
+        steps: 6,
+        batch_size: 4,
+        micro_batch_size: 1,
+        warmup_steps: 2,
+        eval_every: 0,
+        sample_tokens: 0,
+        lr: 1e-2,
+        ..TrainConfig::default()
+    }
+}
+
+/// Trains 6 steps at (`tp`, `stage`), saving after step 3 into `save`; returns the losses
+/// and the step-3 state.
+fn saved_run(data: &Path, save: &Path, tp: usize, stage: ZeroStage) -> (Vec<f32>, PathBuf) {
+    let cfg = TrainConfig {
+        save: Some(save.to_path_buf()),
+        save_every: 3,
+        ..tiny(data, tp, stage)
+    };
+    let losses = train(&cfg).unwrap().losses;
+    (losses, save.join("step-000003"))
+}
+
+/// The last 3 losses of a run resumed from `state` at (`tp`, `stage`).
+fn resumed(data: &Path, state: &Path, tp: usize, stage: ZeroStage) -> Vec<f32> {
+    let run = train(&TrainConfig {
+        resume: Some(state.to_path_buf()),
+        ..tiny(data, tp, stage)
+    })
+    .unwrap();
+    assert_eq!(run.losses.len(), 3);
+    run.losses
+}
+
+fn max_relative(got: &[f32], want: &[f32]) -> f64 {
+    assert_eq!(got.len(), want.len());
+    got.iter()
+        .zip(want)
+        .map(|(&g, &w)| (f64::from(g) - f64::from(w)).abs() / f64::from(w).abs())
+        .fold(0.0, f64::max)
+}
+
+#[test]
+fn a_state_saved_at_t2_resumes_at_t2_to_the_bit_and_at_t1_within_rounding() {
+    let dir = TempDir::new("tpckpt-2to1");
+    learnable_corpus(&dir.0);
+    let (whole, state) = saved_run(&dir.0, &dir.0.join("ckpt"), 2, ZeroStage::Zero3);
+    assert!(whole[0] > whole[5] + 0.1, "training moved: {whole:?}");
+    let same = resumed(&dir.0, &state, 2, ZeroStage::Zero3);
+    assert_eq!(same, whole[3..], "T = 2 resumed at T = 2, stage 3");
+    for stage in [ZeroStage::Zero1, ZeroStage::Zero3] {
+        let other = resumed(&dir.0, &state, 1, stage);
+        let rel = max_relative(&other, &whole[3..]);
+        eprintln!("T=2 x DP=2 stage 3 -> T=1 x DP=4 {stage}: max relative loss difference {rel:e}");
+        assert!(
+            rel < ACROSS_T_REL_TOL,
+            "{stage}: {rel:e} ({other:?} vs {whole:?})"
+        );
+    }
+}
+
+#[test]
+fn a_state_saved_at_t1_resumes_at_t2_within_rounding() {
+    let dir = TempDir::new("tpckpt-1to2");
+    learnable_corpus(&dir.0);
+    let (whole, state) = saved_run(&dir.0, &dir.0.join("ckpt"), 1, ZeroStage::Zero2);
+    for stage in [ZeroStage::Zero0, ZeroStage::Zero3] {
+        let other = resumed(&dir.0, &state, 2, stage);
+        let rel = max_relative(&other, &whole[3..]);
+        eprintln!("T=1 x DP=4 stage 2 -> T=2 x DP=2 {stage}: max relative loss difference {rel:e}");
+        assert!(
+            rel < ACROSS_T_REL_TOL,
+            "{stage}: {rel:e} ({other:?} vs {whole:?})"
+        );
+    }
+}
+
+/// Rewrites `state`'s manifest through `edit`.
+fn edit_manifest(state: &Path, edit: impl FnOnce(&mut serde_json::Value)) {
+    let path = state.join("manifest.json");
+    let mut manifest: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+    edit(&mut manifest);
+    std::fs::write(&path, serde_json::to_vec_pretty(&manifest).unwrap()).unwrap();
+}
+
+#[test]
+fn a_state_without_the_tensor_parallel_axis_reads_as_t1() {
+    let dir = TempDir::new("tpckpt-v1");
+    learnable_corpus(&dir.0);
+    let (whole, state) = saved_run(&dir.0, &dir.0.join("ckpt"), 1, ZeroStage::Zero1);
+    // The manifest as version 1 wrote it: no T, no piece's tensor-parallel rank.
+    edit_manifest(&state, |m| {
+        m["version"] = 1.into();
+        m["partitioning"]
+            .as_object_mut()
+            .unwrap()
+            .remove("tensor_parallel");
+        for piece in m["pieces"].as_array_mut().unwrap() {
+            piece.as_object_mut().unwrap().remove("tp_rank");
+        }
+    });
+    assert_eq!(resumed(&dir.0, &state, 1, ZeroStage::Zero1), whole[3..]);
+    let rel = max_relative(&resumed(&dir.0, &state, 2, ZeroStage::Zero1), &whole[3..]);
+    assert!(rel < ACROSS_T_REL_TOL, "{rel:e}");
+}
+
+#[test]
+fn a_recorded_t_that_cannot_split_the_model_is_refused_by_name() {
+    let dir = TempDir::new("tpckpt-bad");
+    learnable_corpus(&dir.0);
+    let (_, state) = saved_run(&dir.0, &dir.0.join("ckpt"), 2, ZeroStage::Zero1);
+    // The tiny model has 2 heads: T = 4 cannot hold whole heads.
+    edit_manifest(&state, |m| m["partitioning"]["tensor_parallel"] = 4.into());
+    let err = train(&TrainConfig {
+        resume: Some(state.clone()),
+        ..tiny(&dir.0, 1, ZeroStage::Zero1)
+    })
+    .unwrap_err();
+    let text = err.to_string();
+    assert!(
+        matches!(err, TrainError::Resume { .. })
+            && text.contains("tensor-parallel size 4")
+            && text.contains("--tensor-parallel-size"),
+        "{text}"
+    );
+}
