@@ -57,9 +57,10 @@ fn tensor_runs(config: &GptConfig, split: TpSplit, name: &str, numel: usize) -> 
     runs
 }
 
-/// The runs of `part` (a unit of rank `split.rank`, laid out as in
-/// [`slice_part`](crate::slice_part)) in the whole unit laid out as `whole_layout`, in unit
-/// offsets and part order; they cover `part` exactly.
+/// The runs of `part` (a unit of rank `split.rank`: a slice, cut as
+/// [`slice_part`](crate::slice_part) cuts it, or any other unit, whose tensors are whole) in
+/// the whole unit laid out as `whole_layout`, in unit offsets and part order; they cover
+/// `part` exactly.
 ///
 /// # Errors
 /// [`GptError::SizeMismatch`] when `part` names a tensor the whole unit lacks, or a
@@ -75,12 +76,24 @@ pub fn part_runs(
         expected,
         got,
     };
+    // Only slices are cut; every other unit holds its tensors whole at any T.
+    let cut = matches!(
+        part.kind,
+        UnitKind::BlockSlice { .. } | UnitKind::EmbeddingSlice
+    );
     let mut out = Vec::new();
     for spec in &part.tensors {
         let from = whole_layout
             .tensor(spec.name)
             .ok_or_else(|| mismatch("tensors of the whole unit named like the part's", 1, 0))?;
-        let runs = tensor_runs(config, split, spec.name, from.len);
+        let runs = match cut {
+            true => tensor_runs(config, split, spec.name, from.len),
+            false => vec![Run {
+                whole: 0,
+                len: from.len,
+                part: 0,
+            }],
+        };
         let len: usize = runs.iter().map(|r| r.len).sum();
         if len != spec.len {
             return Err(mismatch("runs of a split tensor", spec.len, len));
@@ -137,6 +150,27 @@ mod tests {
         c
     }
 
+    /// What rank `split` holds of `whole` as `part`: a block's parts cut by `slice_part`,
+    /// any other unit whole (as `init_split_unit` keeps them).
+    fn expected_part(
+        config: &GptConfig,
+        split: TpSplit,
+        whole_layout: &UnitLayout,
+        whole: &[f32],
+        part: &UnitLayout,
+    ) -> Vec<f32> {
+        let block_part = matches!(
+            part.kind,
+            UnitKind::BlockSlice { .. } | UnitKind::BlockReplicated { .. }
+        );
+        if !block_part {
+            return whole.to_vec();
+        }
+        let mut out = vec![0f32; part.len];
+        slice_part(config, split, whole_layout, whole, part, &mut out).unwrap();
+        out
+    }
+
     /// Every whole unit assembled from the ranks' parts through the runs (slices from every
     /// rank, the rest from rank 0) equals the original to the bit, each element set once;
     /// and each part gathered through its runs equals `slice_part`'s.
@@ -155,16 +189,7 @@ mod tests {
             let split = TpSplit { size: t, rank };
             for (unit, part) in split_layout.units().iter().enumerate() {
                 let (w, runs) = unit_origin(config, split, unit).unwrap();
-                let mut sliced = vec![0f32; part.len];
-                slice_part(
-                    config,
-                    split,
-                    &whole.units()[w],
-                    &original[w],
-                    part,
-                    &mut sliced,
-                )
-                .unwrap();
+                let sliced = expected_part(config, split, &whole.units()[w], &original[w], part);
                 let mut gathered = vec![f32::NAN; part.len];
                 for r in &runs {
                     gathered[r.part..r.part + r.len]

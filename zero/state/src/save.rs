@@ -121,8 +121,11 @@ type UnitSnapshot = (usize, usize, [Vec<f32>; 3]);
 
 /// Copies this rank's owned states of every unit it writes.
 fn snapshot(engine: &mut Engine) -> Result<Vec<UnitSnapshot>> {
-    (0..engine.units().len())
+    let units: Vec<usize> = (0..engine.units().len())
         .filter(|&unit| writes_unit(engine, unit))
+        .collect();
+    units
+        .into_iter()
         .map(|unit| {
             let o = engine.owned_states(unit)?;
             Ok((unit, o.range.start, [o.params, o.m, o.v]))
