@@ -399,6 +399,48 @@ mod tests {
         );
     }
 
+    /// `manifest`'s, at tensor-parallel size `t`, with a copy of its pieces for each
+    /// `tp_rank` in `extra` (as a block slice is saved by every rank of the group).
+    fn at_tp(text: &str, t: usize, extra: &[usize]) -> String {
+        let mut m: serde_json::Value = serde_json::from_str(text).unwrap();
+        m["version"] = 2.into();
+        m["partitioning"]["tensor_parallel"] = t.into();
+        let base = m["pieces"].as_array().unwrap().clone();
+        for &tp in extra {
+            for mut p in base.clone() {
+                p["tp_rank"] = tp.into();
+                m["pieces"].as_array_mut().unwrap().push(p);
+            }
+        }
+        m.to_string()
+    }
+
+    #[test]
+    fn each_tensor_parallel_rank_tiles_the_units_it_saved_and_no_rank_is_past_t() {
+        let one = manifest(10, &[(0, 4), (4, 6)], "rank-00000.bin");
+        assert_eq!(parse(&at_tp(&one, 2, &[1])), Ok(()));
+        // Rank 1 saved no pieces of the unit: a replicated unit, which rank 0 holds.
+        assert_eq!(parse(&at_tp(&one, 2, &[])), Ok(()));
+        let past = parse(&at_tp(&one, 2, &[2]));
+        assert!(
+            past.as_ref()
+                .is_err_and(|e| e.contains("tensor-parallel rank")),
+            "{past:?}"
+        );
+        let gap = manifest(10, &[(0, 4)], "rank-00000.bin");
+        let mut m: serde_json::Value = serde_json::from_str(&at_tp(&one, 2, &[])).unwrap();
+        let gapped: serde_json::Value = serde_json::from_str(&gap).unwrap();
+        for mut p in gapped["pieces"].as_array().unwrap().clone() {
+            p["tp_rank"] = 1.into();
+            m["pieces"].as_array_mut().unwrap().push(p);
+        }
+        let err = parse(&m.to_string());
+        assert!(
+            err.as_ref().is_err_and(|e| e.contains("tp1/unit0")),
+            "{err:?}"
+        );
+    }
+
     #[test]
     fn a_piece_in_an_unlisted_or_escaping_file_is_refused() {
         for file in ["other.bin", "../rank-00000.bin"] {
