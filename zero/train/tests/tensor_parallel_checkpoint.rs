@@ -208,3 +208,58 @@ fn a_state_saved_at_t2_exports_the_whole_model_its_ranks_sliced() {
         }
     }
 }
+
+/// `--export-llmc` at T = 2 writes the bytes `zero-train export` writes from the same run's
+/// state (two paths: the group's slices all-gathered, and the state's pieces mapped); a
+/// T = 2 run started `--init-from` that file and exporting before any step writes it back to
+/// the bit; and T = 2 and T = 1 runs from it follow each other within rounding.
+#[test]
+fn init_from_and_export_llmc_at_t2_carry_the_whole_model() {
+    use zero_train::checkpoint::export::{export, ExportArgs, ExportDtype, ExportFormat};
+    let dir = TempDir::new("tpckpt-llmc");
+    learnable_corpus(&dir.0);
+    let trained = dir.0.join("trained.bin");
+    train(&TrainConfig {
+        save: Some(dir.0.join("ckpt")),
+        save_every: 3,
+        steps: 3,
+        export_llmc: Some(trained.clone()),
+        ..tiny(&dir.0, 2, ZeroStage::Zero3)
+    })
+    .unwrap();
+    let from_state = dir.0.join("from-state.bin");
+    export(&ExportArgs {
+        from: dir.0.join("ckpt").join("step-000003"),
+        to: from_state.clone(),
+        format: ExportFormat::Llmc,
+        dtype: ExportDtype::Fp32,
+        heads: None,
+        max_shard_size: None,
+    })
+    .unwrap();
+    let bytes = std::fs::read(&trained).unwrap();
+    assert!(
+        bytes == std::fs::read(&from_state).unwrap(),
+        "export paths differ"
+    );
+    let from_file = |tp: usize, steps: u64, export_llmc: Option<PathBuf>| {
+        train(&TrainConfig {
+            init_from: Some(trained.clone()),
+            steps,
+            export_llmc,
+            ..tiny(&dir.0, tp, ZeroStage::Zero1)
+        })
+        .unwrap()
+        .losses
+    };
+    let again = dir.0.join("again.bin");
+    from_file(2, 0, Some(again.clone()));
+    assert!(
+        std::fs::read(&again).unwrap() == bytes,
+        "init-from then export at T = 2"
+    );
+    let (split, whole) = (from_file(2, 3, None), from_file(1, 3, None));
+    let rel = max_relative(&split, &whole);
+    eprintln!("--init-from at T=2 x DP=2 vs T=1 x DP=4: max relative loss difference {rel:e}");
+    assert!(rel < ACROSS_T_REL_TOL, "{rel:e}");
+}

@@ -44,6 +44,7 @@ mod model_file;
 pub mod resume;
 mod safetensors;
 mod tp_map;
+pub(crate) mod tp_units;
 
 pub use error::{CheckpointError, LlmcFormatError, Result, SafetensorsError};
 pub use hf::hf_config_json;
