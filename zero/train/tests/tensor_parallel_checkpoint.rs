@@ -86,6 +86,34 @@ fn a_state_saved_at_t2_resumes_at_t2_to_the_bit_and_at_t1_within_rounding() {
     }
 }
 
+/// A background save (`--async-save`) at T = 2 writes the bytes of a foreground one: each
+/// rank's snapshot holds the units it writes (slices on every rank, the rest on rank 0).
+#[test]
+fn an_async_save_at_t2_writes_the_same_pieces() {
+    let dir = TempDir::new("tpckpt-async");
+    learnable_corpus(&dir.0);
+    let run = |save: &Path, async_save: bool| {
+        train(&TrainConfig {
+            save: Some(save.to_path_buf()),
+            save_every: 3,
+            async_save,
+            ..tiny(&dir.0, 2, ZeroStage::Zero2)
+        })
+        .unwrap()
+        .losses
+    };
+    let (sync, bg) = (dir.0.join("sync"), dir.0.join("bg"));
+    assert_eq!(run(&sync, false), run(&bg, true));
+    for rank in 0..4 {
+        let name = format!("step-000003/rank-{rank:05}.bin");
+        let (a, b) = (
+            std::fs::read(sync.join(&name)),
+            std::fs::read(bg.join(&name)),
+        );
+        assert!(a.unwrap() == b.unwrap(), "{name}");
+    }
+}
+
 #[test]
 fn a_state_saved_at_t1_resumes_at_t2_within_rounding() {
     let dir = TempDir::new("tpckpt-1to2");
