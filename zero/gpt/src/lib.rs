@@ -47,6 +47,7 @@ mod model;
 mod program;
 mod sample;
 mod split;
+mod split_map;
 mod tp_program;
 mod views;
 
@@ -65,4 +66,5 @@ pub use model::Gpt;
 pub use program::{checkpoint_segment, forward_ops, is_recomputed, train_ops, GptOp};
 pub use sample::sample_top_k;
 pub use split::{slice_part, TpSplit};
+pub use split_map::{part_runs, unit_origin, Run};
 pub use tp_program::{tp_train_ops, BlockPart, TpOp};

@@ -23,12 +23,12 @@ mod sharded_read;
 mod sharded_write;
 
 pub use error::{IoError, Result, StateError};
-pub use load::{load_sharded, verify_state};
+pub use load::{load_sharded, load_sharded_with, verify_state, Source};
 pub use save::{finish_save, save_sharded, start_save, PendingSave};
 pub use sharded::{
     complete_states, partial_dir, piece_file_name, resolve_state_dir, step_dir, Partitioning,
-    Piece, PieceFile, ShardedManifest, UnitPartition, LATEST, MANIFEST, SHARDED_FORMAT,
-    SHARDED_VERSION, TENSORS,
+    Piece, PieceFile, ShardedManifest, UnitPartition, LATEST, MANIFEST, OLDEST_SHARDED_VERSION,
+    SHARDED_FORMAT, SHARDED_VERSION, TENSORS,
 };
 pub use sharded_read::{parse_manifest, ShardedReader};
 pub use sharded_write::{begin_save, publish, PieceWriter};

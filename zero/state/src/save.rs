@@ -29,6 +29,25 @@ pub(crate) fn precision_name(p: Precision) -> &'static str {
     }
 }
 
+/// This rank's tensor-parallel rank and T (0 and 1 without a tensor-parallel group).
+fn tp_place(engine: &Engine) -> (usize, usize) {
+    engine
+        .tensor_parallel()
+        .map_or((0, 1), |tp| (tp.rank(), tp.size()))
+}
+
+/// This rank in the whole world: `dp_rank * T + tp_rank` (zero's tensor-parallel grid).
+fn world_rank(engine: &Engine) -> usize {
+    let (tp_rank, t) = tp_place(engine);
+    engine.rank() * t + tp_rank
+}
+
+/// Whether this rank writes `unit`: every unit at tensor-parallel rank 0; above it only the
+/// units split across the group, as the replicated ones are the same on every rank.
+fn writes_unit(engine: &Engine, unit: usize) -> bool {
+    tp_place(engine).0 == 0 || engine.units()[unit].tp_sharded
+}
+
 /// `engine`'s split of every unit across its ranks.
 fn partitioning(engine: &Engine) -> Result<Partitioning> {
     let units = (0..engine.units().len())
@@ -50,18 +69,24 @@ fn partitioning(engine: &Engine) -> Result<Partitioning> {
         .collect::<Result<Vec<_>, zero::Error>>()?;
     Ok(Partitioning {
         world: engine.world(),
+        tensor_parallel: tp_place(engine).1,
         stage: engine.config().stage as u8,
         precision: precision_name(engine.config().precision).into(),
         units,
     })
 }
 
-/// Makes `local` every rank's outcome: `Ok` only when every rank succeeded. Collective.
+/// Makes `local` every rank's outcome: `Ok` only when every rank of the world succeeded
+/// (the maximum over the data-parallel group, then over the tensor-parallel group, is the
+/// world's). Collective.
 fn agree<T>(engine: &Engine, dir: &Path, local: Result<T>) -> Result<T> {
     let mut failed = [if local.is_err() { 1.0f32 } else { 0.0 }];
     engine
         .comm()
         .all_reduce_in_place(&mut failed, ReduceOp::Max)?;
+    if let Some(tp) = engine.tensor_parallel() {
+        tp.all_reduce_in_place(&mut failed, ReduceOp::Max)?;
+    }
     match local {
         Err(e) => Err(e),
         Ok(_) if failed[0] > 0.0 => Err(StateError::BadState {
@@ -72,12 +97,15 @@ fn agree<T>(engine: &Engine, dir: &Path, local: Result<T>) -> Result<T> {
     }
 }
 
-/// This rank's pieces straight from the engine: the owned elements of every unit,
-/// parameters then m then v. Returns the bytes written.
+/// This rank's pieces straight from the engine: the owned elements of every unit it
+/// writes, parameters then m then v. Returns the bytes written.
 fn write_pieces(engine: &mut Engine, partial: &Path) -> Result<u64> {
-    let mut w = PieceWriter::create(partial, engine.rank())?;
+    let mut w = PieceWriter::create(partial, world_rank(engine), tp_place(engine).0)?;
     let mut bytes = 0u64;
     for unit in 0..engine.units().len() {
+        if !writes_unit(engine, unit) {
+            continue;
+        }
         let o = engine.owned_states(unit)?;
         w.write(unit, StateKind::Params.name(), o.range.start, &o.params)?;
         w.write(unit, StateKind::AdamM.name(), o.range.start, &o.m)?;
@@ -88,26 +116,35 @@ fn write_pieces(engine: &mut Engine, partial: &Path) -> Result<u64> {
     Ok(bytes)
 }
 
-/// A copy of one unit's owned states: first element, then params, m, v.
-type UnitSnapshot = (usize, [Vec<f32>; 3]);
+/// A copy of one unit's owned states: the unit, its first element, then params, m, v.
+type UnitSnapshot = (usize, usize, [Vec<f32>; 3]);
 
-/// Copies this rank's owned states of every unit.
+/// Copies this rank's owned states of every unit it writes.
 fn snapshot(engine: &mut Engine) -> Result<Vec<UnitSnapshot>> {
-    (0..engine.units().len())
+    let units: Vec<usize> = (0..engine.units().len())
+        .filter(|&unit| writes_unit(engine, unit))
+        .collect();
+    units
+        .into_iter()
         .map(|unit| {
             let o = engine.owned_states(unit)?;
-            Ok((o.range.start, [o.params, o.m, o.v]))
+            Ok((unit, o.range.start, [o.params, o.m, o.v]))
         })
         .collect()
 }
 
-/// Writes a snapshot as `rank`'s pieces; returns the bytes written.
-fn write_snapshot(partial: &Path, rank: usize, units: &[UnitSnapshot]) -> Result<u64> {
-    let mut w = PieceWriter::create(partial, rank)?;
+/// Writes a snapshot as the pieces of world rank `rank`, tensor-parallel rank `tp_rank`;
+/// returns the bytes written.
+fn write_snapshot(
+    partial: &Path,
+    (rank, tp_rank): (usize, usize),
+    units: &[UnitSnapshot],
+) -> Result<u64> {
+    let mut w = PieceWriter::create(partial, rank, tp_rank)?;
     let mut bytes = 0u64;
-    for (unit, (start, states)) in units.iter().enumerate() {
+    for (unit, start, states) in units {
         for (kind, values) in StateKind::ALL.iter().zip(states) {
-            w.write(unit, kind.name(), *start, values)?;
+            w.write(*unit, kind.name(), *start, values)?;
             bytes += 4 * values.len() as u64;
         }
     }
@@ -143,7 +180,7 @@ impl PendingSave {
 }
 
 /// Starts saving `engine`'s states after `step` steps as `save/step-N/` with `meta` in its
-/// manifest: rank 0 creates the partial folder, then this rank writes its pieces, at once,
+/// manifest (every rank of the world, its tensor-parallel group included): world rank 0 creates the partial folder, then this rank writes its pieces, at once,
 /// or on a background thread from a snapshot when `background`. Collective.
 ///
 /// # Errors
@@ -157,7 +194,7 @@ pub fn start_save(
     background: bool,
 ) -> Result<PendingSave> {
     let dir = step_dir(save, step);
-    let began = if engine.rank() == 0 {
+    let began = if world_rank(engine) == 0 {
         begin_save(save, step).map(|_| ())
     } else {
         Ok(())
@@ -166,9 +203,9 @@ pub fn start_save(
     let partial = partial_dir(save, step);
     let writing = if background {
         let units = snapshot(engine)?;
-        let rank = engine.rank();
+        let ranks = (world_rank(engine), tp_place(engine).0);
         Writing::Background(std::thread::spawn(move || {
-            write_snapshot(&partial, rank, &units)
+            write_snapshot(&partial, ranks, &units)
         }))
     } else {
         Writing::Done(write_pieces(engine, &partial))
@@ -203,7 +240,7 @@ pub fn finish_save(engine: &mut Engine, pending: PendingSave) -> Result<(PathBuf
     };
     let discard = |engine: &Engine| discard_partial(engine, &pending.save, pending.step);
     let bytes = agree(engine, &dir, written).inspect_err(|_| discard(engine))?;
-    let published = if engine.rank() == 0 {
+    let published = if world_rank(engine) == 0 {
         partitioning(engine).and_then(|layout| {
             publish(
                 &pending.save,
@@ -227,7 +264,7 @@ pub fn finish_save(engine: &mut Engine, pending: PendingSave) -> Result<(PathBuf
 /// one to report.
 fn discard_partial(engine: &Engine, save: &Path, step: u64) {
     let partial = partial_dir(save, step);
-    if engine.rank() != 0 || !partial.exists() {
+    if world_rank(engine) != 0 || !partial.exists() {
         return;
     }
     if let Err(e) = std::fs::remove_dir_all(&partial) {

@@ -35,8 +35,12 @@ use crate::fsio::{failed, with_suffix, write_atomic};
 
 /// Format name in the manifest.
 pub const SHARDED_FORMAT: &str = "zero-train-sharded-state";
-/// Format version written by this code; readers refuse newer versions.
-pub const SHARDED_VERSION: u32 = 1;
+/// Format version written by this code; readers refuse newer versions. Version 2 added the
+/// tensor-parallel axis (`tensor_parallel`, each piece's `tp_rank`); a version 1 state reads
+/// as T = 1.
+pub const SHARDED_VERSION: u32 = 2;
+/// The oldest format version readers accept.
+pub const OLDEST_SHARDED_VERSION: u32 = 1;
 /// The manifest's file name inside a state folder.
 pub const MANIFEST: &str = "manifest.json";
 /// The pointer file naming the newest complete state folder of a save directory.
@@ -49,6 +53,9 @@ pub const TENSORS: [&str; 3] = ["params", "adam_m", "adam_v"];
 pub struct Piece {
     /// The piece file, relative to the state folder.
     pub file: String,
+    /// The saving rank's tensor-parallel rank (0 at T = 1 and in version 1 states).
+    #[serde(default)]
+    pub tp_rank: usize,
     /// The unit.
     pub unit: usize,
     /// `params`, `adam_m` or `adam_v`.
@@ -66,10 +73,15 @@ pub struct Piece {
 }
 
 impl Piece {
-    /// `unit3/adam_m[1024..2048]`: how errors name it.
+    /// `unit3/adam_m[1024..2048]` (`tp1/unit3/...` for tensor-parallel rank 1): how errors
+    /// name it.
     pub fn name(&self) -> String {
+        let tp = match self.tp_rank {
+            0 => String::new(),
+            r => format!("tp{r}/"),
+        };
         format!(
-            "unit{}/{}[{}..{}]",
+            "{tp}unit{}/{}[{}..{}]",
             self.unit,
             self.tensor,
             self.start,
@@ -96,7 +108,8 @@ pub struct UnitPartition {
     pub padded_numel: u64,
     /// Elements per shard, padding included.
     pub shard_len: u64,
-    /// Each saving rank's owned real elements `[start, end)`, by rank.
+    /// Each saving rank's owned real elements `[start, end)`, by data-parallel rank (the same
+    /// for every tensor-parallel rank).
     pub owned: Vec<[u64; 2]>,
 }
 
@@ -104,8 +117,14 @@ pub struct UnitPartition {
 /// except `precision`, which must match the reader's.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
 pub struct Partitioning {
-    /// Data-parallel ranks (N_d).
+    /// Data-parallel ranks (N_d) of each tensor-parallel rank: the state has `world *
+    /// tensor_parallel` piece files.
     pub world: usize,
+    /// The tensor-parallel size T the units were split for (1 in version 1 states). A unit
+    /// split across the group (a block slice) has pieces from every tensor-parallel rank,
+    /// each in that rank's coordinates; a unit replicated across it, from rank 0 only.
+    #[serde(default = "one")]
+    pub tensor_parallel: usize,
     /// ZeRO stage, 0-3.
     pub stage: u8,
     /// Storage precision of parameters (`fp32`, `bf16`, `fp16`); pieces hold f32 values
@@ -113,6 +132,10 @@ pub struct Partitioning {
     pub precision: String,
     /// Every unit's split.
     pub units: Vec<UnitPartition>,
+}
+
+fn one() -> usize {
+    1
 }
 
 /// `manifest.json`.
@@ -135,7 +158,7 @@ pub struct ShardedManifest {
     pub pieces: Vec<Piece>,
 }
 
-/// The piece file of `rank`.
+/// The piece file of `rank` (the world rank `dp_rank * T + tp_rank`).
 pub fn piece_file_name(rank: usize) -> String {
     format!("rank-{rank:05}.bin")
 }

@@ -11,7 +11,10 @@ use std::path::{Path, PathBuf};
 use crate::checksum::Checksum;
 use crate::error::{Result, StateError};
 use crate::fsio::{failed, is_plain_file_name};
-use crate::sharded::{Piece, ShardedManifest, MANIFEST, SHARDED_FORMAT, SHARDED_VERSION, TENSORS};
+use crate::sharded::{
+    Piece, ShardedManifest, MANIFEST, OLDEST_SHARDED_VERSION, SHARDED_FORMAT, SHARDED_VERSION,
+    TENSORS,
+};
 
 const CHUNK_ELEMS: usize = 1 << 16;
 
@@ -23,8 +26,8 @@ pub struct ShardedReader {
     by_tensor: PiecesByTensor,
 }
 
-/// Piece indices by (unit, tensor), sorted by `start`.
-type PiecesByTensor = HashMap<(usize, String), Vec<usize>>;
+/// Piece indices by (tensor-parallel rank, unit, tensor), sorted by `start`.
+type PiecesByTensor = HashMap<(usize, usize, String), Vec<usize>>;
 
 impl ShardedReader {
     /// Opens the state folder `dir` and checks, before reading any values: format and
@@ -59,15 +62,32 @@ impl ShardedReader {
         &self.manifest
     }
 
-    /// Reads the `tensor` values of elements `range` of `unit` into `out`. Every piece
-    /// overlapping `range` is read in full through a fixed buffer, to verify its checksum;
-    /// only the overlap is kept.
+    /// Reads the `tensor` values of elements `range` of `unit` as tensor-parallel rank 0
+    /// saved it (every unit at T = 1) into `out`: [`ShardedReader::read_tp_range`].
     ///
     /// # Errors
-    /// [`StateError::Tensor`] for a range outside the unit or an `out` of another length;
-    /// [`StateError::ChecksumMismatch`] naming the file and piece; [`StateError::Io`].
+    /// As [`ShardedReader::read_tp_range`].
     pub fn read_range(
         &self,
+        unit: usize,
+        tensor: &str,
+        range: Range<usize>,
+        out: &mut [f32],
+    ) -> Result<()> {
+        self.read_tp_range(0, unit, tensor, range, out)
+    }
+
+    /// Reads the `tensor` values of elements `range` of `unit` as tensor-parallel rank
+    /// `tp_rank` saved it into `out`. Every piece overlapping `range` is read in full
+    /// through a fixed buffer, to verify its checksum; only the overlap is kept.
+    ///
+    /// # Errors
+    /// [`StateError::Tensor`] for a range outside the unit, an `out` of another length, or
+    /// a unit that rank did not save (a replicated unit above rank 0);
+    /// [`StateError::ChecksumMismatch`] naming the file and piece; [`StateError::Io`].
+    pub fn read_tp_range(
+        &self,
+        tp_rank: usize,
         unit: usize,
         tensor: &str,
         range: Range<usize>,
@@ -87,8 +107,22 @@ impl ShardedReader {
                 ),
             });
         }
-        let key = (unit, tensor.to_string());
-        let pieces = self.by_tensor.get(&key).map(Vec::as_slice).unwrap_or(&[]);
+        let key = (tp_rank, unit, tensor.to_string());
+        let pieces = match self.by_tensor.get(&key) {
+            Some(pieces) => pieces.as_slice(),
+            None if range.is_empty() => &[],
+            None => {
+                return Err(StateError::Tensor {
+                    path: self.dir.clone(),
+                    name: format!("tp{tp_rank}/unit{unit}/{tensor}"),
+                    reason: format!(
+                        "tensor-parallel rank {tp_rank} saved no pieces of this unit (the state \
+                         has T = {})",
+                        self.manifest.partitioning.tensor_parallel
+                    ),
+                })
+            }
+        };
         let (lo, hi) = (range.start as u64, range.end as u64);
         for &i in pieces {
             let p = &self.manifest.pieces[i];
@@ -177,10 +211,10 @@ fn parse(dir: &Path, bytes: &[u8]) -> Result<(ShardedManifest, PiecesByTensor)> 
             manifest.format
         )));
     }
-    if manifest.version != SHARDED_VERSION {
+    if !(OLDEST_SHARDED_VERSION..=SHARDED_VERSION).contains(&manifest.version) {
         return Err(bad(format!(
-            "format version {} is not supported: this build reads version \
-             {SHARDED_VERSION} (a newer zero-train wrote it?)",
+            "format version {} is not supported: this build reads versions \
+             {OLDEST_SHARDED_VERSION} to {SHARDED_VERSION} (a newer zero-train wrote it?)",
             manifest.version
         )));
     }
@@ -249,47 +283,65 @@ fn check_files(dir: &Path, manifest: &ShardedManifest) -> Result<()> {
     Ok(())
 }
 
-/// Piece indices by (unit, tensor), after checking that each tensor's pieces tile
-/// `0..numel` exactly (no gap, no overlap).
+/// Piece indices by (tensor-parallel rank, unit, tensor), after checking that each rank's
+/// pieces of a unit's tensor tile `0..numel` exactly (no gap, no overlap): at rank 0 for
+/// every unit, above it for the units it saved at all (the split ones).
 fn index_tensors(manifest: &ShardedManifest) -> std::result::Result<PiecesByTensor, String> {
     let units = &manifest.partitioning.units;
+    let t = manifest.partitioning.tensor_parallel;
+    if t == 0 {
+        return Err("tensor_parallel is 0".into());
+    }
     let mut by_tensor = PiecesByTensor::new();
     for (i, p) in manifest.pieces.iter().enumerate() {
-        if p.unit >= units.len() || !TENSORS.contains(&p.tensor.as_str()) {
-            return Err(format!("piece {} belongs to no unit or tensor", p.name()));
+        if p.unit >= units.len() || !TENSORS.contains(&p.tensor.as_str()) || p.tp_rank >= t {
+            return Err(format!(
+                "piece {} belongs to no unit, tensor or tensor-parallel rank (T = {t})",
+                p.name()
+            ));
         }
-        by_tensor
-            .entry((p.unit, p.tensor.clone()))
-            .or_default()
-            .push(i);
+        let key = (p.tp_rank, p.unit, p.tensor.clone());
+        by_tensor.entry(key).or_default().push(i);
     }
-    for (unit, u) in units.iter().enumerate() {
-        for tensor in TENSORS {
-            let list = by_tensor.entry((unit, tensor.into())).or_default();
-            list.sort_by_key(|&i| manifest.pieces[i].start);
-            let mut end = 0u64;
-            for &i in list.iter() {
-                let p = &manifest.pieces[i];
-                if p.start != end {
-                    return Err(format!(
-                        "unit{unit}/{tensor}: piece {} does not start where the last ended \
-                         ({end})",
-                        p.name()
-                    ));
+    for tp_rank in 0..t {
+        for (unit, u) in units.iter().enumerate() {
+            for tensor in TENSORS {
+                let key = (tp_rank, unit, tensor.to_string());
+                if tp_rank > 0 && !by_tensor.contains_key(&key) {
+                    continue;
                 }
-                end = p.start.checked_add(p.len).ok_or_else(|| {
-                    format!("unit{unit}/{tensor}: piece {} ends past 2^64", p.name())
-                })?;
-            }
-            if end != u.numel {
-                return Err(format!(
-                    "unit{unit}/{tensor}: pieces cover {end} of {} elements",
-                    u.numel
-                ));
+                let list = by_tensor.entry(key).or_default();
+                list.sort_by_key(|&i| manifest.pieces[i].start);
+                check_tiling(manifest, list, u.numel)
+                    .map_err(|e| format!("tp{tp_rank}/unit{unit}/{tensor}: {e}"))?;
             }
         }
     }
     Ok(by_tensor)
+}
+
+/// The pieces `list` (sorted by start) tile `0..numel`.
+fn check_tiling(
+    manifest: &ShardedManifest,
+    list: &[usize],
+    numel: u64,
+) -> std::result::Result<(), String> {
+    let mut end = 0u64;
+    for &i in list {
+        let p = &manifest.pieces[i];
+        if p.start != end {
+            return Err(format!(
+                "piece {} does not start where the last ended ({end})",
+                p.name()
+            ));
+        }
+        end = (p.start.checked_add(p.len))
+            .ok_or_else(|| format!("piece {} ends past 2^64", p.name()))?;
+    }
+    if end != numel {
+        return Err(format!("pieces cover {end} of {numel} elements"));
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -343,6 +395,48 @@ mod tests {
         ));
         assert!(
             err.as_ref().is_err_and(|e| e.contains("past 2^64")),
+            "{err:?}"
+        );
+    }
+
+    /// `manifest`'s, at tensor-parallel size `t`, with a copy of its pieces for each
+    /// `tp_rank` in `extra` (as a block slice is saved by every rank of the group).
+    fn at_tp(text: &str, t: usize, extra: &[usize]) -> String {
+        let mut m: serde_json::Value = serde_json::from_str(text).unwrap();
+        m["version"] = 2.into();
+        m["partitioning"]["tensor_parallel"] = t.into();
+        let base = m["pieces"].as_array().unwrap().clone();
+        for &tp in extra {
+            for mut p in base.clone() {
+                p["tp_rank"] = tp.into();
+                m["pieces"].as_array_mut().unwrap().push(p);
+            }
+        }
+        m.to_string()
+    }
+
+    #[test]
+    fn each_tensor_parallel_rank_tiles_the_units_it_saved_and_no_rank_is_past_t() {
+        let one = manifest(10, &[(0, 4), (4, 6)], "rank-00000.bin");
+        assert_eq!(parse(&at_tp(&one, 2, &[1])), Ok(()));
+        // Rank 1 saved no pieces of the unit: a replicated unit, which rank 0 holds.
+        assert_eq!(parse(&at_tp(&one, 2, &[])), Ok(()));
+        let past = parse(&at_tp(&one, 2, &[2]));
+        assert!(
+            past.as_ref()
+                .is_err_and(|e| e.contains("tensor-parallel rank")),
+            "{past:?}"
+        );
+        let gap = manifest(10, &[(0, 4)], "rank-00000.bin");
+        let mut m: serde_json::Value = serde_json::from_str(&at_tp(&one, 2, &[])).unwrap();
+        let gapped: serde_json::Value = serde_json::from_str(&gap).unwrap();
+        for mut p in gapped["pieces"].as_array().unwrap().clone() {
+            p["tp_rank"] = 1.into();
+            m["pieces"].as_array_mut().unwrap().push(p);
+        }
+        let err = parse(&m.to_string());
+        assert!(
+            err.as_ref().is_err_and(|e| e.contains("tp1/unit0")),
             "{err:?}"
         );
     }

@@ -42,6 +42,7 @@ pub fn begin_save(save: &Path, step: u64) -> Result<PathBuf> {
 pub struct PieceWriter {
     dir: PathBuf,
     rank: usize,
+    tp_rank: usize,
     path: PathBuf,
     out: BufWriter<File>,
     offset: u64,
@@ -50,16 +51,18 @@ pub struct PieceWriter {
 }
 
 impl PieceWriter {
-    /// Creates `rank`'s piece file in the partial folder `dir`.
+    /// Creates the piece file of world rank `rank`, tensor-parallel rank `tp_rank` (0 at
+    /// T = 1), in the partial folder `dir`.
     ///
     /// # Errors
     /// [`StateError::Io`] naming the file.
-    pub fn create(dir: &Path, rank: usize) -> Result<Self> {
+    pub fn create(dir: &Path, rank: usize, tp_rank: usize) -> Result<Self> {
         let path = dir.join(piece_file_name(rank));
         let file = File::create(&path).map_err(failed("create", &path))?;
         Ok(Self {
             dir: dir.to_path_buf(),
             rank,
+            tp_rank,
             path,
             out: BufWriter::new(file),
             offset: 0,
@@ -87,6 +90,7 @@ impl PieceWriter {
         let len = data.len() as u64;
         self.pieces.push(Piece {
             file: piece_file_name(self.rank),
+            tp_rank: self.tp_rank,
             unit,
             tensor: tensor.into(),
             dtype: "f32".into(),
@@ -126,7 +130,7 @@ impl PieceWriter {
     }
 }
 
-/// Rank 0, once every rank's [`PieceWriter::finish`] succeeded: merges the `world` indexes
+/// Rank 0, once every rank's [`PieceWriter::finish`] succeeded: merges the `world * T` indexes
 /// into `manifest.json`, publishes `step-N/`, points `latest` at it, then prunes to
 /// `keep_last` states (0 keeps all). Returns the published folder.
 ///
@@ -141,9 +145,10 @@ pub fn publish(
     keep_last: usize,
 ) -> Result<PathBuf> {
     let partial = partial_dir(save, step);
-    let mut files = Vec::with_capacity(partitioning.world);
+    let ranks = partitioning.world * partitioning.tensor_parallel;
+    let mut files = Vec::with_capacity(ranks);
     let mut pieces = Vec::new();
-    for rank in 0..partitioning.world {
+    for rank in 0..ranks {
         let path = partial.join(index_file_name(rank));
         let bytes = std::fs::read(&path).map_err(failed("read", &path))?;
         let index: PieceIndex =
@@ -166,7 +171,7 @@ pub fn publish(
         source,
     })?;
     create_synced(&manifest_path, |w| w.write_all(&json))?;
-    for rank in 0..manifest.partitioning.world {
+    for rank in 0..ranks {
         let path = partial.join(index_file_name(rank));
         std::fs::remove_file(&path).map_err(failed("remove", &path))?;
     }

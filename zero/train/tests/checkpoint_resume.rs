@@ -261,7 +261,7 @@ fn a_newer_format_version_another_precision_or_shape_is_refused() {
     let text = std::fs::read_to_string(&manifest).unwrap();
     std::fs::write(
         &manifest,
-        text.replacen("\"version\": 1", "\"version\": 2", 1),
+        text.replacen("\"version\": 2", "\"version\": 3", 1),
     )
     .unwrap();
     let err = refused(&dir.0, &state, |c| c);
@@ -269,7 +269,7 @@ fn a_newer_format_version_another_precision_or_shape_is_refused() {
         matches!(
             err,
             TrainError::Checkpoint(CheckpointError::State(StateError::BadState { .. }))
-        ) && err.to_string().contains("version 2"),
+        ) && err.to_string().contains("version 3"),
         "{err}"
     );
 }

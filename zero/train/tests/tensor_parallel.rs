@@ -281,41 +281,11 @@ fn features_that_do_not_run_split_yet_are_refused_at_start_up() {
     let dir = TempDir::new("tp-refusals");
     learnable_corpus(&dir.0);
     let base = tiny(&dir.0, 2, ZeroStage::Zero2);
-    let path = dir.0.join("somewhere");
     let cases: Vec<(&str, TrainConfig)> = vec![
         (
             "--device cuda",
             TrainConfig {
                 device: "cuda".parse().unwrap(),
-                ..base.clone()
-            },
-        ),
-        (
-            "--resume",
-            TrainConfig {
-                resume: Some(path.clone()),
-                ..base.clone()
-            },
-        ),
-        (
-            "--save",
-            TrainConfig {
-                save: Some(path.clone()),
-                ..base.clone()
-            },
-        ),
-        (
-            "--init-from",
-            TrainConfig {
-                init_from: Some(path.clone()),
-                heads: None,
-                ..base.clone()
-            },
-        ),
-        (
-            "--export-llmc",
-            TrainConfig {
-                export_llmc: Some(path.clone()),
                 ..base.clone()
             },
         ),

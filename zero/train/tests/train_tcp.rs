@@ -168,6 +168,58 @@ fn four_tcp_processes_in_tensor_parallel_pairs_train_like_four_local_threads() {
 }
 
 #[test]
+fn four_tcp_processes_at_t2_save_the_local_runs_pieces() {
+    // Each process writes its own piece file; world rank 0 publishes once the data-parallel
+    // and tensor-parallel groups agree that every rank wrote.
+    let dir = TempDir::new("tcp-tp-save");
+    learnable_corpus(&dir.0);
+    let (local_save, tcp_save) = (dir.0.join("local-save"), dir.0.join("tcp-save"));
+    let extra = |save: &Path| {
+        let save = save.display().to_string();
+        let flags = [
+            "--zero-stage",
+            "3",
+            "--tensor-parallel-size",
+            "2",
+            "--save",
+            &save,
+        ];
+        flags.map(String::from).to_vec()
+    };
+    let local_flags = extra(&local_save);
+    let local_flags: Vec<&str> = local_flags.iter().map(String::as_str).collect();
+    let local = Command::new(env!("CARGO_BIN_EXE_zero-train"))
+        .args(args(&dir.0, &dir.0.join("local.jsonl"), &local_flags))
+        .args(["--backend", "local", "--world-size", "4"])
+        .output()
+        .unwrap();
+    check_ok(&local, "the local run");
+    let tcp_flags = extra(&tcp_save);
+    let tcp_flags: Vec<&str> = tcp_flags.iter().map(String::as_str).collect();
+    let outs = run_ranks(4, |rank| {
+        let metrics = dir.0.join(format!("tcp-save-{rank}.jsonl"));
+        let mut a = args(&dir.0, &metrics, &tcp_flags);
+        a.extend(["--backend", "tcp"].map(String::from));
+        a
+    });
+    for (rank, out) in outs.iter().enumerate() {
+        check_ok(out, &format!("tcp rank {rank}"));
+    }
+    for rank in 0..4 {
+        let name = format!("step-000003/rank-{rank:05}.bin");
+        let (a, b) = (
+            std::fs::read(local_save.join(&name)),
+            std::fs::read(tcp_save.join(&name)),
+        );
+        assert!(
+            a.unwrap() == b.unwrap(),
+            "{name} differs between tcp and local"
+        );
+    }
+    assert!(tcp_save.join("step-000003/manifest.json").is_file());
+}
+
+#[test]
 fn a_rank_that_never_comes_is_a_timeout_naming_the_launch() {
     let dir = TempDir::new("tcp-missing-rank");
     learnable_corpus(&dir.0);

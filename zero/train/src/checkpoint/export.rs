@@ -9,8 +9,9 @@
 use std::path::{Path, PathBuf};
 
 use clap::{Args, ValueEnum};
-use zero_gpt::GptConfig;
+use zero_gpt::{GptConfig, ParamLayout, TpSplit};
 
+use crate::checkpoint::tp_map::TpMap;
 use crate::checkpoint::{
     export_safetensors, export_sharded_safetensors, locate_model_file, read_model_file,
     write_hf_config, LlmcCheckpoint, ModelShape, SafetensorsDtype,
@@ -130,7 +131,7 @@ pub fn export(args: &ExportArgs) -> Result<GptConfig, TrainError> {
         }
         let state = ShardedReader::open(dir)?;
         let model = state_model(&state, &args.from)?;
-        let units = StateUnits::new(&state, &model);
+        let units = StateUnits::new(&state, &model)?;
         write(args, &model, units)?;
         Ok(model)
     } else {
@@ -206,21 +207,30 @@ fn state_model(state: &ShardedReader, dir: &Path) -> Result<GptConfig, TrainErro
     })
 }
 
-/// The whole parameters of each unit of a training state, read one at a time.
+/// The whole parameters of each unit of a training state, read one at a time, in
+/// whole-model (T = 1) units whatever tensor-parallel size saved it ([`TpMap`]).
 struct StateUnits<'a> {
     state: &'a ShardedReader,
+    map: TpMap,
     next: usize,
     units: usize,
 }
 
 impl<'a> StateUnits<'a> {
-    fn new(state: &'a ShardedReader, model: &GptConfig) -> Self {
-        let units = zero_gpt::ParamLayout::new(model).num_units();
-        Self {
+    fn new(state: &'a ShardedReader, model: &GptConfig) -> Result<Self, TrainError> {
+        let map =
+            TpMap::new(model, &state.manifest().partitioning, TpSplit::NONE).map_err(|reason| {
+                TrainError::Resume {
+                    dir: state.dir().to_path_buf(),
+                    reason,
+                }
+            })?;
+        Ok(Self {
             state,
+            map,
             next: 0,
-            units,
-        }
+            units: ParamLayout::new(model).num_units(),
+        })
     }
 }
 
@@ -232,17 +242,15 @@ impl Iterator for StateUnits<'_> {
             let unit = self.next;
             self.next += 1;
             // The pieces of every rank that saved it, joined (and checksum-verified).
-            let numel = self
-                .state
-                .manifest()
-                .partitioning
-                .units
-                .get(unit)
-                .map_or(0, |u| u.numel);
-            let mut params = vec![0f32; usize::try_from(numel).unwrap_or(0)];
-            self.state
-                .read_range(unit, "params", 0..params.len(), &mut params)?;
-            Ok(params)
+            let whole = 0..self.map.unit_len(unit);
+            let sources =
+                self.map
+                    .sources(unit, whole.clone())
+                    .map_err(|reason| TrainError::Resume {
+                        dir: self.state.dir().to_path_buf(),
+                        reason,
+                    })?;
+            Ok(self.state.read_mapped("params", &sources, &whole, unit)?)
         })
     }
 }

@@ -5,8 +5,9 @@
 use std::path::Path;
 
 use zero::{Engine, UnitState};
-use zero_gpt::GptConfig;
+use zero_gpt::{GptConfig, TpSplit};
 
+use crate::checkpoint::tp_units::cut;
 use crate::checkpoint::{model_file_config, read_model_file};
 use crate::cli::config::TrainConfig;
 use crate::error::{ConfigError, TrainError};
@@ -98,7 +99,8 @@ pub(crate) fn fit_to_file(cfg: &mut TrainConfig, explicit: &[String]) -> Result<
     Ok(())
 }
 
-/// Starts `engine` from the model file at `path` (fresh optimizer state).
+/// Starts `engine` from the model file at `path` (fresh optimizer state); under tensor
+/// parallelism, each unit of this rank cut from the file's whole units.
 ///
 /// # Errors
 /// Checkpoint errors naming the file; [`TrainError::Resume`] if the file's model is not
@@ -111,6 +113,19 @@ pub fn load_init(path: &Path, model: &GptConfig, engine: &mut Engine) -> Result<
             reason: format!("it holds a model of shape {found:?}, this run builds {model:?}"),
         });
     }
+    // At T > 1 this rank's units are cut from the whole ones.
+    let units = match engine.tensor_parallel() {
+        None => units,
+        Some(tp) => {
+            let split = TpSplit {
+                size: tp.size(),
+                rank: tp.rank(),
+            };
+            (0..engine.units().len())
+                .map(|unit| cut(model, split, unit, &units))
+                .collect::<Result<_, _>>()?
+        }
+    };
     let states: Vec<UnitState> = units
         .into_iter()
         .map(|params| UnitState {

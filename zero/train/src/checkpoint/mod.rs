@@ -10,7 +10,7 @@
 //!   [`export_sharded_safetensors`] writes.
 //! - A run's saving and resuming of its training state ([`resume`]): the run's position
 //!   beside the engine's states, which zero-state saves and loads (one piece file per rank
-//!   plus a manifest, readable at any world size and stage).
+//!   plus a manifest, readable at any world size, stage and tensor-parallel size).
 //! - A run started from another tool's model file ([`init`], `--init-from`) and `zero-train
 //!   export` ([`export`]).
 //!
@@ -43,6 +43,8 @@ mod llmc_stream;
 mod model_file;
 pub mod resume;
 mod safetensors;
+mod tp_map;
+pub(crate) mod tp_units;
 
 pub use error::{CheckpointError, LlmcFormatError, Result, SafetensorsError};
 pub use hf::hf_config_json;

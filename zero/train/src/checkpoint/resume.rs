@@ -6,7 +6,8 @@
 //! module adds the run's position (step, optimizer steps, loss scale, data-loader position,
 //! model shape, configuration), which rides in the manifest's `meta`; the learning rate is
 //! a function of the step and sampling is seeded, so at the same world size and stage a
-//! resumed run continues to the bit.
+//! resumed run continues to the bit. A state saved at another tensor-parallel size
+//! (`--tensor-parallel-size`) is read through [`TpMap`], in whole-model coordinates.
 
 use crate::cli::config::TrainConfig;
 use crate::data::{DataLoader, LoaderState};
@@ -14,8 +15,13 @@ use crate::error::TrainError;
 use serde_json::json;
 use std::path::Path;
 use zero::Engine;
-use zero_gpt::GptConfig;
-use zero_state::{load_sharded, resolve_state_dir, start_save, PendingSave, ShardedReader};
+use zero_gpt::{GptConfig, TpSplit};
+use zero_state::{
+    load_sharded, load_sharded_with, resolve_state_dir, start_save, Partitioning, PendingSave,
+    ShardedReader,
+};
+
+use super::tp_map::TpMap;
 
 /// Starts saving the training run: the engine's states with the run's position; written
 /// in the background when `background` (see [`start_save`]).
@@ -67,7 +73,8 @@ pub fn load_state(
         dir: state_dir.clone(),
         reason,
     };
-    let meta = ShardedReader::open(&state_dir)?.manifest().meta.clone();
+    let manifest = ShardedReader::open(&state_dir)?.manifest().clone();
+    let meta = manifest.meta;
     let saved: GptConfig = serde_json::from_value(meta["model"].clone())
         .map_err(|e| bad(format!("no model shape in the state ({e})")))?;
     if saved != *model {
@@ -78,8 +85,8 @@ pub fn load_state(
             saved_shape_flags(&meta["config"])
         )));
     }
-    let reader = load_sharded(&state_dir, engine)?;
-    let step = reader.manifest().step;
+    load_engine(&state_dir, &manifest.partitioning, model, engine)?;
+    let step = manifest.step;
     let engine_steps = meta["engine_steps"]
         .as_u64()
         .ok_or_else(|| bad("no optimizer step count in the state".into()))?;
@@ -119,6 +126,32 @@ pub fn load_state(
     );
     loader.restore(&loader_state)?;
     Ok(step)
+}
+
+/// Loads the engine's states from `state_dir`, saved as `saved`: directly at the engine's
+/// tensor-parallel size, through [`TpMap`] at another.
+fn load_engine(
+    state_dir: &Path,
+    saved: &Partitioning,
+    model: &GptConfig,
+    engine: &mut Engine,
+) -> Result<(), TrainError> {
+    let split = engine
+        .tensor_parallel()
+        .map_or(TpSplit::NONE, |tp| TpSplit {
+            size: tp.size(),
+            rank: tp.rank(),
+        });
+    if saved.tensor_parallel == split.size {
+        load_sharded(state_dir, engine)?;
+    } else {
+        let map = TpMap::new(model, saved, split).map_err(|reason| TrainError::Resume {
+            dir: state_dir.to_path_buf(),
+            reason,
+        })?;
+        load_sharded_with(state_dir, engine, |unit, held| map.sources(unit, held))?;
+    }
+    Ok(())
 }
 
 /// A model's shape as the flags name it.

@@ -262,10 +262,6 @@ impl TrainConfig {
         let refused = [
             (self.device.is_cuda(), "--device cuda (CPU only)"),
             (self.backend == Backend::Nccl, "--backend nccl (CPU only)"),
-            (self.resume.is_some(), "--resume"),
-            (self.save.is_some(), "--save (checkpoints)"),
-            (self.init_from.is_some(), "--init-from"),
-            (self.export_llmc.is_some(), "--export-llmc"),
             (self.offload_optimizer, "--offload-optimizer"),
             (!self.inject_fault.is_empty(), "--inject-fault"),
             (self.fingerprint_every > 0, "--fingerprint-every"),

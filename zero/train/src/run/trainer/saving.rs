@@ -4,9 +4,11 @@
 use super::Trainer;
 use crate::bridge::Placement;
 use crate::checkpoint::resume::start_state_save;
+use crate::checkpoint::tp_units::{parts_of, place};
 use crate::checkpoint::{LlmcStreamWriter, ModelShape};
 use crate::error::TrainError;
 use std::time::Instant;
+use zero_gpt::{ParamLayout, TpSplit};
 use zero_state::{finish_save, PendingSave};
 
 impl<'a, B: Placement> Trainer<'a, B> {
@@ -54,7 +56,7 @@ impl<'a, B: Placement> Trainer<'a, B> {
 
     /// Writes `--export-llmc` (rank 0) unit by unit and waits for it; nothing without the
     /// flag. Each unit is gathered into the arena, written and freed, so the export holds one
-    /// unit beyond the rank's states. A write failure on rank 0 is reported after every rank
+    /// unit beyond the rank's states (at T > 1, one whole unit and the group's slices of it). A write failure on rank 0 is reported after every rank
     /// has finished the gathers, so no peer is left waiting in one.
     ///
     /// # Errors
@@ -73,8 +75,8 @@ impl<'a, B: Placement> Trainer<'a, B> {
             }
             None => None,
         };
-        for unit in 0..self.engine.units().len() {
-            let wrote = self.engine.with_whole_params(unit, |values| {
+        for unit in 0..ParamLayout::new(&self.shared.model).num_units() {
+            let wrote = self.with_whole_unit(unit, |values| {
                 writer.as_mut().map(|w| w.write_unit(unit, values))
             })?;
             if let Some(Err(e)) = wrote {
@@ -87,5 +89,36 @@ impl<'a, B: Placement> Trainer<'a, B> {
         }
         self.engine.comm().barrier()?;
         failure.map_or(Ok(()), Err)
+    }
+
+    /// Calls `f` with whole-model unit `whole` (T = 1 numbering): the engine's unit as
+    /// gathered over the data-parallel group at T = 1; at T > 1 assembled from the
+    /// tensor-parallel group's slices (all-gathered) and this rank's other units.
+    /// Collective over both groups.
+    fn with_whole_unit<R>(
+        &mut self,
+        whole: usize,
+        f: impl FnOnce(&[f32]) -> R,
+    ) -> Result<R, TrainError> {
+        let Some((t, rank)) = (self.engine.tensor_parallel()).map(|tp| (tp.size(), tp.rank()))
+        else {
+            return Ok(self.engine.with_whole_params(whole, f)?);
+        };
+        let model = self.shared.model;
+        let mut out = vec![0f32; ParamLayout::new(&model).units()[whole].len];
+        for (unit, slice) in parts_of(&model, t, whole)? {
+            let mine = self.engine.with_whole_params(unit, <[f32]>::to_vec)?;
+            match (slice, self.engine.tensor_parallel()) {
+                (true, Some(tp)) => {
+                    let mut all = vec![0f32; mine.len() * t];
+                    tp.all_gather(&mine, &mut all)?;
+                    for (r, values) in all.chunks_exact(mine.len().max(1)).enumerate() {
+                        place(&model, TpSplit { size: t, rank: r }, unit, values, &mut out)?;
+                    }
+                }
+                _ => place(&model, TpSplit { size: t, rank }, unit, &mine, &mut out)?,
+            }
+        }
+        Ok(f(&out))
     }
 }
