@@ -64,6 +64,16 @@ pub enum UnitKind {
     Positions,
 }
 
+impl UnitKind {
+    /// True for a rank's slice of a split tensor (a block's slice, the embedding's rows),
+    /// whose values differ by tensor-parallel rank; every other unit is the same on every
+    /// rank of a group.
+    #[must_use]
+    pub fn is_slice(self) -> bool {
+        matches!(self, Self::BlockSlice { .. } | Self::EmbeddingSlice)
+    }
+}
+
 /// One unit's table.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct UnitLayout {

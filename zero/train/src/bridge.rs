@@ -43,6 +43,16 @@ pub enum StepError {
     NoLoss,
 }
 
+/// The layout one rank of a tensor-parallel group of `t` trains: at `t` > 1 the blocks and
+/// the vocabulary split Megatron's way ([`ParamLayout::split_vocab`], the layout of
+/// [`Gpt::with_vocab_parallel`], which the trainer builds), at 1 the whole model.
+pub fn split_layout(model: &GptConfig, t: usize) -> ParamLayout {
+    match t {
+        0 | 1 => ParamLayout::new(model),
+        t => ParamLayout::split_vocab(model, t),
+    }
+}
+
 /// The engine's view of the model's units: sizes, names, where weight decay applies, and,
 /// in a layout split over a tensor-parallel group, which units are this rank's slices
 /// ([`UnitSpec::tp_sharded`]: the block slices; the rest is the same on every rank of the
@@ -62,11 +72,9 @@ pub fn gpt_units(layout: &ParamLayout) -> Vec<UnitSpec> {
                 UnitKind::EmbeddingSlice => "embeddings slice".to_string(),
                 UnitKind::Positions => "position embeddings".to_string(),
             };
-            let spec = match unit.kind {
-                UnitKind::BlockSlice { .. } | UnitKind::EmbeddingSlice => {
-                    UnitSpec::new(name, unit.len).tp_sharded()
-                }
-                _ => UnitSpec::new(name, unit.len),
+            let spec = match unit.kind.is_slice() {
+                true => UnitSpec::new(name, unit.len).tp_sharded(),
+                false => UnitSpec::new(name, unit.len),
             };
             unit.tensors
                 .iter()

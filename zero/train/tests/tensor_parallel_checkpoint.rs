@@ -185,7 +185,7 @@ fn a_recorded_t_that_cannot_split_the_model_is_refused_by_name() {
 /// by zero-gpt's `slice_part`, are the pieces each tensor-parallel rank saved, to the bit.
 #[test]
 fn a_state_saved_at_t2_exports_the_whole_model_its_ranks_sliced() {
-    use zero_gpt::{slice_part, unit_origin, ParamLayout, TpSplit, UnitKind};
+    use zero_gpt::{slice_part, unit_origin, ParamLayout, TpSplit};
     use zero_state::ShardedReader;
     use zero_train::checkpoint::export::{export, ExportArgs, ExportDtype, ExportFormat};
     use zero_train::checkpoint::LlmcCheckpoint;
@@ -204,33 +204,21 @@ fn a_state_saved_at_t2_exports_the_whole_model_its_ranks_sliced() {
     let cfg = export(&args).unwrap();
     let whole = LlmcCheckpoint::load(&to).unwrap().to_units().unwrap();
     let reader = ShardedReader::open(&state).unwrap();
-    let (layout, whole_layout) = (ParamLayout::split(&cfg, 2), ParamLayout::new(&cfg));
+    // The trainer splits the blocks and the vocabulary at T > 1.
+    let (layout, whole_layout) = (ParamLayout::split_vocab(&cfg, 2), ParamLayout::new(&cfg));
     for (unit, part) in layout.units().iter().enumerate() {
-        let ranks = match part.kind {
-            UnitKind::BlockSlice { .. } => 2,
-            _ => 1,
-        };
+        let ranks = if part.kind.is_slice() { 2 } else { 1 };
         for rank in 0..ranks {
             let split = TpSplit { size: 2, rank };
-            let w = unit_origin(&cfg, split, unit).unwrap().0;
+            let w = unit_origin(&cfg, &layout, split, unit).unwrap().0;
             let mut saved = vec![0f32; part.len];
             reader
                 .read_tp_range(rank, unit, "params", 0..part.len, &mut saved)
                 .unwrap();
-            // A block's parts are cut; the other units are whole on every rank.
-            let mut cut = whole[w].clone();
-            if let UnitKind::BlockSlice { .. } | UnitKind::BlockReplicated { .. } = part.kind {
-                cut = vec![0f32; part.len];
-                slice_part(
-                    &cfg,
-                    split,
-                    &whole_layout.units()[w],
-                    &whole[w],
-                    part,
-                    &mut cut,
-                )
-                .unwrap();
-            }
+            // Each unit's tensors cut from its whole unit (slices by rank, the rest whole).
+            let mut cut = vec![0f32; part.len];
+            let from = &whole_layout.units()[w];
+            slice_part(&cfg, split, from, &whole[w], part, &mut cut).unwrap();
             let bits = |xs: &[f32]| xs.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
             assert!(bits(&saved) == bits(&cut), "unit {unit} tp rank {rank}");
         }

@@ -4,7 +4,9 @@
 //! Parameters and Adam's moments move alike (the map knows elements, not kinds).
 
 use std::ops::Range;
-use zero_gpt::{unit_origin, GptConfig, ParamLayout, Run, TpSplit, UnitKind};
+use zero_gpt::{unit_origin, GptConfig, Run, TpSplit};
+
+use crate::bridge::split_layout;
 use zero_state::{Partitioning, Source};
 
 /// `len` elements at `whole` of a whole unit, saved by tensor-parallel rank `tp_rank` as
@@ -42,15 +44,18 @@ impl TpMap {
     ) -> Result<Self, String> {
         let t = saved.tensor_parallel;
         let to = split.size;
-        if (TpSplit { size: t, rank: 0 }).validate(model).is_err() {
+        if (TpSplit { size: t, rank: 0 })
+            .validate_vocab(model)
+            .is_err()
+        {
             return Err(format!(
                 "it records tensor-parallel size {t}, which does not split this model's {} \
-                 heads (an edited or corrupt manifest), so it cannot be mapped to \
-                 --tensor-parallel-size {to}",
-                model.num_heads
+                 heads and vocabulary padded to {} (an edited or corrupt manifest), so it \
+                 cannot be mapped to --tensor-parallel-size {to}",
+                model.num_heads, model.padded_vocab_size
             ));
         }
-        let layout = ParamLayout::split(model, t);
+        let layout = split_layout(model, t);
         let lens = layout.unit_lens();
         let saved_lens: Vec<usize> = saved.units.iter().map(|u| u.numel as usize).collect();
         if lens != saved_lens {
@@ -62,10 +67,7 @@ impl TpMap {
         }
         let mut by_whole: Vec<Vec<Saved>> = vec![Vec::new(); model.num_layers + 2];
         for (unit, part) in layout.units().iter().enumerate() {
-            let ranks = match part.kind {
-                UnitKind::BlockSlice { .. } => t,
-                _ => 1,
-            };
+            let ranks = if part.kind.is_slice() { t } else { 1 };
             for tp_rank in 0..ranks {
                 let (whole, runs) = origin(
                     model,
@@ -87,7 +89,7 @@ impl TpMap {
         for runs in &mut by_whole {
             runs.sort_by_key(|s| s.whole);
         }
-        let units = ParamLayout::split(model, split.size).num_units();
+        let units = split_layout(model, split.size).num_units();
         let target = (0..units)
             .map(|unit| origin(model, split, unit))
             .collect::<Result<_, _>>()?;
@@ -139,5 +141,7 @@ impl TpMap {
 
 /// [`unit_origin`], its error as a reason.
 fn origin(model: &GptConfig, split: TpSplit, unit: usize) -> Result<(usize, Vec<Run>), String> {
-    unit_origin(model, split, unit).map_err(|e| format!("unit {unit} at T = {}: {e}", split.size))
+    let layout = split_layout(model, split.size);
+    unit_origin(model, &layout, split, unit)
+        .map_err(|e| format!("unit {unit} at T = {}: {e}", split.size))
 }

@@ -3,13 +3,15 @@
 //! from its whole unit, and a whole unit is assembled from the group's block slices and
 //! rank 0's other units.
 
-use zero_gpt::{unit_origin, GptConfig, ParamLayout, TpSplit, UnitKind};
+use zero_gpt::{unit_origin, GptConfig, TpSplit};
+
+use crate::bridge::split_layout;
 
 use crate::error::TrainError;
 
-/// The units of a rank at tensor-parallel size `t` ([`ParamLayout::split`]) that make whole
-/// unit `whole`, in layout order, each with whether it is a block slice (which differs by
-/// rank; the others are the same on every rank).
+/// The units of a rank at tensor-parallel size `t` ([`split_layout`]) that make whole unit
+/// `whole`, in layout order, each with whether it is a slice (which differs by rank; the
+/// others are the same on every rank).
 ///
 /// # Errors
 /// A `t` that does not split `model`.
@@ -18,11 +20,11 @@ pub(crate) fn parts_of(
     t: usize,
     whole: usize,
 ) -> Result<Vec<(usize, bool)>, TrainError> {
-    let layout = ParamLayout::split(model, t);
+    let layout = split_layout(model, t);
     let mut parts = Vec::new();
     for (unit, part) in layout.units().iter().enumerate() {
-        if unit_origin(model, TpSplit { size: t, rank: 0 }, unit)?.0 == whole {
-            parts.push((unit, matches!(part.kind, UnitKind::BlockSlice { .. })));
+        if unit_origin(model, &layout, TpSplit { size: t, rank: 0 }, unit)?.0 == whole {
+            parts.push((unit, part.kind.is_slice()));
         }
     }
     Ok(parts)
@@ -40,7 +42,7 @@ pub(crate) fn place(
     values: &[f32],
     whole: &mut [f32],
 ) -> Result<(), TrainError> {
-    let (_, runs) = unit_origin(model, split, unit)?;
+    let (_, runs) = unit_origin(model, &split_layout(model, split.size), split, unit)?;
     let need = |r: &zero_gpt::Run| (r.part + r.len, r.whole + r.len);
     let (part_len, whole_len) = runs
         .iter()
@@ -64,7 +66,7 @@ pub(crate) fn cut(
     unit: usize,
     whole: &[Vec<f32>],
 ) -> Result<Vec<f32>, TrainError> {
-    let (w, runs) = unit_origin(model, split, unit)?;
+    let (w, runs) = unit_origin(model, &split_layout(model, split.size), split, unit)?;
     let source = whole.get(w).map_or(&[][..], Vec::as_slice);
     let need = runs.iter().map(|r| r.whole + r.len).max().unwrap_or(0);
     check_len("whole unit", need, source.len())?;

@@ -2,7 +2,7 @@
 //! the model's activations), and, for a cap too small, which stage and options would fit.
 
 use crate::bridge::{
-    activation_arena_bytes, gpt_units, kept_inputs, model_activation_arena_bytes,
+    activation_arena_bytes, gpt_units, kept_inputs, model_activation_arena_bytes, split_layout,
     ActivationPlacement, GptPrograms, TpPrograms,
 };
 use crate::cli::config::TrainConfig;
@@ -94,10 +94,7 @@ impl MemoryQuery {
     /// One rank's layout: the model's, split over T ranks at T > 1 with its vocabulary
     /// (every rank of a group holds as many parameters).
     pub fn layout(&self) -> ParamLayout {
-        match self.tensor_parallel {
-            0 | 1 => ParamLayout::new(&self.model),
-            tp => ParamLayout::split_vocab(&self.model, tp),
-        }
+        split_layout(&self.model, self.tensor_parallel)
     }
 
     /// The programs' calls of `layout`, as the engine is declared them, training first.
