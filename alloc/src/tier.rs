@@ -280,6 +280,30 @@ impl TierFile {
     }
 }
 
+/// Bytes of a tier file holding pieces of `lens` bytes: the header and every piece's slot
+/// rounded up to [`TIER_ALIGN`] (what [`TierFile::file_bytes`] measures, for planners that
+/// open no file).
+///
+/// # Errors
+/// [`AllocError::SizeOverflow`] when the sizes overflow.
+pub fn file_bytes(lens: &[u64]) -> Result<u64> {
+    let mut at = HEADER_BYTES as u64;
+    for &len in lens {
+        at = next_slot(at, len, lens.len())?;
+    }
+    Ok(at)
+}
+
+/// The offset after the slot of a piece of `len` bytes that starts at `at`.
+fn next_slot(at: u64, len: u64, pieces: usize) -> Result<u64> {
+    len.checked_next_multiple_of(TIER_ALIGN as u64)
+        .and_then(|slot| at.checked_add(slot))
+        .ok_or(AllocError::SizeOverflow {
+            count: pieces,
+            elem_size: TIER_ALIGN,
+        })
+}
+
 /// `spec`'s header and each piece's (offset, length) for pieces of `lens` bytes.
 fn layout(spec: TierSpec<'_>, lens: &[u64]) -> Result<(TierHeader, Vec<(u64, u64)>)> {
     let mut tier = [0u8; 16];
@@ -290,18 +314,11 @@ fn layout(spec: TierSpec<'_>, lens: &[u64]) -> Result<(TierHeader, Vec<(u64, u64
         });
     }
     tier[..name.len()].copy_from_slice(name);
-    let overflow = || AllocError::SizeOverflow {
-        count: lens.len(),
-        elem_size: TIER_ALIGN,
-    };
     let mut at = HEADER_BYTES as u64;
     let mut pieces = Vec::with_capacity(lens.len());
     for &len in lens {
         pieces.push((at, len));
-        let slot = len
-            .checked_next_multiple_of(TIER_ALIGN as u64)
-            .ok_or_else(overflow)?;
-        at = at.checked_add(slot).ok_or_else(overflow)?;
+        at = next_slot(at, len, lens.len())?;
     }
     let layout = lens.iter().fold(header::FNV_OFFSET, |h, len| {
         header::fnv1a(h, &len.to_le_bytes())

@@ -5,7 +5,7 @@
 
 use proptest::prelude::*;
 use std::path::PathBuf;
-use zero_alloc::tier::{ChunkPool, TierFile, TierSpec, HEADER_BYTES, TIER_ALIGN};
+use zero_alloc::tier::{file_bytes, ChunkPool, TierFile, TierSpec, HEADER_BYTES, TIER_ALIGN};
 use zero_alloc::AllocError;
 
 /// A fresh folder under the system's temporary one.
@@ -73,6 +73,7 @@ proptest! {
         }
         let slots: u64 = lens.iter().map(|l| l.next_multiple_of(TIER_ALIGN as u64)).sum();
         prop_assert_eq!(tier.file_bytes(), HEADER_BYTES as u64 + slots);
+        prop_assert_eq!(file_bytes(&lens).unwrap(), HEADER_BYTES as u64 + slots);
         prop_assert_eq!(std::fs::metadata(tier.path()).unwrap().len(), tier.file_bytes());
     }
 }
