@@ -75,6 +75,17 @@ pub struct EngineConfig {
     /// host arena of their own, page-locked when the arena is a GPU's, and AdamW on the host
     /// (see the `optimizer_home` module). The cap, `memory_limit`, is the engine arena's.
     pub offload_optimizer: bool,
+    /// With `offload_optimizer`: the master weights and moments in one file per rank (the
+    /// file tier, `--offload-optimizer nvme`) under [`EngineOps::nvme_path`], streamed
+    /// through the host arena piece by piece; the host arena holds only the update's
+    /// staging (see the `optimizer_stream` module).
+    pub optimizer_file: bool,
+    /// Bytes of the file tier's pool buffer (rounded up to 4 KiB): a piece larger than it
+    /// moves chunk by chunk.
+    pub nvme_chunk_bytes: usize,
+    /// Cap on the offloaded optimizer's host arena in bytes (`None`: exactly what the plan
+    /// needs); a cap below the plan is refused at start-up with the bytes needed.
+    pub host_memory_limit: Option<u64>,
     /// How the programs' kept inputs (activation checkpointing) are stored: their length,
     /// and whether they live in pinned host memory (ZeRO-R's checkpoint offload).
     pub kept_inputs: KeptInputs,
@@ -94,6 +105,9 @@ impl Default for EngineConfig {
             activation_bytes: 0,
             defragment: true,
             offload_optimizer: false,
+            optimizer_file: false,
+            nvme_chunk_bytes: 1 << 20,
+            host_memory_limit: None,
             kept_inputs: KeptInputs::default(),
         }
     }
@@ -114,6 +128,7 @@ impl EngineConfig {
             activation_bytes: self.activation_bytes,
             staging,
             offload_optimizer: self.offload_optimizer,
+            optimizer_file: self.offload_optimizer && self.optimizer_file,
             kept_inputs: self.kept_inputs,
         }
     }
@@ -228,6 +243,7 @@ impl Engine {
             device,
             kernels,
             collectives,
+            nvme_path,
         } = ops;
         for (unit, spec) in specs.iter().enumerate() {
             spec.check()
@@ -245,11 +261,18 @@ impl Engine {
             device,
             ..arena_config(capacity, config.defragment)
         })?;
+        let policies = unit_policies(&specs, shape)?;
         let mut offloaded = match memory_plan.offload {
-            Some(plan) => Some(OffloadedOptimizer::new(plan.total(), device)?),
+            Some(plan) => Some(OffloadedOptimizer::start(
+                plan,
+                &config,
+                device,
+                nvme_path.as_deref(),
+                &policies,
+                (comm.rank(), comm.size()),
+            )?),
             None => None,
         };
-        let policies = unit_policies(&specs, shape)?;
         let bufs = allocate_units(
             &mut arena,
             kernels.as_ref(),

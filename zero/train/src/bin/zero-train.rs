@@ -183,7 +183,7 @@ fn start_up_line(cfg: &zero_train::cli::config::TrainConfig, m: &zero_gpt::GptCo
         " (L {}, C {}, NH {}, V {})",
         m.num_layers, m.channels, m.num_heads, m.vocab_size
     );
-    let offload = if cfg.offload_optimizer {
+    let offload = if cfg.offload_optimizer.is_on() {
         " (optimizer offloaded to the host)"
     } else {
         ""

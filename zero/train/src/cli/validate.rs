@@ -244,7 +244,7 @@ impl TrainConfig {
             (self.save.is_some(), "--save (checkpoints)"),
             (self.init_from.is_some(), "--init-from"),
             (self.export_llmc.is_some(), "--export-llmc"),
-            (self.offload_optimizer, "--offload-optimizer"),
+            (self.offload_optimizer.is_on(), "--offload-optimizer"),
             (!self.inject_fault.is_empty(), "--inject-fault"),
             (self.fingerprint_every > 0, "--fingerprint-every"),
         ];

@@ -155,7 +155,7 @@ fn heading(cfg: &TrainConfig, m: &GptConfig) -> String {
         Some(k) => format!("checkpointing every {k}"),
         None => "no checkpointing".into(),
     };
-    let optimizer = if cfg.offload_optimizer {
+    let optimizer = if cfg.offload_optimizer.is_on() {
         "optimizer offloaded to the host"
     } else {
         "optimizer on the device"
