@@ -59,6 +59,15 @@ pub struct FileTierStats {
     pub direct: bool,
 }
 
+/// The file is the run's scratch (the states outlive it in checkpoints, not in it), so it
+/// goes with the engine rather than fill the disk run after run.
+impl Drop for FileStates {
+    fn drop(&mut self) {
+        // A file already gone, or a folder made read-only since, leaves nothing to do.
+        let _ = std::fs::remove_file(self.tier.path());
+    }
+}
+
 impl FileStates {
     /// Creates `dir`'s file for `rank` of `world`, zeroed, laid out as `layout` says, and a
     /// pool of one `chunk`-byte buffer (the stream's one I/O thread uses one at a time).
@@ -167,6 +176,12 @@ impl Engine {
     pub fn optimizer_file(&self) -> Option<FileTierStats> {
         let file = self.offloaded.as_ref()?.file.as_ref()?;
         Some(file.stats())
+    }
+
+    /// The optimizer file (`None` unless the optimizer states are in a file).
+    pub fn optimizer_file_path(&self) -> Option<&Path> {
+        let file = self.offloaded.as_ref()?.file.as_ref()?;
+        Some(file.tier.path())
     }
 
     /// `unit`'s block of `state` in the arena that holds the optimizer states (for the file

@@ -93,6 +93,7 @@ impl TrainConfig {
         self.validate_batch()?;
         self.validate_schedule()?;
         self.validate_engine(&model)?;
+        self.validate_offload()?;
         Ok(model)
     }
 

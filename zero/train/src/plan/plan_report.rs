@@ -10,7 +10,7 @@ use zero::{expected_model_state_bytes, MemoryPlan, Traffic, ZeroStage};
 use zero_alloc::human_bytes;
 use zero_gpt::{GptConfig, ParamLayout};
 
-use crate::cli::config::{Backend, TrainConfig};
+use crate::cli::config::{Backend, OffloadTier, TrainConfig};
 use crate::error::TrainError;
 use crate::plan::link_rate::LinkRate;
 use crate::plan::memory_fit::MemoryQuery;
@@ -76,7 +76,7 @@ pub fn plan_table(cfg: &TrainConfig, link: Option<LinkRate>) -> Result<String, T
     });
     out.push_str(&format!(
         "stage | parameters | gradients | optimizer | activations | transient | per rank | \
-         host arena/rank | formula (model states){fits_heading}\n",
+         host arena/rank | file/rank | formula (model states){fits_heading}\n",
     ));
     let h = |b: f64| human_bytes(b as u64);
     for p in &plans {
@@ -85,6 +85,10 @@ pub fn plan_table(cfg: &TrainConfig, link: Option<LinkRate>) -> Result<String, T
             .plan
             .offload
             .map_or("-".into(), |o| human_bytes(o.total()));
+        let file = match p.plan.offload {
+            Some(o) if o.file > 0 => human_bytes(o.file),
+            _ => "-".into(),
+        };
         let mark = if p.stage == cfg.zero_stage {
             " <- asked"
         } else {
@@ -96,7 +100,7 @@ pub fn plan_table(cfg: &TrainConfig, link: Option<LinkRate>) -> Result<String, T
             None => String::new(),
         };
         out.push_str(&format!(
-            "{} | {} | {} | {} | {} | {} | {} | {host} | {}{fits}{mark}\n",
+            "{} | {} | {} | {} | {} | {} | {} | {host} | {file} | {}{fits}{mark}\n",
             p.stage as u8,
             h(s.params),
             h(s.grads),
@@ -155,10 +159,10 @@ fn heading(cfg: &TrainConfig, m: &GptConfig) -> String {
         Some(k) => format!("checkpointing every {k}"),
         None => "no checkpointing".into(),
     };
-    let optimizer = if cfg.offload_optimizer.is_on() {
-        "optimizer offloaded to the host"
-    } else {
-        "optimizer on the device"
+    let optimizer = match cfg.offload_optimizer {
+        OffloadTier::Off => "optimizer on the device",
+        OffloadTier::Cpu => "optimizer offloaded to the host",
+        OffloadTier::Nvme => "optimizer offloaded to files, streamed through the host",
     };
     let tp = match cfg.tensor_parallel_size {
         1 => String::new(),

@@ -58,7 +58,7 @@ pub(super) fn build_engine<B: Placement>(
         layout,
         cfg.activation_placement().checkpoint_every,
         engine_config,
-        ops,
+        ops.with_nvme_path(cfg.nvme_path.clone()),
         |unit, w| {
             // Whole units made as at T = 1 and sliced: every T starts from the same model.
             if let Err(e) = init_split_unit(&gcfg, layout, split, unit, cfg.seed, w) {
