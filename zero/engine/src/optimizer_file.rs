@@ -158,10 +158,17 @@ impl FileStates {
     }
 
     /// Piece `k` of `unit`'s `state`, whole: (k, its values).
-    fn read_piece(&mut self, unit: usize, state: OptimState, k: usize) -> Result<(usize, Vec<f32>)> {
+    fn read_piece(
+        &mut self,
+        unit: usize,
+        state: OptimState,
+        k: usize,
+    ) -> Result<(usize, Vec<f32>)> {
         let index = self.layout.index(unit, k, state as usize);
         let len = self.layout.lens.get(index).copied().ok_or_else(|| {
-            Error::Order(format!("unit {unit} has no optimizer piece {k} in the file"))
+            Error::Order(format!(
+                "unit {unit} has no optimizer piece {k} in the file"
+            ))
         })?;
         let mut values = vec![0f32; usize::try_from(len / 4).unwrap_or(usize::MAX)];
         let bytes = bytemuck::cast_slice_mut(&mut values);

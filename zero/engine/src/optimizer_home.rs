@@ -113,7 +113,10 @@ impl OffloadedOptimizer {
     /// The arena that holds the states' blocks (the accounting mirror for the file tier)
     /// and the kernels that fill its blocks.
     pub fn parts(&mut self) -> (&mut Arena, &dyn Kernels) {
-        (self.layout.as_mut().unwrap_or(&mut self.arena), &self.kernels)
+        (
+            self.layout.as_mut().unwrap_or(&mut self.arena),
+            &self.kernels,
+        )
     }
 }
 
@@ -281,7 +284,11 @@ pub(crate) fn update_piece<S: Store>(
         copy_down(params, bytes, host, stage.params)?;
     }
     kernels.adamw(host, S::DTYPE, &bufs, step)?;
-    copy_up((host, stage.params), bytes, (device, b.params, at.params * elem))
+    copy_up(
+        (host, stage.params),
+        bytes,
+        (device, b.params, at.params * elem),
+    )
 }
 
 /// The host blocks of one unit's offloaded update: gradients and parameters in the storage

@@ -57,7 +57,9 @@ pub(crate) fn update_from_file<S: Store>(
         file,
         ..
     } = host;
-    let file = file.as_mut().ok_or_else(|| Error::Order("no optimizer file".into()))?;
+    let file = file
+        .as_mut()
+        .ok_or_else(|| Error::Order("no optimizer file".into()))?;
     if first.optim != 0 {
         return Err(Error::Order(format!(
             "an owned range at element {} of its kept block: the file's pieces start at 0",
@@ -100,8 +102,13 @@ pub(crate) fn update_from_file<S: Store>(
         *written_bytes += stream.moved.1;
         ran.and(drained)
     });
-    let freed = slots.iter().flat_map(|s| &s.blocks).try_for_each(|&h| arena.free(h));
-    streamed.and(freed.map_err(Error::from)).and(stage.free(arena))
+    let freed = slots
+        .iter()
+        .flat_map(|s| &s.blocks)
+        .try_for_each(|&h| arena.free(h));
+    streamed
+        .and(freed.map_err(Error::from))
+        .and(stage.free(arena))
 }
 
 /// Two slots of `states` blocks of `len` f32, or none (what was allocated is freed).
@@ -147,12 +154,18 @@ impl Io<'_> {
     }
 
     /// Writes then reads `job`'s pieces, counting (read, written) bytes into `moved`.
-    fn run(&mut self, unit: usize, job: &mut Job, moved: &mut (u64, u64)) -> zero_alloc::Result<()> {
+    fn run(
+        &mut self,
+        unit: usize,
+        job: &mut Job,
+        moved: &mut (u64, u64),
+    ) -> zero_alloc::Result<()> {
         if let Some(k) = job.write {
             for (state, buf) in job.bufs.iter().enumerate() {
                 let index = self.layout.index(unit, k, state);
                 let len = self.layout.lens[index] as usize;
-                self.tier.write_piece(index, &buf.as_ref()[..len], self.pool)?;
+                self.tier
+                    .write_piece(index, &buf.as_ref()[..len], self.pool)?;
                 moved.1 += len as u64;
             }
         }
@@ -160,7 +173,8 @@ impl Io<'_> {
             for (state, buf) in job.bufs.iter_mut().enumerate() {
                 let index = self.layout.index(unit, k, state);
                 let len = self.layout.lens[index] as usize;
-                self.tier.read_piece(index, &mut buf.as_mut()[..len], self.pool)?;
+                self.tier
+                    .read_piece(index, &mut buf.as_mut()[..len], self.pool)?;
                 moved.0 += len as u64;
             }
         }

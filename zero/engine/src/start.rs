@@ -3,13 +3,13 @@
 
 use super::engine::EngineConfig;
 use super::error::{Error, Result};
+use super::host_io::write_f32;
 use super::kernels::Kernels;
+use super::optimizer_file::OptimState;
 use super::optimizer_home::OffloadedOptimizer;
 use super::planning::plan::MemoryPlan;
 use super::planning::policy::UnitPolicy;
 use super::transient::{free_after, free_on_error};
-use super::host_io::write_f32;
-use super::optimizer_file::OptimState;
 use super::unit_buffers::{kept_values, upload_whole, write_params, UnitBuffers};
 use zero_alloc::Arena;
 use zero_comm::Communicator;

@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use zero::ZeroStage;
 use zero_state::{verify_state, StateError};
 use zero_train::checkpoint::CheckpointError;
-use zero_train::{train, PrecisionArg, TrainConfig, TrainError};
+use zero_train::{train, OffloadTier, PrecisionArg, TrainConfig, TrainError};
 
 /// Largest |loss difference| allowed between a run resumed at another world size or stage
 /// and the unbroken run, over the 3 steps after the resume. Each step sees the same set of
@@ -296,36 +296,50 @@ fn a_latest_pointing_nowhere_is_refused_and_without_it_the_highest_step_is_taken
 }
 
 /// ZeRO-Offload keeps the optimizer states elsewhere, not otherwise: a bf16 run with them
-/// offloaded trains the same losses and saves the same bytes as one without, and each resumes
-/// from the other's state to the bit.
+/// offloaded (to the host arena, or to files) trains the same losses and saves the same
+/// bytes as one without, and each resumes from the other's state to the bit.
 #[test]
 fn offloaded_optimizer_states_save_and_resume_as_the_device_ones() {
     let dir = TempDir::new("offload");
     learnable_corpus(&dir.0);
-    let run = |save: &Path, offload_optimizer: bool, resume: Option<PathBuf>| {
+    let nvme = dir.0.join("nvme");
+    std::fs::create_dir(&nvme).unwrap();
+    let run = |save: &Path, tier: OffloadTier, resume: Option<PathBuf>| {
         let cfg = TrainConfig {
             save: Some(save.to_path_buf()),
             save_every: 3,
             precision: PrecisionArg::Bf16,
-            offload_optimizer,
+            offload_optimizer: tier,
+            nvme_path: (tier == OffloadTier::Nvme).then(|| nvme.clone()),
             resume,
             ..tiny(&dir.0, 2, ZeroStage::Zero2)
         };
         train(&cfg).unwrap().losses
     };
-    let (on_device, offloaded) = (dir.0.join("device"), dir.0.join("offloaded"));
-    let device_losses = run(&on_device, false, None);
-    assert_eq!(run(&offloaded, true, None), device_losses);
-    for rank in 0..2 {
-        let name = format!("step-000006/rank-0000{rank}.bin");
-        let (a, b) = (on_device.join(&name), offloaded.join(&name));
-        assert!(
-            std::fs::read(a).unwrap() == std::fs::read(b).unwrap(),
-            "{name}"
-        );
+    let home = |tier: OffloadTier| dir.0.join(format!("{tier:?}"));
+    let device_losses = run(&home(OffloadTier::Off), OffloadTier::Off, None);
+    for tier in [OffloadTier::Cpu, OffloadTier::Nvme] {
+        assert_eq!(run(&home(tier), tier, None), device_losses, "{tier:?}");
+        for rank in 0..2 {
+            let name = format!("step-000006/rank-0000{rank}.bin");
+            let (a, b) = (home(OffloadTier::Off).join(&name), home(tier).join(&name));
+            assert!(
+                std::fs::read(a).unwrap() == std::fs::read(b).unwrap(),
+                "{tier:?} {name}"
+            );
+        }
     }
-    let step3 = |from: &Path| Some(from.join("step-000003"));
+    let step3 = |tier| Some(home(tier).join("step-000003"));
     let again = dir.0.join("again");
-    assert_eq!(run(&again, true, step3(&on_device)), device_losses[3..]);
-    assert_eq!(run(&again, false, step3(&offloaded)), device_losses[3..]);
+    for (from, to) in [
+        (OffloadTier::Off, OffloadTier::Cpu),
+        (OffloadTier::Cpu, OffloadTier::Off),
+        (OffloadTier::Off, OffloadTier::Nvme),
+        (OffloadTier::Nvme, OffloadTier::Off),
+    ] {
+        let resumed = run(&again, to, step3(from));
+        assert_eq!(resumed, device_losses[3..], "{to:?} from {from:?}'s state");
+    }
+    // Every run's file went with its engine.
+    assert_eq!(std::fs::read_dir(&nvme).unwrap().count(), 0);
 }

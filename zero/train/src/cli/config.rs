@@ -394,7 +394,11 @@ mod offload_tier {
             Word(String),
         }
         match Given::deserialize(d)? {
-            Given::Flag(on) => Ok(if on { OffloadTier::Cpu } else { OffloadTier::Off }),
+            Given::Flag(on) => Ok(if on {
+                OffloadTier::Cpu
+            } else {
+                OffloadTier::Off
+            }),
             Given::Word(word) => OffloadTier::parse(&word).map_err(D::Error::custom),
         }
     }

@@ -78,7 +78,10 @@ mod tests {
         let err = writable_dir(&under).unwrap_err().to_string();
         assert!(err.contains(&under.display().to_string()), "{err}");
         assert!(err.contains("not a directory"), "{err}");
-        assert!(writable_dir(&file).unwrap_err().to_string().contains("is not a directory"));
+        assert!(writable_dir(&file)
+            .unwrap_err()
+            .to_string()
+            .contains("is not a directory"));
         std::fs::remove_file(&file).unwrap();
     }
 }
