@@ -40,7 +40,7 @@ use super::start::{allocate_units, provide_staging};
 use super::unit_buffers::UnitBuffers;
 use crate::optim::AdamW;
 use std::collections::VecDeque;
-use zero_alloc::{Arena, ArenaConfig, Handle};
+use zero_alloc::{Arena, ArenaConfig, Device, Handle};
 use zero_comm::{Communicator, StagingRule};
 
 /// The engine's knobs, under DeepSpeed's names where it has them.
@@ -132,6 +132,16 @@ impl EngineConfig {
             kept_inputs: self.kept_inputs,
         }
     }
+}
+
+/// The rank's arena on `device`: the cap's bytes, or exactly the plan's.
+fn rank_arena(config: &EngineConfig, device: Device, plan: &MemoryPlan) -> Result<Arena> {
+    let capacity = config.memory_limit.unwrap_or(plan.total());
+    let capacity = usize::try_from(capacity).unwrap_or(usize::MAX);
+    Ok(Arena::new(ArenaConfig {
+        device,
+        ..arena_config(capacity, config.defragment)
+    })?)
 }
 
 /// Parameters (shared) and unreduced gradients (mutable) of some units, from
@@ -255,24 +265,16 @@ impl Engine {
             Some(limit) => check_fits(&specs, programs, shape, limit)?,
             None => plan_memory(&specs, programs, shape)?,
         };
-        let capacity = config.memory_limit.unwrap_or(memory_plan.total());
-        let capacity = usize::try_from(capacity).unwrap_or(usize::MAX);
-        let mut arena = Arena::new(ArenaConfig {
-            device,
-            ..arena_config(capacity, config.defragment)
-        })?;
+        let mut arena = rank_arena(&config, device, &memory_plan)?;
         let policies = unit_policies(&specs, shape)?;
-        let mut offloaded = match memory_plan.offload {
-            Some(plan) => Some(OffloadedOptimizer::start(
-                plan,
-                &config,
-                device,
-                nvme_path.as_deref(),
-                &policies,
-                (comm.rank(), comm.size()),
-            )?),
-            None => None,
-        };
+        let ranks = (comm.rank(), comm.size());
+        let mut offloaded = memory_plan
+            .offload
+            .map(|plan| {
+                let nvme = nvme_path.as_deref();
+                OffloadedOptimizer::start(plan, &config, device, nvme, &policies, ranks)
+            })
+            .transpose()?;
         let bufs = allocate_units(
             &mut arena,
             kernels.as_ref(),

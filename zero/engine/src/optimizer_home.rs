@@ -200,6 +200,7 @@ impl Engine {
                 (unit, b),
                 range,
                 step,
+                self.trace.as_mut(),
             );
         }
         let stage = Staging::new(&mut host.arena, S::DTYPE, owned.len.min(piece))?;

@@ -11,13 +11,15 @@
 //! read is the next one after piece k-1's.
 
 use super::error::{Error, Result};
-use super::kernels::{AdamWStep, HostKernels, Span};
+use super::kernels::{AdamWStep, HostKernels, Span as BlockSpan};
 use super::optimizer_file::FileStates;
 use super::optimizer_home::{update_piece, OffloadedOptimizer, OptimSpans, Piece, Staging};
 use super::planning::offload_plan::FileLayout;
 use super::precision::Store;
+use super::trace::{Lane, Span, Trace};
 use super::unit_buffers::UnitBuffers;
 use std::sync::mpsc::{channel, Receiver, Sender};
+use std::time::Instant;
 use zero_alloc::tier::{ChunkPool, TierFile};
 use zero_alloc::{Arena, Handle, Lent};
 
@@ -35,10 +37,11 @@ struct Job {
     bufs: Vec<Lent<u8>>,
 }
 
-/// The I/O thread's answer: the blocks back, what moved, and how it went.
+/// The I/O thread's answer: the blocks back, what moved, when, and how it went.
 struct Done {
     bufs: Vec<Lent<u8>>,
     moved: (u64, u64),
+    spans: Vec<Span>,
     result: zero_alloc::Result<()>,
 }
 
@@ -50,6 +53,7 @@ pub(crate) fn update_from_file<S: Store>(
     (unit, b): (usize, &UnitBuffers),
     (first, owned, kept): (Piece, usize, usize),
     step: &AdamWStep<'_>,
+    trace: Option<&mut Trace>,
 ) -> Result<()> {
     let OffloadedOptimizer {
         arena,
@@ -94,6 +98,7 @@ pub(crate) fn update_from_file<S: Store>(
             done,
             sent: 0,
             moved: (0, 0),
+            trace,
         };
         let pieces = (first, owned, piece);
         let ran = stream.run::<S>(device, kernels, (&stage, &slots), b, pieces, step);
@@ -140,11 +145,12 @@ impl Io<'_> {
     /// Answers `jobs` in order until the update drops its sender.
     fn serve(mut self, unit: usize, jobs: &Receiver<Job>, done: &Sender<Done>) {
         for mut job in jobs {
-            let mut moved = (0, 0);
-            let result = self.run(unit, &mut job, &mut moved);
+            let (mut moved, mut spans) = ((0, 0), Vec::new());
+            let result = self.run(unit, &mut job, &mut moved, &mut spans);
             let reply = Done {
                 bufs: job.bufs,
                 moved,
+                spans,
                 result,
             };
             if done.send(reply).is_err() {
@@ -153,32 +159,61 @@ impl Io<'_> {
         }
     }
 
-    /// Writes then reads `job`'s pieces, counting (read, written) bytes into `moved`.
+    /// Writes then reads `job`'s pieces, counting (read, written) bytes into `moved` and a
+    /// span per direction into `spans`.
     fn run(
         &mut self,
         unit: usize,
         job: &mut Job,
         moved: &mut (u64, u64),
+        spans: &mut Vec<Span>,
     ) -> zero_alloc::Result<()> {
         if let Some(k) = job.write {
+            let start = Instant::now();
+            let mut bytes = 0;
             for (state, buf) in job.bufs.iter().enumerate() {
                 let index = self.layout.index(unit, k, state);
                 let len = self.layout.lens[index] as usize;
                 self.tier
                     .write_piece(index, &buf.as_ref()[..len], self.pool)?;
-                moved.1 += len as u64;
+                bytes += len as u64;
             }
+            moved.1 += bytes;
+            spans.push(file_span(
+                format!("write unit {unit} piece {k}"),
+                start,
+                bytes,
+            ));
         }
         if let Some(k) = job.read {
+            let start = Instant::now();
+            let mut bytes = 0;
             for (state, buf) in job.bufs.iter_mut().enumerate() {
                 let index = self.layout.index(unit, k, state);
                 let len = self.layout.lens[index] as usize;
                 self.tier
                     .read_piece(index, &mut buf.as_mut()[..len], self.pool)?;
-                moved.0 += len as u64;
+                bytes += len as u64;
             }
+            moved.0 += bytes;
+            spans.push(file_span(
+                format!("read unit {unit} piece {k}"),
+                start,
+                bytes,
+            ));
         }
         Ok(())
+    }
+}
+
+/// A span of the file's lane from `start` until now that moved `bytes`.
+fn file_span(name: String, start: Instant, bytes: u64) -> Span {
+    Span {
+        name,
+        lane: Lane::File,
+        start,
+        end: Instant::now(),
+        bytes: Some(bytes),
     }
 }
 
@@ -190,6 +225,8 @@ struct Stream<'a> {
     done: Receiver<Done>,
     sent: usize,
     moved: (u64, u64),
+    /// The timeline being recorded, which takes the I/O thread's spans.
+    trace: Option<&'a mut Trace>,
 }
 
 impl Stream<'_> {
@@ -217,7 +254,7 @@ impl Stream<'_> {
                 offset: step.offset + start,
                 ..*step
             };
-            let span = |s: usize| Span::new(slot.blocks[s], 0..at.len);
+            let span = |s: usize| BlockSpan::new(slot.blocks[s], 0..at.len);
             let optim = OptimSpans {
                 m: span(0),
                 v: span(1),
@@ -260,6 +297,9 @@ impl Stream<'_> {
         self.sent -= 1;
         self.moved.0 += reply.moved.0;
         self.moved.1 += reply.moved.1;
+        if let Some(trace) = self.trace.as_deref_mut() {
+            trace.spans.extend(reply.spans);
+        }
         for lent in reply.bufs {
             self.arena.take_back(lent)?;
         }

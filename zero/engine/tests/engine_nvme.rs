@@ -10,7 +10,7 @@ mod common;
 use common::FnModel;
 use std::path::{Path, PathBuf};
 use zero::{
-    Engine, EngineConfig, EngineOps, Error, OpUnits, Precision, Program, UnitSpec, UnitState,
+    Engine, EngineConfig, EngineOps, Error, Lane, OpUnits, Precision, Program, UnitSpec, UnitState,
     ZeroStage,
 };
 
@@ -283,4 +283,58 @@ fn a_missing_folder_or_a_host_cap_below_one_piece_is_refused_at_start_up() {
             }
         });
     }
+}
+
+/// A traced step with the file tier: each unit's update holds a read and a write span per
+/// piece of its kept range the update covers, on the file's lane, their bytes what the file
+/// counts as moved; the file's bytes are sampled beside the arenas'.
+#[test]
+fn a_traced_step_shows_each_pieces_file_reads_and_writes_inside_its_units_update() {
+    let dir = TempDir::new("trace");
+    let cfg = config(ZeroStage::Zero0, Precision::Fp32, Home::File);
+    on_ranks(1, |c| {
+        let mut e = engine(c, cfg, Some(&dir.0)).unwrap();
+        let before = e.optimizer_file().unwrap();
+        e.start_trace();
+        micro_step(&mut e, 1.0).unwrap();
+        e.step(1e-2).unwrap();
+        let trace = e.take_trace().unwrap();
+        let after = e.optimizer_file().unwrap();
+        let file: Vec<_> = trace
+            .spans
+            .iter()
+            .filter(|s| s.lane == Lane::File)
+            .collect();
+        let piece = 2048 / 4;
+        for (u, &n) in SIZES.iter().enumerate() {
+            let update = trace
+                .spans
+                .iter()
+                .find(|s| s.name == format!("update unit {u}"))
+                .expect("the unit's update span");
+            for k in 0..n.div_ceil(piece) {
+                for way in ["read", "write"] {
+                    let name = format!("{way} unit {u} piece {k}");
+                    let span = file.iter().find(|s| s.name == name).expect(&name);
+                    assert!(
+                        update.start <= span.start && span.end <= update.end,
+                        "{name}"
+                    );
+                }
+            }
+        }
+        let sum = |way: &str| -> u64 {
+            let spans = file.iter().filter(|s| s.name.starts_with(way));
+            spans.map(|s| s.bytes.unwrap()).sum()
+        };
+        assert_eq!(sum("read"), after.read_bytes - before.read_bytes);
+        assert_eq!(sum("write"), after.written_bytes - before.written_bytes);
+        let samples: Vec<_> = trace
+            .samples
+            .iter()
+            .filter(|s| s.name == "file bytes")
+            .collect();
+        assert!(!samples.is_empty());
+        assert!(samples.iter().all(|s| s.value == after.file_bytes));
+    });
 }
