@@ -1,13 +1,15 @@
 //! Where a rank's optimizer states live: in the engine's arena beside the other model states,
 //! or, with ZeRO-Offload ([`EngineConfig::offload_optimizer`](crate::EngineConfig)), in a
-//! host arena of their own, updated there by host loops.
+//! host arena of their own, updated there by host loops, or, with the file tier
+//! ([`EngineConfig::optimizer_file`](crate::EngineConfig)), in one file per rank, streamed
+//! through that host arena (`optimizer_file`, `optimizer_stream`).
 //!
 //! The offloaded states are the f32 master weights (half precision) and Adam's m and v of the
 //! range the stage has a rank keep: the whole unit at stage 0, its shard at stages 1-3. The
 //! engine's arena keeps the stored parameters and the reduced gradients, so forward, backward
 //! and the reductions run as without offload, and every pass that reads or writes an
-//! optimizer state goes through [`Engine::optimizer_home`], the one place that knows which
-//! arena holds them.
+//! optimizer state goes through [`Engine::optimizer_home`] or
+//! [`Engine::read_optim`] / [`Engine::write_optim`], the places that know where they are.
 //!
 //! One unit's offloaded update ([`Engine::update_offloaded`]), after the global norm, piece
 //! by piece of the range the rank owns (a gradient bucket's worth each, so the host staging
@@ -16,15 +18,18 @@
 //!    arena into a host staging block;
 //! 2. fp32 only, where the stored parameters are Adam's master copy: their piece too;
 //! 3. [`HostKernels::adamw`](crate::HostKernels) updates the host blocks: the code a host
-//!    engine without offload runs, so the two give the same parameters to the bit;
+//!    engine without offload runs, so the two give the same parameters to the bit; with
+//!    the file tier, m, v and the master weights are a slot the piece was read into from
+//!    the file, written back after;
 //! 4. the updated parameters (rounded for half precision) are copied back into the piece of
 //!    the stored parameters. The step's all-gather follows the unit's last piece, as
 //!    without offload.
 //!
-//! The copies are the arena's blocking byte copies (a device-to-host and a host-to-device
-//! copy on a CUDA arena), one piece after the other. Not built: overlapping a piece's copies
-//! with the update of the previous one, and DeepSpeed's one-step delayed update that overlaps the host update with
-//! the next forward.
+//! The copies between the arenas are the arena's blocking byte copies (a device-to-host and a
+//! host-to-device copy on a CUDA arena), one piece after the other; only the file's reads and
+//! writes overlap the update (`optimizer_stream`). Not built: overlapping the arena copies
+//! with the update of the previous piece, and DeepSpeed's one-step delayed update that
+//! overlaps the host update with the next forward.
 
 use super::collectives::Collectives;
 use super::engine::{Engine, EngineConfig};
