@@ -281,19 +281,29 @@ impl Stream<'_> {
             }
         }
         let job = Job { write, read, bufs };
-        self.jobs
-            .send(job)
-            .map_err(|_| Error::Order("the optimizer file's I/O thread is gone".into()))?;
+        if let Err(unsent) = self.jobs.send(job) {
+            // The job comes back unsent: its slot is taken back, not left lent.
+            for lent in unsent.0.bufs {
+                self.arena.take_back(lent)?;
+            }
+            return Err(Error::Order(
+                "the optimizer file's I/O thread is gone".into(),
+            ));
+        }
         self.sent += 1;
         Ok(())
     }
 
     /// Takes the next reply's blocks back into the arena; its I/O error, if any.
     fn receive(&mut self) -> Result<()> {
-        let reply = self
-            .done
-            .recv()
-            .map_err(|_| Error::Order("the optimizer file's I/O thread is gone".into()))?;
+        let Ok(reply) = self.done.recv() else {
+            // A thread gone (it panicked) answers nothing more: its slots stay lent, and
+            // freeing them fails, which the update reports after this error.
+            self.sent = 0;
+            return Err(Error::Order(
+                "the optimizer file's I/O thread is gone".into(),
+            ));
+        };
         self.sent -= 1;
         self.moved.0 += reply.moved.0;
         self.moved.1 += reply.moved.1;
