@@ -266,6 +266,20 @@ fn a_missing_folder_or_a_host_cap_below_one_piece_is_refused_at_start_up() {
         .offload
         .unwrap();
     assert_eq!(plan.states, 0);
+    // With the states in the host arena, the cap must hold them too.
+    let host = config(ZeroStage::Zero2, Precision::Fp32, Home::Host);
+    let total = on_ranks(1, |c| engine(c, host, None).unwrap().memory_plan())[0]
+        .offload
+        .unwrap()
+        .total();
+    on_ranks(1, |c| {
+        let capped = EngineConfig {
+            host_memory_limit: Some(total - 1),
+            ..host
+        };
+        let err = message(engine(c, capped, None).unwrap_err());
+        assert!(err.contains(&format!("needs {total} bytes")), "{err}");
+    });
     for (limit, fits) in [(plan.staging, true), (plan.staging - 1, false)] {
         let capped = EngineConfig {
             host_memory_limit: Some(limit),
