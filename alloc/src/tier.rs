@@ -103,11 +103,13 @@ pub struct TierFile {
 }
 
 impl TierFile {
-    /// Creates (or replaces) `spec`'s file for pieces of `lens` bytes, zeroed.
+    /// Creates (or replaces) `spec`'s file for pieces of `lens` bytes, zeroed, and holds an
+    /// exclusive lock on it while it is open.
     ///
     /// # Errors
-    /// [`AllocError::TierIo`] when the file cannot be created or sized; a tier name over 16
-    /// bytes; sizes that overflow.
+    /// [`AllocError::TierIo`] when the file cannot be created or sized, or another
+    /// `TierFile` (in this process or another) holds it; a tier name over 16 bytes; sizes
+    /// that overflow.
     pub fn create(spec: TierSpec<'_>, lens: &[u64]) -> Result<Self> {
         let (header, pieces) = layout(spec, lens)?;
         let path = file_path(spec);
@@ -119,9 +121,19 @@ impl TierFile {
             pieces,
             direct: opened.1,
         };
+        // Claimed before it is emptied: a second engine given the same folder, rank and
+        // tier while the first runs (another run, or a test beside it) is refused here
+        // instead of truncating the first one's states under it. The lock goes with the
+        // file handle.
+        tier.file.try_lock().map_err(|e| AllocError::TierIo {
+            path: tier.path.clone(),
+            op: "claim (another engine holds it)",
+            source: e.into(),
+        })?;
         let total = HEADER_BYTES as u64 + header.payload;
         tier.file
-            .set_len(total)
+            .set_len(0)
+            .and_then(|()| tier.file.set_len(total))
             .map_err(tier.io_error("size the tier file"))?;
         tier.write_header()?;
         Ok(tier)
@@ -341,8 +353,9 @@ fn file_path(spec: TierSpec<'_>) -> PathBuf {
         .join(format!("zero-{}-rank{}.tier", spec.tier, spec.rank))
 }
 
-/// `path` opened for reading and writing (created and truncated when `create`), with
-/// `O_DIRECT` where the filesystem takes it; returns whether it did.
+/// `path` opened for reading and writing (created when `create`, but not emptied: the
+/// caller claims it first), with `O_DIRECT` where the filesystem takes it; returns whether
+/// it did.
 fn open_file(path: &Path, create: bool) -> Result<(File, bool)> {
     let open = |direct: bool| {
         let mut options = OpenOptions::new();
@@ -350,7 +363,7 @@ fn open_file(path: &Path, create: bool) -> Result<(File, bool)> {
             .read(true)
             .write(true)
             .create(create)
-            .truncate(create);
+            .truncate(false);
         if direct {
             options.custom_flags(libc::O_DIRECT);
         }
