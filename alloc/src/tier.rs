@@ -125,11 +125,7 @@ impl TierFile {
         // tier while the first runs (another run, or a test beside it) is refused here
         // instead of truncating the first one's states under it. The lock goes with the
         // file handle.
-        tier.file.try_lock().map_err(|e| AllocError::TierIo {
-            path: tier.path.clone(),
-            op: "claim (another engine holds it)",
-            source: e.into(),
-        })?;
+        lock_exclusive(&tier.file).map_err(tier.io_error("claim (another engine holds it)"))?;
         let total = HEADER_BYTES as u64 + header.payload;
         tier.file
             .set_len(0)
@@ -351,6 +347,19 @@ fn layout(spec: TierSpec<'_>, lens: &[u64]) -> Result<(TierHeader, Vec<(u64, u64
 fn file_path(spec: TierSpec<'_>) -> PathBuf {
     spec.dir
         .join(format!("zero-{}-rank{}.tier", spec.tier, spec.rank))
+}
+
+/// Takes an exclusive advisory lock on `file` (`flock`) without waiting; it lasts while the
+/// file is open.
+fn lock_exclusive(file: &File) -> std::io::Result<()> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: `flock` only reads the descriptor, which `file` keeps open during the call.
+    let rc = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
 }
 
 /// `path` opened for reading and writing (created when `create`, but not emptied: the
