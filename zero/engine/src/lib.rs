@@ -72,6 +72,7 @@ mod model;
 pub mod optim;
 mod optimizer_file;
 mod optimizer_home;
+mod optimizer_io;
 mod optimizer_stream;
 mod planning;
 mod precision;

@@ -12,9 +12,13 @@
 use super::engine::Engine;
 use super::error::{Error, Result};
 use super::host_io::{read_f32, write_f32};
+use super::optimizer_home::OffloadedOptimizer;
+use super::optimizer_io::IoThread;
+use super::optimizer_stream::StepStream;
 use super::planning::offload_plan::FileLayout;
 use std::ops::Range;
 use std::path::Path;
+use std::sync::Arc;
 use zero_alloc::tier::{ChunkPool, TierFile, TierSpec};
 use zero_alloc::Handle;
 
@@ -29,12 +33,18 @@ pub(crate) enum OptimState {
     Master = 2,
 }
 
-/// A rank's optimizer file, its chunk pool and what has moved through them.
+/// A rank's optimizer file, its I/O thread, the caller's pool buffer, the step being
+/// streamed and what has moved.
 #[derive(Debug)]
 pub(crate) struct FileStates {
-    pub tier: TierFile,
+    pub tier: Arc<TierFile>,
+    /// The buffer of reads and writes made on the engine's thread (exports, imports); the
+    /// I/O thread has its own.
     pub pool: ChunkPool,
     pub layout: FileLayout,
+    pub io: IoThread,
+    /// The step being streamed (`optimizer_stream`), if any.
+    pub stream: Option<StepStream>,
     /// Bytes read from and written to the file since start-up.
     pub read_bytes: u64,
     pub written_bytes: u64,
@@ -45,7 +55,8 @@ pub(crate) struct FileStates {
 pub struct FileTierStats {
     /// Bytes of the file (header and every piece's slot).
     pub file_bytes: u64,
-    /// Bytes of the chunk pool, fixed at start-up.
+    /// Bytes of the chunk pool (the I/O thread's buffer and the engine thread's), fixed at
+    /// start-up.
     pub pool_bytes: u64,
     /// Bytes of one pool buffer (a piece larger than this moves chunk by chunk).
     pub chunk_bytes: u64,
@@ -69,8 +80,9 @@ impl Drop for FileStates {
 }
 
 impl FileStates {
-    /// Creates `dir`'s file for `rank` of `world`, zeroed, laid out as `layout` says, and a
-    /// pool of one `chunk`-byte buffer (the stream's one I/O thread uses one at a time).
+    /// Creates `dir`'s file for `rank` of `world`, zeroed, laid out as `layout` says, and
+    /// starts its I/O thread; the pool is two `chunk`-byte buffers, the thread's and the
+    /// engine thread's.
     pub fn create(
         dir: &Path,
         (rank, world): (usize, usize),
@@ -90,10 +102,16 @@ impl FileStates {
             world: u32::try_from(world).unwrap_or(u32::MAX),
             run,
         };
+        let tier = Arc::new(TierFile::create(spec, &layout.lens)?);
+        let thread_pool = ChunkPool::new(1, chunk)?;
+        let io = IoThread::spawn(Arc::clone(&tier), layout.clone(), thread_pool)
+            .map_err(|e| Error::Order(format!("the optimizer file's I/O thread: {e}")))?;
         Ok(Self {
-            tier: TierFile::create(spec, &layout.lens)?,
+            tier,
             pool: ChunkPool::new(1, chunk)?,
             layout,
+            io,
+            stream: None,
             read_bytes: 0,
             written_bytes: 0,
         })
@@ -103,7 +121,8 @@ impl FileStates {
     pub fn stats(&self) -> FileTierStats {
         FileTierStats {
             file_bytes: self.tier.file_bytes(),
-            pool_bytes: self.pool.bytes() as u64,
+            // The I/O thread's buffer is the same size as the engine thread's.
+            pool_bytes: 2 * self.pool.bytes() as u64,
             chunk_bytes: self.pool.chunk() as u64,
             largest_piece: self.layout.lens.iter().copied().max().unwrap_or(0),
             read_bytes: self.read_bytes,
@@ -213,9 +232,16 @@ impl Engine {
         range: Range<usize>,
     ) -> Result<Vec<f32>> {
         let h = self.optim_handle(unit, state)?;
-        match self.offloaded.as_mut().and_then(|o| o.file.as_mut()) {
-            Some(file) => file.read_range(unit, state, range),
-            None => read_f32(self.optimizer_arena(), h, range),
+        match &mut self.offloaded {
+            Some(OffloadedOptimizer {
+                file: Some(file),
+                arena,
+                ..
+            }) => {
+                file.end_step(arena, None)?;
+                file.read_range(unit, state, range)
+            }
+            _ => read_f32(self.optimizer_arena(), h, range),
         }
     }
 
@@ -229,9 +255,16 @@ impl Engine {
         values: &[f32],
     ) -> Result<()> {
         let h = self.optim_handle(unit, state)?;
-        match self.offloaded.as_mut().and_then(|o| o.file.as_mut()) {
-            Some(file) => file.write_range(unit, state, at, values),
-            None => write_f32(self.optimizer_home().arena, h, at, values),
+        match &mut self.offloaded {
+            Some(OffloadedOptimizer {
+                file: Some(file),
+                arena,
+                ..
+            }) => {
+                file.end_step(arena, None)?;
+                file.write_range(unit, state, at, values)
+            }
+            _ => write_f32(self.optimizer_home().arena, h, at, values),
         }
     }
 }

@@ -197,13 +197,11 @@ impl Engine {
             return Err(Error::Order("offloaded update without offload".into()));
         };
         if host.file.is_some() {
-            let kept = policy.len(policy.whole_optim);
-            let range = (first, owned.len, kept);
             return super::optimizer_stream::update_from_file::<S>(
                 &mut self.arena,
                 host,
                 (unit, b),
-                range,
+                (first, owned.len),
                 step,
                 self.trace.as_mut(),
             );

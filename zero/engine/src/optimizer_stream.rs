@@ -1,59 +1,209 @@
-//! One unit's update with its optimizer states in the file tier (`--offload-optimizer
-//! nvme`): the states of each piece are read from the file into a slot of host arena
-//! blocks, updated by the same host AdamW as without the file, and written back.
+//! The optimizer's file tier over one step (`--offload-optimizer nvme`): every unit's owned
+//! pieces, in update order, are read from the file into a slot of host arena blocks,
+//! updated by the same host AdamW as without the file, and written back.
 //!
-//! Two slots alternate, and one I/O thread per update does the file's reads and writes in
-//! the order they are asked for: while the host updates piece k in one slot, the thread
-//! writes piece k-1 back from the other and then reads piece k+1 into it. A slot is lent to
-//! the thread ([`Arena::lend`]: pinned, so the arena neither views nor frees it) from the
-//! moment its job is sent until its reply is taken back, so the update and the I/O never
-//! touch the same bytes. Jobs are answered in the order sent, so the reply to piece k's
-//! read is the next one after piece k-1's.
+//! The step's pieces form one sequence across its units ([`StepStream`]), and two slots
+//! alternate along it: while the host updates piece i in one slot, the rank's I/O thread
+//! (`optimizer_io`) writes piece i-1 back from the other slot and then reads piece i+1 into
+//! it, whether i+1 is the same unit's next piece or the next unit's first; a unit's
+//! all-gather after its update runs while the next unit's first piece is read. Jobs are
+//! answered in the order sent, so the reply for piece i's read is the one after piece
+//! i-1's. A step that fails part-way leaves its stream to be drained (its slots taken back
+//! and freed) by whatever uses the file next: the next step, an export or an import.
 
+use super::engine::Engine;
 use super::error::{Error, Result};
-use super::kernels::{AdamWStep, HostKernels, Span as BlockSpan};
+use super::kernels::{AdamWStep, Span};
 use super::optimizer_file::FileStates;
 use super::optimizer_home::{update_piece, OffloadedOptimizer, OptimSpans, Piece, Staging};
-use super::planning::offload_plan::FileLayout;
+use super::optimizer_io::{Job, PieceId};
 use super::precision::Store;
-use super::trace::{Lane, Span, Trace};
+use super::trace::Trace;
 use super::unit_buffers::UnitBuffers;
-use std::sync::mpsc::{channel, Receiver, Sender};
-use std::time::Instant;
-use zero_alloc::tier::{ChunkPool, TierFile};
-use zero_alloc::{Arena, Handle, Lent};
+use zero_alloc::{Arena, Handle};
 
-/// One piece's states in the host arena: m, v (and the master weights), `len` f32 each.
-#[derive(Clone)]
-struct Slot {
-    blocks: Vec<Handle>,
+/// A step's pass over the file: the pieces every unit's update takes, in order, and the two
+/// slots (each one block per state) they alternate in.
+#[derive(Debug)]
+pub(crate) struct StepStream {
+    order: Vec<PieceId>,
+    /// The next piece to update, an index into `order`.
+    next: usize,
+    /// Jobs sent and not yet answered.
+    out: usize,
+    slots: [Vec<Handle>; 2],
 }
 
-/// Work for the I/O thread: write the lent blocks as file piece `write` (each state its
-/// own file piece), then read piece `read` into them.
-struct Job {
-    write: Option<usize>,
-    read: Option<usize>,
-    bufs: Vec<Lent<u8>>,
+impl FileStates {
+    /// Starts a step over the pieces `order`, in two slots of `slot_len` f32 per state:
+    /// sends the reads of the first two. A stream a failed step left is drained first.
+    pub fn begin_step(
+        &mut self,
+        arena: &mut Arena,
+        order: Vec<PieceId>,
+        slot_len: usize,
+    ) -> Result<()> {
+        self.end_step(arena, None)?;
+        let slots = alloc_slots(arena, self.layout.states, slot_len)?;
+        let first: Vec<PieceId> = order.iter().take(2).copied().collect();
+        self.stream = Some(StepStream {
+            order,
+            next: 0,
+            out: 0,
+            slots,
+        });
+        for (slot, piece) in first.into_iter().enumerate() {
+            self.send(arena, slot, None, Some(piece))?;
+        }
+        Ok(())
+    }
+
+    /// The slot holding `want`'s states once read (its blocks, one per state), which must
+    /// be the stream's next piece.
+    pub fn next_piece(
+        &mut self,
+        arena: &mut Arena,
+        trace: Option<&mut Trace>,
+        want: PieceId,
+    ) -> Result<Vec<Handle>> {
+        let Some(stream) = &self.stream else {
+            return Err(outside());
+        };
+        if stream.order.get(stream.next) != Some(&want) {
+            return Err(Error::Order(format!(
+                "unit {} piece {} updated out of the step's order",
+                want.0, want.1
+            )));
+        }
+        let slot = stream.slots[stream.next % 2].clone();
+        self.receive(arena, trace)?;
+        Ok(slot)
+    }
+
+    /// The stream's next piece is updated: its slot writes it back, then reads the piece
+    /// two ahead.
+    pub fn piece_done(&mut self, arena: &mut Arena) -> Result<()> {
+        let Some(stream) = &mut self.stream else {
+            return Err(outside());
+        };
+        let i = stream.next;
+        let (write, read) = (stream.order[i], stream.order.get(i + 2).copied());
+        stream.next += 1;
+        self.send(arena, i % 2, Some(write), read)
+    }
+
+    /// Ends the step's stream, if any: takes back every job still out and frees the slots;
+    /// the first error.
+    pub fn end_step(&mut self, arena: &mut Arena, mut trace: Option<&mut Trace>) -> Result<()> {
+        let mut first = Ok(());
+        while self.stream.as_ref().is_some_and(|s| s.out > 0) {
+            first = first.and(self.receive(arena, trace.as_deref_mut()));
+        }
+        let Some(stream) = self.stream.take() else {
+            return first;
+        };
+        let freed = stream
+            .slots
+            .iter()
+            .flatten()
+            .try_for_each(|&h| arena.free(h));
+        first.and(freed.map_err(Error::from))
+    }
+
+    /// Lends slot `slot`'s blocks to the I/O thread with a job.
+    fn send(
+        &mut self,
+        arena: &mut Arena,
+        slot: usize,
+        write: Option<PieceId>,
+        read: Option<PieceId>,
+    ) -> Result<()> {
+        let Some(stream) = self.stream.as_mut() else {
+            return Err(outside());
+        };
+        let mut bufs = Vec::with_capacity(stream.slots[slot].len());
+        for &h in &stream.slots[slot] {
+            match arena.lend::<u8>(h) {
+                Ok(lent) => bufs.push(lent),
+                Err(e) => {
+                    for lent in bufs {
+                        arena.take_back(lent)?;
+                    }
+                    return Err(e.into());
+                }
+            }
+        }
+        if let Err(unsent) = self.io.send(Job { write, read, bufs }) {
+            // The job comes back unsent: its slot is taken back, not left lent.
+            for lent in unsent.bufs {
+                arena.take_back(lent)?;
+            }
+            return Err(gone());
+        }
+        stream.out += 1;
+        Ok(())
+    }
+
+    /// Takes the next reply's blocks back into `arena`, counting what moved and recording
+    /// its spans; its I/O error, if any.
+    fn receive(&mut self, arena: &mut Arena, trace: Option<&mut Trace>) -> Result<()> {
+        let Some(stream) = self.stream.as_mut() else {
+            return Err(outside());
+        };
+        let Some(reply) = self.io.receive() else {
+            // A thread gone (it panicked) answers nothing more: its slots stay lent, and
+            // freeing them fails, which the step reports after this error.
+            stream.out = 0;
+            return Err(gone());
+        };
+        stream.out -= 1;
+        self.read_bytes += reply.moved.0;
+        self.written_bytes += reply.moved.1;
+        if let Some(trace) = trace {
+            trace.spans.extend(reply.spans);
+        }
+        for lent in reply.bufs {
+            arena.take_back(lent)?;
+        }
+        Ok(reply.result?)
+    }
 }
 
-/// The I/O thread's answer: the blocks back, what moved, when, and how it went.
-struct Done {
-    bufs: Vec<Lent<u8>>,
-    moved: (u64, u64),
-    spans: Vec<Span>,
-    result: zero_alloc::Result<()>,
+fn gone() -> Error {
+    Error::Order("the optimizer file's I/O thread is gone".into())
 }
 
-/// `unit`'s update from and back to `host`'s file: `range` is (the owned range's first
-/// piece, its length, the kept length).
+fn outside() -> Error {
+    Error::Order("a piece of the optimizer file outside a step".into())
+}
+
+/// Two slots of `states` blocks of `len` f32, or none (what was allocated is freed).
+fn alloc_slots(arena: &mut Arena, states: usize, len: usize) -> Result<[Vec<Handle>; 2]> {
+    let mut blocks = Vec::with_capacity(2 * states);
+    for _ in 0..2 * states {
+        match arena.alloc_elems::<f32>(len) {
+            Ok(h) => blocks.push(h),
+            Err(e) => {
+                for h in blocks {
+                    arena.free(h)?;
+                }
+                return Err(e.into());
+            }
+        }
+    }
+    let second = blocks.split_off(states);
+    Ok([blocks, second])
+}
+
+/// `unit`'s update from and back to `host`'s file, along the step's stream: the `owned`
+/// elements from `first`, a piece at a time.
 pub(crate) fn update_from_file<S: Store>(
     device: &mut Arena,
     host: &mut OffloadedOptimizer,
     (unit, b): (usize, &UnitBuffers),
-    (first, owned, kept): (Piece, usize, usize),
+    (first, owned): (Piece, usize),
     step: &AdamWStep<'_>,
-    trace: Option<&mut Trace>,
+    mut trace: Option<&mut Trace>,
 ) -> Result<()> {
     let OffloadedOptimizer {
         arena,
@@ -72,258 +222,67 @@ pub(crate) fn update_from_file<S: Store>(
     }
     let piece = file.layout.piece;
     let stage = Staging::new(arena, S::DTYPE, owned.min(piece))?;
-    let slots = match alloc_slots(arena, file.layout.states, kept.min(piece).max(1)) {
-        Ok(slots) => slots,
-        Err(e) => {
-            // The allocation's failure explains more than a failure to free after it.
-            let _ = stage.free(arena);
-            return Err(e);
+    let mut updated = Ok(());
+    for k in 0..owned.div_ceil(piece) {
+        let start = k * piece;
+        let at = first.advanced(start, piece.min(owned - start));
+        let step = AdamWStep {
+            offset: step.offset + start,
+            ..*step
+        };
+        updated = file
+            .next_piece(arena, trace.as_deref_mut(), (unit, k))
+            .and_then(|slot| {
+                let span = |s: usize| Span::new(slot[s], 0..at.len);
+                let optim = OptimSpans {
+                    m: span(0),
+                    v: span(1),
+                    master: (slot.len() > 2).then(|| span(2)),
+                };
+                update_piece::<S>(device, (arena, kernels), &stage, b, at, optim, &step)
+            })
+            .and_then(|()| file.piece_done(arena));
+        if updated.is_err() {
+            break;
         }
-    };
-    let FileStates {
-        tier,
-        pool,
-        layout,
-        read_bytes,
-        written_bytes,
-    } = file;
-    let streamed = std::thread::scope(|scope| {
-        let (jobs, job_rx) = channel();
-        let (done_tx, done) = channel();
-        let io = Io { tier, pool, layout };
-        scope.spawn(move || io.serve(unit, &job_rx, &done_tx));
-        let mut stream = Stream {
+    }
+    // The update's own failure explains more than a failure to free after it.
+    updated.and(stage.free(arena))
+}
+
+impl Engine {
+    /// Starts the step's stream over the optimizer file (nothing without the file tier):
+    /// every unit's owned pieces in update order, in slots as large as the largest piece of
+    /// any unit's kept range.
+    pub(crate) fn begin_file_step(&mut self) -> Result<()> {
+        let rank = self.rank();
+        let Some(OffloadedOptimizer {
+            file: Some(file),
             arena,
-            jobs,
-            done,
-            sent: 0,
-            moved: (0, 0),
-            trace,
+            ..
+        }) = &mut self.offloaded
+        else {
+            return Ok(());
         };
-        let pieces = (first, owned, piece);
-        let ran = stream.run::<S>(device, kernels, (&stage, &slots), b, pieces, step);
-        let drained = stream.drain();
-        *read_bytes += stream.moved.0;
-        *written_bytes += stream.moved.1;
-        ran.and(drained)
-    });
-    let freed = slots
-        .iter()
-        .flat_map(|s| &s.blocks)
-        .try_for_each(|&h| arena.free(h));
-    streamed
-        .and(freed.map_err(Error::from))
-        .and(stage.free(arena))
-}
-
-/// Two slots of `states` blocks of `len` f32, or none (what was allocated is freed).
-fn alloc_slots(arena: &mut Arena, states: usize, len: usize) -> Result<[Slot; 2]> {
-    let mut blocks = Vec::with_capacity(2 * states);
-    for _ in 0..2 * states {
-        match arena.alloc_elems::<f32>(len) {
-            Ok(h) => blocks.push(h),
-            Err(e) => {
-                for h in blocks {
-                    arena.free(h)?;
-                }
-                return Err(e.into());
-            }
+        let piece = file.layout.piece;
+        let (mut order, mut slot_len) = (Vec::new(), 1);
+        for (unit, p) in self.units.policies.iter().enumerate() {
+            slot_len = slot_len.max(p.len(p.whole_optim).min(piece));
+            order.extend((0..p.owned(rank).len.div_ceil(piece)).map(|k| (unit, k)));
         }
-    }
-    let second = blocks.split_off(states);
-    Ok([Slot { blocks }, Slot { blocks: second }])
-}
-
-/// The I/O thread's view of the file.
-struct Io<'a> {
-    tier: &'a TierFile,
-    pool: &'a mut ChunkPool,
-    layout: &'a FileLayout,
-}
-
-impl Io<'_> {
-    /// Answers `jobs` in order until the update drops its sender.
-    fn serve(mut self, unit: usize, jobs: &Receiver<Job>, done: &Sender<Done>) {
-        for mut job in jobs {
-            let (mut moved, mut spans) = ((0, 0), Vec::new());
-            let result = self.run(unit, &mut job, &mut moved, &mut spans);
-            let reply = Done {
-                bufs: job.bufs,
-                moved,
-                spans,
-                result,
-            };
-            if done.send(reply).is_err() {
-                break;
-            }
-        }
+        file.begin_step(arena, order, slot_len)
     }
 
-    /// Writes then reads `job`'s pieces, counting (read, written) bytes into `moved` and a
-    /// span per direction into `spans`.
-    fn run(
-        &mut self,
-        unit: usize,
-        job: &mut Job,
-        moved: &mut (u64, u64),
-        spans: &mut Vec<Span>,
-    ) -> zero_alloc::Result<()> {
-        if let Some(k) = job.write {
-            let start = Instant::now();
-            let mut bytes = 0;
-            for (state, buf) in job.bufs.iter().enumerate() {
-                let index = self.layout.index(unit, k, state);
-                let len = self.layout.lens[index] as usize;
-                self.tier
-                    .write_piece(index, &buf.as_ref()[..len], self.pool)?;
-                bytes += len as u64;
-            }
-            moved.1 += bytes;
-            spans.push(file_span(
-                format!("write unit {unit} piece {k}"),
-                start,
-                bytes,
-            ));
-        }
-        if let Some(k) = job.read {
-            let start = Instant::now();
-            let mut bytes = 0;
-            for (state, buf) in job.bufs.iter_mut().enumerate() {
-                let index = self.layout.index(unit, k, state);
-                let len = self.layout.lens[index] as usize;
-                self.tier
-                    .read_piece(index, &mut buf.as_mut()[..len], self.pool)?;
-                bytes += len as u64;
-            }
-            moved.0 += bytes;
-            spans.push(file_span(
-                format!("read unit {unit} piece {k}"),
-                start,
-                bytes,
-            ));
-        }
-        Ok(())
-    }
-}
-
-/// A span of the file's lane from `start` until now that moved `bytes`.
-fn file_span(name: String, start: Instant, bytes: u64) -> Span {
-    Span {
-        name,
-        lane: Lane::File,
-        start,
-        end: Instant::now(),
-        bytes: Some(bytes),
-    }
-}
-
-/// The update's side of the I/O thread: the host arena, the channels, and how many jobs
-/// were sent (the replies taken back are the pieces updated so far, plus those drained).
-struct Stream<'a> {
-    arena: &'a mut Arena,
-    jobs: Sender<Job>,
-    done: Receiver<Done>,
-    sent: usize,
-    moved: (u64, u64),
-    /// The timeline being recorded, which takes the I/O thread's spans.
-    trace: Option<&'a mut Trace>,
-}
-
-impl Stream<'_> {
-    /// Every piece of the `owned` elements from `first`, `piece` at a time: read ahead two
-    /// slots deep, updated, written back.
-    fn run<S: Store>(
-        &mut self,
-        device: &mut Arena,
-        kernels: &HostKernels,
-        (stage, slots): (&Staging, &[Slot; 2]),
-        b: &UnitBuffers,
-        (first, owned, piece): (Piece, usize, usize),
-        step: &AdamWStep<'_>,
-    ) -> Result<()> {
-        let n = owned.div_ceil(piece);
-        for (k, slot) in slots.iter().enumerate().take(n) {
-            self.send(slot, None, Some(k))?;
-        }
-        for k in 0..n {
-            let slot = &slots[k % 2];
-            self.receive()?;
-            let start = k * piece;
-            let at = first.advanced(start, piece.min(owned - start));
-            let step = AdamWStep {
-                offset: step.offset + start,
-                ..*step
-            };
-            let span = |s: usize| BlockSpan::new(slot.blocks[s], 0..at.len);
-            let optim = OptimSpans {
-                m: span(0),
-                v: span(1),
-                master: (slot.blocks.len() > 2).then(|| span(2)),
-            };
-            update_piece::<S>(device, (self.arena, kernels), stage, b, at, optim, &step)?;
-            self.send(slot, Some(k), (k + 2 < n).then_some(k + 2))?;
-        }
-        Ok(())
-    }
-
-    /// Lends `slot`'s blocks to the I/O thread with a job.
-    fn send(&mut self, slot: &Slot, write: Option<usize>, read: Option<usize>) -> Result<()> {
-        let mut bufs = Vec::with_capacity(slot.blocks.len());
-        for &h in &slot.blocks {
-            match self.arena.lend::<u8>(h) {
-                Ok(lent) => bufs.push(lent),
-                Err(e) => {
-                    for lent in bufs {
-                        self.arena.take_back(lent)?;
-                    }
-                    return Err(e.into());
-                }
-            }
-        }
-        let job = Job { write, read, bufs };
-        if let Err(unsent) = self.jobs.send(job) {
-            // The job comes back unsent: its slot is taken back, not left lent.
-            for lent in unsent.0.bufs {
-                self.arena.take_back(lent)?;
-            }
-            return Err(Error::Order(
-                "the optimizer file's I/O thread is gone".into(),
-            ));
-        }
-        self.sent += 1;
-        Ok(())
-    }
-
-    /// Takes the next reply's blocks back into the arena; its I/O error, if any.
-    fn receive(&mut self) -> Result<()> {
-        let Ok(reply) = self.done.recv() else {
-            // A thread gone (it panicked) answers nothing more: its slots stay lent, and
-            // freeing them fails, which the update reports after this error.
-            self.sent = 0;
-            return Err(Error::Order(
-                "the optimizer file's I/O thread is gone".into(),
-            ));
+    /// Ends the step's stream over the optimizer file, if any (`FileStates::end_step`).
+    pub(crate) fn end_file_step(&mut self) -> Result<()> {
+        let Some(OffloadedOptimizer {
+            file: Some(file),
+            arena,
+            ..
+        }) = &mut self.offloaded
+        else {
+            return Ok(());
         };
-        self.sent -= 1;
-        self.moved.0 += reply.moved.0;
-        self.moved.1 += reply.moved.1;
-        if let Some(trace) = self.trace.as_deref_mut() {
-            trace.spans.extend(reply.spans);
-        }
-        for lent in reply.bufs {
-            self.arena.take_back(lent)?;
-        }
-        Ok(reply.result?)
-    }
-
-    /// Takes back every job still out (after the last piece, or after a failure), so that
-    /// no slot stays lent; the first error.
-    fn drain(&mut self) -> Result<()> {
-        let mut first = Ok(());
-        while self.sent > 0 {
-            let taken = self.receive();
-            first = first.and(taken);
-        }
-        first
+        file.end_step(arena, self.trace.as_mut())
     }
 }

@@ -21,8 +21,9 @@ pub struct OffloadPlan {
     /// 0 when they live in the file tier.
     pub states: u64,
     /// The staging of one piece of the update, the largest any rank makes (an export gathers
-    /// sharded states into heap buffers, not here); with the file tier, two slots of one
-    /// piece's states besides (one updated while the other is written and read).
+    /// sharded states into heap buffers, not here); with the file tier, two slots of the
+    /// largest piece's states besides, held over the whole step (one updated while the
+    /// other is written and read).
     pub staging: u64,
     /// Bytes of the rank's optimizer file (`--offload-optimizer nvme`), header included; 0
     /// without the file tier.
@@ -102,21 +103,21 @@ pub(crate) fn plan_offload(
 ) -> Result<OffloadPlan> {
     let piece = piece_elems(reduce_bucket_bytes, precision);
     let f32_block = |elems: usize| block_bytes((elems as u64).saturating_mul(4));
-    let (mut states, mut staging) = (0u64, 0u64);
+    let (mut states, mut staging, mut slot_len) = (0u64, 0u64, 1);
     let per_state = states_per_elem(precision) as u64;
     for p in policies {
         let kept = p.len(p.whole_optim);
         let widest = (0..world).map(|r| p.owned(r).len).max().unwrap_or(0);
-        let mut unit_staging = staging_bytes(precision, widest.min(piece))?;
-        if to_file {
-            let slot = f32_block(kept.min(piece).max(1))?.saturating_mul(per_state);
-            unit_staging = unit_staging.saturating_add(2 * slot);
-        } else {
-            states = states.saturating_add(f32_block(kept)?.saturating_mul(per_state));
-        }
-        staging = staging.max(unit_staging);
+        staging = staging.max(staging_bytes(precision, widest.min(piece))?);
+        states = states.saturating_add(f32_block(kept)?.saturating_mul(per_state));
+        slot_len = slot_len.max(kept.min(piece));
     }
     let file = if to_file {
+        // The step's two slots of one piece's states, for the whole step, beside the
+        // staging of the unit being updated; the states in the file instead of the arena.
+        let slot = f32_block(slot_len)?.saturating_mul(per_state);
+        staging = staging.saturating_add(2 * slot);
+        states = 0;
         let layout = FileLayout::new(policies, precision, piece);
         zero_alloc::tier::file_bytes(&layout.lens)
             .map_err(|e| Error::Order(format!("the optimizer file's size: {e}")))?
