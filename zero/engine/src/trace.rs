@@ -5,9 +5,11 @@
 //! Recording is off until [`Engine::start_trace`]; while on, the engine records a span for
 //! each operation of the model, each engine call around them, each collective it launches
 //! ahead of its use (from launch until the engine saw it land), each copy of a kept input
-//! (timed on the copy thread itself), each optimizer step and each unit's update in it, and
-//! counters of the arena's bytes (and the offloaded optimizer's host arena's, and its file's
-//! with the file tier) after each call, and each read and write of the optimizer's file. [`chrome_trace`] lays the traces of several ranks out as one document:
+//! (timed on the copy thread itself), each optimizer step and each unit's update in it, each
+//! read and write of the optimizer's file (timed on its I/O thread), and counters of the
+//! arena's bytes (and the offloaded optimizer's host arena's, and its file's with the file
+//! tier) after each call. [`chrome_trace`] lays the traces of several ranks out as one
+//! document:
 //! one process per rank (`pid`), one thread per [`Lane`] (`tid`), times in microseconds
 //! from the earliest event. Collectives in flight overlap each other without nesting, so
 //! they are async events (one row each in Perfetto), the other lanes complete events.
