@@ -103,11 +103,13 @@ pub struct TierFile {
 }
 
 impl TierFile {
-    /// Creates (or replaces) `spec`'s file for pieces of `lens` bytes, zeroed.
+    /// Creates (or replaces) `spec`'s file for pieces of `lens` bytes, zeroed, and holds an
+    /// exclusive lock on it while it is open.
     ///
     /// # Errors
-    /// [`AllocError::TierIo`] when the file cannot be created or sized; a tier name over 16
-    /// bytes; sizes that overflow.
+    /// [`AllocError::TierIo`] when the file cannot be created or sized, or another
+    /// `TierFile` (in this process or another) holds it; a tier name over 16 bytes; sizes
+    /// that overflow.
     pub fn create(spec: TierSpec<'_>, lens: &[u64]) -> Result<Self> {
         let (header, pieces) = layout(spec, lens)?;
         let path = file_path(spec);
@@ -119,9 +121,15 @@ impl TierFile {
             pieces,
             direct: opened.1,
         };
+        // Claimed before it is emptied: a second engine given the same folder, rank and
+        // tier while the first runs (another run, or a test beside it) is refused here
+        // instead of truncating the first one's states under it. The lock goes with the
+        // file handle.
+        lock_exclusive(&tier.file).map_err(tier.io_error("claim (another engine holds it)"))?;
         let total = HEADER_BYTES as u64 + header.payload;
         tier.file
-            .set_len(total)
+            .set_len(0)
+            .and_then(|()| tier.file.set_len(total))
             .map_err(tier.io_error("size the tier file"))?;
         tier.write_header()?;
         Ok(tier)
@@ -280,6 +288,30 @@ impl TierFile {
     }
 }
 
+/// Bytes of a tier file holding pieces of `lens` bytes: the header and every piece's slot
+/// rounded up to [`TIER_ALIGN`] (what [`TierFile::file_bytes`] measures, for planners that
+/// open no file).
+///
+/// # Errors
+/// [`AllocError::SizeOverflow`] when the sizes overflow.
+pub fn file_bytes(lens: &[u64]) -> Result<u64> {
+    let mut at = HEADER_BYTES as u64;
+    for &len in lens {
+        at = next_slot(at, len, lens.len())?;
+    }
+    Ok(at)
+}
+
+/// The offset after the slot of a piece of `len` bytes that starts at `at`.
+fn next_slot(at: u64, len: u64, pieces: usize) -> Result<u64> {
+    len.checked_next_multiple_of(TIER_ALIGN as u64)
+        .and_then(|slot| at.checked_add(slot))
+        .ok_or(AllocError::SizeOverflow {
+            count: pieces,
+            elem_size: TIER_ALIGN,
+        })
+}
+
 /// `spec`'s header and each piece's (offset, length) for pieces of `lens` bytes.
 fn layout(spec: TierSpec<'_>, lens: &[u64]) -> Result<(TierHeader, Vec<(u64, u64)>)> {
     let mut tier = [0u8; 16];
@@ -290,18 +322,11 @@ fn layout(spec: TierSpec<'_>, lens: &[u64]) -> Result<(TierHeader, Vec<(u64, u64
         });
     }
     tier[..name.len()].copy_from_slice(name);
-    let overflow = || AllocError::SizeOverflow {
-        count: lens.len(),
-        elem_size: TIER_ALIGN,
-    };
     let mut at = HEADER_BYTES as u64;
     let mut pieces = Vec::with_capacity(lens.len());
     for &len in lens {
         pieces.push((at, len));
-        let slot = len
-            .checked_next_multiple_of(TIER_ALIGN as u64)
-            .ok_or_else(overflow)?;
-        at = at.checked_add(slot).ok_or_else(overflow)?;
+        at = next_slot(at, len, lens.len())?;
     }
     let layout = lens.iter().fold(header::FNV_OFFSET, |h, len| {
         header::fnv1a(h, &len.to_le_bytes())
@@ -324,8 +349,22 @@ fn file_path(spec: TierSpec<'_>) -> PathBuf {
         .join(format!("zero-{}-rank{}.tier", spec.tier, spec.rank))
 }
 
-/// `path` opened for reading and writing (created and truncated when `create`), with
-/// `O_DIRECT` where the filesystem takes it; returns whether it did.
+/// Takes an exclusive advisory lock on `file` (`flock`) without waiting; it lasts while the
+/// file is open.
+fn lock_exclusive(file: &File) -> std::io::Result<()> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: `flock` only reads the descriptor, which `file` keeps open during the call.
+    let rc = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
+}
+
+/// `path` opened for reading and writing (created when `create`, but not emptied: the
+/// caller claims it first), with `O_DIRECT` where the filesystem takes it; returns whether
+/// it did.
 fn open_file(path: &Path, create: bool) -> Result<(File, bool)> {
     let open = |direct: bool| {
         let mut options = OpenOptions::new();
@@ -333,7 +372,7 @@ fn open_file(path: &Path, create: bool) -> Result<(File, bool)> {
             .read(true)
             .write(true)
             .create(create)
-            .truncate(create);
+            .truncate(false);
         if direct {
             options.custom_flags(libc::O_DIRECT);
         }

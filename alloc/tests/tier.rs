@@ -5,7 +5,7 @@
 
 use proptest::prelude::*;
 use std::path::PathBuf;
-use zero_alloc::tier::{ChunkPool, TierFile, TierSpec, HEADER_BYTES, TIER_ALIGN};
+use zero_alloc::tier::{file_bytes, ChunkPool, TierFile, TierSpec, HEADER_BYTES, TIER_ALIGN};
 use zero_alloc::AllocError;
 
 /// A fresh folder under the system's temporary one.
@@ -73,6 +73,7 @@ proptest! {
         }
         let slots: u64 = lens.iter().map(|l| l.next_multiple_of(TIER_ALIGN as u64)).sum();
         prop_assert_eq!(tier.file_bytes(), HEADER_BYTES as u64 + slots);
+        prop_assert_eq!(file_bytes(&lens).unwrap(), HEADER_BYTES as u64 + slots);
         prop_assert_eq!(std::fs::metadata(tier.path()).unwrap().len(), tier.file_bytes());
     }
 }
@@ -153,4 +154,26 @@ fn wrong_pieces_and_lengths_are_errors_not_panics() {
     };
     let err = TierFile::create(missing, &[1]).unwrap_err();
     assert!(matches!(err, AllocError::TierIo { .. }), "{err}");
+}
+
+#[test]
+fn a_file_in_use_is_refused_to_a_second_creator_and_keeps_its_bytes() {
+    let dir = Dir::new("claimed");
+    let lens = [5000];
+    let first = TierFile::create(dir.spec(1), &lens).unwrap();
+    let mut pool = ChunkPool::new(1, 4096).unwrap();
+    first.write_piece(0, &bytes(7, 5000), &mut pool).unwrap();
+    let err = TierFile::create(dir.spec(2), &lens).unwrap_err();
+    assert!(
+        matches!(&err, AllocError::TierIo { path, .. } if path == first.path()),
+        "{err}"
+    );
+    assert!(err.to_string().contains("another engine holds it"), "{err}");
+    let mut out = vec![0u8; 5000];
+    first.read_piece(0, &mut out, &mut pool).unwrap();
+    assert_eq!(out, bytes(7, 5000), "the refused creator emptied nothing");
+    drop(first);
+    let second = TierFile::create(dir.spec(2), &lens).unwrap();
+    second.read_piece(0, &mut out, &mut pool).unwrap();
+    assert_eq!(out, vec![0u8; 5000], "a creator empties the file it claims");
 }

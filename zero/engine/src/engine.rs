@@ -40,7 +40,7 @@ use super::start::{allocate_units, provide_staging};
 use super::unit_buffers::UnitBuffers;
 use crate::optim::AdamW;
 use std::collections::VecDeque;
-use zero_alloc::{Arena, ArenaConfig, Handle};
+use zero_alloc::{Arena, ArenaConfig, Device, Handle};
 use zero_comm::{Communicator, StagingRule};
 
 /// The engine's knobs, under DeepSpeed's names where it has them.
@@ -75,6 +75,17 @@ pub struct EngineConfig {
     /// host arena of their own, page-locked when the arena is a GPU's, and AdamW on the host
     /// (see the `optimizer_home` module). The cap, `memory_limit`, is the engine arena's.
     pub offload_optimizer: bool,
+    /// With `offload_optimizer`: the master weights and moments in one file per rank (the
+    /// file tier, `--offload-optimizer nvme`) under [`EngineOps::nvme_path`], streamed
+    /// through the host arena piece by piece; the host arena holds only the update's
+    /// staging (see the `optimizer_stream` module).
+    pub optimizer_file: bool,
+    /// Bytes of the file tier's pool buffer (rounded up to 4 KiB): a piece larger than it
+    /// moves chunk by chunk.
+    pub nvme_chunk_bytes: usize,
+    /// Cap on the offloaded optimizer's host arena in bytes (`None`: exactly what the plan
+    /// needs); a cap below the plan is refused at start-up with the bytes needed.
+    pub host_memory_limit: Option<u64>,
     /// How the programs' kept inputs (activation checkpointing) are stored: their length,
     /// and whether they live in pinned host memory (ZeRO-R's checkpoint offload).
     pub kept_inputs: KeptInputs,
@@ -94,6 +105,9 @@ impl Default for EngineConfig {
             activation_bytes: 0,
             defragment: true,
             offload_optimizer: false,
+            optimizer_file: false,
+            nvme_chunk_bytes: 1 << 20,
+            host_memory_limit: None,
             kept_inputs: KeptInputs::default(),
         }
     }
@@ -114,9 +128,20 @@ impl EngineConfig {
             activation_bytes: self.activation_bytes,
             staging,
             offload_optimizer: self.offload_optimizer,
+            optimizer_file: self.offload_optimizer && self.optimizer_file,
             kept_inputs: self.kept_inputs,
         }
     }
+}
+
+/// The rank's arena on `device`: the cap's bytes, or exactly the plan's.
+fn rank_arena(config: &EngineConfig, device: Device, plan: &MemoryPlan) -> Result<Arena> {
+    let capacity = config.memory_limit.unwrap_or(plan.total());
+    let capacity = usize::try_from(capacity).unwrap_or(usize::MAX);
+    Ok(Arena::new(ArenaConfig {
+        device,
+        ..arena_config(capacity, config.defragment)
+    })?)
 }
 
 /// Parameters (shared) and unreduced gradients (mutable) of some units, from
@@ -228,6 +253,7 @@ impl Engine {
             device,
             kernels,
             collectives,
+            nvme_path,
         } = ops;
         for (unit, spec) in specs.iter().enumerate() {
             spec.check()
@@ -239,17 +265,16 @@ impl Engine {
             Some(limit) => check_fits(&specs, programs, shape, limit)?,
             None => plan_memory(&specs, programs, shape)?,
         };
-        let capacity = config.memory_limit.unwrap_or(memory_plan.total());
-        let capacity = usize::try_from(capacity).unwrap_or(usize::MAX);
-        let mut arena = Arena::new(ArenaConfig {
-            device,
-            ..arena_config(capacity, config.defragment)
-        })?;
-        let mut offloaded = match memory_plan.offload {
-            Some(plan) => Some(OffloadedOptimizer::new(plan.total(), device)?),
-            None => None,
-        };
+        let mut arena = rank_arena(&config, device, &memory_plan)?;
         let policies = unit_policies(&specs, shape)?;
+        let ranks = (comm.rank(), comm.size());
+        let mut offloaded = memory_plan
+            .offload
+            .map(|plan| {
+                let nvme = nvme_path.as_deref();
+                OffloadedOptimizer::start(plan, &config, device, nvme, &policies, ranks)
+            })
+            .transpose()?;
         let bufs = allocate_units(
             &mut arena,
             kernels.as_ref(),

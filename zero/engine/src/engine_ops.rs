@@ -3,6 +3,7 @@
 //! ranks. The three must agree (a CUDA arena needs kernels and collectives that take device
 //! addresses); each refuses blocks it cannot reach with an error.
 
+use std::path::PathBuf;
 use zero_alloc::Device;
 
 use crate::collectives::{Collectives, HostCollectives};
@@ -17,6 +18,9 @@ pub struct EngineOps {
     pub kernels: Box<dyn Kernels>,
     /// Every collective over model states.
     pub collectives: Box<dyn Collectives>,
+    /// The folder of the optimizer's file tier (`--nvme-path`), needed with
+    /// [`EngineConfig::optimizer_file`](crate::EngineConfig::optimizer_file).
+    pub nvme_path: Option<PathBuf>,
 }
 
 impl EngineOps {
@@ -26,6 +30,16 @@ impl EngineOps {
             device: Device::Cpu,
             kernels: Box::new(HostKernels::default()),
             collectives: Box::new(HostCollectives),
+            nvme_path: None,
+        }
+    }
+
+    /// These ops with the optimizer's file tier in `dir`.
+    #[must_use]
+    pub fn with_nvme_path(self, dir: Option<PathBuf>) -> Self {
+        Self {
+            nvme_path: dir,
+            ..self
         }
     }
 }

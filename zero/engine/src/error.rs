@@ -42,6 +42,23 @@ pub enum Error {
         /// Which stage would fit, or how many bytes the smallest stage needs.
         hint: String,
     },
+    /// The offloaded optimizer's host arena needs more than `--host-memory-limit`.
+    #[error(
+        "--host-memory-limit is {limit} bytes, but the offloaded optimizer's host arena needs \
+         {needed} bytes per rank ({staging} bytes of them the staging of one piece of the \
+         update{})",
+        if *file { "; the states are in the file" } else { ", the rest its states" }
+    )]
+    HostDoesNotFit {
+        /// Bytes the host arena needs.
+        needed: u64,
+        /// The cap.
+        limit: u64,
+        /// Of `needed`, the staging of one piece.
+        staging: u64,
+        /// The states live in the file tier (the arena holds only staging).
+        file: bool,
+    },
     /// A unit's parameters were used while not gathered (stage 3).
     #[error("unit {unit} is used without being gathered first (call gather before use)")]
     NotGathered {

@@ -9,16 +9,17 @@
 
 use super::engine::Engine;
 use super::error::{Error, Result};
-use super::host_io::{read_f32, write_f32, write_stored};
+use super::host_io::{read_f32, write_stored};
 use super::kernels::Span;
+use super::optimizer_file::OptimState;
 use super::optimizer_home::StateHome;
 use super::planning::partition::{Partition, Shard};
 use super::planning::policy::UnitPolicy;
 use super::transient::free_after;
-use super::unit_buffers::{upload_whole, write_kept, write_params};
+use super::unit_buffers::{kept_values, upload_whole, write_params};
 use std::ops::Range;
 use zero_alloc::Handle;
-use zero_comm::DType;
+use zero_comm::{Communicator, DType};
 
 /// One of a unit's three f32 model states.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -81,17 +82,10 @@ impl Engine {
         self.drop_prefetches()?;
         let mut out = Vec::with_capacity(self.units.specs.len());
         for unit in 0..self.units.specs.len() {
-            let policy = self.units.policies[unit];
-            let (m, v) = (self.units.bufs[unit].m, self.units.bufs[unit].v);
-            let params = self.with_held_params(unit, |home, h, whole| {
-                with_whole_f32(home, &policy, h, whole, |x| x)
-            })?;
-            let mut moment =
-                |h| with_whole_f32(self.optimizer_home(), &policy, h, policy.whole_optim, |x| x);
             out.push(UnitState {
-                params,
-                m: moment(m)?,
-                v: moment(v)?,
+                params: self.with_held_params(unit, |x| x)?,
+                m: self.whole_optim(unit, OptimState::M)?,
+                v: self.whole_optim(unit, OptimState::V)?,
             });
         }
         Ok(out)
@@ -110,28 +104,33 @@ impl Engine {
         self.check_unit(unit)?;
         self.complete_reductions(0)?;
         self.drop_prefetches()?;
-        let policy = self.units.policies[unit];
-        self.with_held_params(unit, |home, h, whole| {
-            with_whole_f32(home, &policy, h, whole, |x| f(&x))
-        })
+        self.with_held_params(unit, |x| f(&x))
     }
 
-    /// Runs `f` on the arena holding `unit`'s f32 parameters (the master weights in the
-    /// optimizer's home for half precision, else the stored ones), their block, and whether
-    /// it is whole.
-    fn with_held_params<R>(
-        &mut self,
-        unit: usize,
-        f: impl FnOnce(StateHome<'_>, Handle, bool) -> R,
-    ) -> R {
+    /// Runs `f` on `unit`'s whole f32 parameters: the master weights for half precision
+    /// ([`Engine::whole_optim`]), else the stored ones, all-gathered in the engine's arena
+    /// where sharded.
+    fn with_held_params<R>(&mut self, unit: usize, f: impl FnOnce(Vec<f32>) -> R) -> Result<R> {
         let policy = self.units.policies[unit];
-        match self.units.bufs[unit].master {
-            Some(master) => f(self.optimizer_home(), master, policy.whole_optim),
-            None => {
-                let params = self.units.bufs[unit].params;
-                f(self.device_home(), params, policy.whole_params)
-            }
+        if self.units.bufs[unit].master.is_some() {
+            return Ok(f(self.whole_optim(unit, OptimState::Master)?));
         }
+        let params = self.units.bufs[unit].params;
+        with_whole_f32(self.device_home(), &policy, params, policy.whole_params, f)
+    }
+
+    /// `unit`'s whole f32 optimizer `state` (its `numel` real elements), wherever the states
+    /// live: all-gathered in the engine's arena, or through host buffers when offloaded (to
+    /// the host arena or the file).
+    fn whole_optim(&mut self, unit: usize, state: OptimState) -> Result<Vec<f32>> {
+        let policy = self.units.policies[unit];
+        let whole = policy.whole_optim;
+        if self.offloaded.is_none() {
+            let h = self.optim_handle(unit, state)?;
+            return with_whole_f32(self.optimizer_home(), &policy, h, whole, |x| x);
+        }
+        let local = self.read_optim(unit, state, 0..policy.len(whole))?;
+        gather_on_host(&self.comm, &policy, whole, local)
     }
 
     /// The split of `unit` across the ranks.
@@ -159,19 +158,19 @@ impl Engine {
         let policy = self.units.policies[unit];
         let owned = policy.part.data_shard(rank);
         let b = &self.units.bufs[unit];
-        let optim = self.optimizer_arena();
-        let cut = |arena, h: Handle, whole: bool| -> Result<Vec<f32>> {
-            read_f32(arena, h, policy.part.local(rank, owned, whole))
-        };
+        let kept = policy.part.local(rank, owned, policy.whole_optim);
         let params = match b.master {
-            Some(master) => cut(optim, master, policy.whole_optim)?,
-            None => cut(&self.arena, b.params, policy.whole_params)?,
+            Some(_) => self.read_optim(unit, OptimState::Master, kept.clone())?,
+            None => {
+                let stored = policy.part.local(rank, owned, policy.whole_params);
+                read_f32(&self.arena, b.params, stored)?
+            }
         };
         Ok(OwnedStates {
             range: owned.range(),
             params,
-            m: cut(optim, b.m, policy.whole_optim)?,
-            v: cut(optim, b.v, policy.whole_optim)?,
+            m: self.read_optim(unit, OptimState::M, kept.clone())?,
+            v: self.read_optim(unit, OptimState::V, kept)?,
         })
     }
 
@@ -245,14 +244,14 @@ impl Engine {
         };
         let b = &self.units.bufs[unit];
         let (stored, precision) = (b.params, self.config.precision);
-        let f32_targets = match kind {
-            StateKind::Params => b.master.map(|h| (h, policy.whole_optim)),
-            StateKind::AdamM => Some((b.m, policy.whole_optim)),
-            StateKind::AdamV => Some((b.v, policy.whole_optim)),
+        let f32_target = match kind {
+            StateKind::Params => b.master.map(|_| OptimState::Master),
+            StateKind::AdamM => Some(OptimState::M),
+            StateKind::AdamV => Some(OptimState::V),
         };
-        if let Some((h, whole)) = f32_targets {
-            let (from, to) = window(whole);
-            write_f32(self.optimizer_home().arena, h, to.start, &values[from])?;
+        if let Some(state) = f32_target {
+            let (from, to) = window(policy.whole_optim);
+            self.write_optim(unit, state, to.start, &values[from])?;
         }
         if kind == StateKind::Params {
             let (from, to) = window(policy.whole_params);
@@ -328,20 +327,16 @@ impl Engine {
                 staged,
             );
             free_after(&mut self.arena, staged, written)?;
-            let (master, m, v) = (b.master, b.m, b.v);
-            let home = self.optimizer_home().arena;
-            if let Some(master) = master {
-                write_kept(
-                    home,
-                    &policy,
-                    rank,
-                    policy.whole_optim,
-                    master,
-                    &state.params,
-                )?;
+            let has_master = b.master.is_some();
+            let whole = policy.whole_optim;
+            if has_master {
+                let kept = kept_values(&policy, rank, whole, &state.params);
+                self.write_optim(unit, OptimState::Master, 0, &kept)?;
             }
-            write_kept(home, &policy, rank, policy.whole_optim, m, &state.m)?;
-            write_kept(home, &policy, rank, policy.whole_optim, v, &state.v)?;
+            let m = kept_values(&policy, rank, whole, &state.m);
+            self.write_optim(unit, OptimState::M, 0, &m)?;
+            let v = kept_values(&policy, rank, whole, &state.v);
+            self.write_optim(unit, OptimState::V, 0, &v)?;
         }
         self.progress.steps = steps;
         Ok(())
@@ -365,10 +360,7 @@ fn with_whole_f32<R>(
     let padded = policy.part.padded_numel();
     let Some(collectives) = home.collectives else {
         let shard = read_f32(home.arena, h, 0..policy.len(false))?;
-        let mut full = vec![0f32; padded];
-        home.comm.all_gather(&shard, &mut full)?;
-        full.truncate(numel);
-        return Ok(f(full));
+        return Ok(f(gather_on_host(home.comm, policy, false, shard)?));
     };
     let full = home.arena.alloc_elems::<f32>(padded)?;
     let shard = Span::new(h, 0..policy.len(false));
@@ -381,4 +373,23 @@ fn with_whole_f32<R>(
     );
     let result = gathered.and_then(|()| read_f32(home.arena, full, 0..numel));
     Ok(f(free_after(home.arena, full, result)?))
+}
+
+/// The `numel` real elements of a unit from `local`, this rank's values of a buffer kept
+/// whole or sharded: all-gathered through `comm`'s host path where sharded.
+fn gather_on_host(
+    comm: &Communicator,
+    policy: &UnitPolicy,
+    whole: bool,
+    mut local: Vec<f32>,
+) -> Result<Vec<f32>> {
+    let numel = policy.part.numel();
+    if whole {
+        local.truncate(numel);
+        return Ok(local);
+    }
+    let mut full = vec![0f32; policy.part.padded_numel()];
+    comm.all_gather(&local, &mut full)?;
+    full.truncate(numel);
+    Ok(full)
 }

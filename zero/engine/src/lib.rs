@@ -71,7 +71,10 @@ mod lending;
 mod loss_scale;
 mod model;
 pub mod optim;
+mod optimizer_file;
 mod optimizer_home;
+mod optimizer_io;
+mod optimizer_stream;
 mod planning;
 mod precision;
 mod run;
@@ -90,6 +93,7 @@ pub use export::{OwnedStates, StateKind, UnitState};
 pub use kernels::{HostKernels, Kernels};
 pub use loss_scale::LossScaler;
 pub use model::{Model, OpUnits};
+pub use optimizer_file::{FileTierStats, OPTIMIZER_TIER};
 pub use planning::formulas::{
     comm_elements_per_step, expected_model_state_bytes, padded_model_state_bytes, ModelStateBytes,
 };

@@ -1,13 +1,15 @@
 //! Where a rank's optimizer states live: in the engine's arena beside the other model states,
 //! or, with ZeRO-Offload ([`EngineConfig::offload_optimizer`](crate::EngineConfig)), in a
-//! host arena of their own, updated there by host loops.
+//! host arena of their own, updated there by host loops, or, with the file tier
+//! ([`EngineConfig::optimizer_file`](crate::EngineConfig)), in one file per rank, streamed
+//! through that host arena (`optimizer_file`, `optimizer_stream`).
 //!
 //! The offloaded states are the f32 master weights (half precision) and Adam's m and v of the
 //! range the stage has a rank keep: the whole unit at stage 0, its shard at stages 1-3. The
 //! engine's arena keeps the stored parameters and the reduced gradients, so forward, backward
 //! and the reductions run as without offload, and every pass that reads or writes an
-//! optimizer state goes through [`Engine::optimizer_home`], the one place that knows which
-//! arena holds them.
+//! optimizer state goes through [`Engine::optimizer_home`] or
+//! [`Engine::read_optim`] / [`Engine::write_optim`], the places that know where they are.
 //!
 //! One unit's offloaded update ([`Engine::update_offloaded`]), after the global norm, piece
 //! by piece of the range the rank owns (a gradient bucket's worth each, so the host staging
@@ -16,56 +18,110 @@
 //!    arena into a host staging block;
 //! 2. fp32 only, where the stored parameters are Adam's master copy: their piece too;
 //! 3. [`HostKernels::adamw`](crate::HostKernels) updates the host blocks: the code a host
-//!    engine without offload runs, so the two give the same parameters to the bit;
+//!    engine without offload runs, so the two give the same parameters to the bit; with
+//!    the file tier, m, v and the master weights are a slot the piece was read into from
+//!    the file, written back after;
 //! 4. the updated parameters (rounded for half precision) are copied back into the piece of
 //!    the stored parameters. The step's all-gather follows the unit's last piece, as
 //!    without offload.
 //!
-//! The copies are the arena's blocking byte copies (a device-to-host and a host-to-device
-//! copy on a CUDA arena), one piece after the other. Not built: overlapping a piece's copies
-//! with the update of the previous one, and DeepSpeed's one-step delayed update that overlaps the host update with
-//! the next forward.
+//! The copies between the arenas are the arena's blocking byte copies (a device-to-host and a
+//! host-to-device copy on a CUDA arena), one piece after the other; only the file's reads and
+//! writes overlap the update (`optimizer_stream`, across the step's units). Not built:
+//! overlapping the arena copies with the update of the previous piece, and DeepSpeed's
+//! one-step delayed update that overlaps the host update with the next forward.
 
 use super::collectives::Collectives;
-use super::engine::Engine;
-use super::error::Result;
+use super::engine::{Engine, EngineConfig};
+use super::error::{Error, Result};
 use super::kernels::{AdamWBuffers, AdamWStep, HostKernels, Kernels, Span};
-use super::planning::offload_plan::piece_elems;
+use super::optimizer_file::FileStates;
+use super::planning::offload_plan::{piece_elems, FileLayout, OffloadPlan};
 use super::planning::plan::arena_config;
+use super::planning::policy::UnitPolicy;
 use super::precision::Store;
 use super::unit_buffers::UnitBuffers;
+use std::path::Path;
 use zero_alloc::{Arena, ArenaConfig, Backing, Device, Handle};
 use zero_comm::{Communicator, DType};
 
-/// The host arena of offloaded optimizer states, and the kernels that compute on it.
+/// The host arena of offloaded optimizer states, and the kernels that compute on it; with
+/// the file tier, the file, and the accounting arena holding the states' handles.
 #[derive(Debug)]
 pub(crate) struct OffloadedOptimizer {
     pub arena: Arena,
-    kernels: HostKernels,
+    pub kernels: HostKernels,
+    /// The states' file (`--offload-optimizer nvme`); `arena` then holds only staging.
+    pub file: Option<FileStates>,
+    /// With `file`: an accounting arena (no memory) whose blocks mirror the file's states,
+    /// so the units keep handles whose sizes are measured as in any other home.
+    pub layout: Option<Arena>,
 }
 
 impl OffloadedOptimizer {
-    /// A host arena of `capacity` bytes; when the other model states are on a GPU,
-    /// registered with its context (so the driver copies by DMA, not through its staging).
-    pub fn new(capacity: u64, states_on: Device) -> Result<Self> {
-        let capacity = usize::try_from(capacity).unwrap_or(usize::MAX);
+    /// The host arena `plan` asks for, capped by `config.host_memory_limit` (refused below
+    /// the plan with the bytes needed), registered with the GPU's context when the other
+    /// model states are on one (so the driver copies by DMA, not through its staging); with
+    /// `config.optimizer_file`, the rank's file under `nvme_path` for `policies`' states.
+    pub fn start(
+        plan: OffloadPlan,
+        config: &EngineConfig,
+        states_on: Device,
+        nvme_path: Option<&Path>,
+        policies: &[UnitPolicy],
+        (rank, world): (usize, usize),
+    ) -> Result<Self> {
+        let capacity = match config.host_memory_limit {
+            Some(limit) if limit < plan.total() => {
+                return Err(Error::HostDoesNotFit {
+                    needed: plan.total(),
+                    limit,
+                    staging: plan.staging,
+                    file: config.optimizer_file,
+                })
+            }
+            Some(limit) => limit,
+            None => plan.total(),
+        };
+        let (file, layout) = if config.optimizer_file {
+            let dir = nvme_path.ok_or_else(|| {
+                Error::Order(
+                    "the optimizer's file tier (--offload-optimizer nvme) needs a directory \
+                     (--nvme-path)"
+                        .into(),
+                )
+            })?;
+            let piece = piece_elems(config.reduce_bucket_bytes, config.precision);
+            let layout = FileLayout::new(policies, config.precision, piece);
+            let file = FileStates::create(dir, (rank, world), layout, config.nvme_chunk_bytes)?;
+            let mirror = Arena::accounting(usize::try_from(plan.file).unwrap_or(usize::MAX))?;
+            (Some(file), Some(mirror))
+        } else {
+            (None, None)
+        };
         let backing = match states_on {
             Device::Cpu => Backing::Memory,
             Device::Cuda(ordinal) => Backing::CudaRegistered(ordinal),
         };
         let config = ArenaConfig {
             backing,
-            ..arena_config(capacity, false)
+            ..arena_config(usize::try_from(capacity).unwrap_or(usize::MAX), false)
         };
         Ok(Self {
             arena: Arena::new(config)?,
             kernels: HostKernels::default(),
+            file,
+            layout,
         })
     }
 
-    /// The arena and the kernels that fill its blocks.
+    /// The arena that holds the states' blocks (the accounting mirror for the file tier)
+    /// and the kernels that fill its blocks.
     pub fn parts(&mut self) -> (&mut Arena, &dyn Kernels) {
-        (&mut self.arena, &self.kernels)
+        (
+            self.layout.as_mut().unwrap_or(&mut self.arena),
+            &self.kernels,
+        )
     }
 }
 
@@ -83,7 +139,7 @@ impl Engine {
     pub(crate) fn optimizer_home(&mut self) -> StateHome<'_> {
         match &mut self.offloaded {
             Some(o) => StateHome {
-                arena: &mut o.arena,
+                arena: o.layout.as_mut().unwrap_or(&mut o.arena),
                 collectives: None,
                 comm: &self.comm,
             },
@@ -104,9 +160,13 @@ impl Engine {
         }
     }
 
-    /// The arena of the master weights and moments, read-only.
+    /// The arena of the master weights and moments (the file tier's accounting mirror),
+    /// read-only.
     pub(crate) fn optimizer_arena(&self) -> &Arena {
-        self.offloaded.as_ref().map_or(&self.arena, |o| &o.arena)
+        match &self.offloaded {
+            Some(o) => o.layout.as_ref().unwrap_or(&o.arena),
+            None => &self.arena,
+        }
     }
 
     /// The host arena of the offloaded optimizer states (`None` without offload): its
@@ -116,7 +176,8 @@ impl Engine {
     }
 
     /// Steps 1-4 of the module's data flow for `unit`, with `step`'s scalars, piece by piece
-    /// of the owned range ([`piece_elems`]).
+    /// of the owned range ([`piece_elems`]); from and back to the file with the file tier
+    /// (`optimizer_stream`).
     pub(crate) fn update_offloaded<S: Store>(
         &mut self,
         unit: usize,
@@ -133,10 +194,18 @@ impl Engine {
             len: 0,
         };
         let Some(host) = self.offloaded.as_mut() else {
-            return Err(super::Error::Order(
-                "offloaded update without offload".into(),
-            ));
+            return Err(Error::Order("offloaded update without offload".into()));
         };
+        if host.file.is_some() {
+            return super::optimizer_stream::update_from_file::<S>(
+                &mut self.arena,
+                host,
+                (unit, b),
+                (first, owned.len),
+                step,
+                self.trace.as_mut(),
+            );
+        }
         let stage = Staging::new(&mut host.arena, S::DTYPE, owned.len.min(piece))?;
         let mut updated = Ok(());
         for start in (0..owned.len).step_by(piece) {
@@ -145,7 +214,14 @@ impl Engine {
                 offset: step.offset + start,
                 ..*step
             };
-            updated = update_piece::<S>(&mut self.arena, host, &stage, b, at, &step);
+            let kept = at.optim..at.optim + at.len;
+            let optim = OptimSpans {
+                master: b.master.map(|h| Span::new(h, kept.clone())),
+                m: Span::new(b.m, kept.clone()),
+                v: Span::new(b.v, kept),
+            };
+            let host_parts = (&mut host.arena, &host.kernels);
+            updated = update_piece::<S>(&mut self.arena, host_parts, &stage, b, at, optim, &step);
             if updated.is_err() {
                 break;
             }
@@ -158,16 +234,16 @@ impl Engine {
 
 /// One piece of an owned range: where it starts in each block (elements), and its length.
 #[derive(Clone, Copy)]
-struct Piece {
-    grads: usize,
-    params: usize,
-    optim: usize,
-    len: usize,
+pub(crate) struct Piece {
+    pub grads: usize,
+    pub params: usize,
+    pub optim: usize,
+    pub len: usize,
 }
 
 impl Piece {
     /// The piece of `len` elements `start` elements after `self`'s start.
-    fn advanced(self, start: usize, len: usize) -> Self {
+    pub fn advanced(self, start: usize, len: usize) -> Self {
         Self {
             grads: self.grads + start,
             params: self.params + start,
@@ -177,39 +253,43 @@ impl Piece {
     }
 }
 
-/// Steps 1-4 for one piece of a unit, through `stage`'s host blocks.
-fn update_piece<S: Store>(
+/// Where one piece's optimizer states are in the host arena: the units' own blocks, or a
+/// staging slot the file was read into.
+pub(crate) struct OptimSpans {
+    pub master: Option<Span>,
+    pub m: Span,
+    pub v: Span,
+}
+
+/// Steps 1-4 for one piece of a unit, through `stage`'s host blocks and the states `optim`
+/// points at, in `host`'s arena.
+pub(crate) fn update_piece<S: Store>(
     device: &mut Arena,
-    host: &mut OffloadedOptimizer,
+    (host, kernels): (&mut Arena, &HostKernels),
     stage: &Staging,
     b: &UnitBuffers,
     at: Piece,
+    optim: OptimSpans,
     step: &AdamWStep<'_>,
 ) -> Result<()> {
     let elem = std::mem::size_of::<S>();
     let bytes = at.len * elem;
-    let kept = at.optim..at.optim + at.len;
     let bufs = AdamWBuffers {
         grads: Span::new(stage.grads, 0..at.len),
         scratch: Span::new(stage.scratch, 0..at.len),
-        master: b.master.map(|h| Span::new(h, kept.clone())),
+        master: optim.master,
         params: Span::new(stage.params, 0..at.len),
-        m: Span::new(b.m, kept.clone()),
-        v: Span::new(b.v, kept),
+        m: optim.m,
+        v: optim.v,
     };
-    copy_down(
-        (device, b.grads, at.grads * elem),
-        bytes,
-        &mut host.arena,
-        stage.grads,
-    )?;
+    copy_down((device, b.grads, at.grads * elem), bytes, host, stage.grads)?;
     if b.master.is_none() {
         let params = (&*device, b.params, at.params * elem);
-        copy_down(params, bytes, &mut host.arena, stage.params)?;
+        copy_down(params, bytes, host, stage.params)?;
     }
-    host.kernels.adamw(&mut host.arena, S::DTYPE, &bufs, step)?;
+    kernels.adamw(host, S::DTYPE, &bufs, step)?;
     copy_up(
-        (&host.arena, stage.params),
+        (host, stage.params),
         bytes,
         (device, b.params, at.params * elem),
     )
@@ -217,7 +297,7 @@ fn update_piece<S: Store>(
 
 /// The host blocks of one unit's offloaded update: gradients and parameters in the storage
 /// type, and the f32 gradient the update reads.
-struct Staging {
+pub(crate) struct Staging {
     grads: Handle,
     scratch: Handle,
     params: Handle,
@@ -225,7 +305,7 @@ struct Staging {
 
 impl Staging {
     /// The three blocks, or none of them (what was allocated is freed on a failure).
-    fn new(arena: &mut Arena, dtype: DType, len: usize) -> Result<Self> {
+    pub fn new(arena: &mut Arena, dtype: DType, len: usize) -> Result<Self> {
         let elems = len.max(1);
         let stored = |arena: &mut Arena| match dtype {
             DType::F32 => arena.alloc_elems::<f32>(elems),
@@ -257,7 +337,7 @@ impl Staging {
     }
 
     /// Frees the blocks; the first failure, after trying all three.
-    fn free(self, arena: &mut Arena) -> Result<()> {
+    pub fn free(self, arena: &mut Arena) -> Result<()> {
         let freed = [self.grads, self.scratch, self.params].map(|h| arena.free(h));
         freed.into_iter().collect::<std::result::Result<(), _>>()?;
         Ok(())
@@ -288,8 +368,8 @@ fn copy_up(
     Ok(to.write_at(dst, at, view)?)
 }
 
-fn short_block(bytes: usize) -> super::Error {
-    super::Error::BadSpan {
+fn short_block(bytes: usize) -> Error {
+    Error::BadSpan {
         kernel: "offload copy",
         message: format!("a staging block shorter than {bytes} bytes"),
     }

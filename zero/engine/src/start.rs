@@ -3,12 +3,14 @@
 
 use super::engine::EngineConfig;
 use super::error::{Error, Result};
+use super::host_io::write_f32;
 use super::kernels::Kernels;
+use super::optimizer_file::OptimState;
 use super::optimizer_home::OffloadedOptimizer;
 use super::planning::plan::MemoryPlan;
 use super::planning::policy::UnitPolicy;
 use super::transient::{free_after, free_on_error};
-use super::unit_buffers::{upload_whole, write_kept, write_params, UnitBuffers};
+use super::unit_buffers::{kept_values, upload_whole, write_params, UnitBuffers};
 use zero_alloc::Arena;
 use zero_comm::Communicator;
 
@@ -35,10 +37,14 @@ pub(crate) fn allocate_units(
         let loaded = write_params(arena, kernels, policy, &b, precision, rank, values);
         free_after(arena, values, loaded)?;
         if let Some(master) = b.master {
-            let home = offloaded
-                .as_deref_mut()
-                .map_or(&mut *arena, |o| &mut o.arena);
-            write_kept(home, policy, rank, policy.whole_optim, master, &host)?;
+            let kept = kept_values(policy, rank, policy.whole_optim, &host);
+            match offloaded.as_deref_mut() {
+                Some(OffloadedOptimizer {
+                    file: Some(file), ..
+                }) => file.write_range(unit, OptimState::Master, 0, &kept)?,
+                Some(o) => write_f32(&mut o.arena, master, 0, &kept)?,
+                None => write_f32(arena, master, 0, &kept)?,
+            }
         }
         bufs.push(b);
     }

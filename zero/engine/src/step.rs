@@ -129,6 +129,15 @@ impl Engine {
     /// rounded back into the stored parameters), then the all-gather where parameters are
     /// kept whole but updated by shard (stages 1-2, persistent units at stage 3).
     fn update_and_sync<S: Store>(&mut self, lr: f32, factor: f32, clip_coef: f32) -> Result<()> {
+        // With the optimizer's file tier, one stream reads ahead across the units' updates.
+        self.begin_file_step()?;
+        let updated = self.update_units::<S>(lr, factor, clip_coef);
+        // The update's own failure explains more than a failure to end the stream after it.
+        updated.and(self.end_file_step())
+    }
+
+    /// [`Engine::update_and_sync`]'s units, one after the other.
+    fn update_units<S: Store>(&mut self, lr: f32, factor: f32, clip_coef: f32) -> Result<()> {
         let rank = self.rank();
         for unit in 0..self.units.specs.len() {
             let policy = self.units.policies[unit];

@@ -5,9 +5,11 @@
 //! Recording is off until [`Engine::start_trace`]; while on, the engine records a span for
 //! each operation of the model, each engine call around them, each collective it launches
 //! ahead of its use (from launch until the engine saw it land), each copy of a kept input
-//! (timed on the copy thread itself), each optimizer step and each unit's update in it, and
-//! counters of the arena's bytes (and the offloaded optimizer's host arena's) after each
-//! call. [`chrome_trace`] lays the traces of several ranks out as one document:
+//! (timed on the copy thread itself), each optimizer step and each unit's update in it, each
+//! read and write of the optimizer's file (timed on its I/O thread), and counters of the
+//! arena's bytes (and the offloaded optimizer's host arena's, and its file's with the file
+//! tier) after each call. [`chrome_trace`] lays the traces of several ranks out as one
+//! document:
 //! one process per rank (`pid`), one thread per [`Lane`] (`tid`), times in microseconds
 //! from the earliest event. Collectives in flight overlap each other without nesting, so
 //! they are async events (one row each in Perfetto), the other lanes complete events.
@@ -33,15 +35,19 @@ pub enum Lane {
     /// from launch until the engine waited for them and saw them land: an upper bound of
     /// their time on the wire.
     Collective,
+    /// Reads and writes of the optimizer's file (`--offload-optimizer nvme`), as its I/O
+    /// thread ran them: one span per piece and direction, beside the optimizer's updates.
+    File,
 }
 
 impl Lane {
-    const ALL: [Lane; 5] = [
+    const ALL: [Lane; 6] = [
         Lane::Compute,
         Lane::Engine,
         Lane::Copy,
         Lane::Optimizer,
         Lane::Collective,
+        Lane::File,
     ];
 
     fn tid(self) -> usize {
@@ -55,6 +61,7 @@ impl Lane {
             Lane::Copy => "kept-input copies",
             Lane::Optimizer => "optimizer",
             Lane::Collective => "collectives in flight",
+            Lane::File => "optimizer file I/O",
         }
     }
 }
@@ -244,6 +251,13 @@ impl Engine {
                 at,
                 value: host.arena.stats().allocated as u64,
             });
+            if let Some(file) = &host.file {
+                trace.samples.push(Sample {
+                    name: "file bytes",
+                    at,
+                    value: file.tier.file_bytes(),
+                });
+            }
         }
     }
 }

@@ -1,12 +1,11 @@
 //! One unit's arena blocks on a rank, and how whole values are stored into them.
 
 use super::error::{Error, Result};
-use super::host_io::write_f32;
 use super::kernels::{Kernels, Span};
 use super::planning::policy::UnitPolicy;
 use super::precision::Precision;
 use super::transient::free_on_error;
-use zero_alloc::{Arena, Handle};
+use zero_alloc::{Arena, Backing, Handle};
 use zero_comm::DType;
 
 /// One unit's arena blocks on this rank.
@@ -78,7 +77,11 @@ pub(crate) fn zeroed(
         DType::I64 => arena.alloc_elems::<i64>(len)?,
         DType::F64 => arena.alloc_elems::<f64>(len)?,
     };
-    kernels.fill_zero(arena, dtype, Span::new(h, 0..len))?;
+    // An accounting arena (the file tier's mirror of its states) has no bytes to zero:
+    // the file it mirrors is created zeroed.
+    if arena.config().backing != Backing::Accounting {
+        kernels.fill_zero(arena, dtype, Span::new(h, 0..len))?;
+    }
     Ok(h)
 }
 
@@ -123,16 +126,14 @@ pub(crate) fn write_params(
     )
 }
 
-/// Writes the part of a unit's whole f32 `values` (its `numel` real elements) that a buffer
-/// kept whole or as `rank`'s shard holds, zeros in its padding, into f32 block `h`.
-pub(crate) fn write_kept(
-    arena: &mut Arena,
+/// The part of a unit's whole f32 `values` (its `numel` real elements) that a buffer kept
+/// whole or as `rank`'s shard holds, zeros in its padding.
+pub(crate) fn kept_values(
     policy: &UnitPolicy,
     rank: usize,
     whole: bool,
-    h: Handle,
     values: &[f32],
-) -> Result<()> {
+) -> Vec<f32> {
     let mut local = vec![0f32; policy.len(whole)];
     let real = if whole {
         0..values.len()
@@ -141,5 +142,5 @@ pub(crate) fn write_kept(
     };
     let n = real.len();
     local[..n].copy_from_slice(&values[real]);
-    write_f32(arena, h, 0, &local)
+    local
 }

@@ -291,6 +291,7 @@ fn train(world: usize, config: EngineConfig, variant: &Variant) -> (Vec<Vec<f32>
                         device: zero_alloc::Device::Cpu,
                         kernels,
                         collectives,
+                        nvme_path: None,
                     };
                     rank_main(comm, config, ops)
                 })

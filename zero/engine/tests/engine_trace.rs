@@ -127,8 +127,8 @@ fn the_chrome_document_holds_every_span_and_sample_from_time_zero() {
     assert_eq!(count("X"), 2 * (trace.spans.len() - flights));
     assert_eq!((count("b"), count("e")), (2 * flights, 2 * flights));
     assert_eq!(count("C"), 2 * trace.samples.len());
-    // Per rank: its process name and one name per lane.
-    assert_eq!(count("M"), 2 * 6);
+    // Per rank: its process name and one name per lane (6 lanes).
+    assert_eq!(count("M"), 2 * 7);
     let ts: Vec<f64> = events
         .iter()
         .filter(|e| e["ph"] == "X")

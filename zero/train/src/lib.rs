@@ -16,7 +16,7 @@ pub mod plan;
 pub mod run;
 
 pub use cli::args::TrainArgs;
-pub use cli::config::{Backend, Device, PrecisionArg, TrainConfig};
+pub use cli::config::{Backend, Device, OffloadTier, PrecisionArg, TrainConfig};
 pub use error::{ConfigError, TrainError};
 pub use run::{train, RunSummary};
 pub use zero_alloc::ByteSize;

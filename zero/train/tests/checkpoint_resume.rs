@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use zero::ZeroStage;
 use zero_state::{verify_state, StateError};
 use zero_train::checkpoint::CheckpointError;
-use zero_train::{train, PrecisionArg, TrainConfig, TrainError};
+use zero_train::{train, OffloadTier, PrecisionArg, TrainConfig, TrainError};
 
 /// Largest |loss difference| allowed between a run resumed at another world size or stage
 /// and the unbroken run, over the 3 steps after the resume. Each step sees the same set of
@@ -295,37 +295,74 @@ fn a_latest_pointing_nowhere_is_refused_and_without_it_the_highest_step_is_taken
     assert_eq!(verify_state(&save).unwrap(), (state, 1));
 }
 
-/// ZeRO-Offload keeps the optimizer states elsewhere, not otherwise: a bf16 run with them
-/// offloaded trains the same losses and saves the same bytes as one without, and each resumes
-/// from the other's state to the bit.
+/// ZeRO-Offload keeps the optimizer states elsewhere, not otherwise: a run with them
+/// offloaded (to the host arena, or to files) trains the same losses and saves the same
+/// bytes as one without, and each resumes from the other's state to the bit; at stage 0 in
+/// fp32, stage 2 in bf16 and stage 3 in fp32.
 #[test]
 fn offloaded_optimizer_states_save_and_resume_as_the_device_ones() {
     let dir = TempDir::new("offload");
     learnable_corpus(&dir.0);
-    let run = |save: &Path, offload_optimizer: bool, resume: Option<PathBuf>| {
+    let nvme = dir.0.join("nvme");
+    std::fs::create_dir(&nvme).unwrap();
+    for (stage, precision) in [
+        (ZeroStage::Zero0, PrecisionArg::Fp32),
+        (ZeroStage::Zero2, PrecisionArg::Bf16),
+        (ZeroStage::Zero3, PrecisionArg::Fp32),
+    ] {
+        let base = TrainConfig {
+            precision,
+            ..tiny(&dir.0, 2, stage)
+        };
+        let tag = format!("{}-{precision:?}", stage as u8);
+        check_offload_tiers(&dir.0.join(tag), &nvme, &base);
+    }
+    // Every run's file went with its engine.
+    assert_eq!(std::fs::read_dir(&nvme).unwrap().count(), 0);
+}
+
+/// [`offloaded_optimizer_states_save_and_resume_as_the_device_ones`] for `base`, saving
+/// under `saves`, the file tier in `nvme`.
+fn check_offload_tiers(saves: &Path, nvme: &Path, base: &TrainConfig) {
+    let run = |save: &Path, tier: OffloadTier, resume: Option<PathBuf>| {
         let cfg = TrainConfig {
             save: Some(save.to_path_buf()),
             save_every: 3,
-            precision: PrecisionArg::Bf16,
-            offload_optimizer,
+            offload_optimizer: tier,
+            nvme_path: (tier == OffloadTier::Nvme).then(|| nvme.to_path_buf()),
             resume,
-            ..tiny(&dir.0, 2, ZeroStage::Zero2)
+            ..base.clone()
         };
         train(&cfg).unwrap().losses
     };
-    let (on_device, offloaded) = (dir.0.join("device"), dir.0.join("offloaded"));
-    let device_losses = run(&on_device, false, None);
-    assert_eq!(run(&offloaded, true, None), device_losses);
-    for rank in 0..2 {
-        let name = format!("step-000006/rank-0000{rank}.bin");
-        let (a, b) = (on_device.join(&name), offloaded.join(&name));
-        assert!(
-            std::fs::read(a).unwrap() == std::fs::read(b).unwrap(),
-            "{name}"
+    let home = |tier: OffloadTier| saves.join(format!("{tier:?}"));
+    let what = format!("{} {:?}", base.zero_stage, base.precision);
+    let device_losses = run(&home(OffloadTier::Off), OffloadTier::Off, None);
+    for tier in [OffloadTier::Cpu, OffloadTier::Nvme] {
+        assert_eq!(
+            run(&home(tier), tier, None),
+            device_losses,
+            "{what} {tier:?}"
         );
+        for rank in 0..2 {
+            let name = format!("step-000006/rank-0000{rank}.bin");
+            let (a, b) = (home(OffloadTier::Off).join(&name), home(tier).join(&name));
+            assert!(
+                std::fs::read(a).unwrap() == std::fs::read(b).unwrap(),
+                "{what} {tier:?} {name}"
+            );
+        }
     }
-    let step3 = |from: &Path| Some(from.join("step-000003"));
-    let again = dir.0.join("again");
-    assert_eq!(run(&again, true, step3(&on_device)), device_losses[3..]);
-    assert_eq!(run(&again, false, step3(&offloaded)), device_losses[3..]);
+    let step3 = |tier| Some(home(tier).join("step-000003"));
+    let again = saves.join("again");
+    for (from, to) in [
+        (OffloadTier::Off, OffloadTier::Cpu),
+        (OffloadTier::Cpu, OffloadTier::Off),
+        (OffloadTier::Off, OffloadTier::Nvme),
+        (OffloadTier::Nvme, OffloadTier::Off),
+    ] {
+        let resumed = run(&again, to, step3(from));
+        let case = format!("{what}: {to:?} from {from:?}'s state");
+        assert_eq!(resumed, device_losses[3..], "{case}");
+    }
 }

@@ -292,7 +292,7 @@ fn features_that_do_not_run_split_yet_are_refused_at_start_up() {
         (
             "--offload-optimizer",
             TrainConfig {
-                offload_optimizer: true,
+                offload_optimizer: zero_train::OffloadTier::Cpu,
                 ..base.clone()
             },
         ),

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use zero::ZeroStage;
 use zero_train::cli::config::Device;
 use zero_train::cli::validate::{MAX_BATCH_TOKENS, MAX_RANKS};
-use zero_train::{ByteSize, ConfigError, TrainArgs, TrainConfig};
+use zero_train::{ByteSize, ConfigError, OffloadTier, TrainArgs, TrainConfig};
 
 #[derive(Parser)]
 struct Cli {
@@ -375,9 +375,66 @@ fn an_on_off_flag_turns_off_what_the_file_turned_on() {
     let path = file.path();
     let config = ["--config", path.to_str().unwrap()];
     let from_file = resolve(&config).unwrap();
-    assert!(from_file.activation_checkpointing && from_file.offload_optimizer);
+    assert!(from_file.activation_checkpointing);
+    assert_eq!(from_file.offload_optimizer, OffloadTier::Cpu);
     let off = resolve(&[&config[..], &["--activation-checkpointing=false"]].concat()).unwrap();
-    assert!(!off.activation_checkpointing && off.offload_optimizer);
+    assert!(!off.activation_checkpointing);
+    assert_eq!(off.offload_optimizer, OffloadTier::Cpu);
+    let off = resolve(&[&config[..], &["--offload-optimizer=false"]].concat()).unwrap();
+    assert_eq!(off.offload_optimizer, OffloadTier::Off);
     // Alone, the flag turns the setting on.
-    assert!(resolve(&["--offload-optimizer"]).unwrap().offload_optimizer);
+    let alone = resolve(&["--offload-optimizer"]).unwrap();
+    assert_eq!(alone.offload_optimizer, OffloadTier::Cpu);
+}
+
+#[test]
+fn the_optimizer_offload_takes_a_tier_from_flags_and_files() {
+    let tier = |flags: &[&str]| parse(flags).map(|a| a.merge().unwrap().offload_optimizer);
+    assert_eq!(tier(&[]).unwrap(), OffloadTier::Off);
+    assert_eq!(tier(&["--offload-optimizer"]).unwrap(), OffloadTier::Cpu);
+    // Bare and followed by another flag: the next flag is not taken as its value.
+    let bare = parse(&["--offload-optimizer", "--steps", "3"])
+        .unwrap()
+        .merge()
+        .unwrap();
+    assert_eq!((bare.offload_optimizer, bare.steps), (OffloadTier::Cpu, 3));
+    assert_eq!(
+        tier(&["--offload-optimizer", "nvme"]).unwrap(),
+        OffloadTier::Nvme
+    );
+    assert_eq!(
+        tier(&["--offload-optimizer=nvme"]).unwrap(),
+        OffloadTier::Nvme
+    );
+    assert_eq!(
+        tier(&["--offload-optimizer", "cpu"]).unwrap(),
+        OffloadTier::Cpu
+    );
+    assert_eq!(
+        tier(&["--offload-optimizer=false"]).unwrap(),
+        OffloadTier::Off
+    );
+    let err = parse(&["--offload-optimizer", "disk"])
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("\"disk\"") && err.contains("nvme"), "{err}");
+    for (text, want) in [
+        ("true", OffloadTier::Cpu),
+        ("false", OffloadTier::Off),
+        ("\"cpu\"", OffloadTier::Cpu),
+        ("\"nvme\"", OffloadTier::Nvme),
+    ] {
+        // nvme is validated with its folder: any existing, writable one.
+        let dir = std::env::temp_dir().display().to_string();
+        let text = match want {
+            OffloadTier::Nvme => format!("{text}\nnvme_path = {dir:?}"),
+            _ => text.to_string(),
+        };
+        let file = TomlFile::new("tier", &format!("offload_optimizer = {text}\n"));
+        let cfg = resolve(&["--config", file.path().to_str().unwrap()]).unwrap();
+        assert_eq!(cfg.offload_optimizer, want, "offload_optimizer = {text}");
+    }
+    let file = TomlFile::new("tier-bad", "offload_optimizer = \"tape\"\n");
+    let err = resolve(&["--config", file.path().to_str().unwrap()]).unwrap_err();
+    assert!(err.to_string().contains("tape"), "{err}");
 }

@@ -9,7 +9,7 @@ use std::process::Command;
 use zero::ZeroStage;
 use zero_gpt::Rng;
 use zero_train::plan::plan_report::stage_plans;
-use zero_train::{train, ByteSize, PrecisionArg, TrainConfig};
+use zero_train::{train, ByteSize, OffloadTier, PrecisionArg, TrainConfig};
 
 fn corpus(dir: &Path) {
     let mut rng = Rng::new(4);
@@ -40,10 +40,13 @@ fn tiny(data: &Path, stage: ZeroStage) -> TrainConfig {
 fn each_stage_planned_is_the_peak_a_run_measures() {
     let dir = TempDir::new("plan");
     corpus(&dir.0);
-    for offload_optimizer in [false, true] {
+    let nvme = dir.0.join("nvme");
+    std::fs::create_dir(&nvme).unwrap();
+    for tier in [OffloadTier::Off, OffloadTier::Cpu, OffloadTier::Nvme] {
         for precision in [PrecisionArg::Fp32, PrecisionArg::Bf16] {
             let cfg = TrainConfig {
-                offload_optimizer,
+                offload_optimizer: tier,
+                nvme_path: (tier == OffloadTier::Nvme).then(|| nvme.clone()),
                 precision,
                 ..tiny(&dir.0, ZeroStage::Zero0)
             };
@@ -54,14 +57,19 @@ fn each_stage_planned_is_the_peak_a_run_measures() {
                     ..cfg.clone()
                 })
                 .unwrap();
-                let what = format!("{:?} {} offload {offload_optimizer}", precision, p.stage);
+                let what = format!("{:?} {} offload {tier:?}", precision, p.stage);
                 let rank0 = &run.ranks[0];
                 assert_eq!(rank0.peak_bytes, p.plan.total(), "{what}");
                 let host = p.plan.offload.map_or(0, |o| o.total());
                 assert_eq!(rank0.optimizer_offloaded_bytes, host, "{what}");
+                // The file measured on disk is the planned one, and there is one only with
+                // the file tier.
+                let file = p.plan.offload.map_or(0, |o| o.file);
+                assert_eq!(rank0.optimizer_file_bytes, file, "{what}");
+                assert_eq!(file > 0, tier == OffloadTier::Nvme, "{what}");
                 // The paper's formula (unpadded) is at most the padded model states planned,
-                // the offloaded ones included.
-                let offloaded = p.plan.offload.map_or(0, |o| o.states) as f64;
+                // the offloaded ones included (in the file: its slots hold them).
+                let offloaded = p.plan.offload.map_or(0, |o| o.states.max(o.file)) as f64;
                 assert!(
                     p.formula <= p.plan.model_states.total() + offloaded,
                     "{what}"
@@ -114,6 +122,38 @@ fn the_plan_command_prints_every_stage_and_marks_the_one_asked() {
         rows.iter().all(|r| r.split(" | ").nth(7) != Some("-")),
         "{text}"
     );
+    // In the host arena, not in files.
+    assert!(
+        rows.iter().all(|r| r.split(" | ").nth(8) == Some("-")),
+        "{text}"
+    );
+}
+
+#[test]
+fn the_plan_prints_each_stages_file_bytes_with_the_file_tier() {
+    let dir = TempDir::new("plan-nvme");
+    let nvme = dir.0.to_str().unwrap();
+    let (ok, text, err) = plan_tiny(&["--offload-optimizer", "nvme", "--nvme-path", nvme]);
+    assert!(ok, "{err}");
+    assert!(text.contains("optimizer offloaded to files"), "{text}");
+    let cfg = TrainConfig {
+        offload_optimizer: OffloadTier::Nvme,
+        nvme_path: Some(dir.0.clone()),
+        ..tiny(&dir.0, ZeroStage::Zero2)
+    };
+    let (_, plans) = stage_plans(&cfg).unwrap();
+    let rows: Vec<&str> = text
+        .lines()
+        .filter(|l| l.starts_with(|c: char| c.is_ascii_digit()))
+        .collect();
+    assert_eq!(rows.len(), 4, "{text}");
+    for (row, p) in rows.iter().zip(&plans) {
+        let o = p.plan.offload.unwrap();
+        assert!(o.file > 0 && o.states == 0, "{row}");
+        let cells: Vec<&str> = row.split(" | ").collect();
+        assert_eq!(cells[7], zero_alloc::human_bytes(o.total()), "{row}");
+        assert_eq!(cells[8], zero_alloc::human_bytes(o.file), "{row}");
+    }
 }
 
 #[test]
@@ -175,11 +215,11 @@ fn under_a_memory_limit_each_stage_says_whether_it_fits() {
             .collect();
         assert_eq!(rows.len(), 4, "{text}");
         for (row, &total) in rows.iter().zip(&totals) {
-            let fits = row.split(" | ").nth(9).unwrap_or("");
+            let fits = row.split(" | ").nth(10).unwrap_or("");
             assert_eq!(fits.starts_with("yes"), total <= limit, "{row}");
             assert_eq!(fits.starts_with("no, "), total > limit, "{row}");
         }
-        let stage2 = rows[2].split(" | ").nth(9).unwrap_or("");
+        let stage2 = rows[2].split(" | ").nth(10).unwrap_or("");
         assert_eq!(stage2.starts_with("yes"), stage2_fits, "{text}");
     }
 }

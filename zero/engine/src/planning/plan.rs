@@ -76,6 +76,9 @@ pub struct PlanShape {
     pub staging: StagingRule,
     /// ZeRO-Offload: the optimizer states and their update in a host arena of their own.
     pub offload_optimizer: bool,
+    /// With `offload_optimizer`: the states in the file tier, the host arena holding only
+    /// the update's staging.
+    pub optimizer_file: bool,
     /// How the programs' kept inputs are stored.
     pub kept_inputs: KeptInputs,
 }
@@ -163,6 +166,7 @@ pub fn plan_memory(
             shape.precision,
             shape.world,
             shape.reduce_bucket_bytes,
+            shape.optimizer_file,
         )?)
     } else {
         None
@@ -286,6 +290,7 @@ mod tests {
             activation_bytes: 0,
             staging: StagingRule::None,
             offload_optimizer: false,
+            optimizer_file: false,
             kept_inputs: KeptInputs::default(),
         }
     }

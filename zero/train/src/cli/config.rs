@@ -326,11 +326,88 @@ pub struct TrainConfig {
     /// with `--offload-activations` the slices go to pinned host memory.
     #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "true", default_value_t = false, action = clap::ArgAction::Set)]
     pub partition_activations: bool,
-    /// ZeRO-Offload: keep the f32 master weights and Adam's moments in host memory
-    /// (page-locked with `--device cuda`) and run AdamW there; the device keeps the stored
+    /// ZeRO-Offload: keep the f32 master weights and Adam's moments off the device and run
+    /// AdamW on the host: `cpu` (alone: `--offload-optimizer`) in a host arena (page-locked
+    /// with `--device cuda`), `nvme` in one file per rank under `--nvme-path`, streamed
+    /// through the host piece by piece; `false` turns it off. The device keeps the stored
     /// parameters and gradients. `--memory-limit` caps the device's arena only.
-    #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "true", default_value_t = false, action = clap::ArgAction::Set)]
-    pub offload_optimizer: bool,
+    #[arg(long, num_args = 0..=1, default_missing_value = "cpu", default_value = "false", value_parser = OffloadTier::parse, action = clap::ArgAction::Set)]
+    #[serde(with = "offload_tier")]
+    pub offload_optimizer: OffloadTier,
+    /// The folder of `--offload-optimizer nvme`'s files (one per rank, created at start-up,
+    /// replaced if present): an existing, writable directory, ideally on a fast disk.
+    #[arg(long)]
+    pub nvme_path: Option<PathBuf>,
+    /// Cap on each rank's host arena of offloaded optimizer states (`--offload-optimizer`),
+    /// e.g. 64M; refused at start-up below what the run needs, with the bytes needed.
+    #[arg(long, allow_negative_numbers = true)]
+    pub host_memory_limit: Option<ByteSize>,
+}
+
+/// Where `--offload-optimizer` puts the optimizer states.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum OffloadTier {
+    /// In the rank's arena, beside the other model states.
+    #[default]
+    Off,
+    /// In a host arena.
+    Cpu,
+    /// In one file per rank under `--nvme-path`, streamed through the host arena.
+    Nvme,
+}
+
+impl OffloadTier {
+    /// Offloaded at all (`cpu` or `nvme`).
+    #[must_use]
+    pub fn is_on(self) -> bool {
+        self != Self::Off
+    }
+
+    /// Parses `cpu`, `nvme`, `true` (cpu) or `false` (off).
+    ///
+    /// # Errors
+    /// Any other word, named.
+    pub fn parse(text: &str) -> Result<Self, String> {
+        match text.trim() {
+            "cpu" | "true" => Ok(Self::Cpu),
+            "nvme" => Ok(Self::Nvme),
+            "false" => Ok(Self::Off),
+            other => Err(format!(
+                "{other:?} is not an optimizer offload: expected cpu, nvme, true (cpu) or false"
+            )),
+        }
+    }
+}
+
+/// `offload_optimizer` in TOML: `true` / `false` (cpu / off), or `"cpu"` / `"nvme"`.
+mod offload_tier {
+    use super::OffloadTier;
+    use serde::{de::Error, Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(tier: &OffloadTier, s: S) -> Result<S::Ok, S::Error> {
+        match tier {
+            OffloadTier::Off => s.serialize_bool(false),
+            OffloadTier::Cpu => s.serialize_str("cpu"),
+            OffloadTier::Nvme => s.serialize_str("nvme"),
+        }
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<OffloadTier, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Given {
+            Flag(bool),
+            Word(String),
+        }
+        match Given::deserialize(d)? {
+            Given::Flag(on) => Ok(if on {
+                OffloadTier::Cpu
+            } else {
+                OffloadTier::Off
+            }),
+            Given::Word(word) => OffloadTier::parse(&word).map_err(D::Error::custom),
+        }
+    }
 }
 
 impl Default for TrainConfig {
@@ -413,8 +490,11 @@ impl TrainConfig {
             memory_limit: self.memory_limit.map(|m| m.0),
             defragment: !self.no_defragment,
             activation_bytes,
-            offload_optimizer: self.offload_optimizer,
+            offload_optimizer: self.offload_optimizer.is_on(),
+            optimizer_file: self.offload_optimizer == OffloadTier::Nvme,
+            host_memory_limit: self.host_memory_limit.map(|m| m.0),
             kept_inputs,
+            ..EngineConfig::default()
         }
     }
 

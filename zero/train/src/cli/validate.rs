@@ -93,6 +93,7 @@ impl TrainConfig {
         self.validate_batch()?;
         self.validate_schedule()?;
         self.validate_engine(&model)?;
+        self.validate_offload()?;
         Ok(model)
     }
 
@@ -262,7 +263,7 @@ impl TrainConfig {
         let refused = [
             (self.device.is_cuda(), "--device cuda (CPU only)"),
             (self.backend == Backend::Nccl, "--backend nccl (CPU only)"),
-            (self.offload_optimizer, "--offload-optimizer"),
+            (self.offload_optimizer.is_on(), "--offload-optimizer"),
             (!self.inject_fault.is_empty(), "--inject-fault"),
             (self.fingerprint_every > 0, "--fingerprint-every"),
         ];

@@ -10,7 +10,7 @@ use zero::{expected_model_state_bytes, MemoryPlan, Traffic, ZeroStage};
 use zero_alloc::human_bytes;
 use zero_gpt::{GptConfig, ParamLayout};
 
-use crate::cli::config::{Backend, TrainConfig};
+use crate::cli::config::{Backend, OffloadTier, TrainConfig};
 use crate::error::TrainError;
 use crate::plan::link_rate::LinkRate;
 use crate::plan::memory_fit::MemoryQuery;
@@ -76,8 +76,8 @@ pub fn plan_table(cfg: &TrainConfig, link: Option<LinkRate>) -> Result<String, T
         format!(" | fits --memory-limit {}", human_bytes(l))
     });
     out.push_str(&format!(
-        "stage | parameters | gradients | optimizer | activations (+ kept inputs) | transient | per rank | \
-         host arena/rank | formula (model states){fits_heading}\n",
+        "stage | parameters | gradients | optimizer | activations (+ kept inputs) | transient | \
+         per rank | host arena/rank | file/rank | formula (model states){fits_heading}\n",
     ));
     let h = |b: f64| human_bytes(b as u64);
     for p in &plans {
@@ -86,6 +86,10 @@ pub fn plan_table(cfg: &TrainConfig, link: Option<LinkRate>) -> Result<String, T
             .plan
             .offload
             .map_or("-".into(), |o| human_bytes(o.total()));
+        let file = match p.plan.offload {
+            Some(o) if o.file > 0 => human_bytes(o.file),
+            _ => "-".into(),
+        };
         let mark = if p.stage == cfg.zero_stage {
             " <- asked"
         } else {
@@ -97,7 +101,7 @@ pub fn plan_table(cfg: &TrainConfig, link: Option<LinkRate>) -> Result<String, T
             None => String::new(),
         };
         out.push_str(&format!(
-            "{} | {} | {} | {} | {} | {} | {} | {host} | {}{fits}{mark}\n",
+            "{} | {} | {} | {} | {} | {} | {} | {host} | {file} | {}{fits}{mark}\n",
             p.stage as u8,
             h(s.params),
             h(s.grads),
@@ -192,10 +196,10 @@ fn heading(cfg: &TrainConfig, m: &GptConfig) -> String {
         (Some(k), _) => format!("checkpointing every {k}"),
         (None, _) => "no checkpointing".into(),
     };
-    let optimizer = if cfg.offload_optimizer {
-        "optimizer offloaded to the host"
-    } else {
-        "optimizer on the device"
+    let optimizer = match cfg.offload_optimizer {
+        OffloadTier::Off => "optimizer on the device",
+        OffloadTier::Cpu => "optimizer offloaded to the host",
+        OffloadTier::Nvme => "optimizer offloaded to files, streamed through the host",
     };
     let tp = match cfg.tensor_parallel_size {
         1 => String::new(),

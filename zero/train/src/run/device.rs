@@ -231,6 +231,7 @@ pub mod cuda {
                 device: zero_alloc::Device::Cuda(self.ordinal),
                 kernels: Box::new(self.kernels),
                 collectives,
+                nvme_path: None,
             };
             Ok((self.backend, ops))
         }

@@ -72,6 +72,9 @@ pub struct RankReport {
     /// unit's update staging; 0 without `--offload-optimizer`). `model_state_bytes` counts
     /// the states wherever they are.
     pub optimizer_offloaded_bytes: u64,
+    /// `--offload-optimizer nvme`: bytes of the rank's optimizer file, measured on disk
+    /// while the run holds it (0 without the file tier).
+    pub optimizer_file_bytes: u64,
     /// Elements handed to collectives per training step, by kind.
     pub traffic_per_step: Traffic,
     /// Bytes zero-comm counted as sent per training step (all collectives).
@@ -102,6 +105,7 @@ impl RankReport {
             "activation_kept_bytes": self.activation_kept_bytes,
             "activation_offloaded_bytes": self.activation_offloaded_bytes,
             "optimizer_offloaded_bytes": self.optimizer_offloaded_bytes,
+            "optimizer_file_bytes": self.optimizer_file_bytes,
             "model_state_bytes": bytes_json(&self.measured),
             "expected_model_state_bytes": bytes_json(&self.expected),
             "stage0_model_state_bytes": bytes_json(&self.stage0),
@@ -208,9 +212,17 @@ pub fn memory_table(reports: &[RankReport]) -> String {
         ));
     }
     for r in reports.iter().filter(|r| r.optimizer_offloaded_bytes > 0) {
+        let home = if r.optimizer_file_bytes > 0 {
+            format!(
+                "in its file (--offload-optimizer nvme; {:.2} MiB on disk",
+                mib(r.optimizer_file_bytes as f64)
+            )
+        } else {
+            "in host memory (--offload-optimizer".to_string()
+        };
         s.push_str(&format!(
-            "rank {}: {:.2} MiB of its model states (the optimizer's) in host memory \
-             (--offload-optimizer; host arena peak {:.2} MiB)\n",
+            "rank {}: {:.2} MiB of its model states (the optimizer's) {home}; host arena \
+             peak {:.2} MiB)\n",
             r.rank,
             mib(r.measured.optimizer),
             mib(r.optimizer_offloaded_bytes as f64),

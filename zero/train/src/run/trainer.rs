@@ -101,6 +101,10 @@ impl RankOutput {
                 activation_kept_bytes: kept_arena,
                 activation_offloaded_bytes: kept_host,
                 optimizer_offloaded_bytes: 0,
+                // Measured from the disk, not the engine's layout: 0 if it cannot be read.
+                optimizer_file_bytes: engine
+                    .optimizer_file_path()
+                    .map_or(0, |p| std::fs::metadata(p).map_or(0, |m| m.len())),
                 traffic_per_step: Traffic::default(),
                 comm_bytes_sent_per_step: 0.0,
                 comm_bytes_received_per_step: 0.0,

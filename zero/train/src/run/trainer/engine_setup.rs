@@ -32,7 +32,7 @@ pub(super) fn build_engine<B: Placement>(
     engine_config.adam.validate()?;
     let shape = engine_config.plan_shape(comm.size(), comm.staging_rule());
     let query = MemoryQuery::for_run(cfg, shared.model, placement, shape);
-    if let (true, Device::Cuda(_)) = (cfg.offload_optimizer, cfg.device) {
+    if let (true, Device::Cuda(_)) = (cfg.offload_optimizer.is_on(), cfg.device) {
         // On a GPU the host arena is host memory of its own, outside any cap or GPU budget.
         let ranks = ranks_on_this_host(cfg.backend, comm.size());
         let host = query.plan()?.offload.map_or(0, |o| o.total());
@@ -58,7 +58,7 @@ pub(super) fn build_engine<B: Placement>(
         layout,
         cfg.activation_placement().checkpoint_every,
         engine_config,
-        ops,
+        ops.with_nvme_path(cfg.nvme_path.clone()),
         |unit, w| {
             // Whole units made as at T = 1 and sliced: every T starts from the same model.
             if let Err(e) = init_split_unit(&gcfg, layout, split, unit, cfg.seed, w) {

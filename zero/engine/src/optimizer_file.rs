@@ -1,0 +1,270 @@
+//! The file tier of ZeRO-Offload (`--offload-optimizer nvme`): a rank's optimizer states
+//! (Adam's m and v, and the f32 master weights for half precision) in one zero-alloc
+//! [`TierFile`] (tier `optimizer`), laid out piece by piece as
+//! [`FileLayout`] says, moved through a fixed [`ChunkPool`].
+//!
+//! The units' state handles then live in an accounting arena (no memory), which mirrors the
+//! file's blocks so that sizes are measured as for the other homes; every read or write of
+//! a state goes through [`Engine::read_optim`] / [`Engine::write_optim`], which reach the
+//! file here, or the arena that holds the states otherwise. The update streams the file
+//! (`optimizer_stream`).
+
+use super::engine::Engine;
+use super::error::{Error, Result};
+use super::host_io::{read_f32, write_f32};
+use super::optimizer_home::OffloadedOptimizer;
+use super::optimizer_io::IoThread;
+use super::optimizer_stream::StepStream;
+use super::planning::offload_plan::FileLayout;
+use std::ops::Range;
+use std::path::Path;
+use std::sync::Arc;
+use zero_alloc::tier::{ChunkPool, TierFile, TierSpec};
+use zero_alloc::Handle;
+
+/// The tier name of the optimizer states' files.
+pub const OPTIMIZER_TIER: &str = "optimizer";
+
+/// One of a unit's f32 optimizer states, numbered as the file lays them out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum OptimState {
+    M = 0,
+    V = 1,
+    Master = 2,
+}
+
+/// A rank's optimizer file, its I/O thread, the caller's pool buffer, the step being
+/// streamed and what has moved.
+#[derive(Debug)]
+pub(crate) struct FileStates {
+    pub tier: Arc<TierFile>,
+    /// The buffer of reads and writes made on the engine's thread (exports, imports); the
+    /// I/O thread has its own.
+    pub pool: ChunkPool,
+    pub layout: FileLayout,
+    pub io: IoThread,
+    /// The step being streamed (`optimizer_stream`), if any.
+    pub stream: Option<StepStream>,
+    /// Bytes read from and written to the file since start-up.
+    pub read_bytes: u64,
+    pub written_bytes: u64,
+}
+
+/// What the file tier holds and has moved, for tests and reports.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FileTierStats {
+    /// Bytes of the file (header and every piece's slot).
+    pub file_bytes: u64,
+    /// Bytes of the chunk pool (the I/O thread's buffer and the engine thread's), fixed at
+    /// start-up.
+    pub pool_bytes: u64,
+    /// Bytes of one pool buffer (a piece larger than this moves chunk by chunk).
+    pub chunk_bytes: u64,
+    /// The largest piece the file holds, in bytes.
+    pub largest_piece: u64,
+    /// Bytes read from the file since start-up.
+    pub read_bytes: u64,
+    /// Bytes written to it since start-up (the zeroed file's creation not counted).
+    pub written_bytes: u64,
+    /// The file bypasses the page cache (`O_DIRECT`).
+    pub direct: bool,
+}
+
+/// The file is the run's scratch (the states outlive it in checkpoints, not in it), so it
+/// goes with the engine rather than fill the disk run after run.
+impl Drop for FileStates {
+    fn drop(&mut self) {
+        // A file already gone, or a folder made read-only since, leaves nothing to do.
+        let _ = std::fs::remove_file(self.tier.path());
+    }
+}
+
+impl FileStates {
+    /// Creates `dir`'s file for `rank` of `world`, zeroed, laid out as `layout` says, and
+    /// starts its I/O thread; the pool is two `chunk`-byte buffers, the thread's and the
+    /// engine thread's.
+    pub fn create(
+        dir: &Path,
+        (rank, world): (usize, usize),
+        layout: FileLayout,
+        chunk: usize,
+    ) -> Result<Self> {
+        // A file another run left is replaced (created zeroed), never read: the value only
+        // marks this run's file in its header.
+        let run = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as u64)
+            ^ u64::from(std::process::id());
+        let spec = TierSpec {
+            dir,
+            tier: OPTIMIZER_TIER,
+            rank: u32::try_from(rank).unwrap_or(u32::MAX),
+            world: u32::try_from(world).unwrap_or(u32::MAX),
+            run,
+        };
+        let tier = Arc::new(TierFile::create(spec, &layout.lens)?);
+        let thread_pool = ChunkPool::new(1, chunk)?;
+        let io = IoThread::spawn(Arc::clone(&tier), layout.clone(), thread_pool)
+            .map_err(|e| Error::Order(format!("the optimizer file's I/O thread: {e}")))?;
+        Ok(Self {
+            tier,
+            pool: ChunkPool::new(1, chunk)?,
+            layout,
+            io,
+            stream: None,
+            read_bytes: 0,
+            written_bytes: 0,
+        })
+    }
+
+    /// The statistics of [`FileTierStats`].
+    pub fn stats(&self) -> FileTierStats {
+        FileTierStats {
+            file_bytes: self.tier.file_bytes(),
+            // The I/O thread's buffer is the same size as the engine thread's.
+            pool_bytes: 2 * self.pool.bytes() as u64,
+            chunk_bytes: self.pool.chunk() as u64,
+            largest_piece: self.layout.lens.iter().copied().max().unwrap_or(0),
+            read_bytes: self.read_bytes,
+            written_bytes: self.written_bytes,
+            direct: self.tier.is_direct(),
+        }
+    }
+
+    /// Elements `range` of `unit`'s `state` (kept-range coordinates), read piece by piece.
+    pub fn read_range(
+        &mut self,
+        unit: usize,
+        state: OptimState,
+        range: Range<usize>,
+    ) -> Result<Vec<f32>> {
+        let mut out = vec![0f32; range.len()];
+        let piece = self.layout.piece;
+        let mut at = range.start;
+        while at < range.end {
+            let (k, values) = self.read_piece(unit, state, at / piece)?;
+            let from = at - k * piece;
+            let n = (values.len() - from).min(range.end - at);
+            out[at - range.start..][..n].copy_from_slice(&values[from..from + n]);
+            at += n;
+        }
+        Ok(out)
+    }
+
+    /// Writes `values` into `unit`'s `state` from element `at` on: each piece touched is
+    /// read, changed and written back whole.
+    pub fn write_range(
+        &mut self,
+        unit: usize,
+        state: OptimState,
+        at: usize,
+        values: &[f32],
+    ) -> Result<()> {
+        let piece = self.layout.piece;
+        let mut done = 0;
+        while done < values.len() {
+            let (k, mut whole) = self.read_piece(unit, state, (at + done) / piece)?;
+            let from = at + done - k * piece;
+            let n = (whole.len() - from).min(values.len() - done);
+            whole[from..from + n].copy_from_slice(&values[done..done + n]);
+            let index = self.layout.index(unit, k, state as usize);
+            let bytes = bytemuck::cast_slice(&whole);
+            self.tier.write_piece(index, bytes, &mut self.pool)?;
+            self.written_bytes += bytes.len() as u64;
+            done += n;
+        }
+        Ok(())
+    }
+
+    /// Piece `k` of `unit`'s `state`, whole: (k, its values).
+    fn read_piece(
+        &mut self,
+        unit: usize,
+        state: OptimState,
+        k: usize,
+    ) -> Result<(usize, Vec<f32>)> {
+        let index = self.layout.index(unit, k, state as usize);
+        let len = self.layout.lens.get(index).copied().ok_or_else(|| {
+            Error::Order(format!(
+                "unit {unit} has no optimizer piece {k} in the file"
+            ))
+        })?;
+        let mut values = vec![0f32; usize::try_from(len / 4).unwrap_or(usize::MAX)];
+        let bytes = bytemuck::cast_slice_mut(&mut values);
+        self.tier.read_piece(index, bytes, &mut self.pool)?;
+        self.read_bytes += len;
+        Ok((k, values))
+    }
+}
+
+impl Engine {
+    /// The file tier's statistics (`None` unless the optimizer states are in a file).
+    pub fn optimizer_file(&self) -> Option<FileTierStats> {
+        let file = self.offloaded.as_ref()?.file.as_ref()?;
+        Some(file.stats())
+    }
+
+    /// The optimizer file (`None` unless the optimizer states are in a file).
+    pub fn optimizer_file_path(&self) -> Option<&Path> {
+        let file = self.offloaded.as_ref()?.file.as_ref()?;
+        Some(file.tier.path())
+    }
+
+    /// `unit`'s block of `state` in the arena that holds the optimizer states (for the file
+    /// tier, its accounting arena's block).
+    pub(crate) fn optim_handle(&self, unit: usize, state: OptimState) -> Result<Handle> {
+        let b = &self.units.bufs[unit];
+        match state {
+            OptimState::M => Ok(b.m),
+            OptimState::V => Ok(b.v),
+            OptimState::Master => b
+                .master
+                .ok_or_else(|| Error::Order("master weights without half precision".into())),
+        }
+    }
+
+    /// Elements `range` (in the kept block's coordinates) of `unit`'s `state`, wherever the
+    /// optimizer states live.
+    pub(crate) fn read_optim(
+        &mut self,
+        unit: usize,
+        state: OptimState,
+        range: Range<usize>,
+    ) -> Result<Vec<f32>> {
+        let h = self.optim_handle(unit, state)?;
+        match &mut self.offloaded {
+            Some(OffloadedOptimizer {
+                file: Some(file),
+                arena,
+                ..
+            }) => {
+                file.end_step(arena, None)?;
+                file.read_range(unit, state, range)
+            }
+            _ => read_f32(self.optimizer_arena(), h, range),
+        }
+    }
+
+    /// Writes `values` into `unit`'s `state` from element `at` (kept-block coordinates) on,
+    /// wherever the optimizer states live.
+    pub(crate) fn write_optim(
+        &mut self,
+        unit: usize,
+        state: OptimState,
+        at: usize,
+        values: &[f32],
+    ) -> Result<()> {
+        let h = self.optim_handle(unit, state)?;
+        match &mut self.offloaded {
+            Some(OffloadedOptimizer {
+                file: Some(file),
+                arena,
+                ..
+            }) => {
+                file.end_step(arena, None)?;
+                file.write_range(unit, state, at, values)
+            }
+            _ => write_f32(self.optimizer_home().arena, h, at, values),
+        }
+    }
+}
