@@ -167,6 +167,9 @@ for stage in 0 3; do
   same_as_local "fp32 stage $stage, T = 2" 4 "${args[@]}" --zero-stage "$stage" \
     --tensor-parallel-size 2
 done
+# P_a: the slices' gathers run on a second communicator split from the group's.
+same_as_local "fp32 stage 3, T = 2, partitioned activations" 4 "${args[@]}" --zero-stage 3 \
+  --tensor-parallel-size 2 --activation-checkpointing --partition-activations
 
 # --- injected faults over MPI: each named (docs/faults.md) -----------------------------------
 # Under --enable-recovery the survivors outlive a dead rank; mpirun's own exit status is then
