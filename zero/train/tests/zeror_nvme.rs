@@ -71,9 +71,9 @@ fn the_file_tier_trains_the_losses_of_the_host_and_of_no_offload_to_the_bit() {
     }
 }
 
-/// `zero-train` on the tiny preset with `flags`: (success, stderr).
-fn zero_train(data: &Path, flags: &[&str]) -> (bool, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_zero-train"))
+/// `zero-train` on the tiny preset, 2 ranks, 1 step, on the corpus in `data`, with `flags`.
+fn tiny_run(data: &Path, flags: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_zero-train"))
         .args([
             "--model",
             "tiny",
@@ -95,7 +95,12 @@ fn zero_train(data: &Path, flags: &[&str]) -> (bool, String) {
         .args(["--sample-tokens", "0", "--data", data.to_str().unwrap()])
         .args(flags)
         .output()
-        .unwrap();
+        .unwrap()
+}
+
+/// [`tiny_run`]: (success, stderr).
+fn zero_train(data: &Path, flags: &[&str]) -> (bool, String) {
+    let out = tiny_run(data, flags);
     (out.status.success(), stderr(&out))
 }
 
@@ -105,34 +110,13 @@ fn a_run_with_the_file_tier_names_its_file_in_the_summary() {
     corpus(&dir.0);
     let nvme = dir.0.join("nvme");
     std::fs::create_dir(&nvme).unwrap();
-    let out = Command::new(env!("CARGO_BIN_EXE_zero-train"))
-        .args([
-            "--model",
-            "tiny",
-            "--layers",
-            "2",
-            "--seq-len",
-            "16",
-            "--steps",
-            "1",
-        ])
-        .args([
-            "--world-size",
-            "2",
-            "--micro-batch-size",
-            "1",
-            "--eval-every",
-            "0",
-        ])
-        .args(["--sample-tokens", "0", "--data", dir.0.to_str().unwrap()])
-        .args([
-            "--offload-optimizer",
-            "nvme",
-            "--nvme-path",
-            nvme.to_str().unwrap(),
-        ])
-        .output()
-        .unwrap();
+    let flags = [
+        "--offload-optimizer",
+        "nvme",
+        "--nvme-path",
+        nvme.to_str().unwrap(),
+    ];
+    let out = tiny_run(&dir.0, &flags);
     let text = String::from_utf8_lossy(&out.stdout).into_owned() + &stderr(&out);
     assert!(out.status.success(), "{text}");
     assert!(
