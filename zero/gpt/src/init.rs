@@ -132,18 +132,18 @@ pub fn init_split_unit(
     let whole_layout = ParamLayout::new(config);
     let whole_unit = match spec.kind {
         UnitKind::Embedding | UnitKind::EmbeddingSlice | UnitKind::Positions => 0,
-        UnitKind::Block { layer }
-        | UnitKind::BlockSlice { layer }
-        | UnitKind::BlockReplicated { layer } => ParamLayout::block_unit(layer),
         UnitKind::FinalNorm => whole_layout.final_norm_unit(),
+        UnitKind::Block { layer }
+        | UnitKind::AttentionSlice { layer }
+        | UnitKind::MlpSlice { layer }
+        | UnitKind::BlockReplicated { layer } => ParamLayout::block_unit(layer),
     };
     let whole_spec = &whole_layout.units()[whole_unit];
-    if !matches!(
+    // Units of the whole layout are made as at T = 1; every other unit is cut from its
+    // whole unit.
+    if matches!(
         spec.kind,
-        UnitKind::BlockSlice { .. }
-            | UnitKind::BlockReplicated { .. }
-            | UnitKind::EmbeddingSlice
-            | UnitKind::Positions
+        UnitKind::Embedding | UnitKind::Block { .. } | UnitKind::FinalNorm
     ) {
         return init_unit(config, &whole_layout, whole_unit, seed, out);
     }

@@ -9,17 +9,25 @@
 //! - unit L+1: the final LayerNorm, `lnfw` (C), `lnfb` (C).
 //!
 //! Split over a tensor-parallel group of T > 1 ranks ([`ParamLayout::split`]), block `l` is
-//! two units, `1 + 2l` its slice (this rank's part of qkvw, qkvb, attprojw, fcw, fcb,
-//! fcprojw; see `split`) and `2 + 2l` its replicated tensors (ln1w, ln1b, attprojb, ln2w,
-//! ln2b, fcprojb), and the final LayerNorm is unit 2L+1. With the vocabulary split too
-//! ([`ParamLayout::split_vocab`]), unit 0 holds this rank's Vp/T rows of `wte` alone,
-//! `wpe` (replicated) is unit 2L+1 and the final LayerNorm unit 2L+2.
+//! three units: `1 + 3l` its attention slice (this rank's part of qkvw, qkvb, attprojw),
+//! `2 + 3l` its MLP slice (its part of fcw, fcb, fcprojw; see `split`) and `3 + 3l` its
+//! replicated tensors (ln1w, ln1b, attprojb, ln2w, ln2b, fcprojb), and the final LayerNorm
+//! is unit 3L+1. With the vocabulary split too ([`ParamLayout::split_vocab`]), unit 0 holds
+//! this rank's Vp/T rows of `wte` alone, `wpe` (replicated) is unit 3L+1 and the final
+//! LayerNorm unit 3L+2.
+//!
+//! Why two slice units per block rather than one: ZeRO stage 3 gathers a whole unit for the
+//! calls that read it, so the largest unit sets the transient gathered bytes. Each split call
+//! reads one of the two halves only (the attention calls the attention slice, the MLP calls
+//! the MLP slice; see `tp_program`), so at stage 3 a step holds the larger of the two
+//! gathered (the MLP's, 8C²/T against 4C²/T), not the block's 12C²/T. Every T > 1 uses these
+//! units, one layout: the finer units cost a few more (small) collectives and nothing else.
 //!
 //! Gradients use the same table: a unit's gradient buffer has the unit's length and the same
 //! offsets. Sizes are element counts, not bytes, so the table serves any dtype.
 
 use super::config::GptConfig;
-use super::split::{replicated_specs, slice_specs};
+use super::split::{attention_slice_specs, mlp_slice_specs, replicated_specs};
 
 /// One named tensor inside a unit.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -46,31 +54,41 @@ pub enum UnitKind {
         /// Layer index in `0..L`.
         layer: usize,
     },
-    /// The final LayerNorm (unit L+1; split, 2L+1, or 2L+2 with the vocabulary split).
+    /// The final LayerNorm (unit L+1; split, 3L+1, or 3L+2 with the vocabulary split).
     FinalNorm,
-    /// Split over T > 1 ranks: this rank's slice of block `layer` (unit `1 + 2 * layer`).
-    BlockSlice {
+    /// Split over T > 1 ranks: this rank's slice of block `layer`'s attention, qkvw, qkvb,
+    /// attprojw (unit `1 + 3 * layer`).
+    AttentionSlice {
         /// Layer index in `0..L`.
         layer: usize,
     },
-    /// Split over T > 1 ranks: block `layer`'s replicated tensors (unit `2 + 2 * layer`).
+    /// Split over T > 1 ranks: this rank's slice of block `layer`'s MLP, fcw, fcb, fcprojw
+    /// (unit `2 + 3 * layer`).
+    MlpSlice {
+        /// Layer index in `0..L`.
+        layer: usize,
+    },
+    /// Split over T > 1 ranks: block `layer`'s replicated tensors (unit `3 + 3 * layer`).
     BlockReplicated {
         /// Layer index in `0..L`.
         layer: usize,
     },
     /// Vocabulary split over T > 1 ranks: this rank's Vp/T rows of `wte` (unit 0).
     EmbeddingSlice,
-    /// Vocabulary split over T > 1 ranks: `wpe`, replicated (unit 2L+1).
+    /// Vocabulary split over T > 1 ranks: `wpe`, replicated (unit 3L+1).
     Positions,
 }
 
 impl UnitKind {
-    /// True for a rank's slice of a split tensor (a block's slice, the embedding's rows),
-    /// whose values differ by tensor-parallel rank; every other unit is the same on every
-    /// rank of a group.
+    /// True for a rank's slice of a split tensor (a block's attention or MLP slice, the
+    /// embedding's rows), whose values differ by tensor-parallel rank; every other unit is
+    /// the same on every rank of a group.
     #[must_use]
     pub fn is_slice(self) -> bool {
-        matches!(self, Self::BlockSlice { .. } | Self::EmbeddingSlice)
+        matches!(
+            self,
+            Self::AttentionSlice { .. } | Self::MlpSlice { .. } | Self::EmbeddingSlice
+        )
     }
 }
 
@@ -152,6 +170,9 @@ fn block_specs(c: usize) -> Vec<(&'static str, Vec<usize>)> {
     ]
 }
 
+/// Units per block split over T > 1 ranks: attention slice, MLP slice, replicated.
+const SPLIT_UNITS_PER_BLOCK: usize = 3;
+
 /// The size table of a whole model: one [`UnitLayout`] per unit.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ParamLayout {
@@ -187,8 +208,8 @@ impl ParamLayout {
     }
 
     /// The table of one rank of a tensor-parallel group of `tp` ranks: at `tp` = 1
-    /// [`ParamLayout::new`]'s, above it each block as two units, its slice then its
-    /// replicated tensors (see the module doc). `tp` must have passed
+    /// [`ParamLayout::new`]'s, above it each block as three units, its attention slice, its
+    /// MLP slice, then its replicated tensors (see the module doc). `tp` must have passed
     /// [`TpSplit::validate`](crate::TpSplit::validate).
     #[must_use]
     pub fn split(config: &GptConfig, tp: usize) -> Self {
@@ -200,11 +221,14 @@ impl ParamLayout {
         let final_norm = layout.units.pop();
         layout.units.truncate(1);
         for layer in 0..config.num_layers {
-            let slice = UnitLayout::new(UnitKind::BlockSlice { layer }, slice_specs(c, tp));
-            layout.units.push(slice);
-            let replicated =
-                UnitLayout::new(UnitKind::BlockReplicated { layer }, replicated_specs(c));
-            layout.units.push(replicated);
+            layout.units.extend([
+                UnitLayout::new(
+                    UnitKind::AttentionSlice { layer },
+                    attention_slice_specs(c, tp),
+                ),
+                UnitLayout::new(UnitKind::MlpSlice { layer }, mlp_slice_specs(c, tp)),
+                UnitLayout::new(UnitKind::BlockReplicated { layer }, replicated_specs(c)),
+            ]);
         }
         layout.units.extend(final_norm);
         layout.tensor_parallel = tp;
@@ -257,40 +281,48 @@ impl ParamLayout {
     #[must_use]
     pub fn num_layers(&self) -> usize {
         let block = |u: &&UnitLayout| {
-            matches!(u.kind, UnitKind::Block { .. } | UnitKind::BlockSlice { .. })
+            matches!(
+                u.kind,
+                UnitKind::Block { .. } | UnitKind::AttentionSlice { .. }
+            )
         };
         self.units.iter().filter(block).count()
     }
 
-    /// Units per block: 1, or 2 split over T > 1 ranks.
-    fn units_per_block(&self) -> usize {
-        if self.tensor_parallel > 1 {
-            2
-        } else {
-            1
-        }
-    }
-
     /// The units holding block `layer`'s parameters: `[layer + 1]`, or split over T > 1
-    /// ranks its slice and its replicated unit.
+    /// ranks its attention slice, its MLP slice and its replicated unit.
     #[must_use]
     pub fn block_units(&self, layer: usize) -> Vec<usize> {
-        match self.units_per_block() {
+        match self.tensor_parallel {
             1 => vec![Self::block_unit(layer)],
-            _ => vec![Self::slice_unit(layer), Self::replicated_unit(layer)],
+            _ => Self::split_block_units(layer).to_vec(),
         }
     }
 
-    /// Split over T > 1 ranks: the unit of block `layer`'s slice.
+    /// Split over T > 1 ranks: block `layer`'s units, (attention slice, MLP slice,
+    /// replicated), consecutive.
     #[must_use]
-    pub fn slice_unit(layer: usize) -> usize {
-        1 + 2 * layer
+    pub fn split_block_units(layer: usize) -> [usize; 3] {
+        let first = 1 + SPLIT_UNITS_PER_BLOCK * layer;
+        [first, first + 1, first + 2]
+    }
+
+    /// Split over T > 1 ranks: the unit of block `layer`'s attention slice.
+    #[must_use]
+    pub fn attention_slice_unit(layer: usize) -> usize {
+        Self::split_block_units(layer)[0]
+    }
+
+    /// Split over T > 1 ranks: the unit of block `layer`'s MLP slice.
+    #[must_use]
+    pub fn mlp_slice_unit(layer: usize) -> usize {
+        Self::split_block_units(layer)[1]
     }
 
     /// Split over T > 1 ranks: the unit of block `layer`'s replicated tensors.
     #[must_use]
     pub fn replicated_unit(layer: usize) -> usize {
-        2 + 2 * layer
+        Self::split_block_units(layer)[2]
     }
 
     /// All units, in order: embedding, blocks 0..L, final norm (split: see the module doc).
@@ -299,7 +331,7 @@ impl ParamLayout {
         &self.units
     }
 
-    /// Number of units (L + 2; split, 2L + 2, or 2L + 3 with the vocabulary split).
+    /// Number of units (L + 2; split, 3L + 2, or 3L + 3 with the vocabulary split).
     #[must_use]
     pub fn num_units(&self) -> usize {
         self.units.len()

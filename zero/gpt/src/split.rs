@@ -9,9 +9,9 @@
 //! Attention-out and MLP-down are row-parallel: rank r holds columns `r*C/T..(r+1)*C/T` of
 //! `attprojw` (C, C/T) and `r*4C/T..(r+1)*4C/T` of `fcprojw` (C, 4C/T); their biases are
 //! replicated (rank 0 adds them into its partial output, so the group's sum holds them
-//! once), as are the LayerNorms. A block at T > 1 is two units
-//! ([`ParamLayout::split`](crate::ParamLayout::split)): its slice, then its replicated
-//! tensors. With the vocabulary split as well
+//! once), as are the LayerNorms. A block at T > 1 is three units
+//! ([`ParamLayout::split`](crate::ParamLayout::split)): its attention slice (qkvw, qkvb,
+//! attprojw), its MLP slice (fcw, fcb, fcprojw), then its replicated tensors. With the vocabulary split as well
 //! ([`ParamLayout::split_vocab`](crate::ParamLayout::split_vocab)), rank r holds rows
 //! `r*Vp/T..(r+1)*Vp/T` of `wte` (T must divide Vp), and `wpe` whole in a unit of its own.
 //! Every tensor is made whole as at T = 1 and sliced ([`slice_part`]), so every T starts
@@ -90,12 +90,18 @@ impl TpSplit {
     }
 }
 
-/// The slice unit's tensors (rank-local shapes), in buffer order.
-pub(crate) fn slice_specs(c: usize, t: usize) -> Vec<(&'static str, Vec<usize>)> {
+/// The attention slice unit's tensors (rank-local shapes), in buffer order.
+pub(crate) fn attention_slice_specs(c: usize, t: usize) -> Vec<(&'static str, Vec<usize>)> {
     vec![
         ("qkvw", vec![3 * c / t, c]),
         ("qkvb", vec![3 * c / t]),
         ("attprojw", vec![c, c / t]),
+    ]
+}
+
+/// The MLP slice unit's tensors (rank-local shapes), in buffer order.
+pub(crate) fn mlp_slice_specs(c: usize, t: usize) -> Vec<(&'static str, Vec<usize>)> {
+    vec![
         ("fcw", vec![4 * c / t, c]),
         ("fcb", vec![4 * c / t]),
         ("fcprojw", vec![c, 4 * c / t]),
@@ -147,9 +153,10 @@ fn slice_tensor(config: &GptConfig, split: TpSplit, name: &str, whole: &[f32]) -
     }
 }
 
-/// Fills `out`, a unit laid out as `part` (a block's slice or its replicated tensors; with
-/// the vocabulary split, the embedding's slice or `wpe`), with rank `split.rank`'s part of
-/// the whole unit `whole` laid out as `whole_layout` (T = 1: the block, or unit 0).
+/// Fills `out`, a unit laid out as `part` (a block's attention or MLP slice or its
+/// replicated tensors; with the vocabulary split, the embedding's slice or `wpe`), with rank
+/// `split.rank`'s part of the whole unit `whole` laid out as `whole_layout` (T = 1: the
+/// block, or unit 0).
 ///
 /// # Errors
 /// [`GptError::SizeMismatch`] when `whole` or `out` does not match its layout, or `part`

@@ -106,8 +106,8 @@ pub fn part_runs(
 
 /// Where unit `unit` of rank `split.rank` comes from, the rank laid out as `layout`
 /// ([`ParamLayout::split`] or [`ParamLayout::split_vocab`] of `config` at `split.size`): the
-/// index of its whole unit under [`ParamLayout::new`] and its [`part_runs`] there. A block
-/// slice and the embedding's rows differ by rank; every other unit is its whole unit (one
+/// index of its whole unit under [`ParamLayout::new`] and its [`part_runs`] there. A block's
+/// attention and MLP slices and the embedding's rows differ by rank; every other unit is its whole unit (one
 /// run), a block's replicated tensors or the position embedding, the same on every rank.
 ///
 /// # Errors
@@ -138,10 +138,11 @@ pub fn unit_origin(
     })?;
     let whole_unit = match part.kind {
         UnitKind::Embedding | UnitKind::EmbeddingSlice | UnitKind::Positions => 0,
-        UnitKind::Block { layer }
-        | UnitKind::BlockSlice { layer }
-        | UnitKind::BlockReplicated { layer } => ParamLayout::block_unit(layer),
         UnitKind::FinalNorm => config.num_layers + 1,
+        UnitKind::Block { layer }
+        | UnitKind::AttentionSlice { layer }
+        | UnitKind::MlpSlice { layer }
+        | UnitKind::BlockReplicated { layer } => ParamLayout::block_unit(layer),
     };
     let whole = ParamLayout::new(config);
     let runs = part_runs(config, split, &whole.units()[whole_unit], part)?;
@@ -174,7 +175,8 @@ mod tests {
     ) -> Vec<f32> {
         let block_part = matches!(
             part.kind,
-            UnitKind::BlockSlice { .. }
+            UnitKind::AttentionSlice { .. }
+                | UnitKind::MlpSlice { .. }
                 | UnitKind::BlockReplicated { .. }
                 | UnitKind::EmbeddingSlice
                 | UnitKind::Positions

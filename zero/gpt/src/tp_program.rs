@@ -62,17 +62,21 @@ pub enum TpOp {
 
 impl TpOp {
     /// The units whose parameters the operation reads, in the rank's `layout`
-    /// ([`ParamLayout::split`] or [`ParamLayout::split_vocab`]).
+    /// ([`ParamLayout::split`] or [`ParamLayout::split_vocab`]): an attention call its
+    /// block's attention slice and replicated unit, an MLP call its MLP slice and replicated
+    /// unit, so that a stage-3 engine gathers one slice at a time.
     #[must_use]
     pub fn reads(self, layout: &ParamLayout) -> Vec<usize> {
-        let (last, block) = (layout.final_norm_unit(), block_units);
+        let last = layout.final_norm_unit();
         match self {
             Self::Embed | Self::HeadSliceBackwardInput => vec![0],
             Self::EmbedSlice => vec![0, positions(layout)],
-            Self::Block(l, BlockPart::Attention | BlockPart::Mlp)
-            | Self::Recompute(l, BlockPart::Attention | BlockPart::Mlp)
-            | Self::MlpBackward(l)
-            | Self::AttentionBackward(l) => block(l).to_vec(),
+            Self::Block(l, BlockPart::Attention)
+            | Self::Recompute(l, BlockPart::Attention)
+            | Self::AttentionBackward(l) => attention_units(l).to_vec(),
+            Self::Block(l, BlockPart::Mlp)
+            | Self::Recompute(l, BlockPart::Mlp)
+            | Self::MlpBackward(l) => mlp_units(l).to_vec(),
             Self::BlockInputGrad(l) => vec![ParamLayout::replicated_unit(l)],
             Self::Head | Self::HeadSlice | Self::HeadBackward => vec![last, 0],
             Self::HeadSliceBackwardRest => vec![last],
@@ -91,7 +95,8 @@ impl TpOp {
         let last = layout.final_norm_unit();
         match self {
             Self::HeadBackward | Self::HeadSliceBackwardRest => vec![last, 0],
-            Self::MlpBackward(l) | Self::AttentionBackward(l) => block_units(l).to_vec(),
+            Self::MlpBackward(l) => mlp_units(l).to_vec(),
+            Self::AttentionBackward(l) => attention_units(l).to_vec(),
             Self::BlockInputGrad(l) => vec![ParamLayout::replicated_unit(l)],
             Self::EmbedBackward => vec![0],
             Self::EmbedSliceBackward => vec![0, positions(layout)],
@@ -125,11 +130,16 @@ impl TpOp {
     }
 }
 
-fn block_units(layer: usize) -> [usize; 2] {
-    [
-        ParamLayout::slice_unit(layer),
-        ParamLayout::replicated_unit(layer),
-    ]
+/// The units of block `layer`'s attention calls: (its attention slice, its replicated unit).
+pub(crate) fn attention_units(layer: usize) -> [usize; 2] {
+    let [attention, _, replicated] = ParamLayout::split_block_units(layer);
+    [attention, replicated]
+}
+
+/// The units of block `layer`'s MLP calls: (its MLP slice, its replicated unit).
+pub(crate) fn mlp_units(layer: usize) -> [usize; 2] {
+    let [_, mlp, replicated] = ParamLayout::split_block_units(layer);
+    [mlp, replicated]
 }
 
 /// The unit of `wpe` in a vocabulary-split layout (unit 0 otherwise, where it lies).

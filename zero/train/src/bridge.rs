@@ -55,8 +55,8 @@ pub fn split_layout(model: &GptConfig, t: usize) -> ParamLayout {
 
 /// The engine's view of the model's units: sizes, names, where weight decay applies, and,
 /// in a layout split over a tensor-parallel group, which units are this rank's slices
-/// ([`UnitSpec::tp_sharded`]: the block slices; the rest is the same on every rank of the
-/// group).
+/// ([`UnitSpec::tp_sharded`]: the blocks' attention and MLP slices and the embedding's
+/// rows; the rest is the same on every rank of the group).
 pub fn gpt_units(layout: &ParamLayout) -> Vec<UnitSpec> {
     layout
         .units()
@@ -67,7 +67,8 @@ pub fn gpt_units(layout: &ParamLayout) -> Vec<UnitSpec> {
                 UnitKind::Block { layer } => format!("block {layer}"),
                 UnitKind::FinalNorm => "final norm".to_string(),
                 // A layout split over a tensor-parallel group.
-                UnitKind::BlockSlice { layer } => format!("block {layer} slice"),
+                UnitKind::AttentionSlice { layer } => format!("block {layer} attention slice"),
+                UnitKind::MlpSlice { layer } => format!("block {layer} MLP slice"),
                 UnitKind::BlockReplicated { layer } => format!("block {layer} replicated"),
                 UnitKind::EmbeddingSlice => "embeddings slice".to_string(),
                 UnitKind::Positions => "position embeddings".to_string(),

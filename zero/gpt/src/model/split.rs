@@ -13,6 +13,8 @@
 //! matching C/T columns of `attprojw` (row-parallel: its (N,C) output is a partial sum over
 //! heads), rows r of `fcw`/`fcb` (4C/T, column-parallel) and the matching columns of
 //! `fcprojw` (row-parallel again). The LayerNorms and the two output biases are replicated.
+//! The attention's three tensors are one unit, the MLP's another (see `layout`): the
+//! attention calls take the first, the MLP calls the second, each with the replicated unit.
 //! The embedding, the tied LM head and the final LayerNorm are whole on every rank of a
 //! [`Gpt::with_tensor_parallel`] model ([`Gpt::embed_forward`], [`Gpt::head_forward`] and
 //! their backward run as at T = 1, every rank computing the same values); a
@@ -39,6 +41,7 @@ use super::Gpt;
 use crate::activations::{Activations, Progress, SplitStep};
 use crate::backend::{Backend, View};
 use crate::error::{GptError, Result};
+use crate::tp_program::{attention_units, mlp_units};
 use crate::views::{carve, carve_mut, sub, sub_mut};
 
 /// The shapes one rank's split block runs at.
@@ -112,7 +115,8 @@ impl<B: Backend> Gpt<B> {
     /// `attprojb` on rank 0). That partial is then due for the group's sum
     /// ([`Gpt::tp_partial`]).
     ///
-    /// `slice` and `replicated` are block `layer`'s units of [`ParamLayout::split`].
+    /// `slice` and `replicated` are block `layer`'s attention slice and replicated units of
+    /// [`ParamLayout::split`] (the MLP slice is [`Gpt::tp_mlp_forward`]'s).
     ///
     /// With activation checkpointing ([`Gpt::activations_checkpointed`]) the same three
     /// calls and their reductions recompute a segment in backward, when
@@ -129,13 +133,13 @@ impl<B: Backend> Gpt<B> {
         slice: &B::Slice,
         replicated: &B::Slice,
     ) -> Result<()> {
-        let units = Self::tp_param_units(layer, [slice, replicated]);
+        let units = Self::tp_param_units(attention_units(layer), [slice, replicated]);
         self.begin_tp_block(acts, layer, &units)?;
         let Dims {
             b, s, n, c, cw, nh, ..
         } = self.tp_dims(acts);
         let be = &self.backend;
-        let [qkvw, qkvb, attprojw, _, _, _] = carve(slice, self.layout.units()[units[0].0].lens());
+        let [qkvw, qkvb, attprojw] = carve(slice, self.layout.units()[units[0].0].lens());
         let [ln1w, ln1b, attprojb, _, _, _] =
             carve(replicated, self.layout.units()[units[1].0].lens());
         let (offset, len) = (acts.layer_offset(layer), acts.layer_len());
@@ -158,7 +162,7 @@ impl<B: Backend> Gpt<B> {
     /// Block `layer`, second part, after the attention output was summed over the group:
     /// res2 = x + attproj, ln2 (replicated), this rank's 4C/T MLP columns and GELU, and its
     /// partial MLP output (N,C) = gelu_r · fcprojw_rᵀ (plus `fcprojb` on rank 0), then due
-    /// for the group's sum ([`Gpt::tp_partial`]).
+    /// for the group's sum ([`Gpt::tp_partial`]). `slice` is block `layer`'s MLP slice unit.
     ///
     /// # Errors
     /// As [`Gpt::tp_attention_forward`]; the attention output not handed out for its sum.
@@ -169,12 +173,12 @@ impl<B: Backend> Gpt<B> {
         slice: &B::Slice,
         replicated: &B::Slice,
     ) -> Result<()> {
-        let units = Self::tp_param_units(layer, [slice, replicated]);
+        let units = Self::tp_param_units(mlp_units(layer), [slice, replicated]);
         let want = split_at(layer, SplitStep::AttentionReduced);
         self.check_tp_call(acts, layer, &units, want, "tp_mlp_forward")?;
         let Dims { n, c, fw, .. } = self.tp_dims(acts);
         let be = &self.backend;
-        let [_, _, _, fcw, fcb, fcprojw] = carve(slice, self.layout.units()[units[0].0].lens());
+        let [fcw, fcb, fcprojw] = carve(slice, self.layout.units()[units[0].0].lens());
         let [_, _, _, ln2w, ln2b, fcprojb] =
             carve(replicated, self.layout.units()[units[1].0].lens());
         let (offset, len) = (acts.layer_offset(layer), acts.layer_len());

@@ -14,17 +14,18 @@ use crate::activations::{Activations, Progress, SplitStep};
 use crate::backend::{Backend, View};
 use crate::error::{GptError, Result};
 use crate::layout::ParamLayout;
+use crate::tp_program::{attention_units, mlp_units};
 use crate::views::{carve, carve_mut, sub};
 
 impl<B: Backend> Gpt<B> {
-    /// The size checks of a split backward call: both units of block `layer`, parameters
-    /// and gradients.
+    /// The size checks of a split backward call: its two units (a slice of block `layer`
+    /// and its replicated unit), parameters and gradients.
     fn tp_grad_units(
-        layer: usize,
+        units: [usize; 2],
         params: [&B::Slice; 2],
         grads: [&B::Slice; 2],
     ) -> [(usize, usize, &'static str); 4] {
-        let [slice, replicated] = Self::tp_param_units(layer, params);
+        let [slice, replicated] = Self::tp_param_units(units, params);
         [
             slice,
             replicated,
@@ -33,26 +34,22 @@ impl<B: Backend> Gpt<B> {
         ]
     }
 
-    /// Block `layer`'s two units as a split call checks them: (unit, the length given, what
-    /// it is) for its slice and its replicated tensors.
+    /// A split call's two `units` (a block's attention or MLP slice, then its replicated
+    /// unit) as the call checks them: (unit, the length given, what it is).
     pub(super) fn tp_param_units(
-        layer: usize,
+        [slice_unit, replicated_unit]: [usize; 2],
         [slice, replicated]: [&B::Slice; 2],
     ) -> [(usize, usize, &'static str); 2] {
         [
-            (ParamLayout::slice_unit(layer), slice.len(), "block slice"),
-            (
-                ParamLayout::replicated_unit(layer),
-                replicated.len(),
-                "block replicated",
-            ),
+            (slice_unit, slice.len(), "block slice"),
+            (replicated_unit, replicated.len(), "block replicated"),
         ]
     }
 
     /// Backward of block `layer`'s MLP down to this rank's part of d(ln2 output): adds
-    /// d(fcprojw_r), d(fcw_r), d(fcb_r) into `slice_grad` and d(fcprojb) (replicated: the
-    /// column sums of the whole d(block output)) into `replicated_grad`. That part is then
-    /// due for the group's sum ([`Gpt::tp_partial`]).
+    /// d(fcprojw_r), d(fcw_r), d(fcb_r) into `slice_grad` (of the MLP slice unit) and
+    /// d(fcprojb) (replicated: the column sums of the whole d(block output)) into
+    /// `replicated_grad`. That part is then due for the group's sum ([`Gpt::tp_partial`]).
     ///
     /// Gradients accumulate (`+=`), as [`Gpt::block_backward`]'s.
     ///
@@ -67,7 +64,7 @@ impl<B: Backend> Gpt<B> {
         replicated_grad: &mut B::Slice,
     ) -> Result<()> {
         let units = Self::tp_grad_units(
-            layer,
+            mlp_units(layer),
             [slice, replicated],
             [&*slice_grad, &*replicated_grad],
         );
@@ -81,9 +78,8 @@ impl<B: Backend> Gpt<B> {
         }
         let Dims { n, c, fw, .. } = self.tp_dims(acts);
         let be = &self.backend;
-        let [_, _, _, fcw, _, fcprojw] = carve(slice, self.layout.units()[units[0].0].lens());
-        let [_, _, _, dfcw, dfcb, dfcprojw] =
-            carve_mut(slice_grad, self.layout.units()[units[0].0].lens());
+        let [fcw, _, fcprojw] = carve(slice, self.layout.units()[units[0].0].lens());
+        let [dfcw, dfcb, dfcprojw] = carve_mut(slice_grad, self.layout.units()[units[0].0].lens());
         let [_, _, _, _, _, dfcprojb] =
             carve_mut(replicated_grad, self.layout.units()[units[1].0].lens());
         let (offset, len) = (acts.layer_offset(layer), acts.layer_len());
@@ -116,8 +112,9 @@ impl<B: Backend> Gpt<B> {
     /// After d(ln2 output) was summed over the group: ln2's backward (d(ln2w), d(ln2b) into
     /// `replicated_grad`, its input gradient added onto `dres`, giving d(res2)), then the
     /// attention's backward down to this rank's part of d(ln1 output): d(attprojb)
-    /// (replicated) and d(attprojw_r), d(qkvw_r), d(qkvb_r). That part is then due for the
-    /// group's sum ([`Gpt::tp_partial`]).
+    /// (replicated) and d(attprojw_r), d(qkvw_r), d(qkvb_r) (into `slice_grad`, of the
+    /// attention slice unit). That part is then due for the group's sum
+    /// ([`Gpt::tp_partial`]).
     ///
     /// # Errors
     /// As [`Gpt::tp_mlp_backward`]; d(ln2 output) not handed out for its sum.
@@ -130,7 +127,7 @@ impl<B: Backend> Gpt<B> {
         replicated_grad: &mut B::Slice,
     ) -> Result<()> {
         let units = Self::tp_grad_units(
-            layer,
+            attention_units(layer),
             [slice, replicated],
             [&*slice_grad, &*replicated_grad],
         );
@@ -140,9 +137,9 @@ impl<B: Backend> Gpt<B> {
             b, s, n, c, cw, nh, ..
         } = self.tp_dims(acts);
         let be = &self.backend;
-        let [qkvw, _, attprojw, _, _, _] = carve(slice, self.layout.units()[units[0].0].lens());
+        let [qkvw, _, attprojw] = carve(slice, self.layout.units()[units[0].0].lens());
         let [_, _, _, ln2w, _, _] = carve(replicated, self.layout.units()[units[1].0].lens());
-        let [dqkvw, dqkvb, dattprojw, _, _, _] =
+        let [dqkvw, dqkvb, dattprojw] =
             carve_mut(slice_grad, self.layout.units()[units[0].0].lens());
         let [_, _, dattprojb, dln2w, dln2b, _] =
             carve_mut(replicated_grad, self.layout.units()[units[1].0].lens());

@@ -5,8 +5,8 @@
 //! Legend: B batch, S sequence, C channels, N = B*S, V vocabulary, Vp padded vocabulary,
 //! T the tensor-parallel size, W = Vp/T, L layers.
 //!
-//! Rank r holds rows `r*W..(r+1)*W` of `wte` (unit 0), `wpe` whole (unit 2L+1) and the final
-//! LayerNorm whole (unit 2L+2). Three more all-reduces (sums) per step, the buffers handed
+//! Rank r holds rows `r*W..(r+1)*W` of `wte` (unit 0), `wpe` whole (unit 3L+1) and the final
+//! LayerNorm whole (unit 3L+2). Three more all-reduces (sums) per step, the buffers handed
 //! out by [`Gpt::tp_partial`] as for the blocks:
 //!
 //! - [`Gpt::tp_embed_forward`]: this rank's tokens' rows (others 0), plus `wpe` on rank 0:
@@ -89,7 +89,7 @@ impl Gpt {
         }
     }
 
-    /// The unit of `wpe` with the vocabulary split (2L+1).
+    /// The unit of `wpe` with the vocabulary split (3L+1).
     fn positions(&self) -> usize {
         self.layout.num_units() - 2
     }

@@ -13,7 +13,8 @@ use crate::error::GptError;
 use crate::layout::ParamLayout;
 
 impl<B: Backend> Gpt<B> {
-    /// Block `layer` forward on this rank: [`Gpt::tp_attention_forward`], `all_reduce`,
+    /// Block `layer` forward on this rank, its units (attention slice, MLP slice, replicated)
+    /// given: [`Gpt::tp_attention_forward`], `all_reduce`,
     /// [`Gpt::tp_mlp_forward`], `all_reduce`, [`Gpt::tp_block_output`]; in backward, its
     /// recompute (checkpointing).
     ///
@@ -23,17 +24,18 @@ impl<B: Backend> Gpt<B> {
         &self,
         acts: &mut Activations<B>,
         layer: usize,
-        [slice, replicated]: [&B::Slice; 2],
+        [attention, mlp, replicated]: [&B::Slice; 3],
         all_reduce: &mut dyn FnMut(&mut B::Slice) -> Result<(), E>,
     ) -> Result<(), E> {
-        self.tp_attention_forward(acts, layer, slice, replicated)?;
+        self.tp_attention_forward(acts, layer, attention, replicated)?;
         all_reduce(self.tp_partial(acts)?)?;
-        self.tp_mlp_forward(acts, layer, slice, replicated)?;
+        self.tp_mlp_forward(acts, layer, mlp, replicated)?;
         all_reduce(self.tp_partial(acts)?)?;
         Ok(self.tp_block_output(acts, layer)?)
     }
 
-    /// Block `layer` backward on this rank: [`Gpt::tp_mlp_backward`], `all_reduce`,
+    /// Block `layer` backward on this rank, its units and their gradients given (attention
+    /// slice, MLP slice, replicated): [`Gpt::tp_mlp_backward`], `all_reduce`,
     /// [`Gpt::tp_attention_backward`], `all_reduce`, [`Gpt::tp_block_input_grad`].
     ///
     /// # Errors
@@ -42,20 +44,29 @@ impl<B: Backend> Gpt<B> {
         &self,
         acts: &mut Activations<B>,
         layer: usize,
-        params: [&B::Slice; 2],
-        [slice_grad, replicated_grad]: [&mut B::Slice; 2],
+        [attention, mlp, replicated]: [&B::Slice; 3],
+        [attention_grad, mlp_grad, replicated_grad]: [&mut B::Slice; 3],
         all_reduce: &mut dyn FnMut(&mut B::Slice) -> Result<(), E>,
     ) -> Result<(), E> {
-        self.tp_mlp_backward(acts, layer, params, &mut *slice_grad, &mut *replicated_grad)?;
+        let mlp_params = [mlp, replicated];
+        self.tp_mlp_backward(acts, layer, mlp_params, mlp_grad, &mut *replicated_grad)?;
         all_reduce(self.tp_partial(acts)?)?;
-        self.tp_attention_backward(acts, layer, params, slice_grad, &mut *replicated_grad)?;
+        let attention_params = [attention, replicated];
+        let replicated_grad = &mut *replicated_grad;
+        self.tp_attention_backward(
+            acts,
+            layer,
+            attention_params,
+            attention_grad,
+            replicated_grad,
+        )?;
         all_reduce(self.tp_partial(acts)?)?;
-        Ok(self.tp_block_input_grad(acts, layer, params[1], replicated_grad)?)
+        Ok(self.tp_block_input_grad(acts, layer, replicated, replicated_grad)?)
     }
 
     /// One training micro-step of this rank of a split model, as [`Gpt::forward_backward`]:
-    /// `params` and `grads` hold one buffer per unit of [`ParamLayout::split`] (2L + 2),
-    /// the embedding and final norm whole, each block's slice and replicated units; every
+    /// `params` and `grads` hold one buffer per unit of [`ParamLayout::split`] (3L + 2),
+    /// the embedding and final norm whole, each block's slices and replicated units; every
     /// rank of the group calls it on the same tokens, and `all_reduce` is called 4L times,
     /// at the same points on every rank. Returns the mean loss (the same on every rank when
     /// `all_reduce` hands every rank the same sum).
@@ -80,10 +91,7 @@ impl<B: Backend> Gpt<B> {
         self.check_num_units(grads.len(), "gradient units")?;
         let layers = self.config.num_layers;
         let last = self.layout.final_norm_unit();
-        let block = |layer| {
-            let (slice, replicated) = split_units(layer);
-            [params[slice].as_ref(), params[replicated].as_ref()]
-        };
+        let block = |layer| ParamLayout::split_block_units(layer).map(|u| params[u].as_ref());
         self.embed_forward(acts, params[0].as_ref(), tokens)?;
         for layer in 0..layers {
             self.tp_block_forward(acts, layer, block(layer), all_reduce)?;
@@ -102,9 +110,7 @@ impl<B: Backend> Gpt<B> {
                     self.tp_block_forward(acts, r, block(r), all_reduce)?;
                 }
             }
-            let (slice, replicated) = split_units(layer);
-            let (before, after) = rest.split_at_mut(replicated - 1);
-            let unit_grads = [before[slice - 1].as_mut(), after[0].as_mut()];
+            let unit_grads = block_grads(rest, layer, 1)?;
             self.tp_block_backward(acts, layer, block(layer), unit_grads, all_reduce)?;
         }
         self.embed_backward(acts, embed_grad)?;
@@ -112,18 +118,30 @@ impl<B: Backend> Gpt<B> {
     }
 }
 
-/// Block `layer`'s units in a split layout: (slice, replicated).
-fn split_units(layer: usize) -> (usize, usize) {
-    (
-        ParamLayout::slice_unit(layer),
-        ParamLayout::replicated_unit(layer),
-    )
+/// Block `layer`'s gradient buffers (attention slice, MLP slice, replicated) in `grads`, the
+/// units of a split layout from unit `first` on (consecutive, see
+/// [`ParamLayout::split_block_units`]).
+fn block_grads<S: ?Sized, G: AsMut<S>>(
+    grads: &mut [G],
+    layer: usize,
+    first: usize,
+) -> Result<[&mut S; 3], GptError> {
+    let at = ParamLayout::split_block_units(layer)[0] - first;
+    let got = grads.len();
+    match grads.get_mut(at..at + 3) {
+        Some([a, m, r]) => Ok([a.as_mut(), m.as_mut(), r.as_mut()]),
+        _ => Err(GptError::SizeMismatch {
+            what: "gradient units of a split block",
+            expected: at + 3,
+            got,
+        }),
+    }
 }
 
 impl Gpt {
     /// One training micro-step of this rank of a model whose vocabulary is split too
     /// ([`Gpt::with_vocab_parallel`]), as [`Gpt::tp_forward_backward`]: `params` and
-    /// `grads` hold one buffer per unit of [`ParamLayout::split_vocab`] (2L + 3), and
+    /// `grads` hold one buffer per unit of [`ParamLayout::split_vocab`] (3L + 3), and
     /// `all_reduce` is called 4L + 3 times (the embedding, the loss statistics and d(lnf)
     /// besides the blocks'), at the same points on every rank. Returns the mean loss.
     ///
@@ -146,11 +164,10 @@ impl Gpt {
         self.check_num_units(params.len(), "parameter units")?;
         self.check_num_units(grads.len(), "gradient units")?;
         let layers = self.config.num_layers;
-        let (positions, last) = (2 * layers + 1, 2 * layers + 2);
-        let block = |layer| {
-            let (slice, replicated) = split_units(layer);
-            [params[slice].as_ref(), params[replicated].as_ref()]
-        };
+        // wpe is the unit before the final norm (ParamLayout::split_vocab).
+        let last = self.layout.final_norm_unit();
+        let positions = last - 1;
+        let block = |layer| ParamLayout::split_block_units(layer).map(|u| params[u].as_ref());
         let (wte, wpe, final_norm) = (
             params[0].as_ref(),
             params[positions].as_ref(),
@@ -166,9 +183,9 @@ impl Gpt {
         let loss = self.tp_head_loss(acts)?;
         self.tp_head_backward_input(acts, wte)?;
         all_reduce(self.tp_partial(acts)?)?;
-        // Units: wte slice | 2L block units | wpe | final norm.
+        // Units: wte slice | 3L block units | wpe | final norm.
         let (wte_grad, rest) = grads.split_at_mut(1);
-        let (blocks, outer) = rest.split_at_mut(2 * layers);
+        let (blocks, outer) = rest.split_at_mut(3 * layers);
         let (wpe_grad, final_grad) = outer.split_at_mut(1);
         let wte_grad = wte_grad[0].as_mut();
         self.tp_head_backward_rest(acts, final_norm, final_grad[0].as_mut(), wte_grad)?;
@@ -178,8 +195,7 @@ impl Gpt {
                     self.tp_block_forward(acts, r, block(r), all_reduce)?;
                 }
             }
-            let (before, after) = blocks.split_at_mut(2 * layer + 1);
-            let unit_grads = [before[2 * layer].as_mut(), after[0].as_mut()];
+            let unit_grads = block_grads(blocks, layer, 1)?;
             self.tp_block_backward(acts, layer, block(layer), unit_grads, all_reduce)?;
         }
         self.tp_embed_backward(acts, wte_grad, wpe_grad[0].as_mut())?;

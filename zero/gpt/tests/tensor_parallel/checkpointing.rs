@@ -42,16 +42,12 @@ fn a_backward_before_its_recompute_is_refused() {
         .embed_forward(&mut r.acts, &r.params[0], &tokens)
         .unwrap();
     for layer in 0..3 {
-        let unit = |u: usize| &r.params[u][..];
-        let block = [
-            unit(ParamLayout::slice_unit(layer)),
-            unit(ParamLayout::replicated_unit(layer)),
-        ];
+        let block = block_params(&r.params, layer);
         r.model
             .tp_block_forward(&mut r.acts, layer, block, &mut reduce)
             .unwrap();
     }
-    let last = 2 * cfg.num_layers + 1;
+    let last = r.model.layout().final_norm_unit();
     let (embed_grad, rest) = r.grads.split_at_mut(1);
     r.model
         .head_forward(&mut r.acts, &r.params[last], &r.params[0], Some(&targets))
@@ -66,21 +62,17 @@ fn a_backward_before_its_recompute_is_refused() {
         )
         .unwrap();
     // Block 2 ends the last segment, kept in place; block 1 needs its recompute first.
-    let params = |l: usize| {
-        [
-            &r.params[ParamLayout::slice_unit(l)][..],
-            &r.params[ParamLayout::replicated_unit(l)][..],
-        ]
-    };
-    let (sg, rg) = block_grads(&mut r.grads, 2);
+    let params = |l: usize| block_params(&r.params, l);
+    let grads = block_grads(&mut r.grads, 2);
     r.model
-        .tp_block_backward(&mut r.acts, 2, params(2), [sg, rg], &mut reduce)
+        .tp_block_backward(&mut r.acts, 2, params(2), grads, &mut reduce)
         .unwrap();
     assert!(r.acts.needs_recompute(1));
-    let (sg, rg) = block_grads(&mut r.grads, 1);
+    let [_, mg, rg] = block_grads(&mut r.grads, 1);
+    let [_, mlp, replicated] = params(1);
     let err = r
         .model
-        .tp_mlp_backward(&mut r.acts, 1, params(1), sg, rg)
+        .tp_mlp_backward(&mut r.acts, 1, [mlp, replicated], mg, rg)
         .unwrap_err();
     assert!(err.to_string().contains("not recomputed"), "{err}");
     let err = r
@@ -91,9 +83,9 @@ fn a_backward_before_its_recompute_is_refused() {
     r.model
         .tp_block_forward(&mut r.acts, 1, params(1), &mut reduce)
         .unwrap();
-    let (sg, rg) = block_grads(&mut r.grads, 1);
+    let grads = block_grads(&mut r.grads, 1);
     r.model
-        .tp_block_backward(&mut r.acts, 1, params(1), [sg, rg], &mut reduce)
+        .tp_block_backward(&mut r.acts, 1, params(1), grads, &mut reduce)
         .unwrap();
 }
 

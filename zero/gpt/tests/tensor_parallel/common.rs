@@ -151,7 +151,9 @@ pub fn ranks_from(cfg: &GptConfig, t: usize, whole: &[Vec<f32>], vocab: bool) ->
         move |layout: &ParamLayout, unit: usize, out: &mut [f32]| {
             let part = &layout.units()[unit];
             match part.kind {
-                UnitKind::BlockSlice { layer } | UnitKind::BlockReplicated { layer } => {
+                UnitKind::AttentionSlice { layer }
+                | UnitKind::MlpSlice { layer }
+                | UnitKind::BlockReplicated { layer } => {
                     let from = ParamLayout::block_unit(layer);
                     let spec = &whole_layout.units()[from];
                     slice_part(cfg, split, spec, &whole[from], part, out).unwrap();
@@ -209,32 +211,33 @@ pub fn each(ranks: &mut [Rank], mut call: impl FnMut(&mut Rank) -> Result<(), Gp
     }
 }
 
-/// Block `layer`'s gradient units of one rank: (slice, replicated).
-pub fn block_grads(grads: &mut [Vec<f32>], layer: usize) -> (&mut [f32], &mut [f32]) {
-    let (su, ru) = (
-        ParamLayout::slice_unit(layer),
-        ParamLayout::replicated_unit(layer),
-    );
-    let (before, after) = grads.split_at_mut(ru);
-    (&mut before[su], &mut after[0])
+/// Block `layer`'s gradient units of one rank: (attention slice, MLP slice, replicated).
+pub fn block_grads(grads: &mut [Vec<f32>], layer: usize) -> [&mut [f32]; 3] {
+    let first = ParamLayout::attention_slice_unit(layer);
+    let [a, m, r] = &mut grads[first..first + 3] else {
+        unreachable!("three consecutive units per split block")
+    };
+    [a, m, r]
+}
+
+/// Block `layer`'s parameter units of one rank: (attention slice, MLP slice, replicated).
+pub fn block_params(params: &[Vec<f32>], layer: usize) -> [&[f32]; 3] {
+    ParamLayout::split_block_units(layer).map(|u| &params[u][..])
 }
 
 /// Forward of the split blocks `layers` on every rank, in lockstep, `reduce` between the
 /// calls (in backward, their recompute).
 pub fn tp_blocks_forward(ranks: &mut [Rank], layers: Range<usize>, reduce: fn(&mut [Rank])) {
     for layer in layers {
-        let (su, ru) = (
-            ParamLayout::slice_unit(layer),
-            ParamLayout::replicated_unit(layer),
-        );
+        let [au, mu, ru] = ParamLayout::split_block_units(layer);
         each(ranks, |r| {
             r.model
-                .tp_attention_forward(&mut r.acts, layer, &r.params[su], &r.params[ru])
+                .tp_attention_forward(&mut r.acts, layer, &r.params[au], &r.params[ru])
         });
         reduce(ranks);
         each(ranks, |r| {
             r.model
-                .tp_mlp_forward(&mut r.acts, layer, &r.params[su], &r.params[ru])
+                .tp_mlp_forward(&mut r.acts, layer, &r.params[mu], &r.params[ru])
         });
         reduce(ranks);
         each(ranks, |r| r.model.tp_block_output(&mut r.acts, layer));
@@ -260,25 +263,22 @@ pub fn tp_backward_with(
             before_recompute(ranks, segment.start);
             tp_blocks_forward(ranks, segment, reduce);
         }
-        let (su, ru) = (
-            ParamLayout::slice_unit(layer),
-            ParamLayout::replicated_unit(layer),
-        );
+        let [au, mu, ru] = ParamLayout::split_block_units(layer);
         each(ranks, |r| {
-            let (sg, rg) = block_grads(&mut r.grads, layer);
-            let params = [&r.params[su][..], &r.params[ru][..]];
-            r.model.tp_mlp_backward(&mut r.acts, layer, params, sg, rg)
+            let [_, mg, rg] = block_grads(&mut r.grads, layer);
+            let params = [&r.params[mu][..], &r.params[ru][..]];
+            r.model.tp_mlp_backward(&mut r.acts, layer, params, mg, rg)
         });
         reduce(ranks);
         each(ranks, |r| {
-            let (sg, rg) = block_grads(&mut r.grads, layer);
-            let params = [&r.params[su][..], &r.params[ru][..]];
+            let [ag, _, rg] = block_grads(&mut r.grads, layer);
+            let params = [&r.params[au][..], &r.params[ru][..]];
             r.model
-                .tp_attention_backward(&mut r.acts, layer, params, sg, rg)
+                .tp_attention_backward(&mut r.acts, layer, params, ag, rg)
         });
         reduce(ranks);
         each(ranks, |r| {
-            let (_, rg) = block_grads(&mut r.grads, layer);
+            let [_, _, rg] = block_grads(&mut r.grads, layer);
             r.model
                 .tp_block_input_grad(&mut r.acts, layer, &r.params[ru], rg)
         });
@@ -300,7 +300,7 @@ pub fn tp_micro_step(
     let (tokens, targets) = micro_batch(cfg, step);
     let layers = cfg.num_layers;
     let vocab = ranks[0].model.layout().vocab_parallel();
-    let positions = 2 * layers + 1; // wpe's unit with the vocabulary split
+    let positions = ranks[0].model.layout().positions_unit().unwrap_or(0);
     if vocab {
         each(ranks, |r| {
             let (wte, wpe) = (&r.params[0], &r.params[positions]);
@@ -334,7 +334,7 @@ pub fn tp_micro_step(
 
 /// The head whole on every rank, forward and backward; returns every rank's loss.
 pub fn replicated_head(ranks: &mut [Rank], cfg: &GptConfig, targets: &[u32]) -> Vec<f32> {
-    let last = 2 * cfg.num_layers + 1;
+    let last = ParamLayout::split(cfg, 2).final_norm_unit();
     let mut losses = Vec::new();
     for r in ranks.iter_mut() {
         let (embed, final_norm) = (&r.params[0], &r.params[last]);
@@ -367,7 +367,7 @@ pub fn vocab_head(
     targets: &[u32],
     reduce: fn(&mut [Rank]),
 ) -> Vec<f32> {
-    let last = 2 * cfg.num_layers + 2;
+    let last = ParamLayout::split_vocab(cfg, 2).final_norm_unit();
     each(ranks, |r| {
         let (wte, final_norm) = (&r.params[0], &r.params[last]);
         r.model
@@ -429,7 +429,9 @@ pub fn gather(
 pub fn holds(part: &UnitKind, whole: &UnitKind) -> bool {
     match (part, whole) {
         (
-            UnitKind::BlockSlice { layer } | UnitKind::BlockReplicated { layer },
+            UnitKind::AttentionSlice { layer }
+            | UnitKind::MlpSlice { layer }
+            | UnitKind::BlockReplicated { layer },
             UnitKind::Block { layer: l },
         ) => layer == l,
         (
@@ -461,10 +463,7 @@ pub fn whole_tensor(
         let spec = r.model.layout().units()[unit].tensor(name).unwrap();
         r.grads[unit][spec.offset..spec.offset + spec.len].to_vec()
     };
-    if !matches!(
-        part.kind,
-        UnitKind::BlockSlice { .. } | UnitKind::EmbeddingSlice
-    ) {
+    if !part.kind.is_slice() {
         return tensor(&ranks[rank]);
     }
     let parts: Vec<Vec<f32>> = ranks.iter().map(tensor).collect();

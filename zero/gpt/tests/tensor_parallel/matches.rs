@@ -50,7 +50,7 @@ fn replicated_gradients_are_the_same_on_every_rank() {
     let cfg = config();
     let mut group = ranks(&cfg, 2);
     tp_step(&mut group, &cfg, all_reduce);
-    let last = 2 * cfg.num_layers + 1;
+    let last = ParamLayout::split(&cfg, 2).final_norm_unit();
     let mut units = vec![0, last];
     units.extend((0..cfg.num_layers).map(ParamLayout::replicated_unit));
     for unit in units {
@@ -60,8 +60,12 @@ fn replicated_gradients_are_the_same_on_every_rank() {
         assert!(same, "unit {unit}: rank 0 and rank 1 differ");
     }
     // The slices differ: each rank holds its own part.
-    let slice = ParamLayout::slice_unit(0);
-    assert_ne!(group[0].grads[slice], group[1].grads[slice]);
+    for slice in [
+        ParamLayout::attention_slice_unit(0),
+        ParamLayout::mlp_slice_unit(0),
+    ] {
+        assert_ne!(group[0].grads[slice], group[1].grads[slice]);
+    }
 }
 
 #[test]
@@ -81,18 +85,23 @@ fn the_split_init_is_the_whole_init_sliced() {
         );
     }
     let vocab = ParamLayout::split_vocab(&cfg, 4);
-    assert_eq!(vocab.num_units(), 2 * cfg.num_layers + 3);
+    assert_eq!(vocab.num_units(), 3 * cfg.num_layers + 3);
     assert_eq!(vocab.num_layers(), cfg.num_layers);
-    assert_eq!(vocab.positions_unit(), Some(2 * cfg.num_layers + 1));
+    assert_eq!(vocab.positions_unit(), Some(3 * cfg.num_layers + 1));
     let wte = cfg.padded_vocab_size * cfg.channels;
     assert_eq!(4 * vocab.units()[0].len, wte);
     let layout = ParamLayout::split(&cfg, 2);
     assert_eq!(layout.num_layers(), cfg.num_layers);
-    assert_eq!(layout.num_units(), 2 * cfg.num_layers + 2);
-    let per_rank = layout.units()[1].len;
-    let replicated = layout.units()[2].len;
+    assert_eq!(layout.num_units(), 3 * cfg.num_layers + 2);
+    // Block 0: attention slice (4C²/T + 3C/T), MLP slice (8C²/T + 4C/T), replicated (6C).
+    let c = cfg.channels;
+    let [attention, mlp, replicated] =
+        ParamLayout::split_block_units(0).map(|u| layout.units()[u].len);
+    assert_eq!(attention, (4 * c * c + 3 * c) / 2);
+    assert_eq!(mlp, (8 * c * c + 4 * c) / 2);
+    assert_eq!(replicated, 6 * c);
     let whole_block = ParamLayout::new(&cfg).units()[1].len;
-    assert_eq!(2 * per_rank + replicated, whole_block);
+    assert_eq!(2 * (attention + mlp) + replicated, whole_block);
 }
 
 #[test]
@@ -155,7 +164,7 @@ fn vocab_parallel_replicated_gradients_are_the_same_on_every_rank() {
     let mut group = ranks_from(&cfg, 2, &params, true);
     tp_step(&mut group, &cfg, all_reduce);
     let layers = cfg.num_layers;
-    let mut units = vec![2 * layers + 1, 2 * layers + 2]; // wpe, final norm
+    let mut units = vec![3 * layers + 1, 3 * layers + 2]; // wpe, final norm
     units.extend((0..layers).map(ParamLayout::replicated_unit));
     for unit in units {
         let (a, b) = (&group[0].grads[unit], &group[1].grads[unit]);

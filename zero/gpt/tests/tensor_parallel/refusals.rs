@@ -63,17 +63,17 @@ fn a_call_before_its_reduction_is_refused() {
     let mut group = ranks(&cfg, 2);
     let (tokens, _) = batch(&cfg);
     let r = &mut group[0];
-    let (su, ru) = (ParamLayout::slice_unit(0), ParamLayout::replicated_unit(0));
+    let [au, mu, ru] = ParamLayout::split_block_units(0);
     r.model
         .embed_forward(&mut r.acts, &r.params[0], &tokens)
         .unwrap();
     assert!(r.model.tp_partial(&mut r.acts).is_err(), "nothing due yet");
     r.model
-        .tp_attention_forward(&mut r.acts, 0, &r.params[su], &r.params[ru])
+        .tp_attention_forward(&mut r.acts, 0, &r.params[au], &r.params[ru])
         .unwrap();
     let err = r
         .model
-        .tp_mlp_forward(&mut r.acts, 0, &r.params[su], &r.params[ru])
+        .tp_mlp_forward(&mut r.acts, 0, &r.params[mu], &r.params[ru])
         .unwrap_err();
     assert!(matches!(err, GptError::OutOfOrder { .. }), "{err}");
     assert_eq!(
@@ -82,7 +82,7 @@ fn a_call_before_its_reduction_is_refused() {
     );
     assert!(r.model.tp_partial(&mut r.acts).is_err(), "handed out once");
     r.model
-        .tp_mlp_forward(&mut r.acts, 0, &r.params[su], &r.params[ru])
+        .tp_mlp_forward(&mut r.acts, 0, &r.params[mu], &r.params[ru])
         .unwrap();
     let err = r.model.tp_block_output(&mut r.acts, 0).unwrap_err();
     assert!(matches!(err, GptError::OutOfOrder { .. }), "{err}");
@@ -115,13 +115,14 @@ fn vocab_parallel_refusals() {
         .unwrap_err();
     assert!(err.to_string().contains("not split"), "{err}");
     // Activations of the blocks-only split do not fit the vocabulary split.
+    let wpe = r.model.layout().positions_unit().unwrap();
     let err = r
         .model
-        .tp_embed_forward(&mut b.acts, &r.params[0], &r.params[5], &tokens);
+        .tp_embed_forward(&mut b.acts, &r.params[0], &r.params[wpe], &tokens);
     assert!(matches!(err, Err(GptError::BadBatch { .. })), "{err:?}");
     // The loss needs its statistics summed first.
     r.model
-        .tp_embed_forward(&mut r.acts, &r.params[0], &r.params[5], &tokens)
+        .tp_embed_forward(&mut r.acts, &r.params[0], &r.params[wpe], &tokens)
         .unwrap();
     assert!(r.model.tp_head_loss(&mut r.acts).is_err());
 }

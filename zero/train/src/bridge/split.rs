@@ -122,11 +122,11 @@ impl<B: Placement> TpPass<'_, B> {
                 if units.restores().is_some() {
                     model.restore_input(acts, layer, B::restored(units)?)?;
                 }
-                let (slice, replicated) = block_params::<B>(units, layer)?;
+                let [slice, replicated] = op_params::<B>(units, TpOp::Block(layer, part))?;
                 model.tp_attention_forward(acts, layer, slice, replicated)?;
             }
             BlockPart::Mlp => {
-                let (slice, replicated) = block_params::<B>(units, layer)?;
+                let [slice, replicated] = op_params::<B>(units, TpOp::Block(layer, part))?;
                 model.tp_mlp_forward(acts, layer, slice, replicated)?;
             }
             BlockPart::Output => {
@@ -205,16 +205,17 @@ impl<B: Placement> Model for TpPass<'_, B> {
     }
 }
 
-/// Block `layer`'s parameters, (slice, replicated), as the running op reads them.
-fn block_params<'u, B: Placement>(
-    units: &'u OpUnits<'_>,
-    layer: usize,
-) -> Result<(&'u B::Slice, &'u B::Slice), zero::Error> {
-    let slice = B::params(units, ParamLayout::slice_unit(layer))?;
-    Ok((
-        slice,
-        B::params(units, ParamLayout::replicated_unit(layer))?,
-    ))
+/// A block forward call's parameters, (its slice, the block's replicated unit): the two
+/// units `op` was declared to read, in order ([`TpOp::reads`], the one source of which
+/// slice a call takes).
+fn op_params<'u, B: Placement>(
+    units: &'u mut OpUnits<'_>,
+    op: TpOp,
+) -> Result<[&'u B::Slice; 2], StepError> {
+    match B::views(units)?.0.as_slice() {
+        &[slice, replicated] => Ok([slice, replicated]),
+        _ => Err(unsupported(op).into()),
+    }
 }
 
 /// An op declared with other units than the bridge runs it on, or a vocabulary-split op on
