@@ -180,8 +180,9 @@ pub trait Kernels: Send + Debug {
     ) -> Result<()>;
 
     /// `acc[i] = round(f32(acc[i]) + f32(x[i]))`, noting for [`Kernels::take_overflow`]
-    /// whether any `x[i]` is inf or NaN. Nothing waits for the note: on a device it stays
-    /// there until taken.
+    /// whether any stored `acc[i]` is inf or NaN (an inf or NaN `x[i]`, or a sum past the
+    /// storage type's range). Nothing waits for the note: on a device it stays there until
+    /// taken.
     ///
     /// # Errors
     /// As [`Kernels::fill_zero`].

@@ -93,14 +93,15 @@ pub(crate) fn narrow<S: Store>(src: &[f32], dst: &mut [S], factor: f32) {
 }
 
 /// `acc = round(f32(acc) + f32(x))`: the one accumulation every stage shares. Returns whether
-/// any `x` is inf or NaN, found in the same pass without an early exit, so the check
-/// vectorises with the sum instead of reading `x` a second time element by element.
+/// any stored sum is inf or NaN: an inf or NaN `x`, or two finite values whose sum rounds
+/// past the storage type's range (fp16's 65504, reached by accumulated micro-steps whose
+/// gradients each fit). Found in the same pass without an early exit, so the check
+/// vectorises with the sum.
 pub(crate) fn accumulate<S: Store>(acc: &mut [S], x: &[S]) -> bool {
     let mut non_finite = false;
     for (a, &g) in acc.iter_mut().zip(x) {
-        let g = g.to_f32();
-        non_finite |= !g.is_finite();
-        *a = S::from_f32(a.to_f32() + g);
+        *a = S::from_f32(a.to_f32() + g.to_f32());
+        non_finite |= !a.to_f32().is_finite();
     }
     non_finite
 }

@@ -174,7 +174,7 @@ impl Kernels for Naive {
             .map(|(a, b)| a + b)
             .collect();
         write_as(arena, dtype, acc, &sum);
-        if add.iter().any(|x| !x.is_finite()) {
+        if read_as(arena, dtype, acc).iter().any(|x| !x.is_finite()) {
             self.1.store(true, Ordering::Relaxed);
         }
         Ok(())
@@ -420,5 +420,34 @@ fn device_local_collectives_train_to_the_same_bits() {
                 assert_same(&host, &train(world, config, &device_local), &what);
             }
         }
+    }
+}
+
+/// The overflow note follows the stored sums: two finite fp16 halves whose sum passes 65504
+/// (accumulated micro-steps) are noted, though neither input is inf; the same values in bf16
+/// and f32, whose range holds the sum, are not; an inf input is noted in every type.
+#[test]
+fn the_overflow_note_follows_the_stored_sum() {
+    let cases = [
+        (DType::F16, [40000.0, 1.0], true),
+        (DType::Bf16, [40000.0, 1.0], false),
+        (DType::F32, [40000.0, 1.0], false),
+        (DType::F16, [1.0, 2.0], false),
+        (DType::Bf16, [f32::INFINITY, 1.0], true),
+        (DType::F32, [1.0, f32::NAN], true),
+    ];
+    for (dtype, values, noted) in cases {
+        let kernels = zero::HostKernels::default();
+        let mut arena = Arena::host(1 << 12).unwrap();
+        let acc = arena.alloc_elems::<f32>(2).unwrap();
+        let x = arena.alloc_elems::<f32>(2).unwrap();
+        let (acc, x) = (Span::new(acc, 0..2), Span::new(x, 0..2));
+        write_as(&mut arena, dtype, acc, &[40000.0, 1.0]);
+        write_as(&mut arena, dtype, x, &values);
+        kernels.accumulate(&mut arena, dtype, acc, x).unwrap();
+        let what = format!("{dtype:?} 40000 + {values:?}");
+        assert_eq!(kernels.take_overflow(&mut arena).unwrap(), noted, "{what}");
+        // Taken: the note is cleared.
+        assert!(!kernels.take_overflow(&mut arena).unwrap(), "{what}");
     }
 }

@@ -183,7 +183,7 @@ fn element_wise_kernels_match_the_host_bit_for_bit() {
 }
 
 #[test]
-fn accumulate_matches_the_host_and_flags_exactly_the_non_finite_inputs() {
+fn accumulate_matches_the_host_and_flags_exactly_the_non_finite_sums() {
     let Some(cuda) = gpu("accumulate_matches_the_host") else {
         return;
     };
@@ -212,6 +212,23 @@ fn accumulate_matches_the_host_and_flags_exactly_the_non_finite_inputs() {
                 p.assert_same_bytes(&format!("accumulate {dtype:?} {bad:?}"));
             }
         }
+        // Two finite values whose sum passes fp16's 65504: noted in f16 only.
+        let mut p = Pair::new();
+        let (mut acc, mut x) = (rng.values(N), rng.values(N));
+        (acc[N / 3], x[N / 3]) = (40000.0, 40000.0);
+        p.block(dtype.size(), &encode(dtype, &acc));
+        p.block(dtype.size(), &encode(dtype, &x));
+        let (host, dev) = p.run(&cuda, N, |k, a, sp| {
+            k.accumulate(a, dtype, sp[0], sp[1])?;
+            k.take_overflow(a)
+        });
+        assert_eq!(
+            host,
+            dtype == DType::F16,
+            "{dtype:?} sum past fp16: host flag"
+        );
+        assert_eq!(dev, host, "{dtype:?} sum past fp16: overflow flag");
+        p.assert_same_bytes(&format!("accumulate {dtype:?} sum past fp16"));
     }
 }
 

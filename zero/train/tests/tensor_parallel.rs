@@ -23,7 +23,7 @@ fn tiny(data: &Path, tp: usize, stage: ZeroStage) -> TrainConfig {
         world_size: 4,
         tensor_parallel_size: tp,
         zero_stage: stage,
-        steps: 8,
+        steps: 10,
         batch_size: 4,
         micro_batch_size: 1,
         warmup_steps: 2,

@@ -45,8 +45,9 @@ __device__ __forceinline__ u16 ze_store_f16(float x) {
 // Per storage type T (suffix S):
 //   widen_S:      dst[i] = f32(src[i]), times factor when factor != 1.
 //   narrow_S:     dst[i] = round(src[i] * factor), the product skipped when factor == 1.
-//   accumulate_S: acc[i] = round(f32(acc[i]) + f32(x[i])); *flag = 1 when some x[i] is inf
-//                 or NaN (the caller zeroes the flag; only 1 is written, so writers agree).
+//   accumulate_S: acc[i] = round(f32(acc[i]) + f32(x[i])); *flag = 1 when some stored acc[i]
+//                 is inf or NaN (the caller zeroes the flag; only 1 is written, so writers
+//                 agree).
 //   add_squares_partial_S: partials[block] = sum of f64(f32(x[i]) * factor)^2 over the
 //                 block's elements (grid-stride, then a tree over ZE_BLOCK threads in shared
 //                 memory); the host adds the partials in block order.
@@ -66,9 +67,9 @@ __device__ __forceinline__ u16 ze_store_f16(float x) {
     }                                                                                         \
     extern "C" __global__ void accumulate_##S(T* acc, const T* x, u32* flag, u64 n) {         \
         ZE_FOR_EACH(i, n) {                                                                   \
-            float xi = ze_load_##S(x[i]);                                                     \
-            if ((__float_as_uint(xi) & 0x7f800000u) == 0x7f800000u) *flag = 1u;               \
-            acc[i] = ze_store_##S(ze_load_##S(acc[i]) + xi);                                  \
+            T sum = ze_store_##S(ze_load_##S(acc[i]) + ze_load_##S(x[i]));                    \
+            if ((__float_as_uint(ze_load_##S(sum)) & 0x7f800000u) == 0x7f800000u) *flag = 1u; \
+            acc[i] = sum;                                                                     \
         }                                                                                     \
     }                                                                                         \
     extern "C" __global__ void add_squares_partial_##S(double* partials, const T* x, u64 n,   \
