@@ -27,7 +27,7 @@
 //! [`crate::kept_partitioned`]'s, under the same calls.
 
 use super::error::{Error, Result};
-use super::kept_partitioned::Partitioned;
+use super::kept_partitioned::{Gathered, Partitioned};
 use super::planning::kept_plan::KeptInputs;
 use zero_alloc::{Arena, CopyEngine, CopyTiming, Device, Handle, PinnedBuffer, Transfer};
 use zero_comm::Communicator;
@@ -172,6 +172,14 @@ impl KeptStore {
             on_arena += arena.block(b)?.size as u64;
         }
         Ok((on_arena, host))
+    }
+
+    /// The gathers of partitioned inputs waited for since the last call (for a timeline).
+    pub fn take_gathered(&mut self) -> Vec<Gathered> {
+        match self {
+            Self::Partitioned(p) => p.take_gathered(),
+            _ => Vec::new(),
+        }
     }
 
     /// The copies waited for since the last call, with their kept input (for a timeline).

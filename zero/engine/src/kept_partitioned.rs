@@ -28,6 +28,7 @@ use super::error::{Error, Result};
 use super::kept::host_buffer;
 use super::planning::kept_plan::KeptInputs;
 use std::ops::Range;
+use std::time::Instant;
 use zero_alloc::{Arena, CopyEngine, CopyTiming, Device, Handle, Lent, PinnedBuffer, Transfer};
 use zero_comm::{Communicator, Work};
 
@@ -39,8 +40,8 @@ enum Buf {
     Writing(usize),
     /// This rank's chunk being copied to host buffer `k`.
     Out(usize, Transfer),
-    /// Lent to the all-gather of kept input `k`.
-    Gathering(usize, Work<Lent<f32>>),
+    /// Lent to the all-gather of kept input `k`, launched at the instant.
+    Gathering(usize, Work<Lent<f32>>, Instant),
     /// Holding kept input `k` whole, handed to an operation reading it.
     Reading(usize),
 }
@@ -91,6 +92,20 @@ pub(crate) struct Partitioned {
     parts: usize,
     /// The communicator the gathers run on, split from the group's at the first fetch.
     gatherer: Option<Communicator>,
+    /// Gathers waited for since the last [`Partitioned::take_gathered`].
+    gathered: Vec<Gathered>,
+}
+
+/// An all-gather of a kept input's slices, from its launch until the store waited for it
+/// and saw it land (an upper bound of its time on the wire), for a timeline.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Gathered {
+    /// The kept input.
+    pub k: usize,
+    pub launched: Instant,
+    pub landed: Instant,
+    /// Bytes of the whole input it filled.
+    pub bytes: u64,
 }
 
 impl Partitioned {
@@ -125,6 +140,7 @@ impl Partitioned {
             slice: how.stored_len(),
             parts: how.partitions,
             gatherer: None,
+            gathered: Vec::new(),
         })
     }
 
@@ -218,7 +234,7 @@ impl Partitioned {
         }
         let gatherer = self.gatherer(tp)?;
         let work = gatherer.all_gather_async(arena.lend::<f32>(buffer)?);
-        self.states[at] = Buf::Gathering(k, work);
+        self.states[at] = Buf::Gathering(k, work, Instant::now());
         Ok(())
     }
 
@@ -237,7 +253,7 @@ impl Partitioned {
 
     /// Step 4.
     fn begin_restore(&mut self, arena: &mut Arena, k: usize) -> Result<()> {
-        let at = self.find_for(|s| matches!(s, Buf::Gathering(j, _) if *j == k), k)?;
+        let at = self.find_for(|s| matches!(s, Buf::Gathering(j, ..) if *j == k), k)?;
         self.settle(arena, at)?;
         self.states[at] = Buf::Reading(k);
         Ok(())
@@ -266,8 +282,14 @@ impl Partitioned {
                     h.landed.push((k, timing));
                 }
             }
-            Buf::Gathering(k, work) => {
+            Buf::Gathering(k, work, launched) => {
                 arena.take_back(work.wait()?)?;
+                self.gathered.push(Gathered {
+                    k,
+                    launched,
+                    landed: Instant::now(),
+                    bytes: (self.slice * self.parts * 4) as u64,
+                });
                 self.states[at] = Buf::Reading(k);
             }
             other => self.states[at] = other,
@@ -316,6 +338,11 @@ impl Partitioned {
             on_arena += arena.block(b)?.size as u64;
         }
         Ok((on_arena, host))
+    }
+
+    /// The gathers waited for since the last call.
+    pub fn take_gathered(&mut self) -> Vec<Gathered> {
+        std::mem::take(&mut self.gathered)
     }
 
     /// The copies to and from host waited for since the last call, with their kept input.

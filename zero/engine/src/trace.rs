@@ -4,7 +4,8 @@
 //!
 //! Recording is off until [`Engine::start_trace`]; while on, the engine records a span for
 //! each operation of the model, each engine call around them, each collective it launches
-//! ahead of its use (from launch until the engine saw it land), each copy of a kept input
+//! ahead of its use (from launch until the engine saw it land; with P_a, each gather of a kept
+//! input's slices), each copy of a kept input
 //! (timed on the copy thread itself), each optimizer step and each unit's update in it, each
 //! read and write of the optimizer's file (timed on its I/O thread), and counters of the
 //! arena's bytes (and the offloaded optimizer's host arena's, and its file's with the file
@@ -31,9 +32,9 @@ pub enum Lane {
     /// Optimizer steps, one span each, holding a span per unit's update (AdamW, in the
     /// host arena when offloaded) and per all-gather of updated parameters (stages 1-2).
     Optimizer,
-    /// Collectives launched ahead of their use (gradient reductions, stage-3 prefetches),
-    /// from launch until the engine waited for them and saw them land: an upper bound of
-    /// their time on the wire.
+    /// Collectives launched ahead of their use (gradient reductions, stage-3 prefetches, P_a's
+    /// gathers of kept inputs), from launch until the engine waited for them and saw them
+    /// land: an upper bound of their time on the wire.
     Collective,
     /// Reads and writes of the optimizer's file (`--offload-optimizer nvme`), as its I/O
     /// thread ran them: one span per piece and direction, beside the optimizer's updates.
@@ -222,13 +223,24 @@ impl Engine {
         }
     }
 
-    /// Samples the arena's allocated bytes (and the host arena's, offloaded), and moves the kept-input copies that landed into
-    /// spans, when recording (the landed copies are dropped otherwise).
+    /// Samples the arena's allocated bytes (and the host arena's, offloaded), and moves the
+    /// kept-input copies that landed and the kept inputs' gathers waited for into spans, when
+    /// recording (they are dropped otherwise).
     pub(crate) fn trace_after_call(&mut self) {
         let landed = self.kept.take_landed();
+        let gathered = self.kept.take_gathered();
         let Some(trace) = &mut self.trace else {
             return;
         };
+        for g in gathered {
+            trace.spans.push(Span {
+                name: format!("all-gather of kept input {}", g.k),
+                lane: Lane::Collective,
+                start: g.launched,
+                end: g.landed,
+                bytes: Some(g.bytes),
+            });
+        }
         for (k, t) in landed {
             let way = if t.to_host { "to host" } else { "from host" };
             trace.spans.push(Span {

@@ -232,3 +232,60 @@ fn the_flag_and_the_config_key_reach_the_plan() {
     let (ok, text) = plan(&[]);
     assert!(ok && !text.contains("partitioned"), "{text}");
 }
+
+/// `--trace` draws each gather of a kept input's slices on the collectives' track, from its
+/// launch (the fetch, one restore ahead) until it was waited for: one per restored input per
+/// micro-step, each spanning model operations that ran while it was in flight.
+#[test]
+fn the_timeline_draws_each_gather_over_the_operations_it_overlaps() {
+    let dir = TempDir::new("pa-trace");
+    learnable_corpus(&dir.0);
+    let path = dir.0.join("timeline.json");
+    let cfg = TrainConfig {
+        partition_activations: true,
+        trace: Some(path.clone()),
+        trace_steps: 2,
+        ..checkpointed(&dir.0, 2, 3)
+    };
+    train(&cfg).unwrap();
+    let doc: serde_json::Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+    let events = doc["traceEvents"].as_array().unwrap();
+    let gather = |e: &&serde_json::Value| {
+        e["name"]
+            .as_str()
+            .is_some_and(|n| n.starts_with("all-gather of kept input"))
+    };
+    // 2 traced steps x 2 micro-steps (2 sequences per data-parallel rank, micro-batch 1);
+    // 3 blocks checkpointed one by one: 2 recomputed segments restore an input each.
+    let expected = 2 * 2 * 2;
+    for rank in 0..4 {
+        let of_rank = |ph: &str| -> Vec<&serde_json::Value> {
+            events
+                .iter()
+                .filter(|e| e["pid"] == rank && e["ph"] == ph)
+                .filter(gather)
+                .collect()
+        };
+        let (begins, ends) = (of_rank("b"), of_rank("e"));
+        assert_eq!(begins.len(), expected, "rank {rank}: gathers begun");
+        assert_eq!(ends.len(), expected, "rank {rank}: gathers ended");
+        for b in &begins {
+            let end = ends
+                .iter()
+                .find(|e| e["id"] == b["id"])
+                .expect("each gather ends");
+            let (from, to) = (b["ts"].as_f64().unwrap(), end["ts"].as_f64().unwrap());
+            let overlapped = events.iter().any(|e| {
+                e["pid"] == rank && e["tid"] == 1 && e["ph"] == "X" && {
+                    let t = e["ts"].as_f64().unwrap();
+                    from < t && t < to
+                }
+            });
+            assert!(
+                overlapped,
+                "rank {rank}: {} overlaps no operation",
+                b["name"]
+            );
+        }
+    }
+}
