@@ -156,6 +156,21 @@ pub enum AllocError {
         #[source]
         source: std::io::Error,
     },
+    /// A tier file's disk has no room for its bytes (reserved when the file is created).
+    #[error(
+        "the tier file {} needs {bytes} bytes and its disk has {} free: choose a folder on a \
+         disk with room",
+        path.display(),
+        available.map_or("less than that".to_string(), |a| a.to_string())
+    )]
+    TierNoSpace {
+        /// The file.
+        path: std::path::PathBuf,
+        /// The bytes it needs.
+        bytes: u64,
+        /// The bytes free on its filesystem, where the OS tells.
+        available: Option<u64>,
+    },
     /// A tier file is not the one expected: another run's, rank's or layout's, or shorter.
     #[error("{}: its {what} is {found}, expected {expected}", path.display())]
     TierMismatch {

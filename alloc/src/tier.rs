@@ -20,6 +20,7 @@
 //! layout, a file shorter than its layout, a piece of another length.
 
 mod header;
+mod space;
 
 pub use header::{TierHeader, HEADER_BYTES};
 
@@ -108,8 +109,8 @@ impl TierFile {
     ///
     /// # Errors
     /// [`AllocError::TierIo`] when the file cannot be created or sized, or another
-    /// `TierFile` (in this process or another) holds it; a tier name over 16 bytes; sizes
-    /// that overflow.
+    /// `TierFile` (in this process or another) holds it; [`AllocError::TierNoSpace`] when
+    /// its disk cannot hold its bytes; a tier name over 16 bytes; sizes that overflow.
     pub fn create(spec: TierSpec<'_>, lens: &[u64]) -> Result<Self> {
         let (header, pieces) = layout(spec, lens)?;
         let path = file_path(spec);
@@ -131,6 +132,7 @@ impl TierFile {
             .set_len(0)
             .and_then(|()| tier.file.set_len(total))
             .map_err(tier.io_error("size the tier file"))?;
+        tier.reserve(total)?;
         tier.write_header()?;
         Ok(tier)
     }
@@ -276,6 +278,25 @@ impl TierFile {
             what,
             expected: expected.to_string(),
             found: found.to_string(),
+        }
+    }
+
+    /// Reserves the file's `total` bytes on its disk ([`space::reserve`]); a disk without
+    /// room is [`AllocError::TierNoSpace`], naming the bytes, and the file (just emptied,
+    /// perhaps partly reserved) is removed before the free bytes are read.
+    fn reserve(&self, total: u64) -> Result<()> {
+        match space::reserve(&self.file, total) {
+            Ok(_) => Ok(()),
+            Err(e) if matches!(e.raw_os_error(), Some(libc::ENOSPC | libc::EFBIG)) => {
+                // The refusal explains more than a failure to remove after it.
+                let _ = std::fs::remove_file(&self.path);
+                Err(AllocError::TierNoSpace {
+                    path: self.path.clone(),
+                    bytes: total,
+                    available: self.path.parent().and_then(space::available),
+                })
+            }
+            Err(e) => Err(self.io_error("reserve the tier file's bytes")(e)),
         }
     }
 

@@ -177,3 +177,42 @@ fn a_file_in_use_is_refused_to_a_second_creator_and_keeps_its_bytes() {
     second.read_piece(0, &mut out, &mut pool).unwrap();
     assert_eq!(out, vec![0u8; 5000], "a creator empties the file it claims");
 }
+
+/// A file its disk cannot hold is refused when it is created, naming its path, the bytes
+/// it needs and the bytes free, and leaves no file behind; a file that fits was reserved,
+/// so no later write of it can find the disk full.
+#[test]
+fn a_file_its_disk_cannot_hold_is_refused_at_creation_naming_the_bytes() {
+    let dir = Dir::new("no-space");
+    // 8 TiB: more than this machine's disks, within ext4's, xfs's and tmpfs's file size.
+    let lens = [8u64 << 40];
+    let err = match TierFile::create(dir.spec(1), &lens) {
+        Err(e) => e,
+        Ok(file) => {
+            // A filesystem without `fallocate` keeps the file sparse: nothing to check.
+            eprintln!("skipped: {} was not reserved here", file.path().display());
+            return;
+        }
+    };
+    let AllocError::TierNoSpace {
+        path,
+        bytes,
+        available,
+    } = &err
+    else {
+        panic!("not a no-space refusal: {err}");
+    };
+    assert!(*bytes > lens[0], "{err}");
+    assert!(available.is_some_and(|a| a < *bytes), "{err}");
+    let text = err.to_string();
+    assert!(
+        text.contains(&bytes.to_string()) && text.contains("free"),
+        "{text}"
+    );
+    assert!(!path.exists(), "the refused file was left behind: {text}");
+    // One that fits is created, and its bytes are on the disk, not a hole.
+    let file = TierFile::create(dir.spec(1), &[1 << 20]).unwrap();
+    let meta = std::fs::metadata(file.path()).unwrap();
+    use std::os::unix::fs::MetadataExt;
+    assert!(meta.blocks() * 512 >= 1 << 20, "{} blocks", meta.blocks());
+}
