@@ -42,5 +42,8 @@ pub(super) fn available(path: &Path) -> Option<u64> {
     let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
     // SAFETY: as above; both pointers are valid for the call.
     let rc = unsafe { libc::statvfs(c_path.as_ptr(), &mut st) };
-    (rc == 0).then(|| u64::from(st.f_bavail).saturating_mul(u64::from(st.f_frsize)))
+    // `fsblkcnt_t` and `c_ulong` are narrower than u64 on some targets.
+    #[allow(clippy::useless_conversion)]
+    let free = u64::from(st.f_bavail).saturating_mul(u64::from(st.f_frsize));
+    (rc == 0).then_some(free)
 }
