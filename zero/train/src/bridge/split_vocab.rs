@@ -29,8 +29,15 @@ pub(super) fn run_vocab_op(
     match (op, g.as_mut_slice()) {
         (TpOp::EmbedSlice, []) => model.tp_embed_forward(acts, p[0], p[1], tokens)?,
         (TpOp::HeadSlice, []) => {
-            let none = vec![0u32; acts.batch() * acts.seq_len()];
-            model.tp_head_forward(acts, p[0], p[1], targets.unwrap_or(&none))?;
+            let none;
+            let targets = match targets {
+                Some(targets) => targets,
+                None => {
+                    none = vec![0u32; acts.batch() * acts.seq_len()];
+                    &none
+                }
+            };
+            model.tp_head_forward(acts, p[0], p[1], targets)?;
         }
         (TpOp::HeadLoss, []) => return Ok(Some(model.tp_head_loss(acts)?)),
         (TpOp::HeadSliceBackwardInput, []) => model.tp_head_backward_input(acts, p[0])?,

@@ -8,6 +8,7 @@
 use zero_comm::{ring_bytes, DType, OpDesc, OpKind};
 use zero_gpt::{tp_train_ops, GptConfig, TpOp};
 
+use crate::bridge::split_layout;
 use crate::cli::config::TrainConfig;
 
 /// One rank's collectives over its tensor-parallel group per optimizer step.
@@ -28,25 +29,29 @@ pub fn tp_traffic_plan(cfg: &TrainConfig, model: &GptConfig) -> Option<TpTraffic
         return None;
     }
     let every = cfg.activation_placement().checkpoint_every;
-    // The trainer splits the vocabulary at T > 1 (`MemoryQuery::layout`).
-    let program = tp_train_ops(model.num_layers, every, true);
-    let n = cfg.micro_batch_size * cfg.seq_len;
+    let vocab = split_layout(model, t).vocab_parallel();
+    let program = tp_train_ops(model.num_layers, every, vocab);
+    let n = cfg.micro_batch_size.saturating_mul(cfg.seq_len);
     let sums = program.windows(2).filter(|w| w[1] == TpOp::AllReduce);
+    // Saturating: a figure to print, from flags that may multiply past u64.
     let (mut count, mut bytes) = (0u64, 0u64);
     for w in sums {
         let floats = match w[0] {
-            TpOp::HeadSlice => n * (t + 1),
-            _ => n * model.channels,
+            TpOp::HeadSlice => n.saturating_mul(t + 1),
+            _ => n.saturating_mul(model.channels),
         };
         count += 1;
-        bytes += ring_bytes(&desc(OpKind::AllReduce, floats, DType::F32), 0, t).0;
+        let sum = desc(OpKind::AllReduce, floats, DType::F32);
+        bytes = bytes.saturating_add(ring_bytes(&sum, 0, t).0);
     }
     let micro_steps = cfg.grad_accum_steps() as u64;
     let norm = desc(OpKind::AllGather, t, DType::F64);
     Some(TpTrafficPlan {
-        all_reduces: count * micro_steps,
+        all_reduces: count.saturating_mul(micro_steps),
         all_gathers: 1,
-        bytes_sent: bytes * micro_steps + ring_bytes(&norm, 0, t).0,
+        bytes_sent: bytes
+            .saturating_mul(micro_steps)
+            .saturating_add(ring_bytes(&norm, 0, t).0),
     })
 }
 
