@@ -126,7 +126,13 @@ impl TierFile {
         // tier while the first runs (another run, or a test beside it) is refused here
         // instead of truncating the first one's states under it. The lock goes with the
         // file handle.
-        lock_exclusive(&tier.file).map_err(tier.io_error("claim (another engine holds it)"))?;
+        lock_exclusive(&tier.file).map_err(|e| {
+            let op = match e.kind() {
+                std::io::ErrorKind::WouldBlock => "claim (another engine holds it)",
+                _ => "lock the tier file",
+            };
+            tier.io_error(op)(e)
+        })?;
         let total = HEADER_BYTES as u64 + header.payload;
         tier.file
             .set_len(0)
@@ -286,7 +292,7 @@ impl TierFile {
     /// perhaps partly reserved) is removed before the free bytes are read.
     fn reserve(&self, total: u64) -> Result<()> {
         match space::reserve(&self.file, total) {
-            Ok(_) => Ok(()),
+            Ok(()) => Ok(()),
             Err(e) if matches!(e.raw_os_error(), Some(libc::ENOSPC | libc::EFBIG)) => {
                 // The refusal explains more than a failure to remove after it.
                 let _ = std::fs::remove_file(&self.path);

@@ -6,28 +6,27 @@ use std::fs::File;
 use std::os::fd::AsRawFd;
 use std::path::Path;
 
-/// Reserves the first `len` bytes of `file` on its disk (Linux `fallocate`, mode 0).
-/// `Ok(false)` where the filesystem cannot reserve (the file then stays sparse, as before):
-/// `fallocate` never falls back to writing zeros, which for a file larger than the disk
-/// would fill it.
+/// Reserves the first `len` bytes of `file` on its disk (Linux `fallocate`, mode 0). Where
+/// the filesystem cannot reserve, the file stays sparse: `fallocate` never falls back to
+/// writing zeros, which for a file larger than the disk would fill it.
 ///
 /// # Errors
 /// The OS error, `ENOSPC` among them.
-pub(super) fn reserve(file: &File, len: u64) -> std::io::Result<bool> {
+pub(super) fn reserve(file: &File, len: u64) -> std::io::Result<()> {
     let Ok(len) = libc::off_t::try_from(len) else {
         return Err(std::io::Error::from_raw_os_error(libc::EFBIG));
     };
     if len == 0 {
-        return Ok(true);
+        return Ok(());
     }
     // SAFETY: `fallocate` only reads the descriptor, which `file` keeps open during the call.
     let rc = unsafe { libc::fallocate(file.as_raw_fd(), 0, 0, len) };
     if rc == 0 {
-        return Ok(true);
+        return Ok(());
     }
     let err = std::io::Error::last_os_error();
     match err.raw_os_error() {
-        Some(libc::EOPNOTSUPP | libc::ENOSYS) => Ok(false),
+        Some(libc::EOPNOTSUPP | libc::ENOSYS) => Ok(()),
         _ => Err(err),
     }
 }

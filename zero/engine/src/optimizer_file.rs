@@ -142,7 +142,8 @@ impl FileStates {
         let piece = self.layout.piece;
         let mut at = range.start;
         while at < range.end {
-            let (k, values) = self.read_piece(unit, state, at / piece)?;
+            let k = at / piece;
+            let values = self.read_piece(unit, state, k)?;
             let from = at - k * piece;
             let n = (values.len() - from).min(range.end - at);
             out[at - range.start..][..n].copy_from_slice(&values[from..from + n]);
@@ -152,7 +153,7 @@ impl FileStates {
     }
 
     /// Writes `values` into `unit`'s `state` from element `at` on: each piece touched is
-    /// read, changed and written back whole.
+    /// written back whole, read first unless `values` cover all of it.
     pub fn write_range(
         &mut self,
         unit: usize,
@@ -163,11 +164,24 @@ impl FileStates {
         let piece = self.layout.piece;
         let mut done = 0;
         while done < values.len() {
-            let (k, mut whole) = self.read_piece(unit, state, (at + done) / piece)?;
+            let k = (at + done) / piece;
             let from = at + done - k * piece;
-            let n = (whole.len() - from).min(values.len() - done);
-            whole[from..from + n].copy_from_slice(&values[done..done + n]);
-            let index = self.layout.index(unit, k, state as usize);
+            let (index, len) = self.piece_at(unit, state, k)?;
+            let n = len.saturating_sub(from).min(values.len() - done);
+            if n == 0 {
+                return Err(Error::Order(format!(
+                    "unit {unit}'s optimizer state {} ends before element {}",
+                    state as usize,
+                    at + done
+                )));
+            }
+            let whole = if from == 0 && n == len {
+                values[done..done + n].to_vec()
+            } else {
+                let mut whole = self.read_piece(unit, state, k)?;
+                whole[from..from + n].copy_from_slice(&values[done..done + n]);
+                whole
+            };
             let bytes = bytemuck::cast_slice(&whole);
             self.tier.write_piece(index, bytes, &mut self.pool)?;
             self.written_bytes += bytes.len() as u64;
@@ -176,24 +190,25 @@ impl FileStates {
         Ok(())
     }
 
-    /// Piece `k` of `unit`'s `state`, whole: (k, its values).
-    fn read_piece(
-        &mut self,
-        unit: usize,
-        state: OptimState,
-        k: usize,
-    ) -> Result<(usize, Vec<f32>)> {
+    /// Piece `k` of `unit`'s `state`: its index in the file and its f32 elements.
+    fn piece_at(&self, unit: usize, state: OptimState, k: usize) -> Result<(usize, usize)> {
         let index = self.layout.index(unit, k, state as usize);
-        let len = self.layout.lens.get(index).copied().ok_or_else(|| {
+        let bytes = self.layout.lens.get(index).copied().ok_or_else(|| {
             Error::Order(format!(
                 "unit {unit} has no optimizer piece {k} in the file"
             ))
         })?;
-        let mut values = vec![0f32; usize::try_from(len / 4).unwrap_or(usize::MAX)];
+        Ok((index, usize::try_from(bytes / 4).unwrap_or(usize::MAX)))
+    }
+
+    /// Piece `k` of `unit`'s `state`, whole.
+    fn read_piece(&mut self, unit: usize, state: OptimState, k: usize) -> Result<Vec<f32>> {
+        let (index, len) = self.piece_at(unit, state, k)?;
+        let mut values = vec![0f32; len];
         let bytes = bytemuck::cast_slice_mut(&mut values);
         self.tier.read_piece(index, bytes, &mut self.pool)?;
-        self.read_bytes += len;
-        Ok((k, values))
+        self.read_bytes += bytes.len() as u64;
+        Ok(values)
     }
 }
 

@@ -71,18 +71,17 @@ impl OffloadedOptimizer {
         policies: &[UnitPolicy],
         (rank, world): (usize, usize),
     ) -> Result<Self> {
-        let capacity = match config.host_memory_limit {
-            Some(limit) if limit < plan.total() => {
-                return Err(Error::HostDoesNotFit {
-                    needed: plan.total(),
-                    limit,
-                    staging: plan.staging,
-                    file: config.optimizer_file,
-                })
-            }
-            Some(limit) => limit,
-            None => plan.total(),
-        };
+        // The limit is checked, never used as the size: the plan is exact, so room past it
+        // would never be used, and under CUDA every byte of the arena is page-locked.
+        if let Some(limit) = config.host_memory_limit.filter(|&l| l < plan.total()) {
+            return Err(Error::HostDoesNotFit {
+                needed: plan.total(),
+                limit,
+                staging: plan.staging,
+                file: config.optimizer_file,
+            });
+        }
+        let capacity = plan.total();
         let (file, layout) = if config.optimizer_file {
             let dir = nvme_path.ok_or_else(|| {
                 Error::Order(

@@ -100,8 +100,8 @@ pub(crate) fn upload_whole(
 }
 
 /// Stores whole f32 `values` (padded, in block `values`) into the unit's stored parameters as
-/// its stage keeps them, rounded for half precision. The master copy is written by
-/// [`write_kept`].
+/// its stage keeps them, rounded for half precision. The master copy is written from
+/// [`kept_values`] wherever the optimizer states live (`start.rs`).
 pub(crate) fn write_params(
     arena: &mut Arena,
     kernels: &dyn Kernels,

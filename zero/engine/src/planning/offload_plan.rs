@@ -33,7 +33,7 @@ pub struct OffloadPlan {
 impl OffloadPlan {
     /// The host arena's capacity.
     pub fn total(&self) -> u64 {
-        self.states + self.staging
+        self.states.saturating_add(self.staging)
     }
 }
 
@@ -116,7 +116,7 @@ pub(crate) fn plan_offload(
         // The step's two slots of one piece's states, for the whole step, beside the
         // staging of the unit being updated; the states in the file instead of the arena.
         let slot = f32_block(slot_len)?.saturating_mul(per_state);
-        staging = staging.saturating_add(2 * slot);
+        staging = staging.saturating_add(slot.saturating_mul(2));
         states = 0;
         let layout = FileLayout::new(policies, precision, piece);
         zero_alloc::tier::file_bytes(&layout.lens)
