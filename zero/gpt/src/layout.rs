@@ -237,7 +237,7 @@ impl ParamLayout {
 
     /// The table of one rank of a tensor-parallel group of `tp` > 1 ranks that splits the
     /// vocabulary too: [`ParamLayout::split`]'s, with unit 0 only this rank's Vp/T rows of
-    /// `wte` and `wpe` a unit of its own, 2L+1, before the final LayerNorm (2L+2). `tp` must
+    /// `wte` and `wpe` a unit of its own, 3L+1, before the final LayerNorm (3L+2). `tp` must
     /// divide NH and Vp; at `tp` = 1 [`ParamLayout::new`]'s.
     #[must_use]
     pub fn split_vocab(config: &GptConfig, tp: usize) -> Self {

@@ -76,9 +76,9 @@ impl<B: Backend> Gpt<B> {
     /// Rank `split.rank` of a tensor-parallel group of `split.size` ranks running a model of
     /// shape `config` on `backend`, Megatron's way (see `model::split` for the calls and
     /// where the group's reductions go). Its layout is [`ParamLayout::split`]: each block is
-    /// two units, this rank's slice and the replicated tensors; the embedding, the tied LM
-    /// head and the final LayerNorm stay whole on every rank (on the CPU,
-    /// [`Gpt::with_vocab_parallel`] splits them too). At `split.size` = 1 the same model as
+    /// three units, its attention slice, its MLP slice and its replicated tensors; the
+    /// embedding, the tied LM head and the final LayerNorm stay whole on every rank (on the
+    /// CPU, [`Gpt::with_vocab_parallel`] splits the embedding and the head). At `split.size` = 1 the same model as
     /// [`Gpt::with_backend`].
     ///
     /// # Errors

@@ -161,10 +161,12 @@ impl ShardedReader {
         range: &Range<usize>,
         unit: usize,
     ) -> Result<Vec<f32>> {
-        self.check_cover(sources, range, unit)?;
+        // An empty source moves nothing and could name any element: left out.
+        let sources: Vec<Source> = sources.iter().filter(|s| s.len > 0).copied().collect();
+        self.check_cover(&sources, range, unit)?;
         let mut values = vec![0f32; range.len()];
         let mut spans: BTreeMap<(usize, usize), Range<usize>> = BTreeMap::new();
-        for s in sources {
+        for s in &sources {
             let span = spans
                 .entry((s.tp_rank, s.unit))
                 .or_insert(s.start..s.start + s.len);
@@ -184,18 +186,24 @@ impl ShardedReader {
         Ok(values)
     }
 
-    /// The sources tile `range` exactly, so no element is left unset or set twice.
+    /// The (non-empty) sources tile `range` exactly, so no element is left unset or set
+    /// twice, and none's ends overflow.
     fn check_cover(&self, sources: &[Source], range: &Range<usize>, unit: usize) -> Result<()> {
+        let sound =
+            |s: &Source| s.at.checked_add(s.len).is_some() && s.start.checked_add(s.len).is_some();
+        let total = sources.iter().try_fold(0usize, |sum, s| {
+            sound(s).then(|| sum.checked_add(s.len)).flatten()
+        });
         let mut sorted: Vec<&Source> = sources.iter().collect();
         sorted.sort_by_key(|s| s.at);
         let mut end = range.start;
         for s in sorted {
-            if s.at != end {
+            if s.at != end || !sound(s) {
                 break;
             }
             end = s.at + s.len;
         }
-        if end != range.end || sources.iter().map(|s| s.len).sum::<usize>() != range.len() {
+        if end != range.end || total != Some(range.len()) {
             return Err(StateError::Tensor {
                 path: self.dir().to_path_buf(),
                 name: format!("unit{unit}"),

@@ -1,12 +1,12 @@
 //! Saving an engine's states as a sharded state (format and crash-safety protocol in
 //! `sharded.rs`), in the foreground or in the background.
 //!
-//! A save has two halves. [`start_save`]: rank 0 creates the partial folder and the ranks
+//! A save has two halves. [`start_save`]: world rank 0 creates the partial folder and the ranks
 //! agree it exists; then each rank writes its pieces, either at once straight from the
 //! engine's buffers (no copy), or, in the background, from a snapshot of its owned shards
 //! taken into an ordinary `Vec` (12 bytes per owned element) so that training can go on
 //! changing the engine. [`finish_save`]: waits for the writing, has the ranks agree that all
-//! succeeded, and has rank 0 publish. Every collective runs on the training thread: the
+//! succeeded, and has world rank 0 publish. Every collective runs on the training thread: the
 //! background thread only writes files, so it never interleaves with training's collectives.
 //! (A pinned buffer was rejected for the snapshot: the states are already in host memory,
 //! and nothing copies them to a device.)
@@ -180,8 +180,9 @@ impl PendingSave {
 }
 
 /// Starts saving `engine`'s states after `step` steps as `save/step-N/` with `meta` in its
-/// manifest (every rank of the world, its tensor-parallel group included): world rank 0 creates the partial folder, then this rank writes its pieces, at once,
-/// or on a background thread from a snapshot when `background`. Collective.
+/// manifest (every rank of the world, its tensor-parallel group included): world rank 0
+/// creates the partial folder, then this rank writes its pieces, at once, or on a
+/// background thread from a snapshot when `background`. Collective.
 ///
 /// # Errors
 /// Creating the folder (every rank fails then). Write errors surface in [`finish_save`].
@@ -219,7 +220,7 @@ pub fn start_save(
     })
 }
 
-/// Waits for `pending`'s pieces, has the ranks agree that all were written, and has rank 0
+/// Waits for `pending`'s pieces, has the ranks agree that all were written, and has world rank 0
 /// publish the state and point `latest` at it. Collective. Returns the folder and the bytes
 /// this rank wrote.
 ///
@@ -259,7 +260,7 @@ pub fn finish_save(engine: &mut Engine, pending: PendingSave) -> Result<(PathBuf
 }
 
 /// After a save failed on some rank (every rank knows by then, and none is still writing):
-/// rank 0 removes the partial folder, so a full disk is not kept full by a state that will
+/// world rank 0 removes the partial folder, so a full disk is not kept full by a state that will
 /// never be published. A removal that fails is only a warning: the save's own error is the
 /// one to report.
 fn discard_partial(engine: &Engine, save: &Path, step: u64) {

@@ -121,7 +121,7 @@ pub struct Partitioning {
     /// tensor_parallel` piece files.
     pub world: usize,
     /// The tensor-parallel size T the units were split for (1 in version 1 states). A unit
-    /// split across the group (a block slice) has pieces from every tensor-parallel rank,
+    /// split across the group (a block's attention or MLP slice, the embedding's rows) has pieces from every tensor-parallel rank,
     /// each in that rank's coordinates; a unit replicated across it, from rank 0 only.
     #[serde(default = "one")]
     pub tensor_parallel: usize,

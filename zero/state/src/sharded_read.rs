@@ -303,7 +303,12 @@ fn index_tensors(manifest: &ShardedManifest) -> std::result::Result<PiecesByTens
         let key = (p.tp_rank, p.unit, p.tensor.clone());
         by_tensor.entry(key).or_default().push(i);
     }
-    for tp_rank in 0..t {
+    // The ranks that saved pieces, and rank 0, which saved every unit: a recorded T is
+    // never looped over (a corrupt one could be any number).
+    let ranks: std::collections::BTreeSet<usize> = std::iter::once(0)
+        .chain(manifest.pieces.iter().map(|p| p.tp_rank))
+        .collect();
+    for tp_rank in ranks {
         for (unit, u) in units.iter().enumerate() {
             for tensor in TENSORS {
                 let key = (tp_rank, unit, tensor.to_string());

@@ -201,10 +201,17 @@ fn sharded_config(
 }
 
 fn state_model(state: &ShardedReader, dir: &Path) -> Result<GptConfig, TrainError> {
-    serde_json::from_value(state.manifest().meta["model"].clone()).map_err(|e| TrainError::Resume {
+    let refused = |reason| TrainError::Resume {
         dir: dir.to_path_buf(),
-        reason: format!("no model shape in the state ({e})"),
-    })
+        reason,
+    };
+    let model: GptConfig = serde_json::from_value(state.manifest().meta["model"].clone())
+        .map_err(|e| refused(format!("no model shape in the state ({e})")))?;
+    // A shape read from a file is checked before any layout is built from it.
+    model
+        .validate()
+        .map_err(|e| refused(format!("its model shape is not a valid GPT ({e})")))?;
+    Ok(model)
 }
 
 /// The whole parameters of each unit of a training state, read one at a time, in

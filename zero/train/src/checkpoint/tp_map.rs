@@ -31,7 +31,7 @@ pub(crate) struct TpMap {
 
 impl TpMap {
     /// The map for rank `split` of `model` from a state saved as `saved` (its T read from
-    /// it; blocks split as [`ParamLayout::split`], slices from every rank, the rest from
+    /// it; units as [`split_layout`] lays them out, slices from every rank, the rest from
     /// rank 0).
     ///
     /// # Errors

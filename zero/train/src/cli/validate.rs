@@ -245,7 +245,8 @@ impl TrainConfig {
         } else if self.tensor_parallel_size <= 1 {
             "partitions each kept block input over a tensor-parallel group, and \
              --tensor-parallel-size 1 has none: give --tensor-parallel-size 2 or more (a \
-             divisor of --world-size and --heads), or leave --partition-activations out"
+             divisor of --world-size, --heads and the padded vocabulary), or leave \
+             --partition-activations out"
         } else {
             return Ok(());
         };

@@ -2,14 +2,15 @@
 //! program: every [`TpOp::AllReduce`] of a training micro-step sums f32s of one micro-batch
 //! of N = B·T positions: (N, C) activations or their gradients, except the loss statistics
 //! after the vocabulary-split head's forward, (N, T+1). The engine's gradient norm adds one
-//! all-gather of an f64 per rank each step. The same at every ZeRO stage: ZeRO partitions
+//! all-gather of an f64 per rank each step, and fp16's loss scaling one all-reduce of an f32
+//! overflow flag. The same at every ZeRO stage: ZeRO partitions
 //! over the data-parallel group only.
 
 use zero_comm::{ring_bytes, DType, OpDesc, OpKind};
 use zero_gpt::{tp_train_ops, GptConfig, TpOp};
 
 use crate::bridge::split_layout;
-use crate::cli::config::TrainConfig;
+use crate::cli::config::{PrecisionArg, TrainConfig};
 
 /// One rank's collectives over its tensor-parallel group per optimizer step.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -46,12 +47,16 @@ pub fn tp_traffic_plan(cfg: &TrainConfig, model: &GptConfig) -> Option<TpTraffic
     }
     let micro_steps = cfg.grad_accum_steps() as u64;
     let norm = desc(OpKind::AllGather, t, DType::F64);
+    // fp16's loss scaling agrees on one overflow flag over the group each step.
+    let flag = u64::from(cfg.precision == PrecisionArg::Fp16);
+    let flag_bytes = flag * ring_bytes(&desc(OpKind::AllReduce, 1, DType::F32), 0, t).0;
     Some(TpTrafficPlan {
-        all_reduces: count.saturating_mul(micro_steps),
+        all_reduces: count.saturating_mul(micro_steps).saturating_add(flag),
         all_gathers: 1,
         bytes_sent: bytes
             .saturating_mul(micro_steps)
-            .saturating_add(ring_bytes(&norm, 0, t).0),
+            .saturating_add(ring_bytes(&norm, 0, t).0)
+            .saturating_add(flag_bytes),
     })
 }
 
