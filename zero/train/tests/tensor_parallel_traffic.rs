@@ -8,9 +8,11 @@
 //! - with checkpointing, the recompute of a block repeats its 2 forward all-reduces, for
 //!   every block but those of the last segment;
 //! - the vocabulary split (Megatron's vocab-parallel embedding and cross-entropy): the
-//!   embedding's partial rows, the loss statistics (each position's max, target logit and sum
-//!   of exponentials: T + 1 floats) and the head's partial d(lnf), 3 per micro-step;
-//! - each of those sums one micro-batch's (B·T, C) f32s, the statistics (B·T, T+1): under
+//!   embedding's partial rows, the loss statistics (per position, each rank's log-sum-exp in
+//!   its own column and the target's logit: T + 1 floats) and the head's partial d(lnf), 3
+//!   per micro-step;
+//! - each of those sums f32s of a micro-batch's N = B·seq_len positions, (N, C), the
+//!   statistics (N, T+1): under
 //!   ring accounting a rank sends 2 (T-1)/T of those bytes for each;
 //! - once per step, the gradient norm's partial sums: an all-gather of one f64 per rank,
 //!   8 (T-1) bytes sent.
