@@ -25,7 +25,7 @@ use common::{learnable_corpus, TempDir};
 use std::path::Path;
 use zero::ZeroStage;
 use zero_train::plan::tp_traffic::tp_traffic_plan;
-use zero_train::{train, TrainConfig};
+use zero_train::{train, PrecisionArg, TrainConfig};
 
 const SEQ: usize = 16;
 const WIDTH: usize = 32;
@@ -63,8 +63,11 @@ fn on_paper(cfg: &TrainConfig, recomputed_blocks: usize) -> (f64, f64, f64) {
     let wide_bytes = positions * WIDTH * 4;
     let stats_bytes = positions * (t + 1) * 4;
     let per_micro_step = (wide_sums * wide_bytes + stats_bytes) * 2 * (t - 1) / t;
-    let sent = per_micro_step * micro_steps + 8 * (t - 1);
-    (all_reduces as f64, 1.0, sent as f64)
+    // fp16: one all-reduce of the overflow flag (one f32) a step.
+    let flag = usize::from(cfg.precision == PrecisionArg::Fp16);
+    let flag_bytes = flag * 2 * (4 * (t - 1) / t);
+    let sent = per_micro_step * micro_steps + 8 * (t - 1) + flag_bytes;
+    ((all_reduces + flag) as f64, 1.0, sent as f64)
 }
 
 /// Each rank's count against the paper's, and `zero-train plan`'s (read off the program)
@@ -124,4 +127,15 @@ fn an_unsplit_run_reports_no_tensor_parallel_traffic() {
     let run = train(&cfg).unwrap();
     assert!(run.ranks.iter().all(|r| r.tensor_parallel.is_none()));
     assert_eq!(tp_traffic_plan(&cfg, &cfg.validate().unwrap()), None);
+}
+
+#[test]
+fn fp16_adds_the_overflow_flag_once_a_step() {
+    let dir = TempDir::new("tp-traffic-fp16");
+    learnable_corpus(&dir.0);
+    let cfg = TrainConfig {
+        precision: PrecisionArg::Fp16,
+        ..config(&dir.0, 2, 2, 2)
+    };
+    check(&cfg, 0);
 }
