@@ -26,6 +26,7 @@ use super::kept::KeptStore;
 use super::kernels::Kernels;
 use super::loss_scale::LossScaler;
 use super::optimizer_home::OffloadedOptimizer;
+use super::param_home::{check_param_offload, OffloadedParams};
 use super::planning::formulas::{expected_model_state_bytes, ModelStateBytes};
 use super::planning::kept_plan::KeptInputs;
 use super::planning::plan::{
@@ -83,8 +84,19 @@ pub struct EngineConfig {
     /// Bytes of the file tier's pool buffer (rounded up to 4 KiB): a piece larger than it
     /// moves chunk by chunk.
     pub nvme_chunk_bytes: usize,
-    /// Cap on the offloaded optimizer's host arena in bytes (`None`: exactly what the plan
-    /// needs); a cap below the plan is refused at start-up with the bytes needed.
+    /// ZeRO-Infinity's parameter offload (`offload_param`, stage 3 with `offload_optimizer`):
+    /// the stored shards of the units stage 3 gathers live off the rank's arena, in a host
+    /// arena of their own (page-locked when the arena is a GPU's), and are copied into each
+    /// all-gather's buffer when it is launched; the offloaded update reads and writes them
+    /// there (see the `param_home` module).
+    pub offload_params: bool,
+    /// With `offload_params`: those shards in one file per rank under
+    /// [`EngineOps::nvme_path`] (`--offload-params nvme`), read piece by piece through a
+    /// fixed pool.
+    pub params_file: bool,
+    /// Cap on the offloaded tiers' host memory in bytes, the optimizer's host arena and the
+    /// offloaded parameters' together (`None`: exactly what the plan needs); a cap below the
+    /// plan is refused at start-up with the bytes needed.
     pub host_memory_limit: Option<u64>,
     /// How the programs' kept inputs (activation checkpointing) are stored: their length,
     /// and whether they live in pinned host memory (ZeRO-R's checkpoint offload).
@@ -106,6 +118,8 @@ impl Default for EngineConfig {
             defragment: true,
             offload_optimizer: false,
             optimizer_file: false,
+            offload_params: false,
+            params_file: false,
             nvme_chunk_bytes: 1 << 20,
             host_memory_limit: None,
             kept_inputs: KeptInputs::default(),
@@ -129,6 +143,8 @@ impl EngineConfig {
             staging,
             offload_optimizer: self.offload_optimizer,
             optimizer_file: self.offload_optimizer && self.optimizer_file,
+            offload_params: self.offload_params,
+            params_file: self.offload_params && self.params_file,
             kept_inputs: self.kept_inputs,
         }
     }
@@ -159,6 +175,9 @@ pub struct Engine {
     pub(crate) arena: Arena,
     /// ZeRO-Offload's host arena of optimizer states (`None`: they are in `arena`).
     pub(crate) offloaded: Option<OffloadedOptimizer>,
+    /// ZeRO-Infinity's home of the gathered units' parameter shards (`None`: they are in
+    /// `arena`).
+    pub(crate) offloaded_params: Option<OffloadedParams>,
     /// Every pass over model-state bytes runs through these.
     pub(crate) kernels: Box<dyn Kernels>,
     /// Every collective over model states runs through these.
@@ -259,6 +278,7 @@ impl Engine {
             spec.check()
                 .map_err(|message| Error::BadUnit { unit, message })?;
         }
+        check_param_offload(&config)?;
         confirm_same_schedules(&comm, programs)?;
         let shape = config.plan_shape(comm.size(), collectives.staging_rule(&comm));
         let memory_plan = match config.memory_limit {
@@ -275,10 +295,18 @@ impl Engine {
                 OffloadedOptimizer::start(plan, &config, device, nvme, &policies, ranks)
             })
             .transpose()?;
+        let mut offloaded_params = match memory_plan.offload {
+            Some(plan) if config.offload_params => {
+                let nvme = nvme_path.as_deref();
+                let home = OffloadedParams::start(&plan, &config, device, nvme, &policies, ranks)?;
+                Some(home)
+            }
+            _ => None,
+        };
         let bufs = allocate_units(
             &mut arena,
             kernels.as_ref(),
-            offloaded.as_mut(),
+            (offloaded.as_mut(), offloaded_params.as_mut()),
             &policies,
             &config,
             comm.rank(),
@@ -296,6 +324,7 @@ impl Engine {
             comm,
             arena,
             offloaded,
+            offloaded_params,
             kernels,
             collectives,
             config,
@@ -380,7 +409,8 @@ impl Engine {
     }
 
     /// Model-state bytes this rank holds, by kind, measured from its arena blocks, the
-    /// offloaded host arena's included.
+    /// offloaded optimizer's host arena included; offloaded parameter shards are not
+    /// (`Engine::offloaded_param_bytes`).
     ///
     /// # Errors
     /// Arena failures (a stale handle would be a bug).
@@ -389,8 +419,11 @@ impl Engine {
         let optim = self.optimizer_arena();
         let optim_size = |h: Handle| -> Result<f64> { Ok(optim.block(h)?.size as f64) };
         let mut out = ModelStateBytes::default();
-        for b in &self.units.bufs {
-            out.params += size(b.params)?;
+        for (unit, b) in self.units.bufs.iter().enumerate() {
+            // Offloaded shards are measured in their home (`offloaded_param_bytes`).
+            if !self.params_offloaded(unit) {
+                out.params += size(b.params)?;
+            }
             out.grads += size(b.grads)?;
             out.optimizer += optim_size(b.m)? + optim_size(b.v)?;
             if let Some(master) = b.master {

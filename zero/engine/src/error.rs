@@ -100,6 +100,9 @@ pub enum Error {
     /// A call out of the order forward -> backward -> step.
     #[error("{0}")]
     Order(String),
+    /// A configuration the engine cannot run, and why.
+    #[error("{0}")]
+    Config(String),
     /// A unit specification is inconsistent.
     #[error("unit {unit}: {message}")]
     BadUnit {

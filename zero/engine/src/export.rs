@@ -9,14 +9,15 @@
 
 use super::engine::Engine;
 use super::error::{Error, Result};
-use super::host_io::{read_f32, write_stored};
+use super::host_io::read_f32;
 use super::kernels::Span;
 use super::optimizer_file::OptimState;
 use super::optimizer_home::StateHome;
 use super::planning::partition::{Partition, Shard};
 use super::planning::policy::UnitPolicy;
+use super::start::store_params;
 use super::transient::free_after;
-use super::unit_buffers::{kept_values, upload_whole, write_params};
+use super::unit_buffers::kept_values;
 use std::ops::Range;
 use zero_alloc::Handle;
 use zero_comm::{Communicator, DType};
@@ -115,6 +116,10 @@ impl Engine {
         if self.units.bufs[unit].master.is_some() {
             return Ok(f(self.whole_optim(unit, OptimState::Master)?));
         }
+        if self.params_offloaded(unit) {
+            let local = self.read_stored(unit, 0..policy.len(false))?;
+            return Ok(f(gather_on_host(&self.comm, &policy, false, local)?));
+        }
         let params = self.units.bufs[unit].params;
         with_whole_f32(self.device_home(), &policy, params, policy.whole_params, f)
     }
@@ -163,7 +168,7 @@ impl Engine {
             Some(_) => self.read_optim(unit, OptimState::Master, kept.clone())?,
             None => {
                 let stored = policy.part.local(rank, owned, policy.whole_params);
-                read_f32(&self.arena, b.params, stored)?
+                self.read_stored(unit, stored)?
             }
         };
         Ok(OwnedStates {
@@ -243,7 +248,6 @@ impl Engine {
             (from, policy.part.local(rank, common, whole))
         };
         let b = &self.units.bufs[unit];
-        let (stored, precision) = (b.params, self.config.precision);
         let f32_target = match kind {
             StateKind::Params => b.master.map(|_| OptimState::Master),
             StateKind::AdamM => Some(OptimState::M),
@@ -255,7 +259,7 @@ impl Engine {
         }
         if kind == StateKind::Params {
             let (from, to) = window(policy.whole_params);
-            write_stored(&mut self.arena, precision, stored, to.start, &values[from])?;
+            self.write_stored_params(unit, to.start, &values[from])?;
         }
         Ok(())
     }
@@ -313,20 +317,14 @@ impl Engine {
                     });
                 }
             }
-            let kernels = self.kernels.as_ref();
-            let staged = upload_whole(&mut self.arena, kernels, &policy, &state.params)?;
             let b = &self.units.bufs[unit];
-            let precision = self.config.precision;
-            let written = write_params(
-                &mut self.arena,
-                kernels,
-                &policy,
-                b,
-                precision,
-                rank,
-                staged,
-            );
-            free_after(&mut self.arena, staged, written)?;
+            store_params(
+                (&mut self.arena, self.kernels.as_ref()),
+                self.offloaded_params.as_mut(),
+                (unit, &policy, b),
+                (self.config.precision, rank),
+                &state.params,
+            )?;
             let has_master = b.master.is_some();
             let whole = policy.whole_optim;
             if has_master {

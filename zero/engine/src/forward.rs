@@ -31,6 +31,13 @@ impl Engine {
         }
         let copy = match self.flights.prefetched[unit].take() {
             Some(prefetch) => prefetch.finish(self)?,
+            // An offloaded shard is not in the arena to all-gather from: it is fetched into
+            // the gather's buffer, as a prefetch does.
+            None if self.params_offloaded(unit) => {
+                let launched =
+                    with_store!(self.config.precision, S => self.launch_gather::<S>(unit))?;
+                launched.finish(self)?
+            }
             None => with_store!(self.config.precision, S => self.compute_copy::<S>(unit))?,
         };
         self.units.bufs[unit].gathered = Some(copy);
@@ -85,7 +92,6 @@ impl Engine {
     /// schedule and has made the same calls so far, so every rank launches the same
     /// collectives in the same sequence.
     fn launch_prefetches<S: Store>(&mut self) -> Result<()> {
-        let rank = self.comm.rank();
         for unit in self.declared.upcoming_gathers(self.config.prefetch_units) {
             let policy = self.units.policies[unit];
             let b = &self.units.bufs[unit];
@@ -93,29 +99,40 @@ impl Engine {
             {
                 continue;
             }
-            let params = b.params;
-            let padded = policy.part.padded_numel();
-            let staged = self.alloc_lent::<S>(padded)?;
-            // In-place all-gather: this rank's input is its own chunk.
-            let chunk = policy.part.shard(rank).range();
-            let shard = Span::new(params, 0..chunk.len());
-            let copied =
-                self.kernels
-                    .copy(&mut self.arena, S::DTYPE, shard, Span::new(staged, chunk));
-            free_on_error(&mut self.arena, staged, copied)?;
-            let launched = Launched::now("all-gather", unit, padded * std::mem::size_of::<S>());
-            let flight = self.collectives.launch(
-                &self.comm,
-                &mut self.arena,
-                S::DTYPE,
-                InPlace::AllGather,
-                staged,
-            );
-            let flight = free_on_error(&mut self.arena, staged, flight)?;
-            self.progress.traffic.all_gather += padded as u64;
-            self.flights.prefetched[unit] = Some(Prefetch::new::<S>((flight, launched)));
+            self.flights.prefetched[unit] = Some(self.launch_gather::<S>(unit)?);
         }
         Ok(())
+    }
+
+    /// Launches `unit`'s in-place all-gather: this rank's shard is copied into its chunk of
+    /// a whole-unit block (from the arena, or fetched from the offloaded parameters' home),
+    /// which the collective holds until it lands.
+    fn launch_gather<S: Store>(&mut self, unit: usize) -> Result<Prefetch> {
+        let policy = self.units.policies[unit];
+        let params = self.units.bufs[unit].params;
+        let padded = policy.part.padded_numel();
+        let staged = self.alloc_lent::<S>(padded)?;
+        // In-place all-gather: this rank's input is its own chunk.
+        let chunk = policy.part.shard(self.comm.rank()).range();
+        let copied = if self.params_offloaded(unit) {
+            self.fetch_shard(unit, staged, chunk.start, std::mem::size_of::<S>())
+        } else {
+            let shard = Span::new(params, 0..chunk.len());
+            self.kernels
+                .copy(&mut self.arena, S::DTYPE, shard, Span::new(staged, chunk))
+        };
+        free_on_error(&mut self.arena, staged, copied)?;
+        let launched = Launched::now("all-gather", unit, padded * std::mem::size_of::<S>());
+        let flight = self.collectives.launch(
+            &self.comm,
+            &mut self.arena,
+            S::DTYPE,
+            InPlace::AllGather,
+            staged,
+        );
+        let flight = free_on_error(&mut self.arena, staged, flight)?;
+        self.progress.traffic.all_gather += padded as u64;
+        Ok(Prefetch::new::<S>((flight, launched)))
     }
 
     /// Waits for prefetches that were never used (a step that ended early) and frees them.

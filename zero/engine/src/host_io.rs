@@ -6,6 +6,7 @@ use super::error::{Error, Result};
 use super::precision::{narrow, with_store, Precision};
 use std::ops::Range;
 use zero_alloc::{Arena, Handle};
+use zero_comm::F32Element;
 
 /// The byte offset of element `at` of a `size`-byte type, checked.
 fn byte_offset(at: usize, size: usize) -> Result<usize> {
@@ -27,20 +28,20 @@ pub(crate) fn write_f32(arena: &mut Arena, h: Handle, at: usize, values: &[f32])
     Ok(arena.write_at(h, offset, bytemuck::cast_slice(values))?)
 }
 
-/// Rounds `values` to `precision`'s storage type and writes them into block `h` from element
-/// `at` on.
-pub(crate) fn write_stored(
-    arena: &mut Arena,
-    precision: Precision,
-    h: Handle,
-    at: usize,
-    values: &[f32],
-) -> Result<()> {
+/// `values` rounded to `precision`'s storage type, as bytes.
+pub(crate) fn stored_bytes(precision: Precision, values: &[f32]) -> Vec<u8> {
     with_store!(precision, S => {
         let mut stored = vec![<S as bytemuck::Zeroable>::zeroed(); values.len()];
         narrow(values, &mut stored, 1.0);
-        let offset = byte_offset(at, std::mem::size_of::<S>())?;
-        arena.write_at(h, offset, bytemuck::cast_slice(&stored))?;
-    });
-    Ok(())
+        bytemuck::cast_slice(&stored).to_vec()
+    })
+}
+
+/// Stored `bytes` of `precision`'s storage type, widened to f32.
+pub(crate) fn stored_values(precision: Precision, bytes: &[u8]) -> Vec<f32> {
+    with_store!(precision, S => {
+        let mut stored = vec![<S as bytemuck::Zeroable>::zeroed(); bytes.len() / std::mem::size_of::<S>()];
+        bytemuck::cast_slice_mut::<S, u8>(&mut stored).copy_from_slice(bytes);
+        stored.iter().map(|&x| F32Element::to_f32(x)).collect()
+    })
 }

@@ -75,6 +75,8 @@ mod optimizer_file;
 mod optimizer_home;
 mod optimizer_io;
 mod optimizer_stream;
+mod param_file;
+mod param_home;
 mod planning;
 mod precision;
 mod run;
@@ -94,6 +96,8 @@ pub use kernels::{HostKernels, Kernels};
 pub use loss_scale::LossScaler;
 pub use model::{Model, OpUnits};
 pub use optimizer_file::{FileTierStats, OPTIMIZER_TIER};
+pub use param_file::PARAMS_TIER;
+pub use param_home::ParamFileStats;
 pub use planning::formulas::{
     comm_elements_per_step, expected_model_state_bytes, padded_model_state_bytes, ModelStateBytes,
 };

@@ -79,6 +79,29 @@ impl Drop for FileStates {
     }
 }
 
+/// Creates `dir`'s file of tier `tier` for `rank` of `world`, zeroed, with pieces of `lens`
+/// bytes. A file another run left is replaced (created zeroed), never read: the run value
+/// only marks this run's file in its header.
+pub(crate) fn create_tier(
+    dir: &Path,
+    (rank, world): (usize, usize),
+    tier: &str,
+    lens: &[u64],
+) -> Result<TierFile> {
+    let run = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64)
+        ^ u64::from(std::process::id());
+    let spec = TierSpec {
+        dir,
+        tier,
+        rank: u32::try_from(rank).unwrap_or(u32::MAX),
+        world: u32::try_from(world).unwrap_or(u32::MAX),
+        run,
+    };
+    Ok(TierFile::create(spec, lens)?)
+}
+
 impl FileStates {
     /// Creates `dir`'s file for `rank` of `world`, zeroed, laid out as `layout` says, and
     /// starts its I/O thread; the pool is two `chunk`-byte buffers, the thread's and the
@@ -89,20 +112,12 @@ impl FileStates {
         layout: FileLayout,
         chunk: usize,
     ) -> Result<Self> {
-        // A file another run left is replaced (created zeroed), never read: the value only
-        // marks this run's file in its header.
-        let run = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos() as u64)
-            ^ u64::from(std::process::id());
-        let spec = TierSpec {
+        let tier = Arc::new(create_tier(
             dir,
-            tier: OPTIMIZER_TIER,
-            rank: u32::try_from(rank).unwrap_or(u32::MAX),
-            world: u32::try_from(world).unwrap_or(u32::MAX),
-            run,
-        };
-        let tier = Arc::new(TierFile::create(spec, &layout.lens)?);
+            (rank, world),
+            OPTIMIZER_TIER,
+            &layout.lens,
+        )?);
         let thread_pool = ChunkPool::new(1, chunk)?;
         let io = IoThread::spawn(Arc::clone(&tier), layout.clone(), thread_pool)
             .map_err(|e| Error::Order(format!("the optimizer file's I/O thread: {e}")))?;

@@ -36,6 +36,7 @@ use super::engine::{Engine, EngineConfig};
 use super::error::{Error, Result};
 use super::kernels::{AdamWBuffers, AdamWStep, HostKernels, Kernels, Span};
 use super::optimizer_file::FileStates;
+use super::param_home::OffloadedParams;
 use super::planning::offload_plan::{piece_elems, FileLayout, OffloadPlan};
 use super::planning::plan::arena_config;
 use super::planning::policy::UnitPolicy;
@@ -81,7 +82,7 @@ impl OffloadedOptimizer {
                 file: config.optimizer_file,
             });
         }
-        let capacity = plan.total();
+        let capacity = plan.optimizer_arena();
         let (file, layout) = if config.optimizer_file {
             let dir = nvme_path.ok_or_else(|| {
                 Error::Order(
@@ -186,6 +187,12 @@ impl Engine {
         let owned = policy.owned(rank);
         let piece = piece_elems(self.config.reduce_bucket_bytes, self.config.precision);
         let b = &self.units.bufs[unit];
+        let mut device = DeviceSide {
+            arena: &mut self.arena,
+            params: (self.offloaded_params.as_mut())
+                .filter(|_| policy.gathered())
+                .map(|home| (home, unit)),
+        };
         let first = Piece {
             grads: policy.part.local(rank, owned, policy.whole_grads).start,
             params: policy.part.local(rank, owned, policy.whole_params).start,
@@ -197,7 +204,7 @@ impl Engine {
         };
         if host.file.is_some() {
             return super::optimizer_stream::update_from_file::<S>(
-                &mut self.arena,
+                &mut device,
                 host,
                 (unit, b),
                 (first, owned.len),
@@ -220,7 +227,7 @@ impl Engine {
                 v: Span::new(b.v, kept),
             };
             let host_parts = (&mut host.arena, &host.kernels);
-            updated = update_piece::<S>(&mut self.arena, host_parts, &stage, b, at, optim, &step);
+            updated = update_piece::<S>(&mut device, host_parts, &stage, b, at, optim, &step);
             if updated.is_err() {
                 break;
             }
@@ -260,10 +267,17 @@ pub(crate) struct OptimSpans {
     pub v: Span,
 }
 
+/// The engine's arena, which holds a unit's reduced gradients, and where its stored
+/// parameters are: there too, or in the offloaded parameters' home (with the unit's number).
+pub(crate) struct DeviceSide<'a> {
+    pub arena: &'a mut Arena,
+    pub params: Option<(&'a mut OffloadedParams, usize)>,
+}
+
 /// Steps 1-4 for one piece of a unit, through `stage`'s host blocks and the states `optim`
 /// points at, in `host`'s arena.
 pub(crate) fn update_piece<S: Store>(
-    device: &mut Arena,
+    device: &mut DeviceSide<'_>,
     (host, kernels): (&mut Arena, &HostKernels),
     stage: &Staging,
     b: &UnitBuffers,
@@ -281,17 +295,41 @@ pub(crate) fn update_piece<S: Store>(
         m: optim.m,
         v: optim.v,
     };
-    copy_down((device, b.grads, at.grads * elem), bytes, host, stage.grads)?;
+    let params_at = at.params * elem;
+    copy_down(
+        (device.arena, b.grads, at.grads * elem),
+        bytes,
+        host,
+        stage.grads,
+    )?;
     if b.master.is_none() {
-        let params = (&*device, b.params, at.params * elem);
-        copy_down(params, bytes, host, stage.params)?;
+        match &mut device.params {
+            Some((home, unit)) => {
+                let view = host.slice_mut::<u8>(stage.params)?;
+                let view = view.get_mut(..bytes).ok_or_else(|| short_block(bytes))?;
+                home.read(*unit, b.params, params_at, view)?;
+            }
+            None => copy_down(
+                (device.arena, b.params, params_at),
+                bytes,
+                host,
+                stage.params,
+            )?,
+        }
     }
     kernels.adamw(host, S::DTYPE, &bufs, step)?;
-    copy_up(
-        (host, stage.params),
-        bytes,
-        (device, b.params, at.params * elem),
-    )
+    match &mut device.params {
+        Some((home, unit)) => {
+            let view = host.slice::<u8>(stage.params)?;
+            let view = view.get(..bytes).ok_or_else(|| short_block(bytes))?;
+            home.write(*unit, b.params, params_at, view)
+        }
+        None => copy_up(
+            (host, stage.params),
+            bytes,
+            (device.arena, b.params, params_at),
+        ),
+    }
 }
 
 /// The host blocks of one unit's offloaded update: gradients and parameters in the storage

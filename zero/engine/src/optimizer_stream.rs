@@ -15,7 +15,9 @@ use super::engine::Engine;
 use super::error::{Error, Result};
 use super::kernels::{AdamWStep, Span};
 use super::optimizer_file::FileStates;
-use super::optimizer_home::{update_piece, OffloadedOptimizer, OptimSpans, Piece, Staging};
+use super::optimizer_home::{
+    update_piece, DeviceSide, OffloadedOptimizer, OptimSpans, Piece, Staging,
+};
 use super::optimizer_io::{Job, PieceId};
 use super::precision::Store;
 use super::trace::Trace;
@@ -198,7 +200,7 @@ fn alloc_slots(arena: &mut Arena, states: usize, len: usize) -> Result<[Vec<Hand
 /// `unit`'s update from and back to `host`'s file, along the step's stream: the `owned`
 /// elements from `first`, a piece at a time.
 pub(crate) fn update_from_file<S: Store>(
-    device: &mut Arena,
+    device: &mut DeviceSide<'_>,
     host: &mut OffloadedOptimizer,
     (unit, b): (usize, &UnitBuffers),
     (first, owned): (Piece, usize),

@@ -3,12 +3,14 @@
 
 use super::engine::EngineConfig;
 use super::error::{Error, Result};
-use super::host_io::write_f32;
+use super::host_io::{stored_bytes, write_f32};
 use super::kernels::Kernels;
 use super::optimizer_file::OptimState;
 use super::optimizer_home::OffloadedOptimizer;
+use super::param_home::OffloadedParams;
 use super::planning::plan::MemoryPlan;
 use super::planning::policy::UnitPolicy;
+use super::precision::Precision;
 use super::transient::{free_after, free_on_error};
 use super::unit_buffers::{kept_values, upload_whole, write_params, UnitBuffers};
 use zero_alloc::Arena;
@@ -20,7 +22,10 @@ use zero_comm::Communicator;
 pub(crate) fn allocate_units(
     arena: &mut Arena,
     kernels: &dyn Kernels,
-    mut offloaded: Option<&mut OffloadedOptimizer>,
+    (mut offloaded, mut params_home): (
+        Option<&mut OffloadedOptimizer>,
+        Option<&mut OffloadedParams>,
+    ),
     policies: &[UnitPolicy],
     config: &EngineConfig,
     rank: usize,
@@ -30,12 +35,18 @@ pub(crate) fn allocate_units(
     let mut bufs = Vec::with_capacity(policies.len());
     for (unit, policy) in policies.iter().enumerate() {
         let optim = offloaded.as_deref_mut().map(OffloadedOptimizer::parts);
-        let b = UnitBuffers::new(arena, kernels, optim, policy, precision)?;
+        let home = params_home.as_deref_mut().map(|p| &mut p.arena);
+        let b = UnitBuffers::new(arena, kernels, (optim, home), policy, precision)?;
         let mut host = vec![0f32; policy.part.numel()];
         init(unit, &mut host);
-        let values = upload_whole(arena, kernels, policy, &host)?;
-        let loaded = write_params(arena, kernels, policy, &b, precision, rank, values);
-        free_after(arena, values, loaded)?;
+        let home = params_home.as_deref_mut();
+        store_params(
+            (arena, kernels),
+            home,
+            (unit, policy, &b),
+            (precision, rank),
+            &host,
+        )?;
         if let Some(master) = b.master {
             let kept = kept_values(policy, rank, policy.whole_optim, &host);
             match offloaded.as_deref_mut() {
@@ -55,7 +66,30 @@ pub(crate) fn allocate_units(
     if let Some(o) = offloaded {
         o.arena.reset_peak();
     }
+    if let Some(p) = params_home {
+        p.arena.reset_peak();
+    }
     Ok(bufs)
+}
+
+/// Stores a unit's whole f32 `values` (its `numel` real elements) into its stored
+/// parameters as the stage keeps them, rounded for half precision: in the arena, or into
+/// the offloaded parameters' `home` for a unit stage 3 gathers.
+pub(crate) fn store_params(
+    (arena, kernels): (&mut Arena, &dyn Kernels),
+    home: Option<&mut OffloadedParams>,
+    (unit, policy, b): (usize, &UnitPolicy, &UnitBuffers),
+    (precision, rank): (Precision, usize),
+    values: &[f32],
+) -> Result<()> {
+    if let Some(home) = home.filter(|_| policy.gathered()) {
+        // The shard's real values then zeros, rounded: what `write_params` narrows.
+        let kept = kept_values(policy, rank, false, values);
+        return home.write(unit, b.params, 0, &stored_bytes(precision, &kept));
+    }
+    let staged = upload_whole(arena, kernels, policy, values)?;
+    let written = write_params(arena, kernels, policy, b, precision, rank, staged);
+    free_after(arena, staged, written)
 }
 
 /// Lends the communicator's backend its staging block for good, right after the model

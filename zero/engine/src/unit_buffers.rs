@@ -31,17 +31,23 @@ pub(crate) struct UnitBuffers {
 impl UnitBuffers {
     /// Zeroed blocks for a unit, each whole or a shard as `policy` keeps it: the stored
     /// parameters and gradients in `arena`, the optimizer states in `optim` when given (the
-    /// offloaded host arena and its kernels), else in `arena` too.
+    /// offloaded host arena and its kernels), else in `arena` too; a gathered unit's
+    /// parameter shard in `params_home` when given (the offloaded parameters' arena, whose
+    /// blocks the caller fills).
     pub fn new(
         arena: &mut Arena,
         kernels: &dyn Kernels,
-        optim: Option<(&mut Arena, &dyn Kernels)>,
+        (optim, params_home): (Option<(&mut Arena, &dyn Kernels)>, Option<&mut Arena>),
         policy: &UnitPolicy,
         precision: Precision,
     ) -> Result<Self> {
         let optim_len = policy.len(policy.whole_optim);
         let store = precision.dtype();
-        let params = zeroed(arena, kernels, store, policy.len(policy.whole_params))?;
+        let params_len = policy.len(policy.whole_params);
+        let params = match params_home.filter(|_| policy.gathered()) {
+            Some(home) => alloc_of(home, store, params_len)?,
+            None => zeroed(arena, kernels, store, params_len)?,
+        };
         let grads = zeroed(arena, kernels, store, policy.len(policy.whole_grads))?;
         let (oa, ok) = optim.unwrap_or((arena, kernels));
         let mut zeroed32 = || zeroed(oa, ok, DType::F32, optim_len);
@@ -70,19 +76,24 @@ pub(crate) fn zeroed(
     dtype: DType,
     len: usize,
 ) -> Result<Handle> {
-    let h = match dtype {
-        DType::F32 => arena.alloc_elems::<f32>(len)?,
-        DType::Bf16 | DType::F16 => arena.alloc_elems::<u16>(len)?,
-        DType::I32 => arena.alloc_elems::<i32>(len)?,
-        DType::I64 => arena.alloc_elems::<i64>(len)?,
-        DType::F64 => arena.alloc_elems::<f64>(len)?,
-    };
+    let h = alloc_of(arena, dtype, len)?;
     // An accounting arena (the file tier's mirror of its states) has no bytes to zero:
     // the file it mirrors is created zeroed.
     if arena.config().backing != Backing::Accounting {
         kernels.fill_zero(arena, dtype, Span::new(h, 0..len))?;
     }
     Ok(h)
+}
+
+/// A block of `len` elements of `dtype`, its bytes as the arena left them.
+pub(crate) fn alloc_of(arena: &mut Arena, dtype: DType, len: usize) -> Result<Handle> {
+    Ok(match dtype {
+        DType::F32 => arena.alloc_elems::<f32>(len)?,
+        DType::Bf16 | DType::F16 => arena.alloc_elems::<u16>(len)?,
+        DType::I32 => arena.alloc_elems::<i32>(len)?,
+        DType::I64 => arena.alloc_elems::<i64>(len)?,
+        DType::F64 => arena.alloc_elems::<f64>(len)?,
+    })
 }
 
 /// A transient f32 block holding `values` then zeros up to the unit's padded length:

@@ -7,36 +7,8 @@
 
 mod common;
 
-use common::FnModel;
-use std::path::{Path, PathBuf};
-use zero::{
-    Engine, EngineConfig, EngineOps, Error, Lane, OpUnits, Precision, Program, UnitSpec, UnitState,
-    ZeroStage,
-};
-
-/// Unit sizes that no world size divides evenly; 4096 spans several pieces.
-const SIZES: [usize; 4] = [1000, 7, 4096, 333];
-
-/// A folder of its own under the system's temporary one, removed on drop.
-struct TempDir(PathBuf);
-
-impl TempDir {
-    fn new(tag: &str) -> Self {
-        let n = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .as_nanos();
-        let dir = std::env::temp_dir().join(format!("zero-nvme-{tag}-{}-{n}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        Self(dir)
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
+use common::tiers::{engine, micro_step, on_ranks, trained, TempDir, SIZES};
+use zero::{EngineConfig, Error, Lane, Precision, UnitState, ZeroStage};
 
 /// Where a configuration keeps the optimizer states.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -59,76 +31,6 @@ fn config(stage: ZeroStage, precision: Precision, home: Home) -> EngineConfig {
         memory_limit: Some(1 << 30),
         ..EngineConfig::default()
     }
-}
-
-/// Forward over every unit, then backward in reverse.
-fn program() -> Program<(bool, usize)> {
-    common::sequential(SIZES.len())
-}
-
-/// The fake model: each backward gives the parameters times the step's factor as gradient.
-fn micro_step(e: &mut Engine, factor: f32) -> Result<(), Error> {
-    let mut model = FnModel::new(move |&(back, _): &(bool, usize), units: &mut OpUnits<'_>| {
-        if back {
-            let (p, mut g) = units.views()?;
-            for (g, p) in g[0].iter_mut().zip(p[0]) {
-                *g = p * factor;
-            }
-        }
-        Ok(())
-    });
-    e.micro_step(&program(), &mut model)
-}
-
-fn engine(
-    comm: zero_comm::Communicator,
-    config: EngineConfig,
-    dir: Option<&Path>,
-) -> Result<Engine, Error> {
-    let units = SIZES
-        .iter()
-        .enumerate()
-        .map(|(i, &n)| UnitSpec::new(format!("u{i}"), n))
-        .collect();
-    let ops = EngineOps::host().with_nvme_path(dir.map(Path::to_path_buf));
-    Engine::with_ops(comm, units, &[program().schedule()], config, ops, |u, w| {
-        for (i, x) in w.iter_mut().enumerate() {
-            *x = ((u * 31 + i) % 17) as f32 * 0.1 - 0.8;
-        }
-    })
-}
-
-/// Runs `f` on every rank of a local group of `world` and collects the results.
-fn on_ranks<R: Send>(world: usize, f: impl Fn(zero_comm::Communicator) -> R + Sync) -> Vec<R> {
-    let comms = zero_comm::local::create(world).unwrap();
-    std::thread::scope(|s| {
-        let hs: Vec<_> = comms.into_iter().map(|c| s.spawn(|| f(c))).collect();
-        hs.into_iter().map(|h| h.join().unwrap()).collect()
-    })
-}
-
-/// Rank 0's exported states after each of three steps, as bits.
-fn trained(world: usize, config: EngineConfig, dir: Option<&Path>) -> Vec<Vec<u32>> {
-    let mut runs = on_ranks(world, |c| {
-        let mut e = engine(c, config, dir).unwrap();
-        (0..3)
-            .map(|step| {
-                // Small gradients: fp16 at its initial loss scale takes these steps.
-                micro_step(&mut e, 1e-3 * (1.0 + step as f32)).unwrap();
-                e.step(1e-2).unwrap();
-                bits(&e.export_states().unwrap())
-            })
-            .collect::<Vec<_>>()
-    });
-    runs.swap_remove(0)
-}
-
-fn bits(states: &[UnitState]) -> Vec<u32> {
-    states
-        .iter()
-        .flat_map(|s| s.params.iter().chain(&s.m).chain(&s.v))
-        .map(|x| x.to_bits())
-        .collect()
 }
 
 #[test]
@@ -207,7 +109,11 @@ fn the_file_is_the_planned_size_and_a_piece_larger_than_the_pool_streams_through
                 "{precision:?}"
             );
             let peak = e.offload_arena().unwrap().stats().peak_allocated as u64;
-            assert_eq!(peak, plan.total(), "{precision:?}: host arena peak");
+            assert_eq!(
+                peak,
+                plan.optimizer_arena(),
+                "{precision:?}: host arena peak"
+            );
         });
     }
 }

@@ -1,6 +1,8 @@
-//! The host arena of ZeRO-Offload, planned: the optimizer states every unit keeps there and
-//! the staging of one piece of the update; with the file tier, the file's layout instead of
-//! the states, and two piece-sized slots of states in the staging.
+//! The host tier of ZeRO-Offload and ZeRO-Infinity, planned: the optimizer states every unit
+//! keeps in the host arena and the staging of one piece of the update; with the file tier,
+//! the file's layout instead of the states, and two piece-sized slots of states in the
+//! staging; with the parameters offloaded, the gathered units' stored shards in a host arena
+//! of their own or in a file of their own.
 
 use super::plan::block_bytes;
 use super::policy::UnitPolicy;
@@ -28,13 +30,100 @@ pub struct OffloadPlan {
     /// Bytes of the rank's optimizer file (`--offload-optimizer nvme`), header included; 0
     /// without the file tier.
     pub file: u64,
+    /// The stored parameter shards of the units stage 3 gathers, in the host arena of the
+    /// offloaded parameters (`--offload-params cpu`); 0 otherwise.
+    pub params: u64,
+    /// Bytes of the rank's parameter file (`--offload-params nvme`), header included; 0
+    /// otherwise.
+    pub params_file: u64,
 }
 
 impl OffloadPlan {
-    /// The host arena's capacity.
-    pub fn total(&self) -> u64 {
+    /// The optimizer's host arena: its states (unless in the file) and the update's staging.
+    pub fn optimizer_arena(&self) -> u64 {
         self.states.saturating_add(self.staging)
     }
+
+    /// Every byte of host memory the offloaded tiers take: the optimizer's host arena and
+    /// the offloaded parameters' (what `--host-memory-limit` caps).
+    pub fn total(&self) -> u64 {
+        self.optimizer_arena().saturating_add(self.params)
+    }
+
+    /// Bytes of the rank's files: the optimizer's and the parameters'.
+    pub fn files(&self) -> u64 {
+        self.file.saturating_add(self.params_file)
+    }
+}
+
+/// Where the stored parameter shards of the offloaded units sit in the rank's parameter
+/// file: each unit's shard in pieces of [`piece_elems`] elements of the storage type, pieces
+/// in order; units whose parameters stay in the arena have none.
+#[derive(Debug, Clone)]
+pub(crate) struct ParamFileLayout {
+    /// Each file piece's bytes.
+    pub lens: Vec<u64>,
+    /// Each unit's first file piece.
+    pub first: Vec<usize>,
+    /// Bytes per full piece.
+    pub piece_bytes: usize,
+}
+
+impl ParamFileLayout {
+    /// The layout of the shards of the units `policies` gather (stage 3), `elem` bytes per
+    /// element, `piece` elements per piece.
+    pub fn new(policies: &[UnitPolicy], elem: usize, piece: usize) -> Self {
+        let (mut lens, mut first) = (Vec::new(), Vec::with_capacity(policies.len()));
+        for p in policies {
+            first.push(lens.len());
+            if !p.gathered() {
+                continue;
+            }
+            let shard = p.len(false);
+            for start in (0..shard).step_by(piece) {
+                lens.push((piece.min(shard - start) as u64).saturating_mul(elem as u64));
+            }
+        }
+        Self {
+            lens,
+            first,
+            piece_bytes: piece.saturating_mul(elem),
+        }
+    }
+
+    /// Pieces of `unit`: the file pieces from `first[unit]`, how many.
+    pub fn pieces(&self, unit: usize) -> std::ops::Range<usize> {
+        let start = self.first.get(unit).copied().unwrap_or(self.lens.len());
+        let end = self.first.get(unit + 1).copied().unwrap_or(self.lens.len());
+        start..end
+    }
+}
+
+/// Host and file bytes of the gathered units' stored shards with `--offload-params`: in the
+/// host arena (`to_file` false) or the rank's parameter file.
+///
+/// # Errors
+/// A block or file whose bytes overflow.
+pub(crate) fn plan_param_offload(
+    policies: &[UnitPolicy],
+    precision: Precision,
+    reduce_bucket_bytes: usize,
+    to_file: bool,
+) -> Result<(u64, u64)> {
+    let elem = precision.param_bytes();
+    if to_file {
+        let piece = piece_elems(reduce_bucket_bytes, precision);
+        let layout = ParamFileLayout::new(policies, elem as usize, piece);
+        let bytes = zero_alloc::tier::file_bytes(&layout.lens)
+            .map_err(|e| Error::Order(format!("the parameter file's size: {e}")))?;
+        return Ok((0, bytes));
+    }
+    let mut host = 0u64;
+    for p in policies.iter().filter(|p| p.gathered()) {
+        let shard = block_bytes((p.len(false) as u64).saturating_mul(elem))?;
+        host = host.saturating_add(shard);
+    }
+    Ok((host, 0))
 }
 
 /// Where each unit's optimizer states sit in the rank's file: every state (m, v, then the
@@ -128,6 +217,8 @@ pub(crate) fn plan_offload(
         states,
         staging,
         file,
+        params: 0,
+        params_file: 0,
     })
 }
 

@@ -7,7 +7,7 @@
 
 use super::formulas::ModelStateBytes;
 use super::kept_plan::KeptInputs;
-use super::offload_plan::{plan_offload, OffloadPlan};
+use super::offload_plan::{plan_offload, plan_param_offload, OffloadPlan};
 use super::policy::{UnitPolicy, ZeroStage};
 use super::replay::Replay;
 use super::schedule::Schedule;
@@ -38,8 +38,9 @@ pub struct MemoryPlan {
     pub backend_staging: u64,
     /// Bytes of the largest collective the engine issues (whole arrays).
     pub largest_collective: u64,
-    /// ZeRO-Offload's host arena (`None` without offload); `model_states.optimizer` is then 0,
-    /// since the optimizer states are there.
+    /// ZeRO-Offload's host tier (`None` without offload); `model_states.optimizer` is then 0,
+    /// since the optimizer states are there, and with parameter offload
+    /// `model_states.params` leaves out the gathered units' shards, which are there too.
     pub offload: Option<OffloadPlan>,
 }
 
@@ -79,6 +80,12 @@ pub struct PlanShape {
     /// With `offload_optimizer`: the states in the file tier, the host arena holding only
     /// the update's staging.
     pub optimizer_file: bool,
+    /// ZeRO-Infinity's parameter offload (stage 3, with `offload_optimizer`): the stored
+    /// shards of the units stage 3 gathers off the arena.
+    pub offload_params: bool,
+    /// With `offload_params`: those shards in the rank's parameter file rather than a host
+    /// arena.
+    pub params_file: bool,
     /// How the programs' kept inputs are stored.
     pub kept_inputs: KeptInputs,
 }
@@ -158,19 +165,7 @@ pub fn plan_memory(
     }
     let held = schedules.iter().map(|s| s.kept_held()).max().unwrap_or(0);
     let (kept_inputs, kept_inputs_host) = shape.kept_inputs.bytes(kept, held)?;
-    let mut model_states = model_state_bytes(&policies, shape.precision);
-    let offload = if shape.offload_optimizer {
-        model_states.optimizer = 0.0;
-        Some(plan_offload(
-            &policies,
-            shape.precision,
-            shape.world,
-            shape.reduce_bucket_bytes,
-            shape.optimizer_file,
-        )?)
-    } else {
-        None
-    };
+    let (model_states, offload) = plan_model_states(&policies, shape)?;
     Ok(MemoryPlan {
         model_states,
         transient,
@@ -185,6 +180,39 @@ pub fn plan_memory(
         largest_collective,
         offload,
     })
+}
+
+/// Model-state bytes in the rank's arena, and the offloaded tiers' (`None` without offload):
+/// the optimizer states leave the arena with `offload_optimizer`, the gathered units'
+/// parameter shards with `offload_params`.
+fn plan_model_states(
+    policies: &[UnitPolicy],
+    shape: PlanShape,
+) -> Result<(ModelStateBytes, Option<OffloadPlan>)> {
+    let mut model_states = model_state_bytes(policies, shape.precision);
+    if !shape.offload_optimizer {
+        return Ok((model_states, None));
+    }
+    model_states.optimizer = 0.0;
+    let mut offload = plan_offload(
+        policies,
+        shape.precision,
+        shape.world,
+        shape.reduce_bucket_bytes,
+        shape.optimizer_file,
+    )?;
+    if shape.offload_params {
+        let elem = shape.precision.param_bytes() as f64;
+        let offloaded = policies.iter().filter(|p| p.gathered());
+        model_states.params -= offloaded.map(|p| p.len(false) as f64 * elem).sum::<f64>();
+        (offload.params, offload.params_file) = plan_param_offload(
+            policies,
+            shape.precision,
+            shape.reduce_bucket_bytes,
+            shape.params_file,
+        )?;
+    }
+    Ok((model_states, Some(offload)))
 }
 
 /// Bytes of the largest collective the engine issues for units kept as `policies` say:
@@ -291,6 +319,8 @@ mod tests {
             staging: StagingRule::None,
             offload_optimizer: false,
             optimizer_file: false,
+            offload_params: false,
+            params_file: false,
             kept_inputs: KeptInputs::default(),
         }
     }

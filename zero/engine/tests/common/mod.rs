@@ -2,6 +2,8 @@
 
 #![allow(dead_code)]
 
+pub mod tiers;
+
 use std::marker::PhantomData;
 use zero::{Model, Op, OpUnits, Program};
 

@@ -1,0 +1,294 @@
+//! ZeRO-Infinity's parameter offload ([`EngineConfig::offload_params`](crate::EngineConfig)):
+//! at stage 3, the stored shard of every unit the stage gathers lives off the rank's arena,
+//! in a host arena of its own (`--offload-params cpu`) or in the rank's parameter file
+//! (`--offload-params nvme`, `param_file`). Units kept whole (under the persistence
+//! threshold) stay in the arena.
+//!
+//! The shard's handle is then a block of [`OffloadedParams::arena`]: the host arena, or for
+//! the file an accounting arena (no memory) mirroring the file's shards, so the sizes are
+//! measured as in any other home. The data flow of an offloaded unit:
+//! 1. a gather (the stage-3 prefetch, or the gather of a unit not prefetched) copies the
+//!    shard from its home straight into this rank's chunk of the all-gather's buffer in the
+//!    engine's arena ([`Engine::fetch_shard`]), and all-gathers in place: the arena holds
+//!    no copy of the shard besides the gathered unit;
+//! 2. the offloaded update (`optimizer_home`) reads the shard's pieces from the home
+//!    (fp32, where they are Adam's master copy) and writes the updated pieces back there;
+//! 3. checkpoints read and write the shard through [`OffloadedParams::read`] /
+//!    [`OffloadedParams::write`].
+//!
+//! The copies run on the engine's thread when the gather is launched, so a prefetched unit's
+//! copy happens one unit ahead of its use; not built: reads of the file scheduled further
+//! ahead on an I/O thread.
+
+use super::engine::{Engine, EngineConfig};
+use super::error::{Error, Result};
+use super::host_io::{stored_bytes, stored_values};
+use super::param_file::ParamFile;
+use super::planning::offload_plan::{piece_elems, OffloadPlan, ParamFileLayout};
+use super::planning::plan::arena_config;
+use super::planning::policy::{UnitPolicy, ZeroStage};
+use super::trace::Lane;
+use std::ops::Range;
+use std::path::Path;
+use zero_alloc::{Arena, ArenaConfig, Backing, Device, Handle};
+
+/// The offloaded parameter shards' home: a host arena, or the file and its accounting
+/// mirror.
+#[derive(Debug)]
+pub(crate) struct OffloadedParams {
+    /// The shards (cpu tier), or the file's accounting mirror (nvme tier).
+    pub arena: Arena,
+    /// The rank's parameter file (`--offload-params nvme`).
+    pub file: Option<ParamFile>,
+}
+
+impl OffloadedParams {
+    /// The home `plan` asks for: a host arena of `plan.params` bytes, registered with the
+    /// GPU's context when the arena is a GPU's; with `config.params_file`, the rank's file
+    /// under `nvme_path` and an accounting arena of its bytes.
+    pub fn start(
+        plan: &OffloadPlan,
+        config: &EngineConfig,
+        states_on: Device,
+        nvme_path: Option<&Path>,
+        policies: &[UnitPolicy],
+        ranks: (usize, usize),
+    ) -> Result<Self> {
+        if !config.params_file {
+            let backing = match states_on {
+                Device::Cpu => Backing::Memory,
+                Device::Cuda(ordinal) => Backing::CudaRegistered(ordinal),
+            };
+            let capacity = usize::try_from(plan.params).unwrap_or(usize::MAX);
+            let config = ArenaConfig {
+                backing,
+                ..arena_config(capacity, false)
+            };
+            return Ok(Self {
+                arena: Arena::new(config)?,
+                file: None,
+            });
+        }
+        if states_on != Device::Cpu {
+            return Err(Error::Order(
+                "the parameters' file tier (--offload-params nvme) runs on the CPU only".into(),
+            ));
+        }
+        let dir = nvme_path.ok_or_else(|| {
+            Error::Order(
+                "the parameters' file tier (--offload-params nvme) needs a directory \
+                 (--nvme-path)"
+                    .into(),
+            )
+        })?;
+        let elem = config.precision.param_bytes() as usize;
+        let piece = piece_elems(config.reduce_bucket_bytes, config.precision);
+        let layout = ParamFileLayout::new(policies, elem, piece);
+        let file = ParamFile::create(dir, ranks, layout, config.nvme_chunk_bytes)?;
+        let mirror = usize::try_from(plan.params_file).unwrap_or(usize::MAX);
+        Ok(Self {
+            arena: Arena::accounting(mirror)?,
+            file: Some(file),
+        })
+    }
+
+    /// Fills `out` from byte `at` of `unit`'s shard (block `h` of the home) on.
+    pub fn read(&mut self, unit: usize, h: Handle, at: usize, out: &mut [u8]) -> Result<()> {
+        match &mut self.file {
+            Some(file) => file.read(unit, at, out),
+            None => Ok(self.arena.read_at(h, at, out)?),
+        }
+    }
+
+    /// Writes `data` into `unit`'s shard (block `h` of the home) from byte `at` on.
+    pub fn write(&mut self, unit: usize, h: Handle, at: usize, data: &[u8]) -> Result<()> {
+        match &mut self.file {
+            Some(file) => file.write(unit, at, data),
+            None => Ok(self.arena.write_at(h, at, data)?),
+        }
+    }
+
+    /// Copies `unit`'s shard (block `h`, `len` bytes) into block `dst` of `to` from byte
+    /// `at` on: straight from the host arena, or read from the file into `to`'s bytes
+    /// (a host arena's).
+    fn copy_into(
+        &mut self,
+        (unit, h, len): (usize, Handle, usize),
+        to: &mut Arena,
+        (dst, at): (Handle, usize),
+    ) -> Result<()> {
+        match &mut self.file {
+            None => {
+                let src = self.arena.slice::<u8>(h)?;
+                let src = src.get(..len).ok_or_else(|| short(unit, len))?;
+                Ok(to.write_at(dst, at, src)?)
+            }
+            Some(file) => {
+                let view = to.slice_mut::<u8>(dst)?;
+                let view = view.get_mut(at..at + len).ok_or_else(|| short(unit, len))?;
+                file.read(unit, 0, view)
+            }
+        }
+    }
+}
+
+fn short(unit: usize, len: usize) -> Error {
+    Error::BadSpan {
+        kernel: "parameter fetch",
+        message: format!("unit {unit}'s shard or its destination is shorter than {len} bytes"),
+    }
+}
+
+/// Refuses `offload_params` where it cannot run: below stage 3 nothing is gathered, and
+/// without `offload_optimizer` the update would have to bring every shard back into the
+/// arena (the offloaded update reads and writes them where they live).
+pub(crate) fn check_param_offload(config: &EngineConfig) -> Result<()> {
+    if !config.offload_params {
+        return Ok(());
+    }
+    if config.stage != ZeroStage::Zero3 {
+        return Err(Error::Config(format!(
+            "parameter offload (--offload-params) needs stage 3, where parameters are \
+             partitioned and gathered; this run is at {}",
+            config.stage
+        )));
+    }
+    if !config.offload_optimizer {
+        return Err(Error::Config(
+            "parameter offload (--offload-params) needs the optimizer offloaded too \
+             (--offload-optimizer cpu or nvme): the update runs where the shards live"
+                .into(),
+        ));
+    }
+    Ok(())
+}
+
+impl Engine {
+    /// Bytes of the offloaded parameter shards, measured from their home's blocks (the
+    /// file tier's mirror for the file); 0 without parameter offload.
+    ///
+    /// # Errors
+    /// Arena failures (a stale handle would be a bug).
+    pub fn offloaded_param_bytes(&self) -> Result<u64> {
+        let Some(home) = &self.offloaded_params else {
+            return Ok(0);
+        };
+        let mut bytes = 0u64;
+        for (unit, b) in self.units.bufs.iter().enumerate() {
+            if self.params_offloaded(unit) {
+                bytes += home.arena.block(b.params)?.size as u64;
+            }
+        }
+        Ok(bytes)
+    }
+
+    /// Elements `range` of `unit`'s stored parameters (the block the stage keeps), widened to
+    /// f32, wherever they live.
+    pub(crate) fn read_stored(&mut self, unit: usize, range: Range<usize>) -> Result<Vec<f32>> {
+        let precision = self.config.precision;
+        let elem = precision.param_bytes() as usize;
+        let mut bytes = vec![0u8; range.len() * elem];
+        let h = self.units.bufs[unit].params;
+        match self
+            .offloaded_params
+            .as_mut()
+            .filter(|_| self.units.policies[unit].gathered())
+        {
+            Some(home) => home.read(unit, h, range.start * elem, &mut bytes)?,
+            None => self.arena.read_at(h, range.start * elem, &mut bytes)?,
+        }
+        Ok(stored_values(precision, &bytes))
+    }
+
+    /// Rounds `values` to the storage type and writes them into `unit`'s stored parameters
+    /// from element `at` on, wherever they live.
+    pub(crate) fn write_stored_params(
+        &mut self,
+        unit: usize,
+        at: usize,
+        values: &[f32],
+    ) -> Result<()> {
+        let precision = self.config.precision;
+        let elem = precision.param_bytes() as usize;
+        let bytes = stored_bytes(precision, values);
+        let h = self.units.bufs[unit].params;
+        match self
+            .offloaded_params
+            .as_mut()
+            .filter(|_| self.units.policies[unit].gathered())
+        {
+            Some(home) => home.write(unit, h, at * elem, &bytes),
+            None => Ok(self.arena.write_at(h, at * elem, &bytes)?),
+        }
+    }
+
+    /// `unit`'s stored shard lives off the arena (`offload_params`, a unit stage 3 gathers).
+    pub(crate) fn params_offloaded(&self, unit: usize) -> bool {
+        self.offloaded_params.is_some() && self.units.policies[unit].gathered()
+    }
+
+    /// Step 1 of the module's data flow: copies `unit`'s stored shard from its home into
+    /// block `dst` of the engine's arena from element `at` (of `elem` bytes) on.
+    pub(crate) fn fetch_shard(
+        &mut self,
+        unit: usize,
+        dst: Handle,
+        at: usize,
+        elem: usize,
+    ) -> Result<()> {
+        let start = std::time::Instant::now();
+        let policy = self.units.policies[unit];
+        let len = policy.len(false) * elem;
+        let h = self.units.bufs[unit].params;
+        let home = self
+            .offloaded_params
+            .as_mut()
+            .ok_or_else(|| Error::Order("a parameter fetch without offloaded parameters".into()))?;
+        let lane = if home.file.is_some() {
+            Lane::File
+        } else {
+            Lane::Copy
+        };
+        home.copy_into((unit, h, len), &mut self.arena, (dst, at * elem))?;
+        self.trace_span(lane, start, || format!("fetch params unit {unit}"));
+        Ok(())
+    }
+
+    /// The host arena of the offloaded parameters (`None` unless they are offloaded to
+    /// the host; the file tier's mirror holds no memory): its statistics and peak.
+    pub fn offload_params_arena(&self) -> Option<&Arena> {
+        let home = self.offloaded_params.as_ref()?;
+        home.file.is_none().then_some(&home.arena)
+    }
+
+    /// The parameter file's path and (bytes, bytes read, bytes written) since start-up
+    /// (`None` unless the parameters are in a file).
+    pub fn params_file(&self) -> Option<(&Path, ParamFileStats)> {
+        let file = self.offloaded_params.as_ref()?.file.as_ref()?;
+        Some((
+            file.path(),
+            ParamFileStats {
+                file_bytes: file.file_bytes(),
+                pool_bytes: file.pool_bytes(),
+                read_bytes: file.read_bytes,
+                written_bytes: file.written_bytes,
+                direct: file.is_direct(),
+            },
+        ))
+    }
+}
+
+/// What the parameter file holds and has moved, for tests and reports.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ParamFileStats {
+    /// Bytes of the file (header and every piece's slot).
+    pub file_bytes: u64,
+    /// Bytes of its pool buffer, fixed at start-up.
+    pub pool_bytes: u64,
+    /// Bytes read from the file since start-up.
+    pub read_bytes: u64,
+    /// Bytes written to it since start-up (the zeroed file's creation not counted).
+    pub written_bytes: u64,
+    /// The file bypasses the page cache (`O_DIRECT`).
+    pub direct: bool,
+}

@@ -1,0 +1,236 @@
+//! ZeRO-Infinity's parameter offload (`EngineConfig::offload_params`, `--offload-params`): at
+//! stage 3 the gathered units' stored shards live in a host arena of their own or in the
+//! rank's parameter file, and training gives the parameters and states of training with
+//! them in the engine's arena, to the bit, in every precision, with and without prefetch;
+//! every tier holds exactly what the plan says; and a configuration that cannot run is
+//! refused at start-up, naming what it needs.
+
+mod common;
+
+use common::tiers::{engine, micro_step, on_ranks, trained, TempDir, SIZES};
+use std::path::Path;
+use zero::{EngineConfig, Error, Precision, ZeroStage};
+
+/// Where a configuration keeps the optimizer states and the parameter shards.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Tier {
+    Arena,
+    Host,
+    File,
+}
+
+/// Stage 3 in `precision` with the optimizer states at `optim` (never the arena: parameter
+/// offload needs the optimizer offloaded) and the shards at `params`, 2 KiB buckets (so the
+/// 4096-element unit's shard spans several file pieces), unit 1 (7 elements) kept whole.
+fn config(precision: Precision, optim: Tier, params: Tier) -> EngineConfig {
+    EngineConfig {
+        stage: ZeroStage::Zero3,
+        precision,
+        reduce_bucket_bytes: 2048,
+        persistence_threshold: 8,
+        offload_optimizer: true,
+        optimizer_file: optim == Tier::File,
+        offload_params: params != Tier::Arena,
+        params_file: params == Tier::File,
+        ..EngineConfig::default()
+    }
+}
+
+fn dir_for(c: &EngineConfig, dir: &Path) -> Option<std::path::PathBuf> {
+    (c.optimizer_file || c.params_file).then(|| dir.to_path_buf())
+}
+
+#[test]
+fn offloaded_parameters_train_as_in_the_arena_to_the_bit() {
+    let dir = TempDir::new("params-bits");
+    for precision in [Precision::Fp32, Precision::Bf16, Precision::Fp16] {
+        for world in [1, 2] {
+            for prefetch_units in [0, 1] {
+                let what = format!("{precision:?} N={world} prefetch {prefetch_units}");
+                let with = |c: EngineConfig| EngineConfig {
+                    prefetch_units,
+                    ..c
+                };
+                let reference = trained(
+                    world,
+                    with(config(precision, Tier::Host, Tier::Arena)),
+                    None,
+                );
+                assert_ne!(reference[0], reference[2], "{what}: training moved nothing");
+                for (optim, params) in [
+                    (Tier::Host, Tier::Host),
+                    (Tier::Host, Tier::File),
+                    (Tier::File, Tier::Host),
+                    (Tier::File, Tier::File),
+                ] {
+                    let c = with(config(precision, optim, params));
+                    let got = trained(world, c, dir_for(&c, &dir.0).as_deref());
+                    assert!(
+                        got == reference,
+                        "{what}: optimizer {optim:?}, params {params:?}"
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// Bytes of a shard of `n` elements of `elem` bytes over `world` ranks, as the arena and
+/// the file hold it: shards are multiples of 128 elements, blocks of 256 bytes.
+fn shard_bytes(n: usize, world: usize, elem: usize) -> u64 {
+    let shard = n.div_ceil(world).next_multiple_of(128);
+    ((shard * elem).next_multiple_of(256)) as u64
+}
+
+#[test]
+fn every_tier_holds_what_the_plan_says_and_the_arena_no_offloaded_shard() {
+    let dir = TempDir::new("params-plan");
+    for precision in [Precision::Fp32, Precision::Bf16] {
+        let elem = precision.param_bytes() as usize;
+        // Units 0, 2 and 3 are gathered; unit 1 is under the persistence threshold.
+        let gathered: u64 = [0, 2, 3]
+            .map(|u| shard_bytes(SIZES[u], 2, elem))
+            .iter()
+            .sum();
+        let host = config(precision, Tier::Host, Tier::Host);
+        let peaks = on_ranks(2, |c| {
+            let mut e = engine(c, host, None).unwrap();
+            micro_step(&mut e, 1e-3).unwrap();
+            e.step(1e-2).unwrap();
+            let plan = e.memory_plan();
+            let offload = plan.offload.unwrap();
+            let params_arena = e.offload_params_arena().unwrap().stats();
+            let in_arena = e.measured_model_state_bytes().unwrap().params;
+            (
+                (offload.params, params_arena.peak_allocated as u64),
+                (e.offloaded_param_bytes().unwrap(), in_arena),
+                (plan.total(), e.arena().stats().peak_allocated as u64),
+                plan.model_states.params,
+            )
+        });
+        for (shards, measured, arena, planned_in_arena) in peaks {
+            assert_eq!(shards, (gathered, gathered), "{precision:?}: host shards");
+            assert_eq!(measured.0, gathered, "{precision:?}");
+            // Only unit 1, kept whole and padded to 128 elements a rank, stays in the arena.
+            let whole = (2 * 128 * elem) as f64;
+            assert_eq!(
+                (measured.1, planned_in_arena),
+                (whole, whole),
+                "{precision:?}"
+            );
+            assert_eq!(arena.0, arena.1, "{precision:?}: engine arena peak");
+        }
+        let file = config(precision, Tier::Host, Tier::File);
+        on_ranks(2, |c| {
+            let rank = c.rank();
+            let mut e = engine(c, file, Some(&dir.0)).unwrap();
+            let offload = e.memory_plan().offload.unwrap();
+            assert_eq!(offload.params, 0);
+            assert!(e.offload_params_arena().is_none());
+            let path = dir.0.join(format!("zero-params-rank{rank}.tier"));
+            let on_disk = std::fs::metadata(&path).unwrap().len();
+            let (named, stats) = e.params_file().unwrap();
+            assert_eq!(named, path.as_path());
+            assert_eq!(
+                (stats.file_bytes, on_disk),
+                (offload.params_file, offload.params_file)
+            );
+            // The header's 4096 bytes, then each piece in a 4096-byte slot.
+            assert!(offload.params_file >= 4096 + gathered, "{precision:?}");
+            micro_step(&mut e, 1e-3).unwrap();
+            e.step(1e-2).unwrap();
+            let moved = e.params_file().unwrap().1;
+            // Every shard written at start-up and by the update; read by the forward's
+            // gathers at least.
+            assert_eq!(moved.written_bytes, 2 * gathered, "{precision:?}");
+            assert!(moved.read_bytes >= gathered, "{moved:?}");
+        });
+    }
+}
+
+fn message(err: Error) -> String {
+    err.to_string()
+}
+
+#[test]
+fn a_configuration_parameter_offload_cannot_run_is_refused_at_start_up() {
+    let dir = TempDir::new("params-refused");
+    let base = config(Precision::Fp32, Tier::Host, Tier::Host);
+    let cases = [
+        (
+            EngineConfig {
+                stage: ZeroStage::Zero2,
+                ..base
+            },
+            None,
+            "needs stage 3",
+        ),
+        (
+            EngineConfig {
+                offload_optimizer: false,
+                ..base
+            },
+            None,
+            "--offload-optimizer",
+        ),
+        (
+            config(Precision::Fp32, Tier::Host, Tier::File),
+            None,
+            "--nvme-path",
+        ),
+    ];
+    for (c, path, want) in cases {
+        let got = on_ranks(1, |comm| engine(comm, c, path).map(|_| ()).unwrap_err());
+        let text = message(got.into_iter().next().unwrap());
+        assert!(text.contains(want), "{text}");
+    }
+    // A host cap below the shards and the optimizer's staging names the bytes needed.
+    let capped = EngineConfig {
+        host_memory_limit: Some(1024),
+        ..base
+    };
+    let got = on_ranks(1, |comm| {
+        engine(comm, capped, None).map(|_| ()).unwrap_err()
+    });
+    let text = message(got.into_iter().next().unwrap());
+    assert!(text.contains("1024"), "{text}");
+    drop(dir);
+}
+
+/// A checkpoint's whole states imported into an engine whose shards are in a file export
+/// back unchanged, and the next step from them gives what an engine holding them in its
+/// arena gives.
+#[test]
+fn states_imported_into_offloaded_parameters_export_back_and_train_on() {
+    let dir = TempDir::new("params-import");
+    for precision in [Precision::Fp32, Precision::Bf16] {
+        let resident = config(precision, Tier::Host, Tier::Arena);
+        let filed = config(precision, Tier::File, Tier::File);
+        let saved = on_ranks(2, |c| {
+            let mut e = engine(c, resident, None).unwrap();
+            micro_step(&mut e, 1e-3).unwrap();
+            e.step(1e-2).unwrap();
+            e.export_states().unwrap()
+        })
+        .swap_remove(0);
+        let resume = |config: EngineConfig, path: Option<&Path>| {
+            on_ranks(2, |c| {
+                let mut e = engine(c, config, path).unwrap();
+                e.import_states(&saved, 1).unwrap();
+                let back = e.export_states().unwrap();
+                micro_step(&mut e, 2e-3).unwrap();
+                e.step(1e-2).unwrap();
+                (back, e.export_states().unwrap())
+            })
+            .swap_remove(0)
+        };
+        let (back, next) = resume(filed, Some(&dir.0));
+        assert!(back == saved, "{precision:?}: exported back");
+        let (_, reference) = resume(resident, None);
+        assert_ne!(reference, saved, "{precision:?}: the step moved nothing");
+        assert!(
+            next == reference,
+            "{precision:?}: the step after the import"
+        );
+    }
+}
