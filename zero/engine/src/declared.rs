@@ -56,6 +56,15 @@ impl Declared {
             None => Vec::new(),
         }
     }
+
+    /// As [`Declared::upcoming_gathers`], from the current call on (the call being made
+    /// included).
+    pub fn gathers_from_current(&self, k: usize) -> Vec<usize> {
+        match self.cursor {
+            Some((program, at)) => upcoming_gathers(self.schedules[program].calls(), at, k),
+            None => Vec::new(),
+        }
+    }
 }
 
 /// Confirms that every rank declared the same schedules: their count and lengths, then their

@@ -94,6 +94,11 @@ pub struct EngineConfig {
     /// [`EngineOps::nvme_path`] (`--offload-params nvme`), read piece by piece through a
     /// fixed pool.
     pub params_file: bool,
+    /// With `params_file`: the look-ahead budget of the file's reads, in bytes (DeepSpeed's
+    /// `prefetch_bucket_size` / `max_in_cpu` spirit): an I/O thread reads the shards of the
+    /// units the running program gathers next into host blocks holding at most this many
+    /// bytes, or one shard when a shard is larger (see the `param_read_ahead` module).
+    pub nvme_prefetch_bytes: usize,
     /// Cap on the offloaded tiers' host memory in bytes, the optimizer's host arena and the
     /// offloaded parameters' together (`None`: exactly what the plan needs); a cap below the
     /// plan is refused at start-up with the bytes needed.
@@ -102,6 +107,9 @@ pub struct EngineConfig {
     /// and whether they live in pinned host memory (ZeRO-R's checkpoint offload).
     pub kept_inputs: KeptInputs,
 }
+
+/// The default of [`EngineConfig::nvme_prefetch_bytes`]: 64 MiB of shards read ahead.
+pub const DEFAULT_NVME_PREFETCH_BYTES: usize = 64 << 20;
 
 impl Default for EngineConfig {
     fn default() -> Self {
@@ -120,6 +128,7 @@ impl Default for EngineConfig {
             optimizer_file: false,
             offload_params: false,
             params_file: false,
+            nvme_prefetch_bytes: DEFAULT_NVME_PREFETCH_BYTES,
             nvme_chunk_bytes: 1 << 20,
             host_memory_limit: None,
             kept_inputs: KeptInputs::default(),
@@ -145,6 +154,7 @@ impl EngineConfig {
             optimizer_file: self.offload_optimizer && self.optimizer_file,
             offload_params: self.offload_params,
             params_file: self.offload_params && self.params_file,
+            nvme_prefetch_bytes: self.nvme_prefetch_bytes,
             kept_inputs: self.kept_inputs,
         }
     }

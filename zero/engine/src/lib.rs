@@ -77,6 +77,7 @@ mod optimizer_io;
 mod optimizer_stream;
 mod param_file;
 mod param_home;
+mod param_read_ahead;
 mod planning;
 mod precision;
 mod run;

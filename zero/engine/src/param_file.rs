@@ -1,7 +1,8 @@
 //! The parameters' file tier (`--offload-params nvme`): a rank's stored parameter shards of
 //! the units stage 3 gathers, in one zero-alloc [`TierFile`] (tier `params`) laid out as
 //! [`ParamFileLayout`] says, moved through one fixed [`ChunkPool`] buffer on the engine's
-//! thread.
+//! thread; the read-ahead's I/O thread (`param_read_ahead`) reads the same file through a
+//! pool of its own.
 //!
 //! Reads and writes are of byte ranges of a unit's shard: a range that covers a piece
 //! whole moves it straight between the file and the caller's bytes; a partial piece is read
@@ -12,6 +13,7 @@ use super::error::{Error, Result};
 use super::optimizer_file::create_tier;
 use super::planning::offload_plan::ParamFileLayout;
 use std::path::Path;
+use std::sync::Arc;
 use zero_alloc::tier::{ChunkPool, TierFile};
 
 /// The tier name of the parameters' files.
@@ -20,7 +22,7 @@ pub const PARAMS_TIER: &str = "params";
 /// A rank's parameter file, its pool buffer, and what has moved.
 #[derive(Debug)]
 pub(crate) struct ParamFile {
-    tier: TierFile,
+    tier: Arc<TierFile>,
     pool: ChunkPool,
     layout: ParamFileLayout,
     /// Bytes read from and written to the file since start-up.
@@ -46,7 +48,7 @@ impl ParamFile {
         layout: ParamFileLayout,
         chunk: usize,
     ) -> Result<Self> {
-        let tier = create_tier(dir, ranks, PARAMS_TIER, &layout.lens)?;
+        let tier = Arc::new(create_tier(dir, ranks, PARAMS_TIER, &layout.lens)?);
         Ok(Self {
             tier,
             pool: ChunkPool::new(1, chunk)?,
@@ -54,6 +56,11 @@ impl ParamFile {
             read_bytes: 0,
             written_bytes: 0,
         })
+    }
+
+    /// The file, shared with the read-ahead's I/O thread, and its layout.
+    pub fn shared(&self) -> (Arc<TierFile>, ParamFileLayout) {
+        (Arc::clone(&self.tier), self.layout.clone())
     }
 
     /// The file.

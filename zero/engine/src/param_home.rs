@@ -24,6 +24,7 @@ use super::engine::{Engine, EngineConfig};
 use super::error::{Error, Result};
 use super::host_io::{stored_bytes, stored_values};
 use super::param_file::ParamFile;
+use super::param_read_ahead::ReadAhead;
 use super::planning::offload_plan::{piece_elems, OffloadPlan, ParamFileLayout};
 use super::planning::plan::arena_config;
 use super::planning::policy::{UnitPolicy, ZeroStage};
@@ -40,6 +41,8 @@ pub(crate) struct OffloadedParams {
     pub arena: Arena,
     /// The rank's parameter file (`--offload-params nvme`).
     pub file: Option<ParamFile>,
+    /// The file's reads ahead of the gathers (with the file, unless no unit is gathered).
+    pub ahead: Option<ReadAhead>,
 }
 
 impl OffloadedParams {
@@ -67,6 +70,7 @@ impl OffloadedParams {
             return Ok(Self {
                 arena: Arena::new(config)?,
                 file: None,
+                ahead: None,
             });
         }
         if states_on != Device::Cpu {
@@ -86,9 +90,19 @@ impl OffloadedParams {
         let layout = ParamFileLayout::new(policies, elem, piece);
         let file = ParamFile::create(dir, ranks, layout, config.nvme_chunk_bytes)?;
         let mirror = usize::try_from(plan.params_file).unwrap_or(usize::MAX);
+        let ahead = match usize::try_from(plan.params_read_ahead).unwrap_or(usize::MAX) {
+            0 => None,
+            bytes => {
+                let arena = Arena::new(arena_config(bytes, false))?;
+                let (tier, layout) = file.shared();
+                let budget = (arena, config.nvme_prefetch_bytes);
+                Some(ReadAhead::start(tier, layout, config.nvme_chunk_bytes, budget)?)
+            }
+        };
         Ok(Self {
             arena: Arena::accounting(mirror)?,
             file: Some(file),
+            ahead,
         })
     }
 
@@ -100,8 +114,12 @@ impl OffloadedParams {
         }
     }
 
-    /// Writes `data` into `unit`'s shard (block `h` of the home) from byte `at` on.
+    /// Writes `data` into `unit`'s shard (block `h` of the home) from byte `at` on, after
+    /// dropping any read ahead of it.
     pub fn write(&mut self, unit: usize, h: Handle, at: usize, data: &[u8]) -> Result<()> {
+        if let Some(ahead) = &mut self.ahead {
+            ahead.forget(unit)?;
+        }
         match &mut self.file {
             Some(file) => file.write(unit, at, data),
             None => Ok(self.arena.write_at(h, at, data)?),
@@ -228,7 +246,8 @@ impl Engine {
     }
 
     /// Step 1 of the module's data flow: copies `unit`'s stored shard from its home into
-    /// block `dst` of the engine's arena from element `at` (of `elem` bytes) on.
+    /// block `dst` of the engine's arena from element `at` (of `elem` bytes) on; from the
+    /// file, out of its read ahead when it has one, and the reads ahead topped up after.
     pub(crate) fn fetch_shard(
         &mut self,
         unit: usize,
@@ -236,22 +255,80 @@ impl Engine {
         at: usize,
         elem: usize,
     ) -> Result<()> {
+        self.read_ahead(None)?;
         let start = std::time::Instant::now();
-        let policy = self.units.policies[unit];
-        let len = policy.len(false) * elem;
+        let len = self.units.policies[unit].len(false) * elem;
         let h = self.units.bufs[unit].params;
         let home = self
             .offloaded_params
             .as_mut()
             .ok_or_else(|| Error::Order("a parameter fetch without offloaded parameters".into()))?;
-        let lane = if home.file.is_some() {
+        let taken = match &mut home.ahead {
+            Some(ahead) if ahead.has(unit) => {
+                let view = self.arena.slice_mut::<u8>(dst)?;
+                let view = view.get_mut(at * elem..at * elem + len);
+                ahead.take(unit, view.ok_or_else(|| short(unit, len))?)?
+            }
+            _ => false,
+        };
+        // A read on this thread is the file's lane; a copy from memory, the copy lane's.
+        let lane = if home.file.is_some() && !taken {
             Lane::File
         } else {
             Lane::Copy
         };
-        home.copy_into((unit, h, len), &mut self.arena, (dst, at * elem))?;
+        if !taken {
+            home.copy_into((unit, h, len), &mut self.arena, (dst, at * elem))?;
+        }
         self.trace_span(lane, start, || format!("fetch params unit {unit}"));
+        self.read_ahead(Some(unit))
+    }
+
+    /// Step 1 of `param_read_ahead`: asks for reads of the shards of the running program's
+    /// gathers from the current call on, in order, but `skip`'s (being fetched) and those
+    /// of units gathered or in flight; moves the spans of the reads answered into the
+    /// trace. Nothing without the file's read-ahead.
+    fn read_ahead(&mut self, skip: Option<usize>) -> Result<()> {
+        let Some(ahead) = self.offloaded_params.as_mut().and_then(|h| h.ahead.as_mut()) else {
+            return Ok(());
+        };
+        let spans = std::mem::take(&mut ahead.spans);
+        if let Some(trace) = &mut self.trace {
+            trace.spans.extend(spans);
+        }
+        let elem = self.config.precision.param_bytes() as usize;
+        for unit in self.declared.gathers_from_current(self.units.bufs.len()) {
+            let (policy, b) = (self.units.policies[unit], &self.units.bufs[unit]);
+            let held = b.gathered.is_some() || self.flights.prefetched[unit].is_some();
+            if Some(unit) == skip || !policy.gathered() || held {
+                continue;
+            }
+            if !ahead.issue(unit, policy.len(false) * elem)? {
+                break;
+            }
+        }
         Ok(())
+    }
+
+    /// Step 5 of `param_read_ahead`, at the end of a program: drops the reads ahead not
+    /// used and moves their spans into the trace.
+    pub(crate) fn drop_reads_ahead(&mut self) -> Result<()> {
+        let Some(ahead) = self.offloaded_params.as_mut().and_then(|h| h.ahead.as_mut()) else {
+            return Ok(());
+        };
+        let dropped = ahead.forget_all();
+        let spans = std::mem::take(&mut ahead.spans);
+        if let Some(trace) = &mut self.trace {
+            trace.spans.extend(spans);
+        }
+        dropped
+    }
+
+    /// The host arena of the parameter file's reads ahead (`None` without the parameter
+    /// file): its statistics and peak.
+    pub fn params_read_ahead_arena(&self) -> Option<&Arena> {
+        let home = self.offloaded_params.as_ref()?;
+        home.ahead.as_ref().map(ReadAhead::arena)
     }
 
     /// The host arena of the offloaded parameters (`None` unless they are offloaded to
@@ -264,13 +341,14 @@ impl Engine {
     /// The parameter file's path and (bytes, bytes read, bytes written) since start-up
     /// (`None` unless the parameters are in a file).
     pub fn params_file(&self) -> Option<(&Path, ParamFileStats)> {
-        let file = self.offloaded_params.as_ref()?.file.as_ref()?;
+        let home = self.offloaded_params.as_ref()?;
+        let file = home.file.as_ref()?;
         Some((
             file.path(),
             ParamFileStats {
                 file_bytes: file.file_bytes(),
                 pool_bytes: file.pool_bytes(),
-                read_bytes: file.read_bytes,
+                read_bytes: file.read_bytes + home.ahead.as_ref().map_or(0, |a| a.read_bytes),
                 written_bytes: file.written_bytes,
                 direct: file.is_direct(),
             },

@@ -72,10 +72,11 @@ impl Engine {
         })?;
         let result = self.run_declared(id, program, model);
         self.declared.set_cursor(None);
+        let dropped = self.drop_reads_ahead();
         if result.is_err() {
             self.let_go_after_failure();
         }
-        result
+        result.and(dropped.map_err(Into::into))
     }
 
     fn run_declared<M: Model>(

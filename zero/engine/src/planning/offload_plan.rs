@@ -36,6 +36,10 @@ pub struct OffloadPlan {
     /// Bytes of the rank's parameter file (`--offload-params nvme`), header included; 0
     /// otherwise.
     pub params_file: u64,
+    /// The host arena of the parameter file's reads ahead (`param_read_ahead`): the
+    /// look-ahead budget, or the largest shard when a shard is larger, or every shard when
+    /// they all take less; 0 without the parameter file.
+    pub params_read_ahead: u64,
 }
 
 impl OffloadPlan {
@@ -44,10 +48,12 @@ impl OffloadPlan {
         self.states.saturating_add(self.staging)
     }
 
-    /// Every byte of host memory the offloaded tiers take: the optimizer's host arena and
-    /// the offloaded parameters' (what `--host-memory-limit` caps).
+    /// Every byte of host memory the offloaded tiers take: the optimizer's host arena, the
+    /// offloaded parameters' and their reads ahead (what `--host-memory-limit` caps).
     pub fn total(&self) -> u64 {
-        self.optimizer_arena().saturating_add(self.params)
+        self.optimizer_arena()
+            .saturating_add(self.params)
+            .saturating_add(self.params_read_ahead)
     }
 
     /// Bytes of the rank's files: the optimizer's and the parameters'.
@@ -124,6 +130,30 @@ pub(crate) fn plan_param_offload(
         host = host.saturating_add(shard);
     }
     Ok((host, 0))
+}
+
+/// Host bytes of the parameter file's reads ahead: blocks of the gathered units' shards
+/// holding at most `budget` bytes, or the largest shard alone when it is larger; never more
+/// than every shard at once.
+///
+/// # Errors
+/// A block whose bytes overflow.
+pub(crate) fn plan_read_ahead(
+    policies: &[UnitPolicy],
+    precision: Precision,
+    budget: usize,
+) -> Result<u64> {
+    let elem = precision.param_bytes();
+    let (mut largest, mut every) = (0u64, 0u64);
+    for p in policies.iter().filter(|p| p.gathered()) {
+        let shard = block_bytes((p.len(false) as u64).saturating_mul(elem))?;
+        largest = largest.max(shard);
+        every = every.saturating_add(shard);
+    }
+    if every == 0 {
+        return Ok(0);
+    }
+    block_bytes(largest.max(every.min(budget as u64)))
 }
 
 /// Where each unit's optimizer states sit in the rank's file: every state (m, v, then the
@@ -219,6 +249,7 @@ pub(crate) fn plan_offload(
         file,
         params: 0,
         params_file: 0,
+        params_read_ahead: 0,
     })
 }
 

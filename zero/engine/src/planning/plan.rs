@@ -7,7 +7,7 @@
 
 use super::formulas::ModelStateBytes;
 use super::kept_plan::KeptInputs;
-use super::offload_plan::{plan_offload, plan_param_offload, OffloadPlan};
+use super::offload_plan::{plan_offload, plan_param_offload, plan_read_ahead, OffloadPlan};
 use super::policy::{UnitPolicy, ZeroStage};
 use super::replay::Replay;
 use super::schedule::Schedule;
@@ -86,6 +86,8 @@ pub struct PlanShape {
     /// With `offload_params`: those shards in the rank's parameter file rather than a host
     /// arena.
     pub params_file: bool,
+    /// With `params_file`: the look-ahead budget of the file's reads, in bytes.
+    pub nvme_prefetch_bytes: usize,
     /// How the programs' kept inputs are stored.
     pub kept_inputs: KeptInputs,
 }
@@ -211,6 +213,10 @@ fn plan_model_states(
             shape.reduce_bucket_bytes,
             shape.params_file,
         )?;
+        if shape.params_file {
+            offload.params_read_ahead =
+                plan_read_ahead(policies, shape.precision, shape.nvme_prefetch_bytes)?;
+        }
     }
     Ok((model_states, Some(offload)))
 }
@@ -321,6 +327,7 @@ mod tests {
             optimizer_file: false,
             offload_params: false,
             params_file: false,
+            nvme_prefetch_bytes: 0,
             kept_inputs: KeptInputs::default(),
         }
     }

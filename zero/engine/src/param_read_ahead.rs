@@ -1,0 +1,310 @@
+//! Reads of the parameter file ahead of their gathers (`--offload-params nvme`): an I/O
+//! thread of the rank reads the shards of the units the running program gathers next into
+//! blocks of a host arena of their own, within a look-ahead budget
+//! ([`EngineConfig::nvme_prefetch_bytes`](crate::EngineConfig)), so that a gather finds its
+//! shard in memory instead of reading the file on the engine's thread.
+//!
+//! The protocol, on the engine's thread:
+//! 1. at each fetch of a shard ([`Engine::fetch_shard`](crate::Engine)), the engine walks the
+//!    running program's gathers from the current call on and asks for a read of each
+//!    offloaded unit that is neither gathered nor in flight, in order ([`ReadAhead::issue`]);
+//!    a read is sent when the blocks already held plus its own stay within the budget, or
+//!    when nothing is held (a shard larger than the budget is read alone); the walk stops
+//!    at the first read that does not fit, until a fetch frees a block;
+//! 2. a read lends its block to the I/O thread ([`Arena::lend`]), which reads the unit's
+//!    pieces into it and answers the reads in the order sent;
+//! 3. the fetch of a unit with a read ahead takes the replies up to its own, copies the
+//!    block into the all-gather's buffer and frees it ([`ReadAhead::take`]); a unit without
+//!    one (the budget was full, or a gather outside a program) is read on the engine's
+//!    thread, as the file tier does without read-ahead;
+//! 4. a write of a unit's shard (the update, an import) first drops any read ahead of that
+//!    unit, waiting for it if it is out ([`ReadAhead::forget`]), so no read races a write of
+//!    the same shard and none holds bytes older than the file; reads ahead are issued only
+//!    while a program runs, and the update runs between programs, so the next step's reads
+//!    follow the update's writes;
+//! 5. at the end of a program, what was read and not used is dropped
+//!    ([`ReadAhead::forget_all`]).
+//!
+//! Replies carry the read's span for the trace's file lane, kept until the engine's next
+//! fetch moves them into the trace.
+
+use super::error::{Error, Result};
+use super::planning::offload_plan::ParamFileLayout;
+use super::trace::{Lane, Span};
+use std::collections::VecDeque;
+use std::sync::mpsc::{channel, Receiver, Sender};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::Instant;
+use zero_alloc::tier::{ChunkPool, TierFile};
+use zero_alloc::{Arena, Handle, Lent};
+
+/// A unit's shard to read into a lent block.
+struct Job {
+    unit: usize,
+    buf: Lent<u8>,
+}
+
+/// The I/O thread's answer: the block back, the bytes read, the read's span, how it went.
+struct Done {
+    buf: Lent<u8>,
+    bytes: u64,
+    span: Span,
+    result: zero_alloc::Result<()>,
+}
+
+/// A read ahead of `unit` into `block`: still with the I/O thread (`out`), or read.
+#[derive(Debug)]
+struct Ahead {
+    unit: usize,
+    block: Handle,
+    out: bool,
+}
+
+/// The read-ahead of a rank's parameter file: its host arena, its I/O thread, and the reads
+/// issued, oldest first.
+#[derive(Debug)]
+pub(crate) struct ReadAhead {
+    arena: Arena,
+    budget: usize,
+    queue: VecDeque<Ahead>,
+    jobs: Option<Sender<Job>>,
+    done: Receiver<Done>,
+    handle: Option<JoinHandle<()>>,
+    /// Bytes the thread has read since start-up.
+    pub read_bytes: u64,
+    /// Spans of the reads answered, until the engine moves them into its trace.
+    pub spans: Vec<Span>,
+}
+
+impl std::fmt::Debug for Job {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Job(unit {})", self.unit)
+    }
+}
+
+impl ReadAhead {
+    /// Starts the thread over `tier` laid out as `layout`, with a pool of `chunk` bytes of
+    /// its own, and blocks from `arena` (as large as the plan says) within `budget` bytes.
+    pub fn start(
+        tier: Arc<TierFile>,
+        layout: ParamFileLayout,
+        chunk: usize,
+        (arena, budget): (Arena, usize),
+    ) -> Result<Self> {
+        let pool = ChunkPool::new(1, chunk)?;
+        let (jobs, job_rx) = channel::<Job>();
+        let (done_tx, done) = channel();
+        let handle = std::thread::Builder::new()
+            .name("zero-params-io".into())
+            .spawn(move || serve(&tier, &layout, pool, &job_rx, &done_tx))
+            .map_err(|e| Error::Order(format!("the parameter file's I/O thread: {e}")))?;
+        Ok(Self {
+            arena,
+            budget,
+            queue: VecDeque::new(),
+            jobs: Some(jobs),
+            done,
+            handle: Some(handle),
+            read_bytes: 0,
+            spans: Vec::new(),
+        })
+    }
+
+    /// The host arena of the reads ahead (its statistics and peak).
+    pub fn arena(&self) -> &Arena {
+        &self.arena
+    }
+
+    /// `unit` has a read ahead, out or done.
+    pub fn has(&self, unit: usize) -> bool {
+        self.queue.iter().any(|a| a.unit == unit)
+    }
+
+    /// Step 1: sends a read of `unit`'s shard (`len` bytes) unless it has one; false when
+    /// it does not fit the budget beside the blocks held (nothing is sent).
+    pub fn issue(&mut self, unit: usize, len: usize) -> Result<bool> {
+        if self.has(unit) {
+            return Ok(true);
+        }
+        let held = self.arena.stats().allocated;
+        let block = self.arena.config().block_size(len).unwrap_or(usize::MAX);
+        if held > 0 && held.saturating_add(block) > self.budget {
+            return Ok(false);
+        }
+        let h = match self.arena.alloc(len) {
+            Ok(h) => h,
+            // A hole too small beside the blocks held: the read waits for a free.
+            Err(_) if held > 0 => return Ok(false),
+            Err(e) => return Err(e.into()),
+        };
+        let buf = match self.arena.lend::<u8>(h) {
+            Ok(buf) => buf,
+            Err(e) => {
+                self.arena.free(h)?;
+                return Err(e.into());
+            }
+        };
+        let sent = match &self.jobs {
+            Some(jobs) => jobs.send(Job { unit, buf }).map_err(|unsent| unsent.0),
+            None => Err(Job { unit, buf }),
+        };
+        if let Err(unsent) = sent {
+            // The job comes back unsent: its block is taken back and freed, not left lent.
+            self.arena.take_back(unsent.buf)?;
+            self.arena.free(h)?;
+            return Err(gone());
+        }
+        self.queue.push_back(Ahead {
+            unit,
+            block: h,
+            out: true,
+        });
+        Ok(true)
+    }
+
+    /// Step 3: copies `unit`'s shard, read ahead, into `out` and frees its block; false (and
+    /// `out` untouched) when `unit` has no read ahead.
+    pub fn take(&mut self, unit: usize, out: &mut [u8]) -> Result<bool> {
+        let Some(at) = self.wait_for(unit)? else {
+            return Ok(false);
+        };
+        let ahead = self.queue.remove(at).ok_or_else(gone)?;
+        let copied = self
+            .arena
+            .slice::<u8>(ahead.block)
+            .map_err(Error::from)
+            .and_then(|bytes| {
+                let src = bytes.get(..out.len()).ok_or_else(|| short(unit, out.len()))?;
+                out.copy_from_slice(src);
+                Ok(())
+            });
+        let freed = self.arena.free(ahead.block).map_err(Error::from);
+        copied.and(freed).map(|()| true)
+    }
+
+    /// Step 4: drops `unit`'s read ahead, if any, once the thread has answered it.
+    pub fn forget(&mut self, unit: usize) -> Result<()> {
+        if let Some(at) = self.wait_for(unit)? {
+            if let Some(ahead) = self.queue.remove(at) {
+                self.arena.free(ahead.block)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Step 5: drops every read ahead, waiting for those out; the first error.
+    pub fn forget_all(&mut self) -> Result<()> {
+        let mut first = Ok(());
+        // Each pass drops the oldest read (a failed one is dropped as its reply comes).
+        for _ in 0..self.queue.len() {
+            let Some(unit) = self.queue.front().map(|a| a.unit) else {
+                break;
+            };
+            first = first.and(self.forget(unit));
+        }
+        first
+    }
+
+    /// The position of `unit`'s read ahead once answered (taking replies up to it), or
+    /// `None` when it has none.
+    fn wait_for(&mut self, unit: usize) -> Result<Option<usize>> {
+        loop {
+            match self.queue.iter().position(|a| a.unit == unit) {
+                None => return Ok(None),
+                Some(at) if !self.queue[at].out => return Ok(Some(at)),
+                Some(_) => self.receive()?,
+            }
+        }
+    }
+
+    /// Takes the next reply's block back (the oldest read out), counting what it read and
+    /// keeping its span; a read that failed is dropped, its block freed, and its error
+    /// returned.
+    fn receive(&mut self) -> Result<()> {
+        let Some(at) = self.queue.iter().position(|a| a.out) else {
+            return Err(Error::Order("a reply awaited with no read out".into()));
+        };
+        let Ok(reply) = self.done.recv() else {
+            // A thread gone (it panicked) answers nothing more: its blocks stay lent.
+            self.queue.retain(|a| !a.out);
+            return Err(gone());
+        };
+        self.read_bytes += reply.bytes;
+        self.spans.push(reply.span);
+        let block = self.arena.take_back(reply.buf)?;
+        if let Err(e) = reply.result {
+            self.queue.remove(at);
+            self.arena.free(block)?;
+            return Err(e.into());
+        }
+        self.queue[at].out = false;
+        Ok(())
+    }
+}
+
+impl Drop for ReadAhead {
+    fn drop(&mut self) {
+        // Closing the job channel ends the thread's loop; what it still answers is dropped.
+        self.jobs.take();
+        if let Some(handle) = self.handle.take() {
+            // A thread that panicked has nothing left to clean up.
+            let _ = handle.join();
+        }
+    }
+}
+
+/// The thread's loop: reads each job's unit into its block, answering in order, until the
+/// job channel closes or no one takes the replies.
+fn serve(
+    tier: &TierFile,
+    layout: &ParamFileLayout,
+    mut pool: ChunkPool,
+    jobs: &Receiver<Job>,
+    done: &Sender<Done>,
+) {
+    for mut job in jobs {
+        let start = Instant::now();
+        let mut bytes = 0u64;
+        let result = (|| {
+            let buf = job.buf.as_mut();
+            for index in layout.pieces(job.unit) {
+                let len = layout.lens[index] as usize;
+                let at = bytes as usize;
+                let dst = buf.get_mut(at..at + len).ok_or(zero_alloc::AllocError::InvalidConfig {
+                    reason: format!("unit {}'s read-ahead block is short", job.unit),
+                })?;
+                tier.read_piece(index, dst, &mut pool)?;
+                bytes += len as u64;
+            }
+            Ok(())
+        })();
+        let span = Span {
+            name: format!("read params unit {}", job.unit),
+            lane: Lane::File,
+            start,
+            end: Instant::now(),
+            bytes: Some(bytes),
+        };
+        let reply = Done {
+            buf: job.buf,
+            bytes,
+            span,
+            result,
+        };
+        if done.send(reply).is_err() {
+            break;
+        }
+    }
+}
+
+fn gone() -> Error {
+    Error::Order("the parameter file's I/O thread is gone".into())
+}
+
+fn short(unit: usize, len: usize) -> Error {
+    Error::BadSpan {
+        kernel: "parameter read-ahead",
+        message: format!("unit {unit}'s read-ahead block is shorter than {len} bytes"),
+    }
+}
