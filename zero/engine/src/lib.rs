@@ -89,7 +89,7 @@ mod transient;
 mod unit_buffers;
 
 pub use collectives::{Collectives, HostCollectives};
-pub use engine::{Engine, EngineConfig, UnitViews};
+pub use engine::{Engine, EngineConfig, UnitViews, DEFAULT_NVME_PREFETCH_BYTES};
 pub use engine_ops::EngineOps;
 pub use error::{Error, Result};
 pub use export::{OwnedStates, StateKind, UnitState};

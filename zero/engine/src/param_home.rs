@@ -96,7 +96,12 @@ impl OffloadedParams {
                 let arena = Arena::new(arena_config(bytes, false))?;
                 let (tier, layout) = file.shared();
                 let budget = (arena, config.nvme_prefetch_bytes);
-                Some(ReadAhead::start(tier, layout, config.nvme_chunk_bytes, budget)?)
+                Some(ReadAhead::start(
+                    tier,
+                    layout,
+                    config.nvme_chunk_bytes,
+                    budget,
+                )?)
             }
         };
         Ok(Self {
@@ -289,7 +294,11 @@ impl Engine {
     /// of units gathered or in flight; moves the spans of the reads answered into the
     /// trace. Nothing without the file's read-ahead.
     fn read_ahead(&mut self, skip: Option<usize>) -> Result<()> {
-        let Some(ahead) = self.offloaded_params.as_mut().and_then(|h| h.ahead.as_mut()) else {
+        let Some(ahead) = self
+            .offloaded_params
+            .as_mut()
+            .and_then(|h| h.ahead.as_mut())
+        else {
             return Ok(());
         };
         let spans = std::mem::take(&mut ahead.spans);
@@ -313,7 +322,11 @@ impl Engine {
     /// Step 5 of `param_read_ahead`, at the end of a program: drops the reads ahead not
     /// used and moves their spans into the trace.
     pub(crate) fn drop_reads_ahead(&mut self) -> Result<()> {
-        let Some(ahead) = self.offloaded_params.as_mut().and_then(|h| h.ahead.as_mut()) else {
+        let Some(ahead) = self
+            .offloaded_params
+            .as_mut()
+            .and_then(|h| h.ahead.as_mut())
+        else {
             return Ok(());
         };
         let dropped = ahead.forget_all();

@@ -175,7 +175,9 @@ impl ReadAhead {
             .slice::<u8>(ahead.block)
             .map_err(Error::from)
             .and_then(|bytes| {
-                let src = bytes.get(..out.len()).ok_or_else(|| short(unit, out.len()))?;
+                let src = bytes
+                    .get(..out.len())
+                    .ok_or_else(|| short(unit, out.len()))?;
                 out.copy_from_slice(src);
                 Ok(())
             });
@@ -271,9 +273,11 @@ fn serve(
             for index in layout.pieces(job.unit) {
                 let len = layout.lens[index] as usize;
                 let at = bytes as usize;
-                let dst = buf.get_mut(at..at + len).ok_or(zero_alloc::AllocError::InvalidConfig {
-                    reason: format!("unit {}'s read-ahead block is short", job.unit),
-                })?;
+                let dst =
+                    buf.get_mut(at..at + len)
+                        .ok_or(zero_alloc::AllocError::InvalidConfig {
+                            reason: format!("unit {}'s read-ahead block is short", job.unit),
+                        })?;
                 tier.read_piece(index, dst, &mut pool)?;
                 bytes += len as u64;
             }

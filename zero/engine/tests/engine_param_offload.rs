@@ -9,7 +9,7 @@ mod common;
 
 use common::tiers::{engine, micro_step, on_ranks, trained, TempDir, SIZES};
 use std::path::Path;
-use zero::{EngineConfig, Error, Precision, ZeroStage};
+use zero::{EngineConfig, Error, Lane, Precision, ZeroStage};
 
 /// Where a configuration keeps the optimizer states and the parameter shards.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -232,5 +232,167 @@ fn states_imported_into_offloaded_parameters_export_back_and_train_on() {
             next == reference,
             "{precision:?}: the step after the import"
         );
+    }
+}
+
+/// The parameter file with a look-ahead budget of `budget` bytes.
+fn file_with_budget(precision: Precision, budget: usize) -> EngineConfig {
+    EngineConfig {
+        nvme_prefetch_bytes: budget,
+        ..config(precision, Tier::File, Tier::File)
+    }
+}
+
+/// A budget smaller than any shard reads each shard alone, never refusing one, and trains
+/// to the bit as the arena does.
+#[test]
+fn a_budget_below_one_shard_reads_each_shard_alone_and_trains_to_the_bit() {
+    let dir = TempDir::new("params-small-budget");
+    for precision in [Precision::Fp32, Precision::Bf16, Precision::Fp16] {
+        for world in [1, 2] {
+            for prefetch_units in [0, 1] {
+                let what = format!("{precision:?} N={world} prefetch {prefetch_units}");
+                let reference = trained(
+                    world,
+                    EngineConfig {
+                        prefetch_units,
+                        ..config(precision, Tier::Host, Tier::Arena)
+                    },
+                    None,
+                );
+                for budget in [0, 100] {
+                    let c = EngineConfig {
+                        prefetch_units,
+                        ..file_with_budget(precision, budget)
+                    };
+                    let got = trained(world, c, Some(&dir.0));
+                    assert!(got == reference, "{what}: budget {budget}");
+                }
+            }
+        }
+    }
+}
+
+/// The reads ahead hold no more than the plan's bytes: the budget, or the largest shard
+/// when the budget is smaller, or every shard when they take less; a budget over every
+/// shard reads them all ahead at once.
+#[test]
+fn the_reads_ahead_never_hold_more_than_the_planned_budget() {
+    let dir = TempDir::new("params-budget");
+    let elem = 4;
+    let shards = [0, 2, 3].map(|u| shard_bytes(SIZES[u], 2, elem));
+    let (largest, every) = (shards[1], shards.iter().sum::<u64>());
+    let cases = [
+        (100, largest),
+        (largest as usize, largest),
+        ((largest + shards[0]) as usize, largest + shards[0]),
+        (zero::DEFAULT_NVME_PREFETCH_BYTES, every),
+    ];
+    for (budget, planned) in cases {
+        let c = file_with_budget(Precision::Fp32, budget);
+        on_ranks(2, |comm| {
+            let mut e = engine(comm, c, Some(&dir.0)).unwrap();
+            let offload = e.memory_plan().offload.unwrap();
+            assert_eq!(offload.params_read_ahead, planned, "budget {budget}");
+            assert_eq!(
+                offload.total(),
+                offload.optimizer_arena() + planned,
+                "budget {budget}: the host cap counts the reads ahead"
+            );
+            for step in 0..2 {
+                micro_step(&mut e, 1e-3 * (1.0 + step as f32)).unwrap();
+                e.step(1e-2).unwrap();
+            }
+            let stats = e.params_read_ahead_arena().unwrap().stats();
+            let peak = stats.peak_allocated as u64;
+            assert!(peak > 0, "budget {budget}: nothing was read ahead");
+            assert!(peak <= planned, "budget {budget}: peak {peak} > {planned}");
+            assert_eq!(stats.capacity as u64, planned, "budget {budget}");
+            assert_eq!(
+                stats.allocated, 0,
+                "budget {budget}: a read ahead left over"
+            );
+            if budget == zero::DEFAULT_NVME_PREFETCH_BYTES {
+                assert_eq!(peak, every, "every shard read ahead at once");
+            }
+        });
+    }
+}
+
+/// A micro-step whose forward takes a couple of milliseconds per unit, so that reads on
+/// another thread can be seen to run during it.
+fn slow_micro_step(e: &mut zero::Engine) {
+    let mut model = common::FnModel::new(
+        |&(back, _): &(bool, usize), units: &mut zero::OpUnits<'_>| {
+            if back {
+                let (p, mut g) = units.views()?;
+                for (g, p) in g[0].iter_mut().zip(p[0]) {
+                    *g = p * 1e-3;
+                }
+            } else {
+                std::thread::sleep(std::time::Duration::from_millis(2));
+            }
+            Ok(())
+        },
+    );
+    e.micro_step(&common::tiers::program(), &mut model).unwrap();
+}
+
+/// On traced steps without the all-gather prefetch, the file's read of each gathered unit
+/// (its first span on the file lane) starts before the forward of the unit before it ends:
+/// the reads run ahead on the I/O thread, during compute, where reads on the engine's
+/// thread would start only at the unit's own gather; and no read of a unit overlaps that
+/// unit's update (its write).
+#[test]
+fn traced_reads_of_the_parameter_file_run_ahead_during_compute() {
+    let dir = TempDir::new("params-overlap");
+    for budget in [100, zero::DEFAULT_NVME_PREFETCH_BYTES] {
+        let c = EngineConfig {
+            prefetch_units: 0,
+            ..file_with_budget(Precision::Fp32, budget)
+        };
+        on_ranks(1, |comm| {
+            let mut e = engine(comm, c, Some(&dir.0)).unwrap();
+            e.start_trace();
+            for _ in 0..2 {
+                slow_micro_step(&mut e);
+                e.step(1e-2).unwrap();
+            }
+            let trace = e.take_trace().unwrap();
+            let named = |name: String| -> Vec<&zero::Span> {
+                trace.spans.iter().filter(|s| s.name == name).collect()
+            };
+            for u in [2, 3] {
+                let reads: Vec<_> = trace
+                    .spans
+                    .iter()
+                    .filter(|s| s.lane == Lane::File && s.name.ends_with(&format!("unit {u}")))
+                    .collect();
+                assert!(!reads.is_empty(), "budget {budget}: unit {u} never read");
+                let before = named(format!("{:?}", (false, u - 1)));
+                assert_eq!(before.len(), 2, "budget {budget}: a forward per step");
+                assert!(
+                    reads[0].start < before[0].end,
+                    "budget {budget}: unit {u}'s read waited for unit {}'s forward",
+                    u - 1
+                );
+                let updates = named(format!("update unit {u}"));
+                assert_eq!(updates.len(), 2);
+                for (read, update) in reads
+                    .iter()
+                    .flat_map(|r| updates.iter().map(move |w| (r, w)))
+                {
+                    assert!(
+                        read.end <= update.start || update.end <= read.start,
+                        "budget {budget}: unit {u}'s read overlaps its update"
+                    );
+                }
+            }
+            let read_ahead = trace
+                .spans
+                .iter()
+                .filter(|s| s.name.starts_with("read params"));
+            assert!(read_ahead.count() >= 6, "budget {budget}: reads ahead");
+        });
     }
 }
