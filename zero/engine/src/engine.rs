@@ -170,6 +170,29 @@ fn rank_arena(config: &EngineConfig, device: Device, plan: &MemoryPlan) -> Resul
     })?)
 }
 
+/// The offloaded optimizer's home and the offloaded parameters' that `plan` asks for, on
+/// `device`, files under `nvme`, for rank `ranks.0` of `ranks.1`; `None` for those not
+/// offloaded.
+fn start_offload_homes(
+    plan: &MemoryPlan,
+    config: &EngineConfig,
+    policies: &[UnitPolicy],
+    (device, nvme, ranks): (Device, Option<&std::path::Path>, (usize, usize)),
+) -> Result<(Option<OffloadedOptimizer>, Option<OffloadedParams>)> {
+    let Some(offload) = plan.offload else {
+        return Ok((None, None));
+    };
+    let optimizer = OffloadedOptimizer::start(offload, config, device, nvme, policies, ranks)?;
+    let params = if config.offload_params {
+        Some(OffloadedParams::start(
+            &offload, config, device, nvme, policies, ranks,
+        )?)
+    } else {
+        None
+    };
+    Ok((Some(optimizer), params))
+}
+
 /// Parameters (shared) and unreduced gradients (mutable) of some units, from
 /// [`OpUnits::views`](crate::OpUnits::views), in the order the operation declared them.
 pub type UnitViews<'a> = (Vec<&'a [f32]>, Vec<&'a mut [f32]>);
@@ -297,22 +320,9 @@ impl Engine {
         };
         let mut arena = rank_arena(&config, device, &memory_plan)?;
         let policies = unit_policies(&specs, shape)?;
-        let ranks = (comm.rank(), comm.size());
-        let mut offloaded = memory_plan
-            .offload
-            .map(|plan| {
-                let nvme = nvme_path.as_deref();
-                OffloadedOptimizer::start(plan, &config, device, nvme, &policies, ranks)
-            })
-            .transpose()?;
-        let mut offloaded_params = match memory_plan.offload {
-            Some(plan) if config.offload_params => {
-                let nvme = nvme_path.as_deref();
-                let home = OffloadedParams::start(&plan, &config, device, nvme, &policies, ranks)?;
-                Some(home)
-            }
-            _ => None,
-        };
+        let on = (device, nvme_path.as_deref(), (comm.rank(), comm.size()));
+        let homes = start_offload_homes(&memory_plan, &config, &policies, on)?;
+        let (mut offloaded, mut offloaded_params) = homes;
         let bufs = allocate_units(
             &mut arena,
             kernels.as_ref(),
