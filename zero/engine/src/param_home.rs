@@ -10,15 +10,20 @@
 //! 1. a gather (the stage-3 prefetch, or the gather of a unit not prefetched) copies the
 //!    shard from its home straight into this rank's chunk of the all-gather's buffer in the
 //!    engine's arena ([`Engine::fetch_shard`]), and all-gathers in place: the arena holds
-//!    no copy of the shard besides the gathered unit;
+//!    no copy of the shard besides the gathered unit. From the host arena the copy is a
+//!    memory copy on the engine's thread; from the file, the shard is taken from its read
+//!    ahead when it has one (`param_read_ahead`: an I/O thread reads the shards of the
+//!    running program's next gathers into a host arena of their own, within
+//!    [`EngineConfig::nvme_prefetch_bytes`]), else read from the file on the engine's
+//!    thread, and each fetch tops the reads ahead up;
 //! 2. the offloaded update (`optimizer_home`) reads the shard's pieces from the home
 //!    (fp32, where they are Adam's master copy) and writes the updated pieces back there;
+//!    a write first drops any read ahead of the same unit;
 //! 3. checkpoints read and write the shard through [`OffloadedParams::read`] /
 //!    [`OffloadedParams::write`].
 //!
-//! The copies run on the engine's thread when the gather is launched, so a prefetched unit's
-//! copy happens one unit ahead of its use; not built: reads of the file scheduled further
-//! ahead on an I/O thread.
+//! A prefetched unit's fetch happens one unit ahead of its use (`prefetch_units`); the
+//! file's reads ahead run further ahead, as far as the budget allows.
 
 use super::engine::{Engine, EngineConfig};
 use super::error::{Error, Result};
