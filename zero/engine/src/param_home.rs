@@ -365,7 +365,7 @@ impl Engine {
             file.path(),
             ParamFileStats {
                 file_bytes: file.file_bytes(),
-                pool_bytes: file.pool_bytes(),
+                pool_bytes: file.pool_bytes() + home.ahead.as_ref().map_or(0, |a| a.pool_bytes),
                 read_bytes: file.read_bytes + home.ahead.as_ref().map_or(0, |a| a.read_bytes),
                 written_bytes: file.written_bytes,
                 direct: file.is_direct(),
@@ -379,9 +379,10 @@ impl Engine {
 pub struct ParamFileStats {
     /// Bytes of the file (header and every piece's slot).
     pub file_bytes: u64,
-    /// Bytes of its pool buffer, fixed at start-up.
+    /// Bytes of its pool buffers (the engine thread's and the read-ahead thread's), fixed
+    /// at start-up.
     pub pool_bytes: u64,
-    /// Bytes read from the file since start-up.
+    /// Bytes read from the file since start-up, on either thread.
     pub read_bytes: u64,
     /// Bytes written to it since start-up (the zeroed file's creation not counted).
     pub written_bytes: u64,

@@ -5,12 +5,13 @@
 //! shard in memory instead of reading the file on the engine's thread.
 //!
 //! The protocol, on the engine's thread:
-//! 1. at each fetch of a shard ([`Engine::fetch_shard`](crate::Engine)), the engine walks the
-//!    running program's gathers from the current call on and asks for a read of each
-//!    offloaded unit that is neither gathered nor in flight, in order ([`ReadAhead::issue`]);
-//!    a read is sent when the blocks already held plus its own stay within the budget, or
-//!    when nothing is held (a shard larger than the budget is read alone); the walk stops
-//!    at the first read that does not fit, until a fetch frees a block;
+//! 1. before and after each fetch of a shard ([`Engine::fetch_shard`](crate::Engine)), the
+//!    engine walks the running program's gathers from the current call on and asks for a
+//!    read of each offloaded unit that is neither gathered, in flight nor being fetched, in
+//!    order ([`ReadAhead::issue`]); a read is sent when the blocks already held plus its
+//!    own stay within the budget, or when nothing is held (a shard larger than the budget
+//!    is read alone); the walk stops at the first read that does not fit, and the reads
+//!    wait for the next fetch to free a block (nothing is refused or waited for here);
 //! 2. a read lends its block to the I/O thread ([`Arena::lend`]), which reads the unit's
 //!    pieces into it and answers the reads in the order sent;
 //! 3. the fetch of a unit with a read ahead takes the replies up to its own, copies the
@@ -25,8 +26,9 @@
 //! 5. at the end of a program, what was read and not used is dropped
 //!    ([`ReadAhead::forget_all`]).
 //!
-//! Replies carry the read's span for the trace's file lane, kept until the engine's next
-//! fetch moves them into the trace.
+//! Replies carry the read's span (`read params unit {u}`, on the trace's file lane, timed on
+//! the I/O thread), kept until the engine's next fetch or the program's end moves them into
+//! the trace.
 
 use super::error::{Error, Result};
 use super::planning::offload_plan::ParamFileLayout;
@@ -71,16 +73,12 @@ pub(crate) struct ReadAhead {
     jobs: Option<Sender<Job>>,
     done: Receiver<Done>,
     handle: Option<JoinHandle<()>>,
+    /// Bytes of the thread's pool buffer, fixed at start-up.
+    pub pool_bytes: u64,
     /// Bytes the thread has read since start-up.
     pub read_bytes: u64,
     /// Spans of the reads answered, until the engine moves them into its trace.
     pub spans: Vec<Span>,
-}
-
-impl std::fmt::Debug for Job {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "Job(unit {})", self.unit)
-    }
 }
 
 impl ReadAhead {
@@ -93,6 +91,7 @@ impl ReadAhead {
         (arena, budget): (Arena, usize),
     ) -> Result<Self> {
         let pool = ChunkPool::new(1, chunk)?;
+        let pool_bytes = pool.bytes() as u64;
         let (jobs, job_rx) = channel::<Job>();
         let (done_tx, done) = channel();
         let handle = std::thread::Builder::new()
@@ -106,6 +105,7 @@ impl ReadAhead {
             jobs: Some(jobs),
             done,
             handle: Some(handle),
+            pool_bytes,
             read_bytes: 0,
             spans: Vec::new(),
         })
