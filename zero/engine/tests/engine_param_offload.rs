@@ -319,8 +319,8 @@ fn the_reads_ahead_never_hold_more_than_the_planned_budget() {
     }
 }
 
-/// A micro-step whose forward takes a couple of milliseconds per unit, so that reads on
-/// another thread can be seen to run during it.
+/// A micro-step whose forward takes 5 ms per unit, so that reads on another thread can be
+/// seen to run during it.
 fn slow_micro_step(e: &mut zero::Engine) {
     let mut model = common::FnModel::new(
         |&(back, _): &(bool, usize), units: &mut zero::OpUnits<'_>| {
@@ -330,7 +330,7 @@ fn slow_micro_step(e: &mut zero::Engine) {
                     *g = p * 1e-3;
                 }
             } else {
-                std::thread::sleep(std::time::Duration::from_millis(2));
+                std::thread::sleep(std::time::Duration::from_millis(5));
             }
             Ok(())
         },

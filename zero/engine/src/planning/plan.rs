@@ -410,6 +410,37 @@ mod tests {
         assert_eq!(without.backend_staging, 0);
     }
 
+    /// Shards of 256 and 128 f32 a rank (blocks of 1024 and 512 bytes): the reads ahead
+    /// take the budget, at least the larger shard, at most both.
+    #[test]
+    fn the_parameter_files_reads_ahead_are_planned_within_the_budget() {
+        let read_ahead = |budget: usize, params_file: bool| {
+            let s = PlanShape {
+                offload_optimizer: true,
+                offload_params: true,
+                params_file,
+                nvme_prefetch_bytes: budget,
+                ..shape(ZeroStage::Zero3)
+            };
+            let p = plan_memory(&units(), &[&Schedule::sequential(2)], s).unwrap();
+            let offload = p.offload.unwrap();
+            assert_eq!(
+                offload.total(),
+                offload.optimizer_arena() + offload.params + offload.params_read_ahead
+            );
+            offload.params_read_ahead
+        };
+        assert_eq!(read_ahead(0, true), 1024);
+        assert_eq!(read_ahead(1200, true), 1280);
+        assert_eq!(read_ahead(1536, true), 1536);
+        assert_eq!(read_ahead(1 << 20, true), 1536);
+        assert_eq!(
+            read_ahead(1 << 20, false),
+            0,
+            "the host tier reads nothing ahead"
+        );
+    }
+
     #[test]
     fn a_malformed_schedule_is_refused() {
         let bad = Schedule::new(vec![crate::Call::Gather(0)]);
