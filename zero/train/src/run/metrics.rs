@@ -75,6 +75,11 @@ pub struct RankReport {
     /// `--offload-optimizer nvme`: bytes of the rank's optimizer file, measured on disk
     /// while the run holds it (0 without the file tier).
     pub optimizer_file_bytes: u64,
+    /// `--offload-params cpu`: the peak of the host arena of parameter shards (0 otherwise).
+    pub params_offloaded_bytes: u64,
+    /// `--offload-params nvme`: bytes of the rank's parameter file, measured on disk while
+    /// the run holds it (0 otherwise).
+    pub params_file_bytes: u64,
     /// Elements handed to collectives per training step, by kind.
     pub traffic_per_step: Traffic,
     /// Bytes zero-comm counted as sent per training step (all collectives).
@@ -106,6 +111,8 @@ impl RankReport {
             "activation_offloaded_bytes": self.activation_offloaded_bytes,
             "optimizer_offloaded_bytes": self.optimizer_offloaded_bytes,
             "optimizer_file_bytes": self.optimizer_file_bytes,
+            "params_offloaded_bytes": self.params_offloaded_bytes,
+            "params_file_bytes": self.params_file_bytes,
             "model_state_bytes": bytes_json(&self.measured),
             "expected_model_state_bytes": bytes_json(&self.expected),
             "stage0_model_state_bytes": bytes_json(&self.stage0),
@@ -226,6 +233,23 @@ pub fn memory_table(reports: &[RankReport]) -> String {
             r.rank,
             mib(r.measured.optimizer),
             mib(r.optimizer_offloaded_bytes as f64),
+        ));
+    }
+    for r in reports.iter() {
+        let home = match (r.params_offloaded_bytes, r.params_file_bytes) {
+            (0, 0) => continue,
+            (0, file) => format!(
+                "in its file (--offload-params nvme; {:.2} MiB on disk)",
+                mib(file as f64)
+            ),
+            (host, _) => format!(
+                "in host memory (--offload-params; host arena peak {:.2} MiB)",
+                mib(host as f64)
+            ),
+        };
+        s.push_str(&format!(
+            "rank {}: the parameter shards stage 3 gathers {home}\n",
+            r.rank
         ));
     }
     s

@@ -105,6 +105,10 @@ impl RankOutput {
                 optimizer_file_bytes: engine
                     .optimizer_file_path()
                     .map_or(0, |p| std::fs::metadata(p).map_or(0, |m| m.len())),
+                params_offloaded_bytes: 0,
+                params_file_bytes: engine
+                    .params_file()
+                    .map_or(0, |(p, _)| std::fs::metadata(p).map_or(0, |m| m.len())),
                 traffic_per_step: Traffic::default(),
                 comm_bytes_sent_per_step: 0.0,
                 comm_bytes_received_per_step: 0.0,
@@ -382,6 +386,8 @@ impl<'a, B: Placement> Trainer<'a, B> {
         report.peak_bytes = self.engine.arena().stats().peak_allocated as u64;
         report.optimizer_offloaded_bytes =
             (self.engine.offload_arena()).map_or(0, |a| a.stats().peak_allocated as u64);
+        report.params_offloaded_bytes =
+            (self.engine.offload_params_arena()).map_or(0, |a| a.stats().peak_allocated as u64);
         report.traffic_per_step = Traffic {
             all_reduce: t.all_reduce / steps_run,
             reduce_scatter: t.reduce_scatter / steps_run,
