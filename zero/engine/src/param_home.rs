@@ -273,13 +273,14 @@ impl Engine {
                 read_bytes: file.read_bytes,
                 written_bytes: file.written_bytes,
                 direct: file.is_direct(),
+                io_seconds: file.io_seconds,
             },
         ))
     }
 }
 
 /// What the parameter file holds and has moved, for tests and reports.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub struct ParamFileStats {
     /// Bytes of the file (header and every piece's slot).
     pub file_bytes: u64,
@@ -291,4 +292,6 @@ pub struct ParamFileStats {
     pub written_bytes: u64,
     /// The file bypasses the page cache (`O_DIRECT`).
     pub direct: bool,
+    /// Seconds spent in the file's reads and writes since start-up.
+    pub io_seconds: (f64, f64),
 }

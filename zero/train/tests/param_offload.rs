@@ -96,6 +96,22 @@ fn each_tier_holds_what_the_plan_says() {
             // At a capacity of exactly the plan, buckets in flight may be landed early:
             // the peak never passes the plan.
             assert!(r.peak_bytes <= plan.plan.total(), "{what}");
+            // Each step reads and writes every optimizer state the file holds, and the
+            // shards besides.
+            let io = r.file_io_per_step;
+            let states = r.measured.optimizer as u64;
+            if tiers.0 == OffloadTier::Nvme {
+                assert!(
+                    io.read_bytes > states && io.written_bytes > states,
+                    "{what}: {io:?}"
+                );
+                assert!(
+                    io.read_seconds > 0.0 && io.write_seconds > 0.0,
+                    "{what}: {io:?}"
+                );
+            } else {
+                assert_eq!(io, zero::FileIo::default(), "{what}");
+            }
         }
         let one_tier_has_bytes = offload.params > 0 || offload.params_file > 0;
         assert!(one_tier_has_bytes, "{tiers:?}: {offload:?}");

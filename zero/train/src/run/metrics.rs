@@ -80,6 +80,9 @@ pub struct RankReport {
     /// `--offload-params nvme`: bytes of the rank's parameter file, measured on disk while
     /// the run holds it (0 otherwise).
     pub params_file_bytes: u64,
+    /// What the rank's files (`nvme` tiers) read and wrote per training step, and the
+    /// seconds those reads and writes took.
+    pub file_io_per_step: zero::FileIo,
     /// Elements handed to collectives per training step, by kind.
     pub traffic_per_step: Traffic,
     /// Bytes zero-comm counted as sent per training step (all collectives).
@@ -113,6 +116,12 @@ impl RankReport {
             "optimizer_file_bytes": self.optimizer_file_bytes,
             "params_offloaded_bytes": self.params_offloaded_bytes,
             "params_file_bytes": self.params_file_bytes,
+            "file_io_per_step": {
+                "read_bytes": self.file_io_per_step.read_bytes,
+                "written_bytes": self.file_io_per_step.written_bytes,
+                "read_seconds": self.file_io_per_step.read_seconds,
+                "write_seconds": self.file_io_per_step.write_seconds,
+            },
             "model_state_bytes": bytes_json(&self.measured),
             "expected_model_state_bytes": bytes_json(&self.expected),
             "stage0_model_state_bytes": bytes_json(&self.stage0),
@@ -251,6 +260,23 @@ pub fn memory_table(reports: &[RankReport]) -> String {
             "rank {}: the parameter shards stage 3 gathers {home}\n",
             r.rank
         ));
+    }
+    for r in reports.iter() {
+        let f = r.file_io_per_step;
+        if f.read_bytes + f.written_bytes > 0 {
+            let rate = |bytes: u64, secs: f64| mib(bytes as f64) / secs.max(1e-9);
+            s.push_str(&format!(
+                "rank {}: files per step: read {:.1} MiB in {:.2} s ({:.0} MiB/s), wrote \
+                 {:.1} MiB in {:.2} s ({:.0} MiB/s)\n",
+                r.rank,
+                mib(f.read_bytes as f64),
+                f.read_seconds,
+                rate(f.read_bytes, f.read_seconds),
+                mib(f.written_bytes as f64),
+                f.write_seconds,
+                rate(f.written_bytes, f.write_seconds),
+            ));
+        }
     }
     s
 }
