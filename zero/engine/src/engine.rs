@@ -428,9 +428,9 @@ impl Engine {
         }
     }
 
-    /// Model-state bytes this rank holds, by kind, measured from its arena blocks, the
-    /// offloaded optimizer's host arena included; offloaded parameter shards are not
-    /// (`Engine::offloaded_param_bytes`).
+    /// Model-state bytes this rank holds, by kind, measured from its arena blocks wherever
+    /// they are: the offloaded optimizer's and parameters' homes included (a file tier's
+    /// through its accounting mirror).
     ///
     /// # Errors
     /// Arena failures (a stale handle would be a bug).
@@ -439,8 +439,8 @@ impl Engine {
         let optim = self.optimizer_arena();
         let optim_size = |h: Handle| -> Result<f64> { Ok(optim.block(h)?.size as f64) };
         let mut out = ModelStateBytes::default();
+        out.params += self.offloaded_param_bytes()? as f64;
         for (unit, b) in self.units.bufs.iter().enumerate() {
-            // Offloaded shards are measured in their home (`offloaded_param_bytes`).
             if !self.params_offloaded(unit) {
                 out.params += size(b.params)?;
             }

@@ -96,7 +96,7 @@ pub use export::{OwnedStates, StateKind, UnitState};
 pub use kernels::{HostKernels, Kernels};
 pub use loss_scale::LossScaler;
 pub use model::{Model, OpUnits};
-pub use optimizer_file::{FileTierStats, OPTIMIZER_TIER};
+pub use optimizer_file::{FileIo, FileTierStats, OPTIMIZER_TIER};
 pub use param_file::PARAMS_TIER;
 pub use param_home::ParamFileStats;
 pub use planning::formulas::{

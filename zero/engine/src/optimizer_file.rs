@@ -48,10 +48,12 @@ pub(crate) struct FileStates {
     /// Bytes read from and written to the file since start-up.
     pub read_bytes: u64,
     pub written_bytes: u64,
+    /// Seconds the I/O thread spent reading and writing the step streams' pieces.
+    pub io_seconds: (f64, f64),
 }
 
 /// What the file tier holds and has moved, for tests and reports.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub struct FileTierStats {
     /// Bytes of the file (header and every piece's slot).
     pub file_bytes: u64,
@@ -68,6 +70,10 @@ pub struct FileTierStats {
     pub written_bytes: u64,
     /// The file bypasses the page cache (`O_DIRECT`).
     pub direct: bool,
+    /// Seconds the I/O thread spent in the step streams' reads and writes (the
+    /// engine thread's exports and imports not counted): with the bytes the streams moved,
+    /// the tier's sustained throughput.
+    pub io_seconds: (f64, f64),
 }
 
 /// The file is the run's scratch (the states outlive it in checkpoints, not in it), so it
@@ -129,6 +135,7 @@ impl FileStates {
             stream: None,
             read_bytes: 0,
             written_bytes: 0,
+            io_seconds: (0.0, 0.0),
         })
     }
 
@@ -143,6 +150,7 @@ impl FileStates {
             read_bytes: self.read_bytes,
             written_bytes: self.written_bytes,
             direct: self.tier.is_direct(),
+            io_seconds: self.io_seconds,
         }
     }
 
@@ -227,7 +235,65 @@ impl FileStates {
     }
 }
 
+/// Bytes the rank's files (the optimizer's and the parameters') moved and the seconds their
+/// reads and writes took: over a span of steps, the file tier's sustained throughput.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct FileIo {
+    /// Bytes read from the files.
+    pub read_bytes: u64,
+    /// Bytes written to them.
+    pub written_bytes: u64,
+    /// Seconds spent in those reads.
+    pub read_seconds: f64,
+    /// Seconds spent in those writes.
+    pub write_seconds: f64,
+}
+
+impl FileIo {
+    /// What moved between `earlier` and `self`.
+    #[must_use]
+    pub fn since(self, earlier: Self) -> Self {
+        Self {
+            read_bytes: self.read_bytes.saturating_sub(earlier.read_bytes),
+            written_bytes: self.written_bytes.saturating_sub(earlier.written_bytes),
+            read_seconds: self.read_seconds - earlier.read_seconds,
+            write_seconds: self.write_seconds - earlier.write_seconds,
+        }
+    }
+
+    /// `self` and `other` together.
+    #[must_use]
+    pub fn plus(self, other: Self) -> Self {
+        Self {
+            read_bytes: self.read_bytes.saturating_add(other.read_bytes),
+            written_bytes: self.written_bytes.saturating_add(other.written_bytes),
+            read_seconds: self.read_seconds + other.read_seconds,
+            write_seconds: self.write_seconds + other.write_seconds,
+        }
+    }
+}
+
 impl Engine {
+    /// What the rank's files have moved since start-up (zeros without a file tier); the
+    /// optimizer file's seconds are its I/O thread's, counted for the steps' streams.
+    pub fn file_io(&self) -> FileIo {
+        let optimizer = self.optimizer_file().map_or(FileIo::default(), |s| FileIo {
+            read_bytes: s.read_bytes,
+            written_bytes: s.written_bytes,
+            read_seconds: s.io_seconds.0,
+            write_seconds: s.io_seconds.1,
+        });
+        let params = self
+            .params_file()
+            .map_or(FileIo::default(), |(_, s)| FileIo {
+                read_bytes: s.read_bytes,
+                written_bytes: s.written_bytes,
+                read_seconds: s.io_seconds.0,
+                write_seconds: s.io_seconds.1,
+            });
+        optimizer.plus(params)
+    }
+
     /// The file tier's statistics (`None` unless the optimizer states are in a file).
     pub fn optimizer_file(&self) -> Option<FileTierStats> {
         let file = self.offloaded.as_ref()?.file.as_ref()?;

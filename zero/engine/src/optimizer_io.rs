@@ -27,7 +27,7 @@ pub(crate) struct Job {
 }
 
 /// The I/O thread's answer: the blocks back, the (read, written) bytes, a span per
-/// direction, and how it went.
+/// direction (its time in the file's reads and writes), and how it went.
 pub(crate) struct Done {
     pub bufs: Vec<Lent<u8>>,
     pub moved: (u64, u64),

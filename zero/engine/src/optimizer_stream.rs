@@ -161,6 +161,13 @@ impl FileStates {
         stream.out -= 1;
         self.read_bytes += reply.moved.0;
         self.written_bytes += reply.moved.1;
+        for span in &reply.spans {
+            let seconds = span.end.duration_since(span.start).as_secs_f64();
+            match span.name.starts_with("read") {
+                true => self.io_seconds.0 += seconds,
+                false => self.io_seconds.1 += seconds,
+            }
+        }
         if let Some(trace) = trace {
             trace.spans.extend(reply.spans);
         }

@@ -14,6 +14,7 @@ use super::optimizer_file::create_tier;
 use super::planning::offload_plan::ParamFileLayout;
 use std::path::Path;
 use std::sync::Arc;
+use std::time::Instant;
 use zero_alloc::tier::{ChunkPool, TierFile};
 
 /// The tier name of the parameters' files.
@@ -25,9 +26,11 @@ pub(crate) struct ParamFile {
     tier: Arc<TierFile>,
     pool: ChunkPool,
     layout: ParamFileLayout,
-    /// Bytes read from and written to the file since start-up.
+    /// Bytes read from and written to the file since start-up, and the seconds spent in
+    /// those reads and writes.
     pub read_bytes: u64,
     pub written_bytes: u64,
+    pub io_seconds: (f64, f64),
 }
 
 /// The file is the run's scratch (the parameters outlive it in checkpoints), so it goes with
@@ -55,6 +58,7 @@ impl ParamFile {
             layout,
             read_bytes: 0,
             written_bytes: 0,
+            io_seconds: (0.0, 0.0),
         })
     }
 
@@ -85,6 +89,22 @@ impl ParamFile {
 
     /// Fills `out` from byte `at` of `unit`'s shard on.
     pub fn read(&mut self, unit: usize, at: usize, out: &mut [u8]) -> Result<()> {
+        let start = Instant::now();
+        let read = self.read_pieces(unit, at, out);
+        self.io_seconds.0 += start.elapsed().as_secs_f64();
+        read
+    }
+
+    /// Writes `data` into `unit`'s shard from byte `at` on.
+    pub fn write(&mut self, unit: usize, at: usize, data: &[u8]) -> Result<()> {
+        let start = Instant::now();
+        let written = self.write_pieces(unit, at, data);
+        self.io_seconds.1 += start.elapsed().as_secs_f64();
+        written
+    }
+
+    /// [`ParamFile::read`], piece by piece.
+    fn read_pieces(&mut self, unit: usize, at: usize, out: &mut [u8]) -> Result<()> {
         let mut done = 0;
         while done < out.len() {
             let (index, from, len) = self.piece_at(unit, at + done)?;
@@ -102,8 +122,8 @@ impl ParamFile {
         Ok(())
     }
 
-    /// Writes `data` into `unit`'s shard from byte `at` on.
-    pub fn write(&mut self, unit: usize, at: usize, data: &[u8]) -> Result<()> {
+    /// [`ParamFile::write`], piece by piece (a partial piece read, patched and written).
+    fn write_pieces(&mut self, unit: usize, at: usize, data: &[u8]) -> Result<()> {
         let mut done = 0;
         while done < data.len() {
             let (index, from, len) = self.piece_at(unit, at + done)?;

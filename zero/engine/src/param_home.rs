@@ -361,6 +361,7 @@ impl Engine {
     pub fn params_file(&self) -> Option<(&Path, ParamFileStats)> {
         let home = self.offloaded_params.as_ref()?;
         let file = home.file.as_ref()?;
+        let ahead_seconds = home.ahead.as_ref().map_or(0.0, |a| a.read_seconds);
         Some((
             file.path(),
             ParamFileStats {
@@ -369,13 +370,14 @@ impl Engine {
                 read_bytes: file.read_bytes + home.ahead.as_ref().map_or(0, |a| a.read_bytes),
                 written_bytes: file.written_bytes,
                 direct: file.is_direct(),
+                io_seconds: (file.io_seconds.0 + ahead_seconds, file.io_seconds.1),
             },
         ))
     }
 }
 
 /// What the parameter file holds and has moved, for tests and reports.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub struct ParamFileStats {
     /// Bytes of the file (header and every piece's slot).
     pub file_bytes: u64,
@@ -388,4 +390,6 @@ pub struct ParamFileStats {
     pub written_bytes: u64,
     /// The file bypasses the page cache (`O_DIRECT`).
     pub direct: bool,
+    /// Seconds spent in the file's reads (on either thread) and writes since start-up.
+    pub io_seconds: (f64, f64),
 }

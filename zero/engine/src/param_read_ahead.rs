@@ -75,8 +75,9 @@ pub(crate) struct ReadAhead {
     handle: Option<JoinHandle<()>>,
     /// Bytes of the thread's pool buffer, fixed at start-up.
     pub pool_bytes: u64,
-    /// Bytes the thread has read since start-up.
+    /// Bytes the thread has read since start-up, and the seconds it spent reading them.
     pub read_bytes: u64,
+    pub read_seconds: f64,
     /// Spans of the reads answered, until the engine moves them into its trace.
     pub spans: Vec<Span>,
 }
@@ -107,6 +108,7 @@ impl ReadAhead {
             handle: Some(handle),
             pool_bytes,
             read_bytes: 0,
+            read_seconds: 0.0,
             spans: Vec::new(),
         })
     }
@@ -233,6 +235,7 @@ impl ReadAhead {
             return Err(gone());
         };
         self.read_bytes += reply.bytes;
+        self.read_seconds += (reply.span.end - reply.span.start).as_secs_f64();
         self.spans.push(reply.span);
         let block = self.arena.take_back(reply.buf)?;
         if let Err(e) = reply.result {

@@ -14,7 +14,7 @@
 use clap::{Parser, Subcommand};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
-use zero_train::{train, OffloadTier, TrainArgs};
+use zero_train::{train, TrainArgs};
 
 #[derive(Parser)]
 #[command(
@@ -183,10 +183,9 @@ fn start_up_line(cfg: &zero_train::cli::config::TrainConfig, m: &zero_gpt::GptCo
         " (L {}, C {}, NH {}, V {})",
         m.num_layers, m.channels, m.num_heads, m.vocab_size
     );
-    let offload = match cfg.offload_optimizer {
-        OffloadTier::Off => "",
-        OffloadTier::Cpu => " (optimizer offloaded to the host)",
-        OffloadTier::Nvme => " (optimizer offloaded to files)",
+    let offload = match cfg.offloads() {
+        words if words.is_empty() => String::new(),
+        words => format!(" ({words})"),
     };
     let steps = match cfg.steps {
         1 => "1 step".to_string(),

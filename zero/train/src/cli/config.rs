@@ -334,17 +334,29 @@ pub struct TrainConfig {
     #[arg(long, num_args = 0..=1, default_missing_value = "cpu", default_value = "false", value_parser = OffloadTier::parse, action = clap::ArgAction::Set)]
     #[serde(with = "offload_tier")]
     pub offload_optimizer: OffloadTier,
-    /// The folder of `--offload-optimizer nvme`'s files (one per rank, created at start-up,
-    /// replaced if present): an existing, writable directory, ideally on a fast disk.
+    /// ZeRO-Infinity's parameter offload, at `--zero-stage 3` with `--offload-optimizer`:
+    /// keep each rank's stored parameter shards off the device: `cpu` (alone:
+    /// `--offload-params`) in a host arena, `nvme` in one file per rank under
+    /// `--nvme-path`. Each shard is copied into its all-gather's buffer when the gather is
+    /// launched (`--prefetch-units` ahead), and the host update writes it back; units under
+    /// `--param-persistence-threshold` stay on the device. `false` turns it off.
+    #[arg(long, num_args = 0..=1, default_missing_value = "cpu", default_value = "false", value_parser = OffloadTier::parse, action = clap::ArgAction::Set)]
+    #[serde(with = "offload_tier")]
+    pub offload_params: OffloadTier,
+    /// The folder of the `nvme` tier's files (`--offload-optimizer nvme`,
+    /// `--offload-params nvme`; one file per rank and tier, created at start-up, replaced if
+    /// present): an existing, writable directory, ideally on a fast disk.
     #[arg(long)]
     pub nvme_path: Option<PathBuf>,
-    /// Cap on each rank's host arena of offloaded optimizer states (`--offload-optimizer`),
-    /// e.g. 64M; refused at start-up below what the run needs, with the bytes needed.
+    /// Cap on each rank's host memory of the offloaded tiers (the optimizer's host arena
+    /// and, with `--offload-params cpu`, the parameter shards'), e.g. 64M; refused at
+    /// start-up below what the run needs, with the bytes needed.
     #[arg(long, allow_negative_numbers = true)]
     pub host_memory_limit: Option<ByteSize>,
 }
 
-/// Where `--offload-optimizer` puts the optimizer states.
+/// Where `--offload-optimizer` puts the optimizer states, and `--offload-params` the
+/// parameter shards.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum OffloadTier {
     /// In the rank's arena, beside the other model states.
@@ -363,6 +375,16 @@ impl OffloadTier {
         self != Self::Off
     }
 
+    /// Where the tier puts what it offloads, in words (`None` when off).
+    #[must_use]
+    pub fn place(self) -> Option<&'static str> {
+        match self {
+            Self::Off => None,
+            Self::Cpu => Some("the host"),
+            Self::Nvme => Some("files"),
+        }
+    }
+
     /// Parses `cpu`, `nvme`, `true` (cpu) or `false` (off).
     ///
     /// # Errors
@@ -373,13 +395,14 @@ impl OffloadTier {
             "nvme" => Ok(Self::Nvme),
             "false" => Ok(Self::Off),
             other => Err(format!(
-                "{other:?} is not an optimizer offload: expected cpu, nvme, true (cpu) or false"
+                "{other:?} is not an offload tier: expected cpu, nvme, true (cpu) or false"
             )),
         }
     }
 }
 
-/// `offload_optimizer` in TOML: `true` / `false` (cpu / off), or `"cpu"` / `"nvme"`.
+/// `offload_optimizer` and `offload_params` in TOML: `true` / `false` (cpu / off), or
+/// `"cpu"` / `"nvme"`.
 mod offload_tier {
     use super::OffloadTier;
     use serde::{de::Error, Deserialize, Deserializer, Serializer};
@@ -492,6 +515,8 @@ impl TrainConfig {
             activation_bytes,
             offload_optimizer: self.offload_optimizer.is_on(),
             optimizer_file: self.offload_optimizer == OffloadTier::Nvme,
+            offload_params: self.offload_params.is_on(),
+            params_file: self.offload_params == OffloadTier::Nvme,
             host_memory_limit: self.host_memory_limit.map(|m| m.0),
             kept_inputs,
             ..EngineConfig::default()
@@ -511,6 +536,21 @@ impl TrainConfig {
     pub fn one_micro_batch_per_rank(&self) -> usize {
         self.micro_batch_size
             .saturating_mul(self.data_parallel_size())
+    }
+
+    /// What the run offloads and where, in words ("optimizer offloaded to files,
+    /// parameters offloaded to the host"; empty when nothing is).
+    #[must_use]
+    pub fn offloads(&self) -> String {
+        let tiers = [
+            ("optimizer", self.offload_optimizer),
+            ("parameters", self.offload_params),
+        ];
+        let words: Vec<String> = tiers
+            .iter()
+            .filter_map(|(what, tier)| tier.place().map(|at| format!("{what} offloaded to {at}")))
+            .collect();
+        words.join(", ")
     }
 
     /// The data-parallel ranks, `world_size / tensor_parallel_size` (the world size itself

@@ -1,11 +1,13 @@
-//! The optimizer offload's flags checked before the ranks start: `--offload-optimizer nvme`
-//! with an existing, writable `--nvme-path` directory, and `--nvme-path` or
-//! `--host-memory-limit` only where they mean something. Each refusal names the flag and,
+//! The offload flags checked before the ranks start: an `nvme` tier with an existing,
+//! writable `--nvme-path` directory, `--offload-params` at stage 3 with
+//! `--offload-optimizer`, and `--nvme-path` or `--host-memory-limit` only where they mean
+//! something. Each refusal names the flag and,
 //! for the folder, the path and what the system said.
 
 use crate::cli::config::{OffloadTier, TrainConfig};
 use crate::error::ConfigError;
 use std::path::Path;
+use zero::ZeroStage;
 
 impl TrainConfig {
     /// Refuses an offload configuration that cannot run (module docs).
@@ -14,8 +16,8 @@ impl TrainConfig {
         if let Some(limit) = self.host_memory_limit {
             if !self.offload_optimizer.is_on() {
                 return invalid(
-                    "--host-memory-limit caps the host arena of --offload-optimizer: give both, \
-                     or leave it out"
+                    "--host-memory-limit caps the host memory of --offload-optimizer (and \
+                     --offload-params): give both, or leave it out"
                         .into(),
                 );
             }
@@ -23,25 +25,59 @@ impl TrainConfig {
                 return invalid("--host-memory-limit 0: the host arena needs bytes".into());
             }
         }
-        match (self.offload_optimizer, &self.nvme_path) {
-            (OffloadTier::Nvme, None) => invalid(
-                "--offload-optimizer nvme keeps the optimizer states in files: give the folder \
-                 with --nvme-path DIR (`nvme_path` in --config)"
-                    .into(),
+        self.validate_param_offload()?;
+        let nvme = [
+            (
+                self.offload_optimizer,
+                "--offload-optimizer nvme",
+                "optimizer states",
             ),
-            (OffloadTier::Nvme, Some(_)) if self.device.is_cuda() => invalid(
-                "--offload-optimizer nvme runs on the CPU only for now: use \
-                 --offload-optimizer cpu with --device cuda"
-                    .into(),
+            (
+                self.offload_params,
+                "--offload-params nvme",
+                "parameter shards",
             ),
-            (OffloadTier::Nvme, Some(dir)) => writable_dir(dir),
-            (_, Some(dir)) => invalid(format!(
-                "--nvme-path {} is the folder of --offload-optimizer nvme's files: give \
-                 --offload-optimizer nvme, or leave --nvme-path out",
+        ];
+        let asked = nvme.iter().find(|(tier, ..)| *tier == OffloadTier::Nvme);
+        match (asked, &self.nvme_path) {
+            (Some((_, flag, what)), None) => invalid(format!(
+                "{flag} keeps the {what} in files: give the folder with --nvme-path DIR \
+                 (`nvme_path` in --config)"
+            )),
+            (Some((_, flag, _)), Some(_)) if self.device.is_cuda() => invalid(format!(
+                "{flag} runs on the CPU only for now: use cpu in its place with --device cuda"
+            )),
+            (Some(_), Some(dir)) => writable_dir(dir),
+            (None, Some(dir)) => invalid(format!(
+                "--nvme-path {} is the folder of the nvme tier's files: give \
+                 --offload-optimizer nvme or --offload-params nvme, or leave --nvme-path out",
                 dir.display()
             )),
-            (_, None) => Ok(()),
+            (None, None) => Ok(()),
         }
+    }
+
+    /// `--offload-params` only at stage 3 and with `--offload-optimizer`: below stage 3
+    /// nothing is gathered, and the host update reads and writes the shards where they live.
+    fn validate_param_offload(&self) -> Result<(), ConfigError> {
+        if !self.offload_params.is_on() {
+            return Ok(());
+        }
+        if self.zero_stage != ZeroStage::Zero3 {
+            return Err(ConfigError::Invalid(format!(
+                "--offload-params keeps the parameter shards of stage 3 off the device: it \
+                 needs --zero-stage 3 (this run asks for {})",
+                self.zero_stage as u8
+            )));
+        }
+        if !self.offload_optimizer.is_on() {
+            return Err(ConfigError::Invalid(
+                "--offload-params needs --offload-optimizer (cpu or nvme) too: the update runs \
+                 on the host, where the shards are"
+                    .into(),
+            ));
+        }
+        Ok(())
     }
 }
 

@@ -10,7 +10,7 @@ use zero::{expected_model_state_bytes, MemoryPlan, Traffic, ZeroStage};
 use zero_alloc::human_bytes;
 use zero_gpt::{GptConfig, ParamLayout};
 
-use crate::cli::config::{Backend, OffloadTier, TrainConfig};
+use crate::cli::config::{Backend, TrainConfig};
 use crate::error::TrainError;
 use crate::plan::link_rate::LinkRate;
 use crate::plan::memory_fit::MemoryQuery;
@@ -87,7 +87,7 @@ pub fn plan_table(cfg: &TrainConfig, link: Option<LinkRate>) -> Result<String, T
             .offload
             .map_or("-".into(), |o| human_bytes(o.total()));
         let file = match p.plan.offload {
-            Some(o) if o.file > 0 => human_bytes(o.file),
+            Some(o) if o.files() > 0 => human_bytes(o.files()),
             _ => "-".into(),
         };
         let mark = if p.stage == cfg.zero_stage {
@@ -196,10 +196,9 @@ fn heading(cfg: &TrainConfig, m: &GptConfig) -> String {
         (Some(k), _) => format!("checkpointing every {k}"),
         (None, _) => "no checkpointing".into(),
     };
-    let optimizer = match cfg.offload_optimizer {
-        OffloadTier::Off => "optimizer on the device",
-        OffloadTier::Cpu => "optimizer offloaded to the host",
-        OffloadTier::Nvme => "optimizer offloaded to files, streamed through the host",
+    let optimizer = match cfg.offloads() {
+        words if words.is_empty() => "optimizer on the device".to_string(),
+        words => words,
     };
     let tp = match cfg.tensor_parallel_size {
         1 => String::new(),

@@ -75,6 +75,14 @@ pub struct RankReport {
     /// `--offload-optimizer nvme`: bytes of the rank's optimizer file, measured on disk
     /// while the run holds it (0 without the file tier).
     pub optimizer_file_bytes: u64,
+    /// `--offload-params cpu`: the peak of the host arena of parameter shards (0 otherwise).
+    pub params_offloaded_bytes: u64,
+    /// `--offload-params nvme`: bytes of the rank's parameter file, measured on disk while
+    /// the run holds it (0 otherwise).
+    pub params_file_bytes: u64,
+    /// What the rank's files (`nvme` tiers) read and wrote per training step, and the
+    /// seconds those reads and writes took.
+    pub file_io_per_step: zero::FileIo,
     /// Elements handed to collectives per training step, by kind.
     pub traffic_per_step: Traffic,
     /// Bytes zero-comm counted as sent per training step (all collectives).
@@ -106,6 +114,14 @@ impl RankReport {
             "activation_offloaded_bytes": self.activation_offloaded_bytes,
             "optimizer_offloaded_bytes": self.optimizer_offloaded_bytes,
             "optimizer_file_bytes": self.optimizer_file_bytes,
+            "params_offloaded_bytes": self.params_offloaded_bytes,
+            "params_file_bytes": self.params_file_bytes,
+            "file_io_per_step": {
+                "read_bytes": self.file_io_per_step.read_bytes,
+                "written_bytes": self.file_io_per_step.written_bytes,
+                "read_seconds": self.file_io_per_step.read_seconds,
+                "write_seconds": self.file_io_per_step.write_seconds,
+            },
             "model_state_bytes": bytes_json(&self.measured),
             "expected_model_state_bytes": bytes_json(&self.expected),
             "stage0_model_state_bytes": bytes_json(&self.stage0),
@@ -227,6 +243,40 @@ pub fn memory_table(reports: &[RankReport]) -> String {
             mib(r.measured.optimizer),
             mib(r.optimizer_offloaded_bytes as f64),
         ));
+    }
+    for r in reports.iter() {
+        let home = match (r.params_offloaded_bytes, r.params_file_bytes) {
+            (0, 0) => continue,
+            (0, file) => format!(
+                "in its file (--offload-params nvme; {:.2} MiB on disk)",
+                mib(file as f64)
+            ),
+            (host, _) => format!(
+                "in host memory (--offload-params; host arena peak {:.2} MiB)",
+                mib(host as f64)
+            ),
+        };
+        s.push_str(&format!(
+            "rank {}: the parameter shards stage 3 gathers {home}\n",
+            r.rank
+        ));
+    }
+    for r in reports.iter() {
+        let f = r.file_io_per_step;
+        if f.read_bytes + f.written_bytes > 0 {
+            let rate = |bytes: u64, secs: f64| mib(bytes as f64) / secs.max(1e-9);
+            s.push_str(&format!(
+                "rank {}: files per step: read {:.1} MiB in {:.2} s ({:.0} MiB/s), wrote \
+                 {:.1} MiB in {:.2} s ({:.0} MiB/s)\n",
+                r.rank,
+                mib(f.read_bytes as f64),
+                f.read_seconds,
+                rate(f.read_bytes, f.read_seconds),
+                mib(f.written_bytes as f64),
+                f.write_seconds,
+                rate(f.written_bytes, f.write_seconds),
+            ));
+        }
     }
     s
 }

@@ -52,6 +52,8 @@ pub(crate) struct Trainer<'a, B: Placement = CpuBackend> {
     received: u64,
     /// The tensor-parallel group's collectives by the steps run so far.
     tp_traffic: TpCounter,
+    /// What the rank's files moved during the steps run so far.
+    file_io: zero::FileIo,
     /// An `--async-save` whose pieces are being written, and when it started.
     pending_save: Option<(PendingSave, Instant)>,
     /// An injected `diverge` due at the next micro-step.
@@ -105,6 +107,11 @@ impl RankOutput {
                 optimizer_file_bytes: engine
                     .optimizer_file_path()
                     .map_or(0, |p| std::fs::metadata(p).map_or(0, |m| m.len())),
+                params_offloaded_bytes: 0,
+                file_io_per_step: zero::FileIo::default(),
+                params_file_bytes: engine
+                    .params_file()
+                    .map_or(0, |(p, _)| std::fs::metadata(p).map_or(0, |m| m.len())),
                 traffic_per_step: Traffic::default(),
                 comm_bytes_sent_per_step: 0.0,
                 comm_bytes_received_per_step: 0.0,
@@ -230,6 +237,7 @@ impl<'a, B: Placement> Trainer<'a, B> {
             sent: 0,
             received: 0,
             tp_traffic: TpCounter::default(),
+            file_io: zero::FileIo::default(),
             pending_save: None,
             diverge: false,
             trace: None,
@@ -251,6 +259,7 @@ impl<'a, B: Placement> Trainer<'a, B> {
         self.arm_faults(step);
         let began = Instant::now();
         let (traffic_before, sent_before) = (self.engine.traffic(), self.bytes_moved());
+        let files_before = self.engine.file_io();
         let tp_before = self.engine.tensor_parallel().map(|tp| tp.stats());
         let lr = self.schedule.lr(step);
         let accum = self.loader_config.grad_accum_steps;
@@ -276,6 +285,7 @@ impl<'a, B: Placement> Trainer<'a, B> {
         let report = self.engine.step(lr)?;
         self.model.backend().finish_step()?;
         self.count_traffic(traffic_before, sent_before);
+        self.file_io = self.file_io.plus(self.engine.file_io().since(files_before));
         if let (Some(before), Some(tp)) = (tp_before, self.engine.tensor_parallel()) {
             self.tp_traffic.add(&before, &tp.stats());
         }
@@ -382,6 +392,8 @@ impl<'a, B: Placement> Trainer<'a, B> {
         report.peak_bytes = self.engine.arena().stats().peak_allocated as u64;
         report.optimizer_offloaded_bytes =
             (self.engine.offload_arena()).map_or(0, |a| a.stats().peak_allocated as u64);
+        report.params_offloaded_bytes =
+            (self.engine.offload_params_arena()).map_or(0, |a| a.stats().peak_allocated as u64);
         report.traffic_per_step = Traffic {
             all_reduce: t.all_reduce / steps_run,
             reduce_scatter: t.reduce_scatter / steps_run,
@@ -389,6 +401,13 @@ impl<'a, B: Placement> Trainer<'a, B> {
         };
         report.comm_bytes_sent_per_step = self.sent as f64 / steps_run as f64;
         report.comm_bytes_received_per_step = self.received as f64 / steps_run as f64;
+        let f = self.file_io;
+        report.file_io_per_step = zero::FileIo {
+            read_bytes: f.read_bytes / steps_run,
+            written_bytes: f.written_bytes / steps_run,
+            read_seconds: f.read_seconds / steps_run as f64,
+            write_seconds: f.write_seconds / steps_run as f64,
+        };
         report.tensor_parallel =
             (self.engine.tensor_parallel()).map(|_| self.tp_traffic.per_step(steps_run));
         // A run shorter than --trace-steps is still recording.

@@ -1,0 +1,217 @@
+//! `--offload-params` through `zero-train`: stage 3 with the parameter shards in host memory
+//! or in files trains the losses of shards on the device to the bit, fp32 and bf16, with
+//! and without activation checkpointing; each tier holds exactly what `zero-train plan`
+//! says; a checkpoint saved with the shards in files resumes without offload to the bit;
+//! and a configuration that cannot run is refused at start-up naming the flag.
+
+mod common;
+use common::{stderr, write_corpus, TempDir};
+use std::path::Path;
+use std::process::Command;
+use zero::ZeroStage;
+use zero_gpt::Rng;
+use zero_train::plan::plan_report::stage_plans;
+use zero_train::{train, ByteSize, OffloadTier, PrecisionArg, TrainConfig};
+
+/// train.bin and val.bin of random tokens below 100.
+fn corpus(dir: &Path) {
+    let mut rng = Rng::new(11);
+    let tokens: Vec<u16> = (0..6_000).map(|_| (rng.next_u64() % 100) as u16).collect();
+    write_corpus(dir, &tokens, 2_000, 100);
+    std::fs::create_dir(dir.join("nvme")).unwrap();
+}
+
+/// The tiny preset, 2 layers, at stage 3 on 2 ranks for 4 steps in 1 KiB gradient buckets,
+/// the optimizer and the parameter shards at `tiers`.
+fn tiny(data: &Path, precision: PrecisionArg, tiers: (OffloadTier, OffloadTier)) -> TrainConfig {
+    let files = tiers.0 == OffloadTier::Nvme || tiers.1 == OffloadTier::Nvme;
+    TrainConfig {
+        model: "tiny".into(),
+        layers: Some(2),
+        seq_len: 16,
+        data: data.to_path_buf(),
+        world_size: 2,
+        steps: 4,
+        batch_size: 2,
+        micro_batch_size: 1,
+        eval_every: 0,
+        sample_tokens: 0,
+        zero_stage: ZeroStage::Zero3,
+        precision,
+        reduce_bucket_size: ByteSize(1024),
+        offload_optimizer: tiers.0,
+        offload_params: tiers.1,
+        nvme_path: files.then(|| data.join("nvme")),
+        ..TrainConfig::default()
+    }
+}
+
+fn bits(l: &[f32]) -> Vec<u32> {
+    l.iter().map(|x| x.to_bits()).collect()
+}
+
+#[test]
+fn offloaded_shards_train_the_losses_of_shards_on_the_device_to_the_bit() {
+    let dir = TempDir::new("params-bits");
+    corpus(&dir.0);
+    use OffloadTier::{Cpu, Nvme, Off};
+    for precision in [PrecisionArg::Fp32, PrecisionArg::Bf16] {
+        for checkpointing in [false, true] {
+            let run = |tiers| {
+                let cfg = TrainConfig {
+                    activation_checkpointing: checkpointing,
+                    ..tiny(&dir.0, precision, tiers)
+                };
+                train(&cfg).unwrap()
+            };
+            let what = format!("{precision:?}, checkpointing {checkpointing}");
+            let plain = run((Off, Off));
+            assert_ne!(plain.losses[0], plain.losses[3], "{what}: nothing trained");
+            for tiers in [(Cpu, Cpu), (Nvme, Cpu), (Cpu, Nvme), (Nvme, Nvme)] {
+                let got = run(tiers);
+                assert_eq!(bits(&got.losses), bits(&plain.losses), "{what}, {tiers:?}");
+            }
+        }
+    }
+}
+
+#[test]
+fn each_tier_holds_what_the_plan_says() {
+    let dir = TempDir::new("params-plan");
+    corpus(&dir.0);
+    for tiers in [
+        (OffloadTier::Cpu, OffloadTier::Cpu),
+        (OffloadTier::Nvme, OffloadTier::Nvme),
+    ] {
+        let cfg = tiny(&dir.0, PrecisionArg::Bf16, tiers);
+        let (_, plans) = stage_plans(&cfg).unwrap();
+        let plan = plans.iter().find(|p| p.stage == ZeroStage::Zero3).unwrap();
+        let offload = plan.plan.offload.unwrap();
+        let ran = train(&cfg).unwrap();
+        for r in &ran.ranks {
+            let what = format!("{tiers:?}, rank {}", r.rank);
+            assert_eq!(r.params_offloaded_bytes, offload.params, "{what}");
+            assert_eq!(r.params_file_bytes, offload.params_file, "{what}");
+            assert_eq!(r.optimizer_file_bytes, offload.file, "{what}");
+            // At a capacity of exactly the plan, buckets in flight may be landed early:
+            // the peak never passes the plan.
+            assert!(r.peak_bytes <= plan.plan.total(), "{what}");
+            // Each step reads and writes every optimizer state the file holds, and the
+            // shards besides.
+            let io = r.file_io_per_step;
+            let states = r.measured.optimizer as u64;
+            if tiers.0 == OffloadTier::Nvme {
+                assert!(
+                    io.read_bytes > states && io.written_bytes > states,
+                    "{what}: {io:?}"
+                );
+                assert!(
+                    io.read_seconds > 0.0 && io.write_seconds > 0.0,
+                    "{what}: {io:?}"
+                );
+            } else {
+                assert_eq!(io, zero::FileIo::default(), "{what}");
+            }
+        }
+        let one_tier_has_bytes = offload.params > 0 || offload.params_file > 0;
+        assert!(one_tier_has_bytes, "{tiers:?}: {offload:?}");
+    }
+}
+
+#[test]
+fn a_checkpoint_saved_with_shards_in_files_resumes_without_offload_to_the_bit() {
+    let dir = TempDir::new("params-resume");
+    corpus(&dir.0);
+    let save = dir.0.join("ckpt");
+    let nvme = (OffloadTier::Nvme, OffloadTier::Nvme);
+    let off = (OffloadTier::Off, OffloadTier::Off);
+    let whole = train(&TrainConfig {
+        save: Some(save.clone()),
+        save_every: 2,
+        ..tiny(&dir.0, PrecisionArg::Fp32, nvme)
+    })
+    .unwrap();
+    let step2 = save.join("step-000002");
+    for tiers in [off, nvme] {
+        let resumed = train(&TrainConfig {
+            resume: Some(step2.clone()),
+            ..tiny(&dir.0, PrecisionArg::Fp32, tiers)
+        })
+        .unwrap();
+        assert_eq!(bits(&resumed.losses), bits(&whole.losses[2..]), "{tiers:?}");
+    }
+}
+
+/// `zero-train` on the tiny preset, 2 ranks, 1 step, with `flags`: (success, stderr).
+fn zero_train(data: &Path, flags: &[&str]) -> (bool, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_zero-train"))
+        .args(["--model", "tiny", "--layers", "2", "--seq-len", "16"])
+        .args(["--steps", "1", "--world-size", "2", "--eval-every", "0"])
+        .args(["--sample-tokens", "0", "--data", data.to_str().unwrap()])
+        .args(flags)
+        .output()
+        .unwrap();
+    (out.status.success(), stderr(&out))
+}
+
+#[test]
+fn a_configuration_parameter_offload_cannot_run_is_refused_naming_the_flag() {
+    let dir = TempDir::new("params-refused");
+    corpus(&dir.0);
+    let nvme = dir.0.join("nvme");
+    let nvme = nvme.to_str().unwrap();
+    let cases: [(&[&str], &str); 5] = [
+        (
+            &["--offload-optimizer", "--offload-params"],
+            "needs --zero-stage 3",
+        ),
+        (
+            &["--zero-stage", "3", "--offload-params"],
+            "needs --offload-optimizer",
+        ),
+        (
+            &[
+                "--zero-stage",
+                "3",
+                "--offload-optimizer",
+                "--offload-params",
+                "nvme",
+            ],
+            "--offload-params nvme keeps the parameter shards in files: give the folder",
+        ),
+        (
+            &["--zero-stage", "3", "--offload-params", "disk"],
+            "\"disk\" is not an offload tier",
+        ),
+        (
+            &[
+                "--zero-stage",
+                "3",
+                "--offload-optimizer",
+                "--offload-params",
+                "--host-memory-limit",
+                "4K",
+            ],
+            "4096",
+        ),
+    ];
+    for (flags, want) in cases {
+        let (ok, text) = zero_train(&dir.0, flags);
+        assert!(!ok && text.contains(want), "{flags:?}: {text}");
+    }
+    let flags = [
+        "--zero-stage",
+        "3",
+        "--offload-optimizer",
+        "nvme",
+        "--offload-params",
+        "nvme",
+    ];
+    let (ok, text) = zero_train(&dir.0, &[&flags[..], &["--nvme-path", nvme]].concat());
+    assert!(ok, "{text}");
+    assert_eq!(
+        std::fs::read_dir(dir.0.join("nvme")).unwrap().count(),
+        0,
+        "files left behind"
+    );
+}
