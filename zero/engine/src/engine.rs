@@ -29,6 +29,7 @@ use super::optimizer_home::OffloadedOptimizer;
 use super::param_home::{check_param_offload, OffloadedParams};
 use super::planning::formulas::{expected_model_state_bytes, ModelStateBytes};
 use super::planning::kept_plan::KeptInputs;
+use super::planning::offload_plan::OffloadPlan;
 use super::planning::plan::{
     arena_config, check_fits, plan_memory, unit_policies, MemoryPlan, PlanShape,
 };
@@ -160,6 +161,26 @@ fn rank_arena(config: &EngineConfig, device: Device, plan: &MemoryPlan) -> Resul
     })?)
 }
 
+/// The offloaded tiers `plan` asks for on `device` (files under `nvme`): the optimizer's
+/// host arena or file, and the parameter shards' home with `config.offload_params`.
+fn start_offload(
+    plan: OffloadPlan,
+    config: &EngineConfig,
+    (device, nvme): (Device, Option<&std::path::Path>),
+    policies: &[UnitPolicy],
+    ranks: (usize, usize),
+) -> Result<(Option<OffloadedOptimizer>, Option<OffloadedParams>)> {
+    let optimizer = OffloadedOptimizer::start(plan, config, device, nvme, policies, ranks)?;
+    let params = if config.offload_params {
+        Some(OffloadedParams::start(
+            &plan, config, device, nvme, policies, ranks,
+        )?)
+    } else {
+        None
+    };
+    Ok((Some(optimizer), params))
+}
+
 /// Parameters (shared) and unreduced gradients (mutable) of some units, from
 /// [`OpUnits::views`](crate::OpUnits::views), in the order the operation declared them.
 pub type UnitViews<'a> = (Vec<&'a [f32]>, Vec<&'a mut [f32]>);
@@ -288,20 +309,12 @@ impl Engine {
         let mut arena = rank_arena(&config, device, &memory_plan)?;
         let policies = unit_policies(&specs, shape)?;
         let ranks = (comm.rank(), comm.size());
-        let mut offloaded = memory_plan
-            .offload
-            .map(|plan| {
-                let nvme = nvme_path.as_deref();
-                OffloadedOptimizer::start(plan, &config, device, nvme, &policies, ranks)
-            })
-            .transpose()?;
-        let mut offloaded_params = match memory_plan.offload {
-            Some(plan) if config.offload_params => {
-                let nvme = nvme_path.as_deref();
-                let home = OffloadedParams::start(&plan, &config, device, nvme, &policies, ranks)?;
-                Some(home)
+        let (mut offloaded, mut offloaded_params) = match memory_plan.offload {
+            Some(plan) => {
+                let at = (device, nvme_path.as_deref());
+                start_offload(plan, &config, at, &policies, ranks)?
             }
-            _ => None,
+            None => (None, None),
         };
         let bufs = allocate_units(
             &mut arena,

@@ -227,6 +227,14 @@ pub fn memory_table(reports: &[RankReport]) -> String {
             mib(t.bytes_received),
         ));
     }
+    s.push_str(&offload_lines(reports));
+    s
+}
+
+/// The closing table's lines on the offloaded tiers: where each rank's optimizer states and
+/// parameter shards are, and what its files moved per step.
+fn offload_lines(reports: &[RankReport]) -> String {
+    let mut s = String::new();
     for r in reports.iter().filter(|r| r.optimizer_offloaded_bytes > 0) {
         let home = if r.optimizer_file_bytes > 0 {
             format!(
