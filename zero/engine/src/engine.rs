@@ -161,6 +161,15 @@ fn rank_arena(config: &EngineConfig, device: Device, plan: &MemoryPlan) -> Resul
     })?)
 }
 
+/// Refuses inconsistent unit specifications, naming the first.
+fn check_units(specs: &[UnitSpec]) -> Result<()> {
+    for (unit, spec) in specs.iter().enumerate() {
+        spec.check()
+            .map_err(|message| Error::BadUnit { unit, message })?;
+    }
+    Ok(())
+}
+
 /// The offloaded tiers `plan` asks for on `device` (files under `nvme`): the optimizer's
 /// host arena or file, and the parameter shards' home with `config.offload_params`.
 fn start_offload(
@@ -295,10 +304,7 @@ impl Engine {
             collectives,
             nvme_path,
         } = ops;
-        for (unit, spec) in specs.iter().enumerate() {
-            spec.check()
-                .map_err(|message| Error::BadUnit { unit, message })?;
-        }
+        check_units(&specs)?;
         check_param_offload(&config)?;
         confirm_same_schedules(&comm, programs)?;
         let shape = config.plan_shape(comm.size(), collectives.staging_rule(&comm));
