@@ -6,10 +6,9 @@
 //! reason otherwise.
 
 mod common;
-use common::{write_corpus, TempDir};
+use common::{tiny_stage3, write_corpus, TempDir};
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use zero::ZeroStage;
 use zero_gpt::Rng;
 use zero_train::{train, OffloadTier, TrainConfig};
 
@@ -35,25 +34,13 @@ impl Drop for Mount {
     }
 }
 
-/// The tiny preset, 2 layers, stage 3 on 2 ranks for 4 steps, both tiers in files under
-/// `nvme`.
+/// [`tiny_stage3`] with both tiers in files under `nvme`.
 fn tiny(data: &Path, nvme: &Path) -> TrainConfig {
     TrainConfig {
-        model: "tiny".into(),
-        layers: Some(2),
-        seq_len: 16,
-        data: data.to_path_buf(),
-        world_size: 2,
-        steps: 4,
-        batch_size: 2,
-        micro_batch_size: 1,
-        eval_every: 0,
-        sample_tokens: 0,
-        zero_stage: ZeroStage::Zero3,
         offload_optimizer: OffloadTier::Nvme,
         offload_params: OffloadTier::Nvme,
         nvme_path: Some(nvme.to_path_buf()),
-        ..TrainConfig::default()
+        ..tiny_stage3(data)
     }
 }
 
