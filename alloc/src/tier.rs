@@ -23,6 +23,7 @@ mod header;
 mod space;
 
 pub use header::{TierHeader, HEADER_BYTES};
+pub use space::available as available_bytes;
 
 use std::fs::{File, OpenOptions};
 use std::os::unix::fs::{FileExt, OpenOptionsExt};

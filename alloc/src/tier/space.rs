@@ -33,7 +33,7 @@ pub(super) fn reserve(file: &File, len: u64) -> std::io::Result<()> {
 
 /// Bytes an unprivileged writer may still use on the filesystem holding `path`, where the
 /// OS tells.
-pub(super) fn available(path: &Path) -> Option<u64> {
+pub fn available(path: &Path) -> Option<u64> {
     use std::os::unix::ffi::OsStrExt;
     let c_path = std::ffi::CString::new(path.as_os_str().as_bytes()).ok()?;
     // SAFETY: `statvfs` is all zeroes when uninitialised (plain integers), and the call

@@ -29,6 +29,7 @@ use super::optimizer_home::OffloadedOptimizer;
 use super::param_home::{check_param_offload, OffloadedParams};
 use super::planning::formulas::{expected_model_state_bytes, ModelStateBytes};
 use super::planning::kept_plan::KeptInputs;
+use super::planning::offload_plan::OffloadPlan;
 use super::planning::plan::{
     arena_config, check_fits, plan_memory, unit_policies, MemoryPlan, PlanShape,
 };
@@ -170,22 +171,28 @@ fn rank_arena(config: &EngineConfig, device: Device, plan: &MemoryPlan) -> Resul
     })?)
 }
 
-/// The offloaded optimizer's home and the offloaded parameters' that `plan` asks for, on
-/// `device`, files under `nvme`, for rank `ranks.0` of `ranks.1`; `None` for those not
-/// offloaded.
-fn start_offload_homes(
-    plan: &MemoryPlan,
+/// Refuses inconsistent unit specifications, naming the first.
+fn check_units(specs: &[UnitSpec]) -> Result<()> {
+    for (unit, spec) in specs.iter().enumerate() {
+        spec.check()
+            .map_err(|message| Error::BadUnit { unit, message })?;
+    }
+    Ok(())
+}
+
+/// The offloaded tiers `plan` asks for on `device` (files under `nvme`): the optimizer's
+/// host arena or file, and the parameter shards' home with `config.offload_params`.
+fn start_offload(
+    plan: OffloadPlan,
     config: &EngineConfig,
+    (device, nvme): (Device, Option<&std::path::Path>),
     policies: &[UnitPolicy],
-    (device, nvme, ranks): (Device, Option<&std::path::Path>, (usize, usize)),
+    ranks: (usize, usize),
 ) -> Result<(Option<OffloadedOptimizer>, Option<OffloadedParams>)> {
-    let Some(offload) = plan.offload else {
-        return Ok((None, None));
-    };
-    let optimizer = OffloadedOptimizer::start(offload, config, device, nvme, policies, ranks)?;
+    let optimizer = OffloadedOptimizer::start(plan, config, device, nvme, policies, ranks)?;
     let params = if config.offload_params {
         Some(OffloadedParams::start(
-            &offload, config, device, nvme, policies, ranks,
+            &plan, config, device, nvme, policies, ranks,
         )?)
     } else {
         None
@@ -307,10 +314,7 @@ impl Engine {
             collectives,
             nvme_path,
         } = ops;
-        for (unit, spec) in specs.iter().enumerate() {
-            spec.check()
-                .map_err(|message| Error::BadUnit { unit, message })?;
-        }
+        check_units(&specs)?;
         check_param_offload(&config)?;
         confirm_same_schedules(&comm, programs)?;
         let shape = config.plan_shape(comm.size(), collectives.staging_rule(&comm));
@@ -320,9 +324,14 @@ impl Engine {
         };
         let mut arena = rank_arena(&config, device, &memory_plan)?;
         let policies = unit_policies(&specs, shape)?;
-        let on = (device, nvme_path.as_deref(), (comm.rank(), comm.size()));
-        let homes = start_offload_homes(&memory_plan, &config, &policies, on)?;
-        let (mut offloaded, mut offloaded_params) = homes;
+        let ranks = (comm.rank(), comm.size());
+        let (mut offloaded, mut offloaded_params) = match memory_plan.offload {
+            Some(plan) => {
+                let at = (device, nvme_path.as_deref());
+                start_offload(plan, &config, at, &policies, ranks)?
+            }
+            None => (None, None),
+        };
         let bufs = allocate_units(
             &mut arena,
             kernels.as_ref(),

@@ -27,6 +27,26 @@ pub enum StateError {
     /// An I/O operation on a file or folder failed.
     #[error(transparent)]
     Io(#[from] IoError),
+    /// A save that another rank failed (that rank reports its own error).
+    #[error("training state {path}: another rank failed while saving (its error is reported by that rank)")]
+    PeerFailed {
+        /// The state directory.
+        path: PathBuf,
+    },
+    /// A save whose disk is full: this rank's pieces and the free bytes it found.
+    #[error(
+        "cannot write {path}: its disk is full: this rank's pieces need {needed} bytes and the \
+         disk had {} when the save began; free some space or give --save another folder",
+        free.map_or("an unknown number of bytes free".to_string(), |f| format!("{f} bytes free"))
+    )]
+    DiskFull {
+        /// The piece file (or folder) being written.
+        path: PathBuf,
+        /// Bytes of this rank's pieces.
+        needed: u64,
+        /// Free bytes on the folder's disk when the save began, where the OS tells.
+        free: Option<u64>,
+    },
     /// A training-state manifest that cannot be used.
     #[error("training state {path}: {reason}")]
     BadState {

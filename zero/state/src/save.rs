@@ -89,9 +89,8 @@ fn agree<T>(engine: &Engine, dir: &Path, local: Result<T>) -> Result<T> {
     }
     match local {
         Err(e) => Err(e),
-        Ok(_) if failed[0] > 0.0 => Err(StateError::BadState {
+        Ok(_) if failed[0] > 0.0 => Err(StateError::PeerFailed {
             path: dir.to_path_buf(),
-            reason: "another rank failed while saving (its error is reported by that rank)".into(),
         }),
         Ok(v) => Ok(v),
     }
@@ -100,6 +99,53 @@ fn agree<T>(engine: &Engine, dir: &Path, local: Result<T>) -> Result<T> {
 /// This rank's pieces straight from the engine: the owned elements of every unit it
 /// writes, parameters then m then v. Returns the bytes written.
 fn write_pieces(engine: &mut Engine, partial: &Path) -> Result<u64> {
+    let rank = engine.rank();
+    let mut needed = 0u64;
+    for unit in (0..engine.units().len()).filter(|&u| writes_unit(engine, u)) {
+        let owned = engine.partition(unit)?.data_shard(rank).len as u64;
+        needed = needed.saturating_add(owned.saturating_mul(12));
+    }
+    let room = Room::check(partial, needed)?;
+    write_owned(engine, partial).map_err(|e| room.explain(e))
+}
+
+/// The disk room a rank's pieces need, and what the disk had free before they were written.
+struct Room {
+    needed: u64,
+    free: Option<u64>,
+}
+
+impl Room {
+    /// Refuses pieces of `needed` bytes on a disk with fewer free under `partial`.
+    fn check(partial: &Path, needed: u64) -> Result<Self> {
+        let free = zero_alloc::tier::available_bytes(partial);
+        match free {
+            Some(f) if f < needed => Err(StateError::DiskFull {
+                path: partial.to_path_buf(),
+                needed,
+                free,
+            }),
+            _ => Ok(Self { needed, free }),
+        }
+    }
+
+    /// `err`, or when the disk filled up during the write, [`StateError::DiskFull`].
+    fn explain(&self, err: StateError) -> StateError {
+        match &err {
+            StateError::Io(io) if io.source.kind() == std::io::ErrorKind::StorageFull => {
+                StateError::DiskFull {
+                    path: io.path.clone(),
+                    needed: self.needed,
+                    free: self.free,
+                }
+            }
+            _ => err,
+        }
+    }
+}
+
+/// [`write_pieces`]'s writes.
+fn write_owned(engine: &mut Engine, partial: &Path) -> Result<u64> {
     let mut w = PieceWriter::create(partial, world_rank(engine), tp_place(engine).0)?;
     let mut bytes = 0u64;
     for unit in 0..engine.units().len() {
@@ -140,16 +186,24 @@ fn write_snapshot(
     (rank, tp_rank): (usize, usize),
     units: &[UnitSnapshot],
 ) -> Result<u64> {
-    let mut w = PieceWriter::create(partial, rank, tp_rank)?;
-    let mut bytes = 0u64;
-    for (unit, start, states) in units {
-        for (kind, values) in StateKind::ALL.iter().zip(states) {
-            w.write(*unit, kind.name(), *start, values)?;
-            bytes += 4 * values.len() as u64;
+    let needed = units
+        .iter()
+        .flat_map(|(_, _, states)| states.iter().map(|v| 4 * v.len() as u64))
+        .sum();
+    let room = Room::check(partial, needed)?;
+    let written = (|| {
+        let mut w = PieceWriter::create(partial, rank, tp_rank)?;
+        let mut bytes = 0u64;
+        for (unit, start, states) in units {
+            for (kind, values) in StateKind::ALL.iter().zip(states) {
+                w.write(*unit, kind.name(), *start, values)?;
+                bytes += 4 * values.len() as u64;
+            }
         }
-    }
-    w.finish()?;
-    Ok(bytes)
+        w.finish()?;
+        Ok(bytes)
+    })();
+    written.map_err(|e| room.explain(e))
 }
 
 /// How this rank's pieces are being written.

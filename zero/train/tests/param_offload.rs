@@ -5,7 +5,7 @@
 //! and a configuration that cannot run is refused at start-up naming the flag.
 
 mod common;
-use common::{stderr, write_corpus, TempDir};
+use common::{stderr, tiny_stage3, write_corpus, TempDir};
 use std::path::Path;
 use std::process::Command;
 use zero::ZeroStage;
@@ -21,28 +21,17 @@ fn corpus(dir: &Path) {
     std::fs::create_dir(dir.join("nvme")).unwrap();
 }
 
-/// The tiny preset, 2 layers, at stage 3 on 2 ranks for 4 steps in 1 KiB gradient buckets,
-/// the optimizer and the parameter shards at `tiers`.
+/// [`tiny_stage3`] in `precision` with 1 KiB gradient buckets, the optimizer and the
+/// parameter shards at `tiers`.
 fn tiny(data: &Path, precision: PrecisionArg, tiers: (OffloadTier, OffloadTier)) -> TrainConfig {
     let files = tiers.0 == OffloadTier::Nvme || tiers.1 == OffloadTier::Nvme;
     TrainConfig {
-        model: "tiny".into(),
-        layers: Some(2),
-        seq_len: 16,
-        data: data.to_path_buf(),
-        world_size: 2,
-        steps: 4,
-        batch_size: 2,
-        micro_batch_size: 1,
-        eval_every: 0,
-        sample_tokens: 0,
-        zero_stage: ZeroStage::Zero3,
         precision,
         reduce_bucket_size: ByteSize(1024),
         offload_optimizer: tiers.0,
         offload_params: tiers.1,
         nvme_path: files.then(|| data.join("nvme")),
-        ..TrainConfig::default()
+        ..tiny_stage3(data)
     }
 }
 

@@ -195,7 +195,6 @@ pub fn step_json(m: &StepMetrics) -> Value {
 
 /// The closing table: per rank, model states measured against stage 0 and the traffic.
 pub fn memory_table(reports: &[RankReport]) -> String {
-    let mib = |b: f64| b / (1024.0 * 1024.0);
     let mut s = String::from(
         "rank | model states measured | formula | stage 0 would need | saving | activations | traffic/step (elements: RS + AG + 2 x AR)\n",
     );
@@ -227,6 +226,19 @@ pub fn memory_table(reports: &[RankReport]) -> String {
             mib(t.bytes_received),
         ));
     }
+    s.push_str(&offload_lines(reports));
+    s
+}
+
+/// Bytes in MiB.
+fn mib(bytes: f64) -> f64 {
+    bytes / (1024.0 * 1024.0)
+}
+
+/// The closing table's lines on the offloaded tiers: where each rank's optimizer states and
+/// parameter shards are, and what its files moved per step.
+fn offload_lines(reports: &[RankReport]) -> String {
+    let mut s = String::new();
     for r in reports.iter().filter(|r| r.optimizer_offloaded_bytes > 0) {
         let home = if r.optimizer_file_bytes > 0 {
             format!(

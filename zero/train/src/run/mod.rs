@@ -22,7 +22,7 @@ pub mod tp_traffic;
 mod trainer;
 
 use crate::bridge::Placement;
-use crate::checkpoint::LlmcStreamWriter;
+use crate::checkpoint::{CheckpointError, LlmcStreamWriter};
 use crate::cli::config::{Backend, TrainConfig};
 use crate::data::{TokenFile, TRAIN_FILE, VAL_FILE};
 use crate::error::TrainError;
@@ -390,8 +390,8 @@ fn run_ranks(
 }
 
 /// The ranks' outputs, or the error that caused the others: the first one that is not a
-/// broken group, from a collective of the trainer's or of the engine's (the peers of a
-/// failed rank usually report only that).
+/// broken group, from a collective of the trainer's or of the engine's, or a save that a
+/// peer failed (the peers of a failed rank usually report only that).
 fn first_error(
     results: Vec<Result<RankOutput, TrainError>>,
 ) -> Result<Vec<RankOutput>, TrainError> {
@@ -404,7 +404,13 @@ fn first_error(
                 let broken = |e: &Option<TrainError>| {
                     matches!(
                         e,
-                        Some(TrainError::Comm(_) | TrainError::Engine(zero::Error::Comm(_)))
+                        Some(
+                            TrainError::Comm(_)
+                                | TrainError::Engine(zero::Error::Comm(_))
+                                | TrainError::Checkpoint(CheckpointError::State(
+                                    zero_state::StateError::PeerFailed { .. }
+                                ))
+                        )
                     )
                 };
                 if first_err.is_none() || broken(&first_err) {

@@ -85,3 +85,22 @@ pub fn command_line(flags: &[&str], paths: &[(&str, &Path)]) -> Vec<String> {
 pub fn stderr(out: &std::process::Output) -> String {
     String::from_utf8_lossy(&out.stderr).into_owned()
 }
+
+/// The tiny preset cut to 2 layers of 16 tokens, at stage 3 on 2 ranks for 4 steps of 2
+/// sequences (one per rank), no evaluation or sample: the offload tests' run.
+pub fn tiny_stage3(data: &Path) -> zero_train::TrainConfig {
+    zero_train::TrainConfig {
+        model: "tiny".into(),
+        layers: Some(2),
+        seq_len: 16,
+        data: data.to_path_buf(),
+        world_size: 2,
+        steps: 4,
+        batch_size: 2,
+        micro_batch_size: 1,
+        eval_every: 0,
+        sample_tokens: 0,
+        zero_stage: zero::ZeroStage::Zero3,
+        ..zero_train::TrainConfig::default()
+    }
+}
