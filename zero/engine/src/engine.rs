@@ -93,16 +93,17 @@ pub struct EngineConfig {
     pub offload_params: bool,
     /// With `offload_params`: those shards in one file per rank under
     /// [`EngineOps::nvme_path`] (`--offload-params nvme`), read piece by piece through a
-    /// fixed pool.
+    /// fixed pool, ahead of their gathers on an I/O thread (`nvme_prefetch_bytes`).
     pub params_file: bool,
     /// With `params_file`: the look-ahead budget of the file's reads, in bytes (DeepSpeed's
     /// `prefetch_bucket_size` / `max_in_cpu` spirit): an I/O thread reads the shards of the
     /// units the running program gathers next into host blocks holding at most this many
     /// bytes, or one shard when a shard is larger (see the `param_read_ahead` module).
     pub nvme_prefetch_bytes: usize,
-    /// Cap on the offloaded tiers' host memory in bytes, the optimizer's host arena and the
-    /// offloaded parameters' together (`None`: exactly what the plan needs); a cap below the
-    /// plan is refused at start-up with the bytes needed.
+    /// Cap on the offloaded tiers' host memory in bytes, the optimizer's host arena, the
+    /// offloaded parameters' and the parameter file's reads ahead together (`None`: exactly
+    /// what the plan needs); a cap below the plan is refused at start-up with the bytes
+    /// needed.
     pub host_memory_limit: Option<u64>,
     /// How the programs' kept inputs (activation checkpointing) are stored: their length,
     /// and whether they live in pinned host memory (ZeRO-R's checkpoint offload).
