@@ -317,7 +317,7 @@ fn the_reads_ahead_never_hold_more_than_the_planned_budget() {
     }
 }
 
-/// A micro-step whose forward takes 5 ms per unit, so that reads on another thread can be
+/// A micro-step whose forward takes 10 ms per unit, so that reads on another thread can be
 /// seen to run during it.
 fn slow_micro_step(e: &mut zero::Engine) {
     let mut model = common::FnModel::new(
@@ -328,7 +328,7 @@ fn slow_micro_step(e: &mut zero::Engine) {
                     *g = p * 1e-3;
                 }
             } else {
-                std::thread::sleep(std::time::Duration::from_millis(5));
+                std::thread::sleep(std::time::Duration::from_millis(10));
             }
             Ok(())
         },
