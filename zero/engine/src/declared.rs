@@ -57,13 +57,28 @@ impl Declared {
         }
     }
 
-    /// As [`Declared::upcoming_gathers`], from the current call on (the call being made
-    /// included).
-    pub fn gathers_from_current(&self, k: usize) -> Vec<usize> {
-        match self.cursor {
-            Some((program, at)) => upcoming_gathers(self.schedules[program].calls(), at, k),
-            None => Vec::new(),
+    /// The units whose gathers, from the current call on, will find them not held, in
+    /// order, each once (none outside a program): `held` says which units are held now
+    /// (gathered, in flight or being fetched); along the calls a release lets its unit go
+    /// and a gather holds it, so a unit released and gathered again is listed.
+    pub fn fetches_ahead(&self, mut held: Vec<bool>) -> Vec<usize> {
+        let Some((program, at)) = self.cursor else {
+            return Vec::new();
+        };
+        let mut out = Vec::new();
+        for call in self.schedules[program].calls().iter().skip(at) {
+            match *call {
+                Call::Gather(unit) if !held[unit] => {
+                    held[unit] = true;
+                    if !out.contains(&unit) {
+                        out.push(unit);
+                    }
+                }
+                Call::Release(unit) => held[unit] = false,
+                _ => {}
+            }
         }
+        out
     }
 }
 
@@ -115,4 +130,29 @@ fn all_gather_codes(comm: &Communicator, codes: &[i64]) -> Result<Vec<Vec<i64>>>
     let mut all = vec![0i64; codes.len() * comm.size()];
     comm.all_gather(codes, &mut all)?;
     Ok(all.chunks_exact(codes.len()).map(<[i64]>::to_vec).collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Three units gathered and released in order, then in reverse with their backward.
+    #[test]
+    fn fetches_ahead_lists_a_held_unit_again_after_its_release() {
+        let mut d = Declared::new(vec![Schedule::sequential(3)]);
+        assert!(
+            d.fetches_ahead(vec![false; 3]).is_empty(),
+            "outside a program"
+        );
+        d.set_cursor(Some((0, 0)));
+        assert_eq!(d.fetches_ahead(vec![false; 3]), [0, 1, 2]);
+        // At forward's gather of unit 2, unit 2 held: its backward gather follows its
+        // release, and units 1 and 0 are gathered again after theirs.
+        d.set_cursor(Some((0, 4)));
+        assert_eq!(d.fetches_ahead(vec![false, false, true]), [2, 1, 0]);
+        // At backward's gather of unit 2, unit 1 in flight: its gather finds it held, and
+        // nothing gathers it again.
+        d.set_cursor(Some((0, 6)));
+        assert_eq!(d.fetches_ahead(vec![false, true, true]), [0]);
+    }
 }

@@ -295,9 +295,11 @@ impl Engine {
     }
 
     /// Step 1 of `param_read_ahead`: asks for reads of the shards of the running program's
-    /// gathers from the current call on, in order, but `skip`'s (being fetched) and those
-    /// of units gathered or in flight; moves the spans of the reads answered into the
-    /// trace. Nothing without the file's read-ahead.
+    /// gathers from the current call on that will fetch
+    /// ([`Declared::fetches_ahead`](crate::declared::Declared::fetches_ahead):
+    /// `skip`, being fetched, and the units gathered or in flight are held until their
+    /// release), in order; moves the spans of the reads answered into the trace. Nothing
+    /// without the file's read-ahead.
     fn read_ahead(&mut self, skip: Option<usize>) -> Result<()> {
         let Some(ahead) = self
             .offloaded_params
@@ -311,13 +313,14 @@ impl Engine {
             trace.spans.extend(spans);
         }
         let elem = self.config.precision.param_bytes() as usize;
-        for unit in self.declared.gathers_from_current(self.units.bufs.len()) {
-            let (policy, b) = (self.units.policies[unit], &self.units.bufs[unit]);
-            let held = b.gathered.is_some() || self.flights.prefetched[unit].is_some();
-            if Some(unit) == skip || !policy.gathered() || held {
-                continue;
-            }
-            if !ahead.issue(unit, policy.len(false) * elem)? {
+        let held = (self.units.bufs.iter().enumerate())
+            .map(|(u, b)| {
+                b.gathered.is_some() || self.flights.prefetched[u].is_some() || Some(u) == skip
+            })
+            .collect();
+        for unit in self.declared.fetches_ahead(held) {
+            let policy = self.units.policies[unit];
+            if policy.gathered() && !ahead.issue(unit, policy.len(false) * elem)? {
                 break;
             }
         }

@@ -6,12 +6,14 @@
 //!
 //! The protocol, on the engine's thread:
 //! 1. before and after each fetch of a shard ([`Engine::fetch_shard`](crate::Engine)), the
-//!    engine walks the running program's gathers from the current call on and asks for a
-//!    read of each offloaded unit that is neither gathered, in flight nor being fetched, in
-//!    order ([`ReadAhead::issue`]); a read is sent when the blocks already held plus its
-//!    own stay within the budget, or when nothing is held (a shard larger than the budget
-//!    is read alone); the walk stops at the first read that does not fit, and the reads
-//!    wait for the next fetch to free a block (nothing is refused or waited for here);
+//!    engine walks the running program's calls from the current one on and asks for a read
+//!    of each offloaded unit whose gather will find it not held, in order
+//!    ([`ReadAhead::issue`]): a unit gathered, in flight or being fetched is held until its
+//!    release, so one released and gathered again later (in backward) is read ahead for
+//!    its second gather; a read is sent when the blocks already held plus its own stay
+//!    within the budget, or when nothing is held (a shard larger than the budget is read
+//!    alone); the walk stops at the first read that does not fit, and the reads wait for
+//!    the next fetch to free a block (nothing is refused or waited for here);
 //! 2. a read lends its block to the I/O thread ([`Arena::lend`]), which reads the unit's
 //!    pieces into it and answers the reads in the order sent;
 //! 3. the fetch of a unit with a read ahead takes the replies up to its own, copies the
