@@ -95,6 +95,11 @@ pub struct EngineConfig {
     /// [`EngineOps::nvme_path`] (`--offload-params nvme`), read piece by piece through a
     /// fixed pool.
     pub params_file: bool,
+    /// DeepSpeed's delayed parameter update (with `offload_optimizer` in the host arena):
+    /// each step's host AdamW runs on a thread while the next forward and backward run on
+    /// the parameters of the step before, one step stale (see the `delayed` module); not
+    /// the arithmetic of an engine without it.
+    pub delayed_param_update: bool,
     /// Cap on the offloaded tiers' host memory in bytes, the optimizer's host arena and the
     /// offloaded parameters' together (`None`: exactly what the plan needs); a cap below the
     /// plan is refused at start-up with the bytes needed.
@@ -121,6 +126,7 @@ impl Default for EngineConfig {
             optimizer_file: false,
             offload_params: false,
             params_file: false,
+            delayed_param_update: false,
             nvme_chunk_bytes: 1 << 20,
             host_memory_limit: None,
             kept_inputs: KeptInputs::default(),
@@ -146,6 +152,7 @@ impl EngineConfig {
             optimizer_file: self.offload_optimizer && self.optimizer_file,
             offload_params: self.offload_params,
             params_file: self.offload_params && self.params_file,
+            delayed_param_update: self.offload_optimizer && self.delayed_param_update,
             kept_inputs: self.kept_inputs,
         }
     }
@@ -228,6 +235,8 @@ pub struct Engine {
     /// The tensor-parallel group beside this data-parallel one
     /// ([`Engine::with_tensor_parallel`]), if any.
     pub(crate) tp: Option<Communicator>,
+    /// The delayed parameter update running on its thread, if any (`delayed`).
+    pub(crate) pending_update: Option<super::delayed::Pending>,
 }
 
 /// The registered units: what they are, what the stage means for each, and their blocks.
@@ -306,6 +315,7 @@ impl Engine {
         } = ops;
         check_units(&specs)?;
         check_param_offload(&config)?;
+        super::delayed::check_delayed(&config)?;
         confirm_same_schedules(&comm, programs)?;
         let shape = config.plan_shape(comm.size(), collectives.staging_rule(&comm));
         let memory_plan = match config.memory_limit {
@@ -367,6 +377,7 @@ impl Engine {
             kept,
             trace: None,
             tp: None,
+            pending_update: None,
         })
     }
 

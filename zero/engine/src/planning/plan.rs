@@ -7,7 +7,7 @@
 
 use super::formulas::ModelStateBytes;
 use super::kept_plan::KeptInputs;
-use super::offload_plan::{plan_offload, plan_param_offload, OffloadPlan};
+use super::offload_plan::{plan_delayed, plan_offload, plan_param_offload, OffloadPlan};
 use super::policy::{UnitPolicy, ZeroStage};
 use super::replay::Replay;
 use super::schedule::Schedule;
@@ -86,6 +86,9 @@ pub struct PlanShape {
     /// With `offload_params`: those shards in the rank's parameter file rather than a host
     /// arena.
     pub params_file: bool,
+    /// With `offload_optimizer`: the delayed parameter update's host blocks of each unit's
+    /// owned gradients and parameters.
+    pub delayed_param_update: bool,
     /// How the programs' kept inputs are stored.
     pub kept_inputs: KeptInputs,
 }
@@ -201,6 +204,14 @@ fn plan_model_states(
         shape.reduce_bucket_bytes,
         shape.optimizer_file,
     )?;
+    if shape.delayed_param_update {
+        (offload.delayed, offload.staging) = plan_delayed(
+            policies,
+            shape.precision,
+            shape.world,
+            shape.reduce_bucket_bytes,
+        )?;
+    }
     if shape.offload_params {
         let elem = shape.precision.param_bytes() as f64;
         let offloaded = policies.iter().filter(|p| p.gathered());
@@ -321,6 +332,7 @@ mod tests {
             optimizer_file: false,
             offload_params: false,
             params_file: false,
+            delayed_param_update: false,
             kept_inputs: KeptInputs::default(),
         }
     }
