@@ -168,13 +168,15 @@ fn rank_arena(config: &EngineConfig, device: Device, plan: &MemoryPlan) -> Resul
     })?)
 }
 
-/// Refuses inconsistent unit specifications, naming the first.
-fn check_units(specs: &[UnitSpec]) -> Result<()> {
+/// Refuses inconsistent unit specifications, naming the first, and offload configurations
+/// that cannot run.
+fn check_units(specs: &[UnitSpec], config: &EngineConfig) -> Result<()> {
     for (unit, spec) in specs.iter().enumerate() {
         spec.check()
             .map_err(|message| Error::BadUnit { unit, message })?;
     }
-    Ok(())
+    check_param_offload(config)?;
+    super::delayed::check_delayed(config)
 }
 
 /// The offloaded tiers `plan` asks for on `device` (files under `nvme`): the optimizer's
@@ -313,9 +315,7 @@ impl Engine {
             collectives,
             nvme_path,
         } = ops;
-        check_units(&specs)?;
-        check_param_offload(&config)?;
-        super::delayed::check_delayed(&config)?;
+        check_units(&specs, &config)?;
         confirm_same_schedules(&comm, programs)?;
         let shape = config.plan_shape(comm.size(), collectives.staging_rule(&comm));
         let memory_plan = match config.memory_limit {
