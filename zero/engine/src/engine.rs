@@ -100,6 +100,11 @@ pub struct EngineConfig {
     /// units the running program gathers next into host blocks holding at most this many
     /// bytes, or one shard when a shard is larger (see the `param_read_ahead` module).
     pub nvme_prefetch_bytes: usize,
+    /// DeepSpeed's delayed parameter update (with `offload_optimizer` in the host arena):
+    /// each step's host AdamW runs on a thread while the next forward and backward run on
+    /// the parameters of the step before, one step stale (see the `delayed` module); not
+    /// the arithmetic of an engine without it.
+    pub delayed_param_update: bool,
     /// Cap on the offloaded tiers' host memory in bytes, the optimizer's host arena, the
     /// offloaded parameters' and the parameter file's reads ahead together (`None`: exactly
     /// what the plan needs); a cap below the plan is refused at start-up with the bytes
@@ -131,6 +136,7 @@ impl Default for EngineConfig {
             offload_params: false,
             params_file: false,
             nvme_prefetch_bytes: DEFAULT_NVME_PREFETCH_BYTES,
+            delayed_param_update: false,
             nvme_chunk_bytes: 1 << 20,
             host_memory_limit: None,
             kept_inputs: KeptInputs::default(),
@@ -157,6 +163,7 @@ impl EngineConfig {
             offload_params: self.offload_params,
             params_file: self.offload_params && self.params_file,
             nvme_prefetch_bytes: self.nvme_prefetch_bytes,
+            delayed_param_update: self.offload_optimizer && self.delayed_param_update,
             kept_inputs: self.kept_inputs,
         }
     }
@@ -172,13 +179,15 @@ fn rank_arena(config: &EngineConfig, device: Device, plan: &MemoryPlan) -> Resul
     })?)
 }
 
-/// Refuses inconsistent unit specifications, naming the first.
-fn check_units(specs: &[UnitSpec]) -> Result<()> {
+/// Refuses inconsistent unit specifications, naming the first, and offload configurations
+/// that cannot run.
+fn check_units(specs: &[UnitSpec], config: &EngineConfig) -> Result<()> {
     for (unit, spec) in specs.iter().enumerate() {
         spec.check()
             .map_err(|message| Error::BadUnit { unit, message })?;
     }
-    Ok(())
+    check_param_offload(config)?;
+    super::delayed::check_delayed(config)
 }
 
 /// The offloaded tiers `plan` asks for on `device` (files under `nvme`): the optimizer's
@@ -239,6 +248,8 @@ pub struct Engine {
     /// The tensor-parallel group beside this data-parallel one
     /// ([`Engine::with_tensor_parallel`]), if any.
     pub(crate) tp: Option<Communicator>,
+    /// The delayed parameter update running on its thread, if any (`delayed`).
+    pub(crate) pending_update: Option<super::delayed::Pending>,
 }
 
 /// The registered units: what they are, what the stage means for each, and their blocks.
@@ -315,8 +326,7 @@ impl Engine {
             collectives,
             nvme_path,
         } = ops;
-        check_units(&specs)?;
-        check_param_offload(&config)?;
+        check_units(&specs, &config)?;
         confirm_same_schedules(&comm, programs)?;
         let shape = config.plan_shape(comm.size(), collectives.staging_rule(&comm));
         let memory_plan = match config.memory_limit {
@@ -378,6 +388,7 @@ impl Engine {
             kept,
             trace: None,
             tp: None,
+            pending_update: None,
         })
     }
 

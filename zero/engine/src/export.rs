@@ -79,6 +79,7 @@ impl Engine {
     /// # Errors
     /// Collective or arena failures.
     pub fn export_states(&mut self) -> Result<Vec<UnitState>> {
+        self.land_delayed()?;
         self.complete_reductions(0)?;
         self.drop_prefetches()?;
         let mut out = Vec::with_capacity(self.units.specs.len());
@@ -102,6 +103,7 @@ impl Engine {
     /// # Errors
     /// [`Error::NoSuchUnit`], collective or arena failures.
     pub fn with_whole_params<R>(&mut self, unit: usize, f: impl FnOnce(&[f32]) -> R) -> Result<R> {
+        self.land_delayed()?;
         self.check_unit(unit)?;
         self.complete_reductions(0)?;
         self.drop_prefetches()?;
@@ -156,6 +158,7 @@ impl Engine {
     /// # Errors
     /// [`Error::NoSuchUnit`], collective or arena failures.
     pub fn owned_states(&mut self, unit: usize) -> Result<OwnedStates> {
+        self.land_delayed()?;
         self.check_unit(unit)?;
         self.complete_reductions(0)?;
         self.drop_prefetches()?;
@@ -213,6 +216,7 @@ impl Engine {
         values: &[f32],
     ) -> Result<()> {
         self.check_unit(unit)?;
+        self.land_delayed()?;
         let policy = self.units.policies[unit];
         let numel = policy.part.numel();
         if range.start > range.end || range.end > numel || values.len() != range.len() {
@@ -292,6 +296,7 @@ impl Engine {
     /// # Errors
     /// [`Error::BadUnit`] when the number or sizes of units differ.
     pub fn import_states(&mut self, states: &[UnitState], steps: u64) -> Result<()> {
+        self.land_delayed()?;
         if states.len() != self.units.specs.len() {
             return Err(Error::BadUnit {
                 unit: states.len().min(self.units.specs.len()),

@@ -57,6 +57,7 @@
 mod backward;
 pub mod collectives;
 mod declared;
+mod delayed;
 mod engine;
 mod engine_ops;
 mod error;

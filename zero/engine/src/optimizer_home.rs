@@ -41,7 +41,7 @@ use super::planning::offload_plan::{piece_elems, FileLayout, OffloadPlan};
 use super::planning::plan::arena_config;
 use super::planning::policy::UnitPolicy;
 use super::precision::Store;
-use super::unit_buffers::UnitBuffers;
+use super::unit_buffers::{alloc_of, UnitBuffers};
 use std::path::Path;
 use zero_alloc::{Arena, ArenaConfig, Backing, Device, Handle};
 use zero_comm::{Communicator, DType};
@@ -57,6 +57,9 @@ pub(crate) struct OffloadedOptimizer {
     /// With `file`: an accounting arena (no memory) whose blocks mirror the file's states,
     /// so the units keep handles whose sizes are measured as in any other home.
     pub layout: Option<Arena>,
+    /// With the delayed parameter update: each unit's host blocks of owned gradients and
+    /// parameters (`delayed`); empty otherwise.
+    pub delayed: Vec<(Handle, Handle)>,
 }
 
 impl OffloadedOptimizer {
@@ -72,6 +75,7 @@ impl OffloadedOptimizer {
         policies: &[UnitPolicy],
         (rank, world): (usize, usize),
     ) -> Result<Self> {
+        let stored = config.precision.dtype();
         // The limit is checked, never used as the size: the plan is exact, so room past it
         // would never be used, and under CUDA every byte of the arena is page-locked.
         if let Some(limit) = config.host_memory_limit.filter(|&l| l < plan.total()) {
@@ -107,11 +111,17 @@ impl OffloadedOptimizer {
             backing,
             ..arena_config(usize::try_from(capacity).unwrap_or(usize::MAX), false)
         };
+        let mut arena = Arena::new(config)?;
+        let delayed = match plan.delayed {
+            0 => Vec::new(),
+            _ => delayed_blocks(&mut arena, stored, policies, rank)?,
+        };
         Ok(Self {
-            arena: Arena::new(config)?,
+            arena,
             kernels: HostKernels::default(),
             file,
             layout,
+            delayed,
         })
     }
 
@@ -123,6 +133,23 @@ impl OffloadedOptimizer {
             &self.kernels,
         )
     }
+}
+
+/// Each unit's two blocks of `dtype` as long as the range `rank` owns (at least one
+/// element), for the delayed parameter update.
+fn delayed_blocks(
+    arena: &mut Arena,
+    dtype: DType,
+    policies: &[UnitPolicy],
+    rank: usize,
+) -> Result<Vec<(Handle, Handle)>> {
+    policies
+        .iter()
+        .map(|p| {
+            let len = p.owned(rank).len.max(1);
+            Ok((alloc_of(arena, dtype, len)?, alloc_of(arena, dtype, len)?))
+        })
+        .collect()
 }
 
 /// The arena that holds some model states, with the collectives that move its blocks:

@@ -129,6 +129,9 @@ impl Engine {
     /// rounded back into the stored parameters), then the all-gather where parameters are
     /// kept whole but updated by shard (stages 1-2, persistent units at stage 3).
     fn update_and_sync<S: Store>(&mut self, lr: f32, factor: f32, clip_coef: f32) -> Result<()> {
+        if self.config.delayed_param_update {
+            return self.delayed_update::<S>(lr, factor, clip_coef);
+        }
         // With the optimizer's file tier, one stream reads ahead across the units' updates.
         self.begin_file_step()?;
         let updated = self.update_units::<S>(lr, factor, clip_coef);
@@ -162,20 +165,28 @@ impl Engine {
             let grads = Span::new(b.grads, 0..policy.len(policy.whole_grads));
             self.kernels.fill_zero(&mut self.arena, S::DTYPE, grads)?;
             if policy.syncs_params_after_step() {
-                let start = std::time::Instant::now();
-                let flight = self.collectives.launch(
-                    &self.comm,
-                    &mut self.arena,
-                    S::DTYPE,
-                    InPlace::AllGather,
-                    b.params,
-                )?;
-                flight.land(&mut self.arena)?;
-                self.trace_span(Lane::Optimizer, start, || format!("all-gather unit {unit}"));
-                self.progress.traffic.all_gather += policy.len(policy.whole_params) as u64;
+                self.sync_params::<S>(unit)?;
             }
         }
         self.progress.micro_steps = 0;
+        Ok(())
+    }
+
+    /// The all-gather of `unit`'s updated shards into its whole stored parameters, where
+    /// they are whole but updated by shard (stages 1-2, persistent units at stage 3).
+    pub(crate) fn sync_params<S: Store>(&mut self, unit: usize) -> Result<()> {
+        let start = std::time::Instant::now();
+        let flight = self.collectives.launch(
+            &self.comm,
+            &mut self.arena,
+            S::DTYPE,
+            InPlace::AllGather,
+            self.units.bufs[unit].params,
+        )?;
+        flight.land(&mut self.arena)?;
+        self.trace_span(Lane::Optimizer, start, || format!("all-gather unit {unit}"));
+        let policy = self.units.policies[unit];
+        self.progress.traffic.all_gather += policy.len(policy.whole_params) as u64;
         Ok(())
     }
 

@@ -40,12 +40,17 @@ pub struct OffloadPlan {
     /// look-ahead budget, or the largest shard when a shard is larger, or every shard when
     /// they all take less; 0 without the parameter file.
     pub params_read_ahead: u64,
+    /// The delayed parameter update's host blocks: each unit's owned gradients and
+    /// parameters (storage type), the widest any rank owns; 0 without it.
+    pub delayed: u64,
 }
 
 impl OffloadPlan {
     /// The optimizer's host arena: its states (unless in the file) and the update's staging.
     pub fn optimizer_arena(&self) -> u64 {
-        self.states.saturating_add(self.staging)
+        self.states
+            .saturating_add(self.staging)
+            .saturating_add(self.delayed)
     }
 
     /// Every byte of host memory the offloaded tiers take: the optimizer's host arena, the
@@ -250,7 +255,31 @@ pub(crate) fn plan_offload(
         params: 0,
         params_file: 0,
         params_read_ahead: 0,
+        delayed: 0,
     })
+}
+
+/// Host bytes of the delayed parameter update: per unit, its blocks of owned gradients and
+/// parameters in the storage type, the widest range any of `world` ranks owns; and, in place
+/// of the offloaded update's staging, the thread's one f32 scratch block of a piece.
+///
+/// # Errors
+/// A block whose bytes overflow.
+pub(crate) fn plan_delayed(
+    policies: &[UnitPolicy],
+    precision: Precision,
+    world: usize,
+    reduce_bucket_bytes: usize,
+) -> Result<(u64, u64)> {
+    let piece = piece_elems(reduce_bucket_bytes, precision);
+    let (mut blocks, mut scratch) = (0u64, 0u64);
+    for p in policies {
+        let widest = (0..world).map(|r| p.owned(r).len).max().unwrap_or(0).max(1);
+        let block = block_bytes((widest as u64).saturating_mul(precision.param_bytes()))?;
+        blocks = blocks.saturating_add(block.saturating_mul(2));
+        scratch = scratch.max(block_bytes((widest.min(piece) as u64).saturating_mul(4))?);
+    }
+    Ok((blocks, scratch))
 }
 
 /// Host bytes of one unit's staging (`optimizer_home`'s `Staging`) for an owned range of `len` elements.

@@ -7,7 +7,9 @@
 
 use super::formulas::ModelStateBytes;
 use super::kept_plan::KeptInputs;
-use super::offload_plan::{plan_offload, plan_param_offload, plan_read_ahead, OffloadPlan};
+use super::offload_plan::{
+    plan_delayed, plan_offload, plan_param_offload, plan_read_ahead, OffloadPlan,
+};
 use super::policy::{UnitPolicy, ZeroStage};
 use super::replay::Replay;
 use super::schedule::Schedule;
@@ -88,6 +90,9 @@ pub struct PlanShape {
     pub params_file: bool,
     /// With `params_file`: the look-ahead budget of the file's reads, in bytes.
     pub nvme_prefetch_bytes: usize,
+    /// With `offload_optimizer`: the delayed parameter update's host blocks of each unit's
+    /// owned gradients and parameters.
+    pub delayed_param_update: bool,
     /// How the programs' kept inputs are stored.
     pub kept_inputs: KeptInputs,
 }
@@ -203,6 +208,14 @@ fn plan_model_states(
         shape.reduce_bucket_bytes,
         shape.optimizer_file,
     )?;
+    if shape.delayed_param_update {
+        (offload.delayed, offload.staging) = plan_delayed(
+            policies,
+            shape.precision,
+            shape.world,
+            shape.reduce_bucket_bytes,
+        )?;
+    }
     if shape.offload_params {
         let elem = shape.precision.param_bytes() as f64;
         let offloaded = policies.iter().filter(|p| p.gathered());
@@ -328,6 +341,7 @@ mod tests {
             offload_params: false,
             params_file: false,
             nvme_prefetch_bytes: 0,
+            delayed_param_update: false,
             kept_inputs: KeptInputs::default(),
         }
     }

@@ -343,6 +343,12 @@ pub struct TrainConfig {
     #[arg(long, num_args = 0..=1, default_missing_value = "cpu", default_value = "false", value_parser = OffloadTier::parse, action = clap::ArgAction::Set)]
     #[serde(with = "offload_tier")]
     pub offload_params: OffloadTier,
+    /// DeepSpeed's delayed parameter update, with `--offload-optimizer cpu`: each step's
+    /// host AdamW runs on a thread while the next step's forward and backward run on the
+    /// parameters of the step before (one step stale: not the numbers of a run without
+    /// it). A save, an export and the run's last step land the pending update first.
+    #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "true", default_value_t = false, action = clap::ArgAction::Set)]
+    pub delayed_param_update: bool,
     /// The folder of the `nvme` tier's files (`--offload-optimizer nvme`,
     /// `--offload-params nvme`; one file per rank and tier, created at start-up, replaced if
     /// present): an existing, writable directory, ideally on a fast disk.
@@ -517,6 +523,7 @@ impl TrainConfig {
             optimizer_file: self.offload_optimizer == OffloadTier::Nvme,
             offload_params: self.offload_params.is_on(),
             params_file: self.offload_params == OffloadTier::Nvme,
+            delayed_param_update: self.delayed_param_update,
             host_memory_limit: self.host_memory_limit.map(|m| m.0),
             kept_inputs,
             ..EngineConfig::default()

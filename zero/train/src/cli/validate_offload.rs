@@ -26,6 +26,18 @@ impl TrainConfig {
             }
         }
         self.validate_param_offload()?;
+        if self.delayed_param_update && self.offload_optimizer != OffloadTier::Cpu {
+            return invalid(
+                "--delayed-param-update runs the host update of --offload-optimizer cpu on a \
+                 thread: give --offload-optimizer cpu"
+                    .into(),
+            );
+        }
+        if self.delayed_param_update && self.offload_params.is_on() {
+            return invalid(
+                "--delayed-param-update does not run with --offload-params: leave one out".into(),
+            );
+        }
         let nvme = [
             (
                 self.offload_optimizer,

@@ -186,6 +186,11 @@ fn run_loop<B: Placement>(
             trainer.end_trace();
         }
         let (done, last) = (step + 1, step + 1 == cfg.steps);
+        if last {
+            // --delayed-param-update: the last step's update lands before what follows
+            // reads the parameters.
+            trainer.land_update()?;
+        }
         if due(cfg.fingerprint_every, done) {
             trainer.fingerprint(done)?;
         }

@@ -415,6 +415,12 @@ impl<'a, B: Placement> Trainer<'a, B> {
         self.out
     }
 
+    /// Joins and applies a pending delayed parameter update (`--delayed-param-update`);
+    /// nothing otherwise.
+    pub(crate) fn land_update(&mut self) -> Result<(), TrainError> {
+        Ok(self.engine.land_delayed()?)
+    }
+
     /// Starts recording the engine's timeline (`--trace`).
     pub(crate) fn begin_trace(&mut self) {
         self.engine.start_trace();
