@@ -349,6 +349,11 @@ pub struct TrainConfig {
     /// it). A save, an export and the run's last step land the pending update first.
     #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "true", default_value_t = false, action = clap::ArgAction::Set)]
     pub delayed_param_update: bool,
+    /// With `--offload-params nvme`: bytes of parameter shards each rank's I/O thread reads
+    /// ahead of their gathers, in the order of the model's program (at least the largest
+    /// shard, at most all of them; K/M/G suffixes); a full budget waits, never fails.
+    #[arg(long, default_value = "64M", allow_negative_numbers = true)]
+    pub nvme_prefetch_bytes: ByteSize,
     /// The folder of the `nvme` tier's files (`--offload-optimizer nvme`,
     /// `--offload-params nvme`; one file per rank and tier, created at start-up, replaced if
     /// present): an existing, writable directory, ideally on a fast disk.
@@ -524,6 +529,7 @@ impl TrainConfig {
             offload_params: self.offload_params.is_on(),
             params_file: self.offload_params == OffloadTier::Nvme,
             delayed_param_update: self.delayed_param_update,
+            nvme_prefetch_bytes: usize::try_from(self.nvme_prefetch_bytes.0).unwrap_or(usize::MAX),
             host_memory_limit: self.host_memory_limit.map(|m| m.0),
             kept_inputs,
             ..EngineConfig::default()
