@@ -52,8 +52,8 @@ flags=(--model gpt2-xl --layers 64 --precision bf16 --zero-stage 3 --world-size 
   --offload-optimizer nvme --offload-params nvme --nvme-path "$dir" --steps "$steps"
   --metrics "$work/m.jsonl")
 bash scripts/train.sh "${flags[@]}" "${extra[@]}" | tee "$work/log" >&2
-python3 - "$work/m.jsonl" "$write" "$read" "$work/log" <<'PY'
-import json, re, statistics, sys
+python3 - "$work/m.jsonl" "$write" "$read" <<'PY'
+import json, statistics, sys
 lines = [json.loads(l) for l in open(sys.argv[1])]
 steps = [l for l in lines if "step_ms" in l]
 summary = next(l for l in lines if "ranks" in l)
@@ -61,12 +61,11 @@ rank = summary["ranks"][0]
 io = rank["file_io_per_step"]
 states = rank["model_state_bytes"]["total"]
 mem = next(int(l.split()[1]) * 1024 for l in open("/proc/meminfo") if l.startswith("MemTotal"))
-params = re.search(r"([0-9.]+)M parameters", open(sys.argv[4]).read())
 later = [s["step_ms"] for s in steps[1:]] or [steps[0]["step_ms"]]
 gib, gb = 2**30, 1e9
 print("| parameters | model states | machine memory | process peak RSS | step (median of steps 2..) | file read / step | file write / step | tier read | tier write | dd read | dd write |")
 print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
-print(f"| {params.group(1) + 'M' if params else '?'} | {states / gib:.2f} GiB | {mem / gib:.2f} GiB "
+print(f"| {summary['num_params'] / 1e9:.2f}B | {states / gib:.2f} GiB | {mem / gib:.2f} GiB "
       f"| {max(s.get('process_rss_peak_bytes') or 0 for s in steps) / gib:.2f} GiB "
       f"| {statistics.median(later) / 1e3:.1f} s "
       f"| {io['read_bytes'] / gib:.2f} GiB in {io['read_seconds']:.1f} s "
