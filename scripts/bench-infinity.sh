@@ -65,7 +65,7 @@ later = [s["step_ms"] for s in steps[1:]] or [steps[0]["step_ms"]]
 gib, gb = 2**30, 1e9
 print("| parameters | model states | machine memory | process peak RSS | step (median of steps 2..) | file read / step | file write / step | tier read | tier write | dd read | dd write |")
 print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
-print(f"| {summary['num_params'] / 1e9:.2f}B | {states / gib:.2f} GiB | {mem / gib:.2f} GiB "
+print(f"| {summary['num_params'] / 1e9:.3f}B | {states / gib:.2f} GiB | {mem / gib:.2f} GiB "
       f"| {max(s.get('process_rss_peak_bytes') or 0 for s in steps) / gib:.2f} GiB "
       f"| {statistics.median(later) / 1e3:.1f} s "
       f"| {io['read_bytes'] / gib:.2f} GiB in {io['read_seconds']:.1f} s "
