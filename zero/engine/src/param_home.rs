@@ -79,12 +79,12 @@ impl OffloadedParams {
             });
         }
         if states_on != Device::Cpu {
-            return Err(Error::Order(
+            return Err(Error::Config(
                 "the parameters' file tier (--offload-params nvme) runs on the CPU only".into(),
             ));
         }
         let dir = nvme_path.ok_or_else(|| {
-            Error::Order(
+            Error::Config(
                 "the parameters' file tier (--offload-params nvme) needs a directory \
                  (--nvme-path)"
                     .into(),
@@ -157,6 +157,15 @@ impl OffloadedParams {
                 file.read(unit, 0, view)
             }
         }
+    }
+}
+
+/// Moves the spans of the reads ahead answered so far into the trace being recorded, if
+/// any (they are dropped otherwise).
+fn move_spans(ahead: &mut ReadAhead, trace: Option<&mut crate::Trace>) {
+    let spans = std::mem::take(&mut ahead.spans);
+    if let Some(trace) = trace {
+        trace.spans.extend(spans);
     }
 }
 
@@ -308,10 +317,7 @@ impl Engine {
         else {
             return Ok(());
         };
-        let spans = std::mem::take(&mut ahead.spans);
-        if let Some(trace) = &mut self.trace {
-            trace.spans.extend(spans);
-        }
+        move_spans(ahead, self.trace.as_mut());
         let elem = self.config.precision.param_bytes() as usize;
         let held = (self.units.bufs.iter().enumerate())
             .map(|(u, b)| {
@@ -338,10 +344,7 @@ impl Engine {
             return Ok(());
         };
         let dropped = ahead.forget_all();
-        let spans = std::mem::take(&mut ahead.spans);
-        if let Some(trace) = &mut self.trace {
-            trace.spans.extend(spans);
-        }
+        move_spans(ahead, self.trace.as_mut());
         dropped
     }
 
