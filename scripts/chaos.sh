@@ -24,9 +24,7 @@ if ((faults < 5)); then
 fi
 RANDOM=$seed
 
-cargo build --profile test -p zero-train --bin zero-train
-zt=$(cargo metadata --format-version 1 --no-deps | grep -o '"target_directory":"[^"]*"' |
-  cut -d'"' -f4)/debug/zero-train
+zt=$(bash scripts/cargo-exe.sh bin zero-train --workspace)
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 

@@ -25,10 +25,8 @@ if ! PYTHONPATH="$py" python3 -c 'import safetensors, numpy' 2>/dev/null; then
   fi
 fi
 
-# The test profile reuses what `cargo test --workspace` compiled.
-cargo build --profile test -p zero-train --bin zero-train
-zt=$(cargo metadata --format-version 1 --no-deps | grep -o '"target_directory":"[^"]*"' |
-  cut -d'"' -f4)/debug/zero-train
+# The zero-train that `cargo test --workspace` built (nothing to compile after it).
+zt=$(bash scripts/cargo-exe.sh bin zero-train --workspace)
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 for i in $(seq 1 400); do echo "Line $i: a tiny corpus for the export check $((i % 13))."; done \

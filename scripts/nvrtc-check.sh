@@ -10,12 +10,15 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+# Every cargo call below selects the same packages and features: cargo resolves the
+# dependencies' features per selection, so one selection compiles them once.
+sel=(-p zero-alloc -p zero-comm -p zero-gpt -p zero --features cuda)
+
 # The unit tests of the code that exists only under feature `cuda` and needs no GPU (the
 # device views and the arena's device-view ranges and claims, the context owner, the cuBLAS
-# handle's drop policy, NCCL's abort settling): plain `cargo test` never compiles them.
-cargo test -p zero-alloc --features cuda --lib -- context:: cuda:: pinned:: view::
-cargo test -p zero-comm --features cuda --lib -- nccl:: device_local::
-cargo test -p zero-gpt --features cuda --lib -- cuda::
+# handle's drop policy, NCCL's abort settling, the engine's kernel grids and launch segments):
+# plain `cargo test` never compiles them.
+cargo test "${sel[@]}" --lib -- context:: cuda:: pinned:: view:: nccl:: device_local::
 
 if ! lib=$(bash scripts/nvrtc-lib.sh); then
     echo "nvrtc-check: SKIPPED: no NVRTC library (above: why)"
@@ -24,7 +27,5 @@ fi
 export LD_LIBRARY_PATH="$lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 # The test fails instead of skipping when it cannot load NVRTC: here it must compile.
 export ZERO_GPT_REQUIRE_NVRTC=1
-cargo test -p zero-alloc --features cuda --test nvrtc -- --nocapture --test-threads 1
-cargo test -p zero-gpt --features cuda --test nvrtc_compile -- --nocapture --test-threads 1
-cargo test -p zero-comm --features cuda --test device_local_nvrtc -- --nocapture --test-threads 1
-cargo test -p zero --features cuda --test kernels_nvrtc -- --nocapture --test-threads 1
+cargo test "${sel[@]}" --test nvrtc --test nvrtc_compile --test device_local_nvrtc \
+  --test kernels_nvrtc -- --nocapture --test-threads 1

@@ -78,21 +78,10 @@ if [[ "$(id -u)" == 0 ]]; then mpirun_flags+=(--allow-run-as-root); fi
 echo "== zero-comm --features mpi: the mpi module's unit tests, the MPI suite as one process"
 # (The rest of zero-comm's tests do not depend on the feature and ran in step 1.)
 cargo test -p zero-comm --features mpi --lib -- mpi::
-cargo test -p zero-comm --features mpi --test mpi_conformance --test mpi_bench
+mpi_comm=(-p zero-comm --features mpi --test mpi_conformance --test mpi_bench)
+cargo test "${mpi_comm[@]}"
 
-# The path of test binary $2 of package $1, built with the mpi feature (exits when absent).
-mpi_test_bin() {
-  local exe
-  exe=$(cargo test -p "$1" --features mpi --test "$2" --no-run --message-format=json 2>/dev/null |
-    grep -o "\"executable\":\"[^\"]*$2[^\"]*\"" | tail -n1 | cut -d'"' -f4)
-  if [[ -z "$exe" || ! -x "$exe" ]]; then
-    echo "test.sh: cannot find the $2 test binary" >&2
-    exit 1
-  fi
-  echo "$exe"
-}
-
-bin=$(mpi_test_bin zero-comm mpi_conformance)
+bin=$(bash scripts/cargo-exe.sh test mpi_conformance "${mpi_comm[@]}")
 
 for np in 2 4; do
   echo "== mpirun -np $np mpi_conformance"
@@ -116,7 +105,9 @@ grep "^rank [0-9]: after" <<<"$out"
 # --- the engine over MPI: the backend's staging lies in the rank's arena --------------------
 # Every stage, f32 and bf16: no staging byte outside the block the engine lends the backend,
 # and the arena's peak equals the plan (which counts the block).
-staging_bin=$(mpi_test_bin zero-train mpi_staging)
+# One selection builds the test and, beside it, the zero-train the later checks launch.
+mpi_train=(-p zero-train --features mpi --test mpi_staging)
+staging_bin=$(bash scripts/cargo-exe.sh test mpi_staging "${mpi_train[@]}")
 for np in 2 4; do
   echo "== mpirun -np $np mpi_staging"
   timeout --kill-after=10 600 mpirun "${mpirun_flags[@]}" -np "$np" "$staging_bin"
@@ -125,10 +116,7 @@ done
 # --- zero-train over MPI: the same losses, to the bit, as the local backend ------------------
 # A tiny model on a generated corpus (no download), 2 ranks, every ZeRO stage, f32 and bf16.
 echo "== zero-train --backend mpi (mpirun -np 2) against --backend local --world-size 2"
-# The test profile (optimised, see Cargo.toml) reuses the dependencies step 1 compiled.
-cargo build --profile test -p zero-train --features mpi --bin zero-train
-zt=$(cargo metadata --format-version 1 --no-deps | grep -o '"target_directory":"[^"]*"' |
-  cut -d'"' -f4)/debug/zero-train
+zt=$(bash scripts/cargo-exe.sh bin zero-train "${mpi_train[@]}")
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 for i in $(seq 1 3000); do
