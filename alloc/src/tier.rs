@@ -291,17 +291,28 @@ impl TierFile {
     /// Reserves the file's `total` bytes on its disk ([`space::reserve`]); a disk without
     /// room is [`AllocError::TierNoSpace`], naming the bytes, and the file (just emptied,
     /// perhaps partly reserved) is removed before the free bytes are read.
+    ///
+    /// A file the disk's free bytes cannot hold is refused before `fallocate` runs: ext4
+    /// keeps the blocks a failed `fallocate` took until the file is removed, so asking for
+    /// more than is free would fill the disk, for a moment, under every other writer on it.
     fn reserve(&self, total: u64) -> Result<()> {
+        let no_space = |available| {
+            // The refusal explains more than a failure to remove after it.
+            let _ = std::fs::remove_file(&self.path);
+            AllocError::TierNoSpace {
+                path: self.path.clone(),
+                bytes: total,
+                available,
+            }
+        };
+        let free = self.path.parent().and_then(space::available);
+        if free.is_some_and(|free| free < total) {
+            return Err(no_space(free));
+        }
         match space::reserve(&self.file, total) {
             Ok(()) => Ok(()),
             Err(e) if matches!(e.raw_os_error(), Some(libc::ENOSPC | libc::EFBIG)) => {
-                // The refusal explains more than a failure to remove after it.
-                let _ = std::fs::remove_file(&self.path);
-                Err(AllocError::TierNoSpace {
-                    path: self.path.clone(),
-                    bytes: total,
-                    available: self.path.parent().and_then(space::available),
-                })
+                Err(no_space(self.path.parent().and_then(space::available)))
             }
             Err(e) => Err(self.io_error("reserve the tier file's bytes")(e)),
         }

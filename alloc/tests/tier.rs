@@ -180,7 +180,8 @@ fn a_file_in_use_is_refused_to_a_second_creator_and_keeps_its_bytes() {
 
 /// A file its disk cannot hold is refused when it is created, naming its path, the bytes
 /// it needs and the bytes free, and leaves no file behind; a file that fits was reserved,
-/// so no later write of it can find the disk full.
+/// so no later write of it can find the disk full. The refusal comes from the free bytes,
+/// before any block is taken: the tests beside this one share its disk.
 #[test]
 fn a_file_its_disk_cannot_hold_is_refused_at_creation_naming_the_bytes() {
     let dir = Dir::new("no-space");
