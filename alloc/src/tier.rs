@@ -9,9 +9,10 @@
 //! filesystem refuses `O_DIRECT` (tmpfs), the file is opened buffered and says so
 //! ([`TierFile::is_direct`]).
 //!
-//! A piece is moved chunk by chunk through one buffer of the pool ([`ChunkPool`]), so a piece
-//! larger than a buffer is chunked, never refused, and the memory the tier uses besides the
-//! file is the pool's, fixed at start-up. Why positioned I/O rather than a memory map
+//! A piece is moved a chunk at a time, straight from and into the caller's memory where
+//! direct I/O takes it (module `direct`), else through one buffer of the pool
+//! ([`ChunkPool`]); a piece larger than a buffer is chunked, never refused, and the memory
+//! the tier uses besides the file is the pool's, fixed at start-up. Why positioned I/O rather than a memory map
 //! (memmap2): a map's page faults read on the computing thread at the kernel's pace, its dirty
 //! pages are written back when the kernel decides, a map larger than memory competes with the
 //! arena for the same RAM, and an I/O error arrives as SIGBUS rather than an error value.
@@ -19,6 +20,7 @@
 //! Refused with the file's path and what was expected: a header of another run, rank, tier or
 //! layout, a file shorter than its layout, a piece of another length.
 
+mod direct;
 mod header;
 mod space;
 
@@ -102,6 +104,8 @@ pub struct TierFile {
     /// Each piece's (offset in the file, length in bytes).
     pieces: Vec<(u64, u64)>,
     direct: bool,
+    /// The memory alignment direct I/O asks of a caller's buffer (module `direct`).
+    memory_align: usize,
 }
 
 impl TierFile {
@@ -115,13 +119,14 @@ impl TierFile {
     pub fn create(spec: TierSpec<'_>, lens: &[u64]) -> Result<Self> {
         let (header, pieces) = layout(spec, lens)?;
         let path = file_path(spec);
-        let opened = open_file(&path, true)?;
+        let (file, direct) = open_file(&path, true)?;
         let tier = Self {
-            file: opened.0,
+            memory_align: direct::memory_alignment(&file, direct),
+            file,
             path,
             header,
             pieces,
-            direct: opened.1,
+            direct,
         };
         // Claimed before it is emptied: a second engine given the same folder, rank and
         // tier while the first runs (another run, or a test beside it) is refused here
@@ -154,10 +159,11 @@ impl TierFile {
         let path = file_path(spec);
         let (file, direct) = open_file(&path, false)?;
         let tier = Self {
-            file,
             path,
             header: want,
             pieces,
+            memory_align: direct::memory_alignment(&file, direct),
+            file,
             direct,
         };
         tier.check_header()?;
@@ -179,56 +185,81 @@ impl TierFile {
         self.direct
     }
 
+    /// The alignment of memory that moves straight to and from the file, without the
+    /// pool's copy (module `direct`): what the kernel asks for direct I/O, or 1 for a
+    /// buffered file.
+    pub fn memory_alignment(&self) -> usize {
+        self.memory_align
+    }
+
     /// Bytes of the file (header and every slot).
     pub fn file_bytes(&self) -> u64 {
         HEADER_BYTES as u64 + self.header.payload
     }
 
-    /// Writes `data`, all of piece `piece`, chunk by chunk through `pool`.
+    /// Writes `data`, all of piece `piece`, a chunk at a time: straight from `data` where
+    /// direct I/O takes its memory, through `pool`'s buffer otherwise (module `direct`).
     ///
     /// # Errors
     /// A piece past the layout or `data` of another length; [`AllocError::TierIo`].
     pub fn write_piece(&self, piece: usize, data: &[u8], pool: &mut ChunkPool) -> Result<()> {
         let (offset, len) = self.piece(piece, data.len())?;
+        let straight = direct::straight_bytes(data.as_ptr(), len, self.memory_align);
+        for at in (0..straight).step_by(pool.chunk) {
+            let n = (straight - at).min(pool.chunk);
+            self.write_at(&data[at..at + n], offset + at as u64)?;
+        }
         let buf = pool.buffers[0].as_bytes_mut();
-        for at in (0..len).step_by(pool.chunk) {
+        for at in (straight..len).step_by(pool.chunk) {
             let n = (len - at).min(pool.chunk);
             let slot = n.next_multiple_of(TIER_ALIGN);
             buf[..n].copy_from_slice(&data[at..at + n]);
             buf[n..slot].fill(0);
-            self.file
-                .write_all_at(&buf[..slot], offset + at as u64)
-                .map_err(self.io_error("write a piece"))?;
+            self.write_at(&buf[..slot], offset + at as u64)?;
         }
         Ok(())
     }
 
-    /// Reads piece `piece` into `out`, all of it, chunk by chunk through `pool`.
+    /// Reads piece `piece` into `out`, all of it, a chunk at a time: straight into `out`
+    /// where direct I/O takes its memory, through `pool`'s buffer otherwise.
     ///
     /// # Errors
     /// A piece past the layout or `out` of another length; [`AllocError::TierMismatch`] when
     /// the file has become shorter than its layout; [`AllocError::TierIo`].
     pub fn read_piece(&self, piece: usize, out: &mut [u8], pool: &mut ChunkPool) -> Result<()> {
         let (offset, len) = self.piece(piece, out.len())?;
+        let straight = direct::straight_bytes(out.as_ptr(), len, self.memory_align);
+        for at in (0..straight).step_by(pool.chunk) {
+            let n = (straight - at).min(pool.chunk);
+            self.read_at(&mut out[at..at + n], offset + at as u64)?;
+        }
         let buf = pool.buffers[0].as_bytes_mut();
-        for at in (0..len).step_by(pool.chunk) {
+        for at in (straight..len).step_by(pool.chunk) {
             let n = (len - at).min(pool.chunk);
             let slot = n.next_multiple_of(TIER_ALIGN);
-            let read = self
-                .file
-                .read_exact_at(&mut buf[..slot], offset + at as u64);
-            if let Err(e) = read {
-                return Err(match e.kind() {
-                    std::io::ErrorKind::UnexpectedEof => {
-                        let len = self.file.metadata().map_or(0, |m| m.len());
-                        self.mismatch("file length", self.file_bytes(), len)
-                    }
-                    _ => self.io_error("read a piece")(e),
-                });
-            }
+            self.read_at(&mut buf[..slot], offset + at as u64)?;
             out[at..at + n].copy_from_slice(&buf[..n]);
         }
         Ok(())
+    }
+
+    fn write_at(&self, bytes: &[u8], at: u64) -> Result<()> {
+        self.file
+            .write_all_at(bytes, at)
+            .map_err(self.io_error("write a piece"))
+    }
+
+    /// Fills `bytes` from `at`; a file that ends first has been shortened behind the tier.
+    fn read_at(&self, bytes: &mut [u8], at: u64) -> Result<()> {
+        self.file
+            .read_exact_at(bytes, at)
+            .map_err(|e| match e.kind() {
+                std::io::ErrorKind::UnexpectedEof => {
+                    let len = self.file.metadata().map_or(0, |m| m.len());
+                    self.mismatch("file length", self.file_bytes(), len)
+                }
+                _ => self.io_error("read a piece")(e),
+            })
     }
 
     /// Piece `piece`'s offset, checking that it exists and is `len` bytes.

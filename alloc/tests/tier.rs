@@ -1,12 +1,13 @@
 //! The file tier: every piece reads back as written whatever the piece and chunk sizes (a
-//! piece larger than the pool's buffer is chunked), pieces do not overwrite each other, and a
+//! piece larger than the pool's buffer is chunked) and wherever its memory lies (moved
+//! straight or through the pool), pieces do not overwrite each other, and a
 //! file of another run, rank or layout, or a shortened one, is refused naming its path and
 //! what differs.
 
 use proptest::prelude::*;
 use std::path::PathBuf;
 use zero_alloc::tier::{file_bytes, ChunkPool, TierFile, TierSpec, HEADER_BYTES, TIER_ALIGN};
-use zero_alloc::AllocError;
+use zero_alloc::{AllocError, PinnedBuffer};
 
 /// A fresh folder under the system's temporary one.
 struct Dir(PathBuf);
@@ -54,22 +55,30 @@ proptest! {
         lens in prop::collection::vec(0u64..20_000, 1..6),
         chunk in 1usize..3 * TIER_ALIGN,
         order in prop::collection::vec(any::<usize>(), 6),
+        shift in prop::sample::select(vec![0usize, 256, 512, 1]),
     ) {
         let dir = Dir::new("prop");
         let tier = TierFile::create(dir.spec(9), &lens).unwrap();
         let mut pool = ChunkPool::new(1, chunk).unwrap();
+        // Memory `shift` bytes past a page: moved straight (0, and 512 where the kernel
+        // takes it) or through the pool (1, 256).
+        let mut memory = PinnedBuffer::new(20_000 + 512 + 1).unwrap();
+        let at = |len: u64| shift..shift + len as usize;
         // Written in a shuffled order, each twice (the second value wins).
         let mut shuffled: Vec<usize> = (0..lens.len()).collect();
         shuffled.sort_by_key(|&p| order[p]);
         for pass in 0..2u64 {
             for &p in &shuffled {
-                tier.write_piece(p, &bytes(p as u64 + 10 * pass, lens[p] as usize), &mut pool).unwrap();
+                let data = &mut memory.as_bytes_mut()[at(lens[p])];
+                data.copy_from_slice(&bytes(p as u64 + 10 * pass, lens[p] as usize));
+                tier.write_piece(p, data, &mut pool).unwrap();
             }
         }
         for (p, &len) in lens.iter().enumerate() {
-            let mut out = vec![0xAA; len as usize];
-            tier.read_piece(p, &mut out, &mut pool).unwrap();
-            prop_assert_eq!(out, bytes(p as u64 + 10, len as usize), "piece {}", p);
+            let out = &mut memory.as_bytes_mut()[at(len)];
+            out.fill(0xAA);
+            tier.read_piece(p, out, &mut pool).unwrap();
+            prop_assert_eq!(&*out, &bytes(p as u64 + 10, len as usize)[..], "piece {}", p);
         }
         let slots: u64 = lens.iter().map(|l| l.next_multiple_of(TIER_ALIGN as u64)).sum();
         prop_assert_eq!(tier.file_bytes(), HEADER_BYTES as u64 + slots);
