@@ -31,7 +31,7 @@ use super::host_io::{stored_bytes, stored_values};
 use super::param_file::ParamFile;
 use super::param_read_ahead::ReadAhead;
 use super::planning::offload_plan::{piece_elems, OffloadPlan, ParamFileLayout};
-use super::planning::plan::arena_config;
+use super::planning::plan::{arena_config, read_ahead_arena_config};
 use super::planning::policy::{UnitPolicy, ZeroStage};
 use super::trace::Lane;
 use std::ops::Range;
@@ -98,7 +98,7 @@ impl OffloadedParams {
         let ahead = match usize::try_from(plan.params_read_ahead).unwrap_or(usize::MAX) {
             0 => None,
             bytes => {
-                let arena = Arena::new(arena_config(bytes, false))?;
+                let arena = Arena::new(read_ahead_arena_config(bytes))?;
                 let (tier, layout) = file.shared();
                 let budget = (arena, config.nvme_prefetch_bytes);
                 Some(ReadAhead::start(

@@ -82,6 +82,13 @@ fn shard_bytes(n: usize, world: usize, elem: usize) -> u64 {
     ((shard * elem).next_multiple_of(256)) as u64
 }
 
+/// A shard's block among the reads ahead: whole 4 KiB blocks, so the file's direct I/O
+/// reads into it without a copy.
+fn read_ahead_bytes(n: usize, world: usize, elem: usize) -> u64 {
+    let shard = n.div_ceil(world).next_multiple_of(128);
+    ((shard * elem).next_multiple_of(4096)) as u64
+}
+
 #[test]
 fn every_tier_holds_what_the_plan_says_and_the_arena_no_offloaded_shard() {
     let dir = TempDir::new("params-plan");
@@ -278,7 +285,7 @@ fn a_budget_below_one_shard_reads_each_shard_alone_and_trains_to_the_bit() {
 fn the_reads_ahead_never_hold_more_than_the_planned_budget() {
     let dir = TempDir::new("params-budget");
     let elem = 4;
-    let shards = [0, 2, 3].map(|u| shard_bytes(SIZES[u], 2, elem));
+    let shards = [0, 2, 3].map(|u| read_ahead_bytes(SIZES[u], 2, elem));
     let (largest, every) = (shards[1], shards.iter().sum::<u64>());
     let cases = [
         (100, largest),

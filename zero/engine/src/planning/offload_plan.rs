@@ -4,7 +4,7 @@
 //! staging; with the parameters offloaded, the gathered units' stored shards in a host arena
 //! of their own or in a file of their own.
 
-use super::plan::block_bytes;
+use super::plan::{block_bytes, read_ahead_block_bytes};
 use super::policy::UnitPolicy;
 use crate::error::{Error, Result};
 use crate::precision::Precision;
@@ -151,14 +151,14 @@ pub(crate) fn plan_read_ahead(
     let elem = precision.param_bytes();
     let (mut largest, mut every) = (0u64, 0u64);
     for p in policies.iter().filter(|p| p.gathered()) {
-        let shard = block_bytes((p.len(false) as u64).saturating_mul(elem))?;
+        let shard = read_ahead_block_bytes((p.len(false) as u64).saturating_mul(elem))?;
         largest = largest.max(shard);
         every = every.saturating_add(shard);
     }
     if every == 0 {
         return Ok(0);
     }
-    block_bytes(largest.max(every.min(budget as u64)))
+    read_ahead_block_bytes(largest.max(every.min(budget as u64)))
 }
 
 /// Where each unit's optimizer states sit in the rank's file: every state (m, v, then the

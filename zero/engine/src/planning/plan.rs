@@ -16,6 +16,7 @@ use super::schedule::Schedule;
 use super::unit::UnitSpec;
 use crate::error::{Error, Result};
 use crate::precision::Precision;
+use zero_alloc::tier::TIER_ALIGN;
 use zero_alloc::ArenaConfig;
 use zero_comm::{ShardBuckets, StagingRule};
 
@@ -105,9 +106,25 @@ pub(crate) fn arena_config(capacity: usize, defragment: bool) -> ArenaConfig {
 
 /// Bytes a block of `bytes` takes in a rank's arena.
 pub(crate) fn block_bytes(bytes: u64) -> Result<u64> {
+    block_bytes_in(&arena_config(0, true), bytes)
+}
+
+/// The configuration of the host arena the parameter file's reads ahead land in: its blocks
+/// aligned to whole [`TIER_ALIGN`] blocks, so the file's direct I/O reads into them straight,
+/// without the tier pool's copy, on any disk.
+pub(crate) fn read_ahead_arena_config(capacity: usize) -> ArenaConfig {
+    arena_config(capacity, false).alignment(TIER_ALIGN)
+}
+
+/// Bytes a block of `bytes` takes in the reads ahead's arena.
+pub(crate) fn read_ahead_block_bytes(bytes: u64) -> Result<u64> {
+    block_bytes_in(&read_ahead_arena_config(0), bytes)
+}
+
+fn block_bytes_in(config: &ArenaConfig, bytes: u64) -> Result<u64> {
     usize::try_from(bytes)
         .ok()
-        .and_then(|b| arena_config(0, true).block_size(b))
+        .and_then(|b| config.block_size(b))
         .map(|b| b as u64)
         .ok_or_else(|| {
             Error::Order(format!(
