@@ -12,10 +12,12 @@
 //! A piece is moved a chunk at a time, straight from and into the caller's memory where
 //! direct I/O takes it (module `direct`), else through one buffer of the pool
 //! ([`ChunkPool`]); a piece larger than a buffer is chunked, never refused, and the memory
-//! the tier uses besides the file is the pool's, fixed at start-up. Why positioned I/O rather than a memory map
-//! (memmap2): a map's page faults read on the computing thread at the kernel's pace, its dirty
-//! pages are written back when the kernel decides, a map larger than memory competes with the
-//! arena for the same RAM, and an I/O error arrives as SIGBUS rather than an error value.
+//! the tier uses besides the file is the pool's, fixed at start-up.
+//!
+//! Why positioned I/O rather than a memory map (memmap2): a map's page faults read on the
+//! computing thread at the kernel's pace, its dirty pages are written back when the kernel
+//! decides, a map larger than memory competes with the arena for the same RAM, and an I/O
+//! error arrives as SIGBUS rather than an error value.
 //!
 //! Refused with the file's path and what was expected: a header of another run, rank, tier or
 //! layout, a file shorter than its layout, a piece of another length.
@@ -30,6 +32,7 @@ pub use space::available as available_bytes;
 use std::fs::{File, OpenOptions};
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::error::{AllocError, Result};
 use crate::PinnedBuffer;
@@ -106,6 +109,8 @@ pub struct TierFile {
     direct: bool,
     /// The memory alignment direct I/O asks of a caller's buffer (module `direct`).
     memory_align: usize,
+    /// Bytes of pieces moved through the pool's buffer since the file was opened.
+    pooled: AtomicU64,
 }
 
 impl TierFile {
@@ -127,6 +132,7 @@ impl TierFile {
             header,
             pieces,
             direct,
+            pooled: AtomicU64::new(0),
         };
         // Claimed before it is emptied: a second engine given the same folder, rank and
         // tier while the first runs (another run, or a test beside it) is refused here
@@ -165,6 +171,7 @@ impl TierFile {
             memory_align: direct::memory_alignment(&file, direct),
             file,
             direct,
+            pooled: AtomicU64::new(0),
         };
         tier.check_header()?;
         let len = tier.file.metadata().map_err(tier.io_error("stat"))?.len();
@@ -192,6 +199,13 @@ impl TierFile {
         self.memory_align
     }
 
+    /// Bytes of pieces read or written through the pool's buffer since the file was opened:
+    /// a piece's last partial 4 KiB block, and all of a piece whose memory direct I/O
+    /// refuses (not aligned to [`TierFile::memory_alignment`]).
+    pub fn pooled_bytes(&self) -> u64 {
+        self.pooled.load(Ordering::Relaxed)
+    }
+
     /// Bytes of the file (header and every slot).
     pub fn file_bytes(&self) -> u64 {
         HEADER_BYTES as u64 + self.header.payload
@@ -216,6 +230,7 @@ impl TierFile {
             buf[..n].copy_from_slice(&data[at..at + n]);
             buf[n..slot].fill(0);
             self.write_at(&buf[..slot], offset + at as u64)?;
+            self.pooled.fetch_add(n as u64, Ordering::Relaxed);
         }
         Ok(())
     }
@@ -239,6 +254,7 @@ impl TierFile {
             let slot = n.next_multiple_of(TIER_ALIGN);
             self.read_at(&mut buf[..slot], offset + at as u64)?;
             out[at..at + n].copy_from_slice(&buf[..n]);
+            self.pooled.fetch_add(n as u64, Ordering::Relaxed);
         }
         Ok(())
     }

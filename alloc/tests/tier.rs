@@ -226,3 +226,28 @@ fn a_file_its_disk_cannot_hold_is_refused_at_creation_naming_the_bytes() {
     use std::os::unix::fs::MetadataExt;
     assert!(meta.blocks() * 512 >= 1 << 20, "{} blocks", meta.blocks());
 }
+
+/// Memory aligned as the file's direct I/O asks moves straight: only a piece's last partial
+/// 4 KiB block goes through the pool. Memory off that alignment goes through it whole.
+#[test]
+fn only_what_direct_io_refuses_goes_through_the_pool() {
+    let dir = Dir::new("pooled");
+    let lens = [3 * TIER_ALIGN as u64 + 100, 2 * TIER_ALIGN as u64];
+    let tier = TierFile::create(dir.spec(1), &lens).unwrap();
+    let mut pool = ChunkPool::new(1, TIER_ALIGN).unwrap();
+    let mut memory = PinnedBuffer::new(4 * TIER_ALIGN + 1).unwrap();
+    let align = tier.memory_alignment();
+    // Page-aligned memory: straight wherever the kernel asks at most a page.
+    let aligned = &mut memory.as_bytes_mut()[..lens[0] as usize];
+    tier.write_piece(0, aligned, &mut pool).unwrap();
+    tier.read_piece(0, aligned, &mut pool).unwrap();
+    assert_eq!(tier.pooled_bytes(), 2 * 100, "alignment {align}");
+    // One byte past a page: refused by any direct I/O, so through the pool, all of it.
+    let shifted = &mut memory.as_bytes_mut()[1..1 + lens[1] as usize];
+    tier.write_piece(1, shifted, &mut pool).unwrap();
+    let expected = match align {
+        1 => 2 * 100,
+        _ => 2 * 100 + lens[1],
+    };
+    assert_eq!(tier.pooled_bytes(), expected, "alignment {align}");
+}

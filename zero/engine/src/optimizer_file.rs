@@ -74,6 +74,9 @@ pub struct FileTierStats {
     /// engine thread's exports and imports not counted): with the bytes the streams moved,
     /// the tier's sustained throughput.
     pub io_seconds: (f64, f64),
+    /// Bytes read or written through a pool buffer rather than moved straight, since
+    /// start-up (`zero_alloc::tier::TierFile::pooled_bytes`).
+    pub pooled_bytes: u64,
 }
 
 /// The file is the run's scratch (the states outlive it in checkpoints, not in it), so it
@@ -151,6 +154,7 @@ impl FileStates {
             written_bytes: self.written_bytes,
             direct: self.tier.is_direct(),
             io_seconds: self.io_seconds,
+            pooled_bytes: self.tier.pooled_bytes(),
         }
     }
 
@@ -247,6 +251,9 @@ pub struct FileIo {
     pub read_seconds: f64,
     /// Seconds spent in those writes.
     pub write_seconds: f64,
+    /// Bytes of those reads and writes copied through a pool buffer rather than moved
+    /// straight (`zero_alloc::tier::TierFile::pooled_bytes`).
+    pub pooled_bytes: u64,
 }
 
 impl FileIo {
@@ -258,6 +265,7 @@ impl FileIo {
             written_bytes: self.written_bytes.saturating_sub(earlier.written_bytes),
             read_seconds: self.read_seconds - earlier.read_seconds,
             write_seconds: self.write_seconds - earlier.write_seconds,
+            pooled_bytes: self.pooled_bytes.saturating_sub(earlier.pooled_bytes),
         }
     }
 
@@ -269,6 +277,7 @@ impl FileIo {
             written_bytes: self.written_bytes.saturating_add(other.written_bytes),
             read_seconds: self.read_seconds + other.read_seconds,
             write_seconds: self.write_seconds + other.write_seconds,
+            pooled_bytes: self.pooled_bytes.saturating_add(other.pooled_bytes),
         }
     }
 }
@@ -282,6 +291,7 @@ impl Engine {
             written_bytes: s.written_bytes,
             read_seconds: s.io_seconds.0,
             write_seconds: s.io_seconds.1,
+            pooled_bytes: s.pooled_bytes,
         });
         let params = self
             .params_file()
@@ -290,6 +300,7 @@ impl Engine {
                 written_bytes: s.written_bytes,
                 read_seconds: s.io_seconds.0,
                 write_seconds: s.io_seconds.1,
+                pooled_bytes: s.pooled_bytes,
             });
         optimizer.plus(params)
     }

@@ -87,6 +87,11 @@ impl ParamFile {
         self.tier.is_direct()
     }
 
+    /// Bytes moved through a pool buffer on either thread ([`TierFile::pooled_bytes`]).
+    pub fn pooled_bytes(&self) -> u64 {
+        self.tier.pooled_bytes()
+    }
+
     /// Fills `out` from byte `at` of `unit`'s shard on.
     pub fn read(&mut self, unit: usize, at: usize, out: &mut [u8]) -> Result<()> {
         let start = Instant::now();

@@ -377,6 +377,7 @@ impl Engine {
                 written_bytes: file.written_bytes,
                 direct: file.is_direct(),
                 io_seconds: (file.io_seconds.0 + ahead_seconds, file.io_seconds.1),
+                pooled_bytes: file.pooled_bytes(),
             },
         ))
     }
@@ -398,4 +399,7 @@ pub struct ParamFileStats {
     pub direct: bool,
     /// Seconds spent in the file's reads (on either thread) and writes since start-up.
     pub io_seconds: (f64, f64),
+    /// Bytes of those reads and writes copied through a pool buffer rather than moved
+    /// straight (`zero_alloc::tier::TierFile::pooled_bytes`).
+    pub pooled_bytes: u64,
 }

@@ -121,6 +121,7 @@ impl RankReport {
                 "written_bytes": self.file_io_per_step.written_bytes,
                 "read_seconds": self.file_io_per_step.read_seconds,
                 "write_seconds": self.file_io_per_step.write_seconds,
+                "pooled_bytes": self.file_io_per_step.pooled_bytes,
             },
             "model_state_bytes": bytes_json(&self.measured),
             "expected_model_state_bytes": bytes_json(&self.expected),
@@ -277,9 +278,19 @@ fn offload_lines(reports: &[RankReport]) -> String {
         let f = r.file_io_per_step;
         if f.read_bytes + f.written_bytes > 0 {
             let rate = |bytes: u64, secs: f64| mib(bytes as f64) / secs.max(1e-9);
+            // Bytes copied through a pool buffer are worth a word only when they are many:
+            // every piece's last partial block goes that way.
+            let pooled = match f.pooled_bytes {
+                p if p * 100 < f.read_bytes + f.written_bytes => String::new(),
+                p => format!(
+                    "; {:.1} MiB of it copied through a pool buffer (memory off the \
+                     alignment direct I/O asks, or pieces' last partial 4 KiB blocks)",
+                    mib(p as f64)
+                ),
+            };
             s.push_str(&format!(
                 "rank {}: files per step: read {:.1} MiB in {:.2} s ({:.0} MiB/s), wrote \
-                 {:.1} MiB in {:.2} s ({:.0} MiB/s)\n",
+                 {:.1} MiB in {:.2} s ({:.0} MiB/s){pooled}\n",
                 r.rank,
                 mib(f.read_bytes as f64),
                 f.read_seconds,

@@ -407,6 +407,7 @@ impl<'a, B: Placement> Trainer<'a, B> {
             written_bytes: f.written_bytes / steps_run,
             read_seconds: f.read_seconds / steps_run as f64,
             write_seconds: f.write_seconds / steps_run as f64,
+            pooled_bytes: f.pooled_bytes / steps_run,
         };
         report.tensor_parallel =
             (self.engine.tensor_parallel()).map(|_| self.tp_traffic.per_step(steps_run));
