@@ -441,8 +441,9 @@ mod tests {
         assert_eq!(without.backend_staging, 0);
     }
 
-    /// Shards of 256 and 128 f32 a rank (blocks of 1024 and 512 bytes): the reads ahead
-    /// take the budget, at least the larger shard, at most both.
+    /// Shards of 256 and 128 f32 a rank (1024 and 512 bytes, each a whole 4 KiB block
+    /// among the reads ahead, for direct I/O): the reads ahead take the budget, at least
+    /// the larger shard, at most both.
     #[test]
     fn the_parameter_files_reads_ahead_are_planned_within_the_budget() {
         let read_ahead = |budget: usize, params_file: bool| {
@@ -461,10 +462,10 @@ mod tests {
             );
             offload.params_read_ahead
         };
-        assert_eq!(read_ahead(0, true), 1024);
-        assert_eq!(read_ahead(1200, true), 1280);
-        assert_eq!(read_ahead(1536, true), 1536);
-        assert_eq!(read_ahead(1 << 20, true), 1536);
+        assert_eq!(read_ahead(0, true), 4096);
+        assert_eq!(read_ahead(4096, true), 4096);
+        assert_eq!(read_ahead(4097, true), 8192);
+        assert_eq!(read_ahead(1 << 20, true), 8192);
         assert_eq!(
             read_ahead(1 << 20, false),
             0,
