@@ -18,7 +18,8 @@
 //! [`Collectives`](crate::Collectives). Not behind either: checkpoint export and import, and
 //! the views a model reads ([`OpUnits::params`](crate::OpUnits::params),
 //! [`OpUnits::views`](crate::OpUnits::views)), which are host slices (a model on a device
-//! arena reads [`OpUnits::spans`](crate::OpUnits::spans) instead).
+//! arena reads `OpUnits::device_param` and `OpUnits::device_views`, built with the `cuda`
+//! feature, instead).
 
 #[cfg(feature = "cuda")]
 pub mod cuda;
