@@ -2,16 +2,16 @@
 //! pool's buffer, where direct I/O accepts that memory: its address a multiple of the
 //! alignment the kernel reports for the file (`statx`'s `dio_mem_align`). The pool carries
 //! what it cannot: a piece's last partial block (its slot is padded with zeros) and memory
-//! the kernel would refuse. Saving the copy matters: on a 2-core machine a 1 MiB `memcpy`
-//! beside each 1 MiB read costs a fifth of the read's time.
+//! the kernel would refuse. What the saved copy is worth is measured in docs/zero.md ("A
+//! model larger than memory").
 
 use std::fs::File;
 use std::os::fd::AsRawFd;
 
 use super::TIER_ALIGN;
 
-/// The alignment direct I/O asks of memory for `file`: what the kernel reports, else
-/// [`TIER_ALIGN`]; 1 when the file goes through the page cache (`direct` false).
+/// The alignment direct I/O asks of memory for `file`: what the kernel reports (a power of
+/// two), else [`TIER_ALIGN`]; 1 when the file goes through the page cache (`direct` false).
 pub(super) fn memory_alignment(file: &File, direct: bool) -> usize {
     if !direct {
         return 1;
@@ -31,7 +31,7 @@ pub(super) fn memory_alignment(file: &File, direct: bool) -> usize {
     };
     let reported = rc == 0 && stx.stx_mask & libc::STATX_DIOALIGN != 0;
     match usize::try_from(stx.stx_dio_mem_align) {
-        Ok(align) if reported && align.is_power_of_two() && align <= TIER_ALIGN => align,
+        Ok(align) if reported && align.is_power_of_two() => align,
         _ => TIER_ALIGN,
     }
 }

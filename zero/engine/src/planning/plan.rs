@@ -111,7 +111,7 @@ pub(crate) fn block_bytes(bytes: u64) -> Result<u64> {
 
 /// The configuration of the host arena the parameter file's reads ahead land in: its blocks
 /// aligned to whole [`TIER_ALIGN`] blocks, so the file's direct I/O reads into them straight,
-/// without the tier pool's copy, on any disk.
+/// without the tier pool's copy, on any disk that asks at most that alignment of memory.
 pub(crate) fn read_ahead_arena_config(capacity: usize) -> ArenaConfig {
     arena_config(capacity, false).alignment(TIER_ALIGN)
 }

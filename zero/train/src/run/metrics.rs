@@ -281,7 +281,9 @@ fn offload_lines(reports: &[RankReport]) -> String {
             // Bytes copied through a pool buffer are worth a word only when they are many:
             // every piece's last partial block goes that way.
             let pooled = match f.pooled_bytes {
-                p if p * 100 < f.read_bytes + f.written_bytes => String::new(),
+                p if p.saturating_mul(100) < f.read_bytes.saturating_add(f.written_bytes) => {
+                    String::new()
+                }
                 p => format!(
                     "; {:.1} MiB of it copied through a pool buffer (memory off the \
                      alignment direct I/O asks, or pieces' last partial 4 KiB blocks)",
