@@ -181,7 +181,7 @@ impl Engine {
     }
 
     /// Accumulates a completed bucket of `unit` (laid out by `layout`, in `staged`) into the
-    /// gradient this rank keeps.
+    /// gradient this rank keeps, wherever it lives (`grad_home`).
     pub(crate) fn accumulate_reduced<S: Store>(
         &mut self,
         unit: usize,
@@ -196,9 +196,7 @@ impl Engine {
             let piece = Span::new(staged, layout.segment(bucket, j));
             let at = policy.grad_index(rank, j, bucket.offset);
             let acc = Span::new(grads, at..at + bucket.len);
-            self.kernels
-                .accumulate(&mut self.arena, S::DTYPE, acc, piece)?;
-            Ok(())
+            self.accumulate_kept(S::DTYPE, acc, piece)
         });
         free_after(&mut self.arena, staged, result)
     }

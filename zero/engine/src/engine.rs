@@ -82,6 +82,11 @@ pub struct EngineConfig {
     /// through the host arena piece by piece; the host arena holds only the update's
     /// staging (see the `optimizer_stream` module).
     pub optimizer_file: bool,
+    /// With `offload_optimizer`: the reduced gradients this rank keeps live in the host
+    /// arena too, accumulated there as each bucket's reduction lands during backward, so the
+    /// rank's arena holds no gradient between steps and the update reads them where they
+    /// are (see the `grad_home` module). CPU arenas only.
+    pub offload_gradients: bool,
     /// Bytes of the file tier's pool buffer (rounded up to 4 KiB): a piece larger than it
     /// moves chunk by chunk.
     pub nvme_chunk_bytes: usize,
@@ -133,6 +138,7 @@ impl Default for EngineConfig {
             defragment: true,
             offload_optimizer: false,
             optimizer_file: false,
+            offload_gradients: false,
             offload_params: false,
             params_file: false,
             nvme_prefetch_bytes: DEFAULT_NVME_PREFETCH_BYTES,
@@ -160,6 +166,7 @@ impl EngineConfig {
             staging,
             offload_optimizer: self.offload_optimizer,
             optimizer_file: self.offload_optimizer && self.optimizer_file,
+            offload_gradients: self.offload_optimizer && self.offload_gradients,
             offload_params: self.offload_params,
             params_file: self.offload_params && self.params_file,
             nvme_prefetch_bytes: self.nvme_prefetch_bytes,
@@ -327,6 +334,7 @@ impl Engine {
             nvme_path,
         } = ops;
         check_units(&specs, &config)?;
+        super::grad_home::check_grad_offload(&config, device)?;
         confirm_same_schedules(&comm, programs)?;
         let shape = config.plan_shape(comm.size(), collectives.staging_rule(&comm));
         let memory_plan = match config.memory_limit {
@@ -457,6 +465,8 @@ impl Engine {
     /// Arena failures (a stale handle would be a bug).
     pub fn measured_model_state_bytes(&self) -> Result<ModelStateBytes> {
         let size = |h: Handle| -> Result<f64> { Ok(self.arena.block(h)?.size as f64) };
+        let grad_arena = self.grad_arena();
+        let grad_size = |h: Handle| -> Result<f64> { Ok(grad_arena.block(h)?.size as f64) };
         let optim = self.optimizer_arena();
         let optim_size = |h: Handle| -> Result<f64> { Ok(optim.block(h)?.size as f64) };
         let mut out = ModelStateBytes::default();
@@ -465,7 +475,7 @@ impl Engine {
             if !self.params_offloaded(unit) {
                 out.params += size(b.params)?;
             }
-            out.grads += size(b.grads)?;
+            out.grads += grad_size(b.grads)?;
             out.optimizer += optim_size(b.m)? + optim_size(b.v)?;
             if let Some(master) = b.master {
                 out.optimizer += optim_size(master)?;

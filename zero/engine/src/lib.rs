@@ -63,6 +63,7 @@ mod engine_ops;
 mod error;
 mod export;
 mod forward;
+mod grad_home;
 mod host_io;
 mod inflight;
 mod kept;

@@ -15,7 +15,8 @@
 //! by piece of the range the rank owns (a gradient bucket's worth each, so the host staging
 //! is bounded whatever the unit's size):
 //! 1. the piece of the reduced gradients (storage type) is copied from the engine's
-//!    arena into a host staging block;
+//!    arena into a host staging block; with `offload_gradients` they landed in the host
+//!    arena during backward (`grad_home`), and the update reads them there;
 //! 2. fp32 only, where the stored parameters are Adam's master copy: their piece too;
 //! 3. [`HostKernels::adamw`](crate::HostKernels) updates the host blocks: the code a host
 //!    engine without offload runs, so the two give the same parameters to the bit; with
@@ -219,6 +220,7 @@ impl Engine {
             params: (self.offloaded_params.as_mut())
                 .filter(|_| policy.gathered())
                 .map(|home| (home, unit)),
+            grads_on_host: self.config.offload_gradients,
         };
         let first = Piece {
             grads: policy.part.local(rank, owned, policy.whole_grads).start,
@@ -239,7 +241,12 @@ impl Engine {
                 self.trace.as_mut(),
             );
         }
-        let stage = Staging::new(&mut host.arena, S::DTYPE, owned.len.min(piece))?;
+        let stage = Staging::new(
+            &mut host.arena,
+            S::DTYPE,
+            owned.len.min(piece),
+            device.grads_on_host,
+        )?;
         let mut updated = Ok(());
         for start in (0..owned.len).step_by(piece) {
             let at = first.advanced(start, piece.min(owned.len - start));
@@ -294,11 +301,13 @@ pub(crate) struct OptimSpans {
     pub v: Span,
 }
 
-/// The engine's arena, which holds a unit's reduced gradients, and where its stored
-/// parameters are: there too, or in the offloaded parameters' home (with the unit's number).
+/// The engine's arena, and where a unit's stored parameters are: there too, or in the
+/// offloaded parameters' home (with the unit's number); and whether its reduced gradients
+/// are in the engine's arena or already in the host arena (`grad_home`).
 pub(crate) struct DeviceSide<'a> {
     pub arena: &'a mut Arena,
     pub params: Option<(&'a mut OffloadedParams, usize)>,
+    pub grads_on_host: bool,
 }
 
 /// Steps 1-4 for one piece of a unit, through `stage`'s host blocks and the states `optim`
@@ -314,8 +323,20 @@ pub(crate) fn update_piece<S: Store>(
 ) -> Result<()> {
     let elem = std::mem::size_of::<S>();
     let bytes = at.len * elem;
+    let grads = match stage.grads {
+        Some(staged) => {
+            copy_down(
+                (device.arena, b.grads, at.grads * elem),
+                bytes,
+                host,
+                staged,
+            )?;
+            Span::new(staged, 0..at.len)
+        }
+        None => Span::new(b.grads, at.grads..at.grads + at.len),
+    };
     let bufs = AdamWBuffers {
-        grads: Span::new(stage.grads, 0..at.len),
+        grads,
         scratch: Span::new(stage.scratch, 0..at.len),
         master: optim.master,
         params: Span::new(stage.params, 0..at.len),
@@ -323,12 +344,6 @@ pub(crate) fn update_piece<S: Store>(
         v: optim.v,
     };
     let params_at = at.params * elem;
-    copy_down(
-        (device.arena, b.grads, at.grads * elem),
-        bytes,
-        host,
-        stage.grads,
-    )?;
     if b.master.is_none() {
         match &mut device.params {
             Some((home, unit)) => {
@@ -359,50 +374,52 @@ pub(crate) fn update_piece<S: Store>(
     }
 }
 
-/// The host blocks of one unit's offloaded update: gradients and parameters in the storage
-/// type, and the f32 gradient the update reads.
+/// The host blocks of one unit's offloaded update: parameters and, unless the gradients
+/// live in the host arena already, gradients in the storage type; and the f32 gradient the
+/// update reads.
 pub(crate) struct Staging {
-    grads: Handle,
+    grads: Option<Handle>,
     scratch: Handle,
     params: Handle,
 }
 
 impl Staging {
-    /// The three blocks, or none of them (what was allocated is freed on a failure).
-    pub fn new(arena: &mut Arena, dtype: DType, len: usize) -> Result<Self> {
+    /// The blocks for `len` elements, or none of them (what was allocated is freed on a
+    /// failure); no gradient block when `grads_on_host`.
+    pub fn new(arena: &mut Arena, dtype: DType, len: usize, grads_on_host: bool) -> Result<Self> {
         let elems = len.max(1);
-        let stored = |arena: &mut Arena| match dtype {
-            DType::F32 => arena.alloc_elems::<f32>(elems),
-            DType::Bf16 | DType::F16 => arena.alloc_elems::<u16>(elems),
-            DType::I32 => arena.alloc_elems::<i32>(elems),
-            DType::I64 => arena.alloc_elems::<i64>(elems),
-            DType::F64 => arena.alloc_elems::<f64>(elems),
+        let mut taken = Vec::with_capacity(3);
+        let mut take = |arena: &mut Arena, dtype: DType| -> Result<Handle> {
+            let h = alloc_of(arena, dtype, elems)?;
+            taken.push(h);
+            Ok(h)
         };
-        let grads = stored(arena)?;
-        let scratch = match arena.alloc_elems::<f32>(elems) {
-            Ok(h) => h,
-            Err(e) => {
-                arena.free(grads)?;
-                return Err(e.into());
-            }
-        };
-        match stored(arena) {
-            Ok(params) => Ok(Self {
+        let made = (|| {
+            let grads = if grads_on_host {
+                None
+            } else {
+                Some(take(arena, dtype)?)
+            };
+            let scratch = take(arena, DType::F32)?;
+            let params = take(arena, dtype)?;
+            Ok(Self {
                 grads,
                 scratch,
                 params,
-            }),
-            Err(e) => {
-                arena.free(scratch)?;
-                arena.free(grads)?;
-                Err(e.into())
+            })
+        })();
+        if made.is_err() {
+            for h in taken {
+                arena.free(h)?;
             }
         }
+        made
     }
 
-    /// Frees the blocks; the first failure, after trying all three.
+    /// Frees the blocks; the first failure, after trying all of them.
     pub fn free(self, arena: &mut Arena) -> Result<()> {
-        let freed = [self.grads, self.scratch, self.params].map(|h| arena.free(h));
+        let blocks = self.grads.into_iter().chain([self.scratch, self.params]);
+        let freed: Vec<_> = blocks.map(|h| arena.free(h)).collect();
         freed.into_iter().collect::<std::result::Result<(), _>>()?;
         Ok(())
     }

@@ -230,7 +230,7 @@ pub(crate) fn update_from_file<S: Store>(
         )));
     }
     let piece = file.layout.piece;
-    let stage = Staging::new(arena, S::DTYPE, owned.min(piece))?;
+    let stage = Staging::new(arena, S::DTYPE, owned.min(piece), device.grads_on_host)?;
     let mut updated = Ok(());
     for k in 0..owned.div_ceil(piece) {
         let start = k * piece;

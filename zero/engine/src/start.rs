@@ -12,7 +12,7 @@ use super::planning::plan::MemoryPlan;
 use super::planning::policy::UnitPolicy;
 use super::precision::Precision;
 use super::transient::{free_after, free_on_error};
-use super::unit_buffers::{kept_values, upload_whole, write_params, UnitBuffers};
+use super::unit_buffers::{kept_values, upload_whole, write_params, zeroed, UnitBuffers};
 use zero_alloc::Arena;
 use zero_comm::Communicator;
 
@@ -34,9 +34,16 @@ pub(crate) fn allocate_units(
     let precision = config.precision;
     let mut bufs = Vec::with_capacity(policies.len());
     for (unit, policy) in policies.iter().enumerate() {
+        let grads = match offloaded.as_deref_mut() {
+            Some(o) if config.offload_gradients => {
+                let len = policy.len(policy.whole_grads);
+                Some(zeroed(&mut o.arena, &o.kernels, precision.dtype(), len)?)
+            }
+            _ => None,
+        };
         let optim = offloaded.as_deref_mut().map(OffloadedOptimizer::parts);
         let home = params_home.as_deref_mut().map(|p| &mut p.arena);
-        let b = UnitBuffers::new(arena, kernels, (optim, home), policy, precision)?;
+        let b = UnitBuffers::new(arena, kernels, (optim, home), grads, policy, precision)?;
         let mut host = vec![0f32; policy.part.numel()];
         init(unit, &mut host);
         let home = params_home.as_deref_mut();

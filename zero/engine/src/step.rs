@@ -105,7 +105,7 @@ impl Engine {
     /// Agrees across ranks (of both groups beside tensor parallelism) whether any rank saw
     /// an inf or NaN since the last step.
     fn any_rank_overflowed(&mut self) -> Result<bool> {
-        let local = self.kernels.take_overflow(&mut self.arena)?;
+        let local = self.take_any_overflow()?;
         let mut flag = [if local { 1.0f32 } else { 0.0 }];
         self.comm.all_reduce_in_place(&mut flag, ReduceOp::Max)?;
         if let Some(tp) = &self.tp {
@@ -117,9 +117,10 @@ impl Engine {
     /// Zeroes the accumulated gradients and the micro-step count.
     fn clear_grads(&mut self) -> Result<()> {
         let dtype = self.config.precision.dtype();
-        for (policy, b) in self.units.policies.iter().zip(&self.units.bufs) {
-            let all = Span::new(b.grads, 0..policy.len(policy.whole_grads));
-            self.kernels.fill_zero(&mut self.arena, dtype, all)?;
+        for unit in 0..self.units.bufs.len() {
+            let all = self.kept_grads(unit);
+            let (arena, kernels) = self.grad_home();
+            kernels.fill_zero(arena, dtype, all)?;
         }
         self.progress.micro_steps = 0;
         Ok(())
@@ -161,9 +162,9 @@ impl Engine {
                 self.update_unit::<S>(unit, &step)?;
             }
             self.trace_span(Lane::Optimizer, start, || format!("update unit {unit}"));
-            let b = &self.units.bufs[unit];
-            let grads = Span::new(b.grads, 0..policy.len(policy.whole_grads));
-            self.kernels.fill_zero(&mut self.arena, S::DTYPE, grads)?;
+            let grads = self.kept_grads(unit);
+            let (arena, kernels) = self.grad_home();
+            kernels.fill_zero(arena, S::DTYPE, grads)?;
             if policy.syncs_params_after_step() {
                 self.sync_params::<S>(unit)?;
             }
@@ -273,19 +274,19 @@ impl Engine {
         factor: f32,
         keep: fn(&UnitSpec) -> bool,
     ) -> Result<f64> {
-        let mut sum = 0f64;
         let units = self.units.specs.iter().zip(&self.units.policies);
-        for ((spec, policy), b) in units.zip(&self.units.bufs) {
-            if !keep(spec) {
-                continue;
-            }
-            let data = policy
-                .part
-                .local(r, policy.part.data_shard(r), policy.whole_grads);
-            let grads = Span::new(b.grads, data);
-            sum = self
-                .kernels
-                .add_squares(&mut self.arena, S::DTYPE, grads, factor, sum)?;
+        let spans: Vec<Span> = units
+            .zip(&self.units.bufs)
+            .filter(|((spec, _), _)| keep(spec))
+            .map(|((_, policy), b)| {
+                let shard = policy.part.data_shard(r);
+                Span::new(b.grads, policy.part.local(r, shard, policy.whole_grads))
+            })
+            .collect();
+        let (arena, kernels) = self.grad_home();
+        let mut sum = 0f64;
+        for grads in spans {
+            sum = kernels.add_squares(arena, S::DTYPE, grads, factor, sum)?;
         }
         Ok(sum)
     }

@@ -33,11 +33,13 @@ impl UnitBuffers {
     /// parameters and gradients in `arena`, the optimizer states in `optim` when given (the
     /// offloaded host arena and its kernels), else in `arena` too; a gathered unit's
     /// parameter shard in `params_home` when given (the offloaded parameters' arena, whose
-    /// blocks the caller fills).
+    /// blocks the caller fills); the gradients in `grads` when given (a zeroed block of the
+    /// host arena, `grad_home`).
     pub fn new(
         arena: &mut Arena,
         kernels: &dyn Kernels,
         (optim, params_home): (Option<(&mut Arena, &dyn Kernels)>, Option<&mut Arena>),
+        grads: Option<Handle>,
         policy: &UnitPolicy,
         precision: Precision,
     ) -> Result<Self> {
@@ -48,7 +50,10 @@ impl UnitBuffers {
             Some(home) => alloc_of(home, store, params_len)?,
             None => zeroed(arena, kernels, store, params_len)?,
         };
-        let grads = zeroed(arena, kernels, store, policy.len(policy.whole_grads))?;
+        let grads = match grads {
+            Some(h) => h,
+            None => zeroed(arena, kernels, store, policy.len(policy.whole_grads))?,
+        };
         let (oa, ok) = optim.unwrap_or((arena, kernels));
         let mut zeroed32 = || zeroed(oa, ok, DType::F32, optim_len);
         Ok(UnitBuffers {

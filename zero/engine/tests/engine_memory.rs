@@ -302,10 +302,28 @@ fn gradient_clipping_on_shards_equals_clipping_whole() {
     assert_eq!(whole, sharded);
 }
 
+/// Whether the gradients are accumulated in the engine's arena or, offloaded, in the host
+/// arena (by the host arena's kernels), an inf on one rank skips the step on every rank.
 #[test]
 fn an_fp16_overflow_on_one_rank_skips_the_step_everywhere() {
+    for grads in [None, Some(false), Some(true)] {
+        overflow_skips_the_step(grads);
+    }
+}
+
+/// `grads`: `None` without offload, else the optimizer offloaded, with or without the
+/// gradients.
+fn overflow_skips_the_step(grads: Option<bool>) {
     let results = on_ranks(2, |c| {
-        let mut e = engine_in(c, ZeroStage::Zero2, Precision::Fp16);
+        let config = match grads {
+            None => EngineConfig {
+                stage: ZeroStage::Zero2,
+                precision: Precision::Fp16,
+                ..EngineConfig::default()
+            },
+            Some(g) => offloaded(ZeroStage::Zero2, Precision::Fp16, g),
+        };
+        let mut e = engine_with(c, config);
         let before = params(&mut e);
         let scale0 = e.loss_scale();
         let mut reports = vec![];
@@ -319,10 +337,13 @@ fn an_fp16_overflow_on_one_rank_skips_the_step_everywhere() {
         (before == after, scale0, reports, e.loss_scale())
     });
     for (unchanged, scale0, reports, scale) in results {
-        assert!(unchanged, "a skipped step changed the parameters");
-        assert!(reports.iter().all(|r| r.skipped));
+        assert!(
+            unchanged,
+            "{grads:?}: a skipped step changed the parameters"
+        );
+        assert!(reports.iter().all(|r| r.skipped), "{grads:?}");
         // Hysteresis 2: the first overflow keeps the scale, the second halves it.
-        assert_eq!((scale0, scale), (65536.0, 32768.0));
+        assert_eq!((scale0, scale), (65536.0, 32768.0), "{grads:?}");
     }
 }
 
@@ -416,11 +437,13 @@ fn a_resumed_fp16_scaler_halves_where_the_uninterrupted_one_does() {
 /// to spare: at a capacity of exactly the plan (the default), an allocation that finds the
 /// free bytes split around buckets in flight lands them early (`transient.rs`) and the peak
 /// ends below the plan.
-fn offloaded(stage: ZeroStage, precision: Precision) -> EngineConfig {
+/// With `grads`, the kept gradients go to the host arena too.
+fn offloaded(stage: ZeroStage, precision: Precision, grads: bool) -> EngineConfig {
     EngineConfig {
         stage,
         precision,
         offload_optimizer: true,
+        offload_gradients: grads,
         memory_limit: Some(1 << 30),
         ..EngineConfig::default()
     }
@@ -438,9 +461,14 @@ struct TwoArenas {
     measured: zero::ModelStateBytes,
 }
 
-fn offloaded_run(world: usize, stage: ZeroStage, precision: Precision) -> Vec<TwoArenas> {
+fn offloaded_run(
+    world: usize,
+    stage: ZeroStage,
+    precision: Precision,
+    grads: bool,
+) -> Vec<TwoArenas> {
     on_ranks(world, |c| {
-        let config = offloaded(stage, precision);
+        let config = offloaded(stage, precision, grads);
         let mut e = engine_with(c, config);
         let host = |e: &Engine| e.offload_arena().expect("an offload arena").stats();
         let (device_states, host_states) = (e.arena().stats().allocated, host(&e).allocated);
@@ -460,25 +488,36 @@ fn offloaded_run(world: usize, stage: ZeroStage, precision: Precision) -> Vec<Tw
 }
 
 /// ZeRO-Offload moves exactly the optimizer states (the padded formula's K bytes per kept
-/// element) from the engine's arena into the host arena, and each arena peaks at its plan:
-/// the engine's over a step, the host's over a step and an export (rank 0 updates the widest
-/// range, so it reaches the planned staging).
+/// element), and with `offload_gradients` the kept gradients too, from the engine's arena
+/// into the host arena, and each arena peaks at its plan: the engine's over a step, the
+/// host's over a step and an export (rank 0 updates the widest range, so it reaches the
+/// planned staging).
 #[test]
 fn offloaded_optimizer_states_leave_the_arena_for_the_host_one() {
-    for precision in [Precision::Fp32, Precision::Bf16] {
+    for (precision, grads) in [Precision::Fp32, Precision::Bf16]
+        .into_iter()
+        .flat_map(|p| [(p, false), (p, true)])
+    {
         for world in [1, 3] {
             for stage in ZeroStage::ALL {
                 let padded =
                     padded_model_state_bytes(&SIZES, world, SHARD_ALIGN_ELEMS, stage, precision)
                         .unwrap();
-                for r in offloaded_run(world, stage, precision) {
-                    let at = format!("{precision:?} {stage} N={world} rank {}", r.rank);
-                    assert_eq!(r.device_states as f64, padded.params + padded.grads, "{at}");
-                    assert_eq!(r.host_states as f64, padded.optimizer, "{at}");
+                let moved = if grads { padded.grads } else { 0.0 };
+                for r in offloaded_run(world, stage, precision, grads) {
+                    let at = format!(
+                        "{precision:?} {stage} N={world} grads {grads} rank {}",
+                        r.rank
+                    );
+                    let device = padded.params + padded.grads - moved;
+                    assert_eq!(r.device_states as f64, device, "{at}");
+                    assert_eq!(r.host_states as f64, padded.optimizer + moved, "{at}");
                     assert_eq!(r.measured, padded, "{at}: both arenas together");
                     assert_eq!(r.plan.model_states.optimizer, 0.0, "{at}");
+                    assert_eq!(r.plan.model_states.grads, padded.grads - moved, "{at}");
                     let host_plan = r.plan.offload.expect("an offload plan");
                     assert_eq!(host_plan.states as f64, padded.optimizer, "{at}");
+                    assert_eq!(host_plan.grads as f64, moved, "{at}");
                     if r.rank == 0 {
                         assert_eq!(r.device_step_peak as u64, r.plan.total(), "{at}");
                         assert_eq!(r.host_peak as u64, host_plan.total(), "{at}");
@@ -494,7 +533,9 @@ fn offloaded_optimizer_states_leave_the_arena_for_the_host_one() {
 #[test]
 fn offloading_the_optimizer_fits_a_cap_the_states_do_not() {
     let (stage, precision, world) = (ZeroStage::Zero2, Precision::Bf16, 2);
-    let cap = offloaded_run(world, stage, precision)[0].plan.total();
+    let cap = offloaded_run(world, stage, precision, false)[0]
+        .plan
+        .total();
     let config = EngineConfig {
         stage,
         precision,
@@ -510,7 +551,7 @@ fn offloading_the_optimizer_fits_a_cap_the_states_do_not() {
     let steps = on_ranks(world, |c| {
         let config = EngineConfig {
             memory_limit: Some(cap),
-            ..offloaded(stage, precision)
+            ..offloaded(stage, precision, false)
         };
         let mut e = engine_with(c, config);
         fake_step(&mut e).unwrap();
@@ -518,4 +559,37 @@ fn offloading_the_optimizer_fits_a_cap_the_states_do_not() {
         e.steps()
     });
     assert_eq!(steps, [2, 2]);
+}
+
+/// Gradient offload without the optimizer's host arena, or beside the delayed update, is
+/// refused at start-up naming the flag and why.
+#[test]
+fn gradient_offload_without_its_host_arena_is_refused_at_start_up() {
+    let program = program();
+    let start = |config: EngineConfig| {
+        let comm = zero_comm::local::create(1).unwrap().remove(0);
+        Engine::new(comm, units(), &[program.schedule()], config, |_, w| {
+            w.fill(1.0)
+        })
+    };
+    let alone = EngineConfig {
+        offload_gradients: true,
+        ..EngineConfig::default()
+    };
+    let delayed = EngineConfig {
+        offload_optimizer: true,
+        delayed_param_update: true,
+        ..alone
+    };
+    for (config, why) in [
+        (alone, "--offload-optimizer"),
+        (delayed, "--delayed-param-update"),
+    ] {
+        match start(config) {
+            Err(Error::Config(m)) => {
+                assert!(m.contains("--offload-gradients") && m.contains(why), "{m}")
+            }
+            other => panic!("{why}: {other:?}"),
+        }
+    }
 }

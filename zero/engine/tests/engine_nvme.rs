@@ -10,12 +10,15 @@ mod common;
 use common::tiers::{engine, micro_step, on_ranks, trained, TempDir, SIZES};
 use zero::{EngineConfig, Error, Lane, Precision, UnitState, ZeroStage};
 
-/// Where a configuration keeps the optimizer states.
+/// Where a configuration keeps the optimizer states (and, with `Grads`, the kept gradients
+/// beside them in the host arena: `EngineConfig::offload_gradients`).
 #[derive(Debug, Clone, Copy, PartialEq)]
 enum Home {
     Arena,
     Host,
     File,
+    HostGrads,
+    FileGrads,
 }
 
 /// `stage` and `precision` with the states at `home`, in 2 KiB gradient buckets (pieces of
@@ -27,12 +30,15 @@ fn config(stage: ZeroStage, precision: Precision, home: Home) -> EngineConfig {
         precision,
         reduce_bucket_bytes: 2048,
         offload_optimizer: home != Home::Arena,
-        optimizer_file: home == Home::File,
+        optimizer_file: matches!(home, Home::File | Home::FileGrads),
+        offload_gradients: matches!(home, Home::HostGrads | Home::FileGrads),
         memory_limit: Some(1 << 30),
         ..EngineConfig::default()
     }
 }
 
+/// Every tier, with the gradients in the engine's arena or offloaded beside the states,
+/// trains to the bits of the states in the engine's arena.
 #[test]
 fn states_in_the_file_train_as_in_the_host_arena_and_the_engines_to_the_bit() {
     let dir = TempDir::new("bits");
@@ -46,6 +52,14 @@ fn states_in_the_file_train_as_in_the_host_arena_and_the_engines_to_the_bit() {
                 assert!(host == arena, "{what}: host arena");
                 let file = trained(world, config(stage, precision, Home::File), Some(&dir.0));
                 assert!(file == arena, "{what}: file");
+                let host_grads = trained(world, config(stage, precision, Home::HostGrads), None);
+                assert!(
+                    host_grads == arena,
+                    "{what}: host arena, gradients offloaded"
+                );
+                let file_grads = config(stage, precision, Home::FileGrads);
+                let file_grads = trained(world, file_grads, Some(&dir.0));
+                assert!(file_grads == arena, "{what}: file, gradients offloaded");
             }
         }
     }

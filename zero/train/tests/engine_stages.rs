@@ -265,6 +265,39 @@ fn the_offloaded_optimizer_changes_no_bit() {
     );
 }
 
+/// With the kept gradients offloaded too (accumulated into the host arena as each bucket
+/// lands), every stage and precision trains to the bits of stage 0 without offload: one
+/// micro-step, two (the accumulation across micro-steps happens in the host arena), and
+/// 600-byte buckets that cut every unit into many pieces.
+#[test]
+fn offloaded_gradients_change_no_bit() {
+    let offloaded = |stage, precision, bucket: usize| EngineConfig {
+        stage,
+        precision,
+        offload_optimizer: true,
+        offload_gradients: true,
+        reduce_bucket_bytes: bucket,
+        ..EngineConfig::default()
+    };
+    for precision in [Precision::Fp32, Precision::Bf16, Precision::Fp16] {
+        let reference = train_in(precision, 3, ZeroStage::Zero0, 12, 1);
+        for stage in ZeroStage::ALL {
+            let run = train_with(offloaded(stage, precision, 4 << 20), 3, 12, 1);
+            let what = format!("{precision:?} {stage} gradients offloaded vs stage 0 at N=3");
+            assert_same_bits(&reference, &run, &what);
+        }
+        let run = train_with(offloaded(ZeroStage::Zero2, precision, 600), 3, 12, 1);
+        let what = format!("{precision:?} stage 2 gradients offloaded in 600-byte pieces");
+        assert_same_bits(&reference, &run, &what);
+    }
+    for stage in [ZeroStage::Zero1, ZeroStage::Zero3] {
+        let reference = train_in(Precision::Bf16, 2, ZeroStage::Zero0, 8, 2);
+        let run = train_with(offloaded(stage, Precision::Bf16, 4 << 20), 2, 8, 2);
+        let what = format!("bf16 {stage} gradients offloaded, 2 micro-steps");
+        assert_same_bits(&reference, &run, &what);
+    }
+}
+
 /// The offloaded update moves a unit's owned range in pieces of a gradient bucket: 600-byte
 /// buckets cut every unit of the tiny model into many pieces with a short last one, and no
 /// bit changes.

@@ -4,7 +4,7 @@
 //! staging; with the parameters offloaded, the gathered units' stored shards in a host arena
 //! of their own or in a file of their own.
 
-use super::plan::{block_bytes, read_ahead_block_bytes};
+use super::plan::{block_bytes, read_ahead_block_bytes, PlanShape};
 use super::policy::UnitPolicy;
 use crate::error::{Error, Result};
 use crate::precision::Precision;
@@ -22,6 +22,9 @@ pub struct OffloadPlan {
     /// Every unit's master weights and moments, as the stage keeps them (whole or a shard);
     /// 0 when they live in the file tier.
     pub states: u64,
+    /// Every unit's reduced gradients (storage type, whole or a shard as the stage keeps
+    /// them) with `offload_gradients`; 0 otherwise.
+    pub grads: u64,
     /// The staging of one piece of the update, the largest any rank makes (an export gathers
     /// sharded states into heap buffers, not here); with the file tier, two slots of the
     /// largest piece's states besides, held over the whole step (one updated while the
@@ -46,9 +49,11 @@ pub struct OffloadPlan {
 }
 
 impl OffloadPlan {
-    /// The optimizer's host arena: its states (unless in the file) and the update's staging.
+    /// The optimizer's host arena: its states (unless in the file), the offloaded gradients
+    /// and the update's staging.
     pub fn optimizer_arena(&self) -> u64 {
         self.states
+            .saturating_add(self.grads)
             .saturating_add(self.staging)
             .saturating_add(self.delayed)
     }
@@ -213,30 +218,31 @@ fn states_per_elem(precision: Precision) -> usize {
     }
 }
 
-/// The host arena of ZeRO-Offload for units kept as `policies` say over `world` ranks; with
-/// `to_file`, the file tier's layout in place of the states.
+/// The host arena of ZeRO-Offload for units kept as `policies` say on a rank shaped as
+/// `shape`: with `optimizer_file`, the file tier's layout in place of the states; with
+/// `offload_gradients`, the kept gradients beside them.
 ///
 /// # Errors
 /// A block or file whose bytes overflow.
-pub(crate) fn plan_offload(
-    policies: &[UnitPolicy],
-    precision: Precision,
-    world: usize,
-    reduce_bucket_bytes: usize,
-    to_file: bool,
-) -> Result<OffloadPlan> {
-    let piece = piece_elems(reduce_bucket_bytes, precision);
+pub(crate) fn plan_offload(policies: &[UnitPolicy], shape: PlanShape) -> Result<OffloadPlan> {
+    let precision = shape.precision;
+    let piece = piece_elems(shape.reduce_bucket_bytes, precision);
     let f32_block = |elems: usize| block_bytes((elems as u64).saturating_mul(4));
-    let (mut states, mut staging, mut slot_len) = (0u64, 0u64, 1);
+    let (mut states, mut grads, mut staging, mut slot_len) = (0u64, 0u64, 0u64, 1);
     let per_state = states_per_elem(precision) as u64;
     for p in policies {
         let kept = p.len(p.whole_optim);
-        let widest = (0..world).map(|r| p.owned(r).len).max().unwrap_or(0);
-        staging = staging.max(staging_bytes(precision, widest.min(piece))?);
+        let widest = (0..shape.world).map(|r| p.owned(r).len).max().unwrap_or(0);
+        let piece_staging = staging_bytes(precision, widest.min(piece), shape.offload_gradients);
+        staging = staging.max(piece_staging?);
         states = states.saturating_add(f32_block(kept)?.saturating_mul(per_state));
+        if shape.offload_gradients {
+            let len = p.len(p.whole_grads) as u64;
+            grads = grads.saturating_add(block_bytes(len.saturating_mul(precision.grad_bytes()))?);
+        }
         slot_len = slot_len.max(kept.min(piece));
     }
-    let file = if to_file {
+    let file = if shape.optimizer_file {
         // The step's two slots of one piece's states, for the whole step, beside the
         // staging of the unit being updated; the states in the file instead of the arena.
         let slot = f32_block(slot_len)?.saturating_mul(per_state);
@@ -250,6 +256,7 @@ pub(crate) fn plan_offload(
     };
     Ok(OffloadPlan {
         states,
+        grads,
         staging,
         file,
         params: 0,
@@ -282,9 +289,12 @@ pub(crate) fn plan_delayed(
     Ok((blocks, scratch))
 }
 
-/// Host bytes of one unit's staging (`optimizer_home`'s `Staging`) for an owned range of `len` elements.
-fn staging_bytes(precision: Precision, len: usize) -> Result<u64> {
+/// Host bytes of one unit's staging (`optimizer_home`'s `Staging`) for an owned range of
+/// `len` elements: the parameters and, unless `grads_on_host` (the update reads them where
+/// they are), the gradients in the storage type, and the update's f32 gradient.
+fn staging_bytes(precision: Precision, len: usize, grads_on_host: bool) -> Result<u64> {
     let len = len.max(1) as u64;
     let stored = block_bytes(len.saturating_mul(precision.param_bytes()))?;
-    Ok(2 * stored + block_bytes(len.saturating_mul(4))?)
+    let copies = if grads_on_host { 1 } else { 2 };
+    Ok(copies * stored + block_bytes(len.saturating_mul(4))?)
 }

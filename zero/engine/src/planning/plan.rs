@@ -83,6 +83,8 @@ pub struct PlanShape {
     /// With `offload_optimizer`: the states in the file tier, the host arena holding only
     /// the update's staging.
     pub optimizer_file: bool,
+    /// With `offload_optimizer`: the reduced gradients this rank keeps in the host arena.
+    pub offload_gradients: bool,
     /// ZeRO-Infinity's parameter offload (stage 3, with `offload_optimizer`): the stored
     /// shards of the units stage 3 gathers off the arena.
     pub offload_params: bool,
@@ -207,8 +209,8 @@ pub fn plan_memory(
 }
 
 /// Model-state bytes in the rank's arena, and the offloaded tiers' (`None` without offload):
-/// the optimizer states leave the arena with `offload_optimizer`, the gathered units'
-/// parameter shards with `offload_params`.
+/// the optimizer states leave the arena with `offload_optimizer`, the kept gradients with
+/// `offload_gradients`, the gathered units' parameter shards with `offload_params`.
 fn plan_model_states(
     policies: &[UnitPolicy],
     shape: PlanShape,
@@ -218,13 +220,10 @@ fn plan_model_states(
         return Ok((model_states, None));
     }
     model_states.optimizer = 0.0;
-    let mut offload = plan_offload(
-        policies,
-        shape.precision,
-        shape.world,
-        shape.reduce_bucket_bytes,
-        shape.optimizer_file,
-    )?;
+    let mut offload = plan_offload(policies, shape)?;
+    if shape.offload_gradients {
+        model_states.grads = 0.0;
+    }
     if shape.delayed_param_update {
         (offload.delayed, offload.staging) = plan_delayed(
             policies,
@@ -355,6 +354,7 @@ mod tests {
             staging: StagingRule::None,
             offload_optimizer: false,
             optimizer_file: false,
+            offload_gradients: false,
             offload_params: false,
             params_file: false,
             nvme_prefetch_bytes: 0,
