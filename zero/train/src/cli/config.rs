@@ -349,6 +349,13 @@ pub struct TrainConfig {
     /// it). A save, an export and the run's last step land the pending update first.
     #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "true", default_value_t = false, action = clap::ArgAction::Set)]
     pub delayed_param_update: bool,
+    /// With `--offload-optimizer` (cpu or nvme): keep the reduced gradients each rank keeps
+    /// in the host arena too, accumulated there as each bucket's reduction lands during
+    /// backward, as DeepSpeed's ZeRO-Offload does, so the device's arena holds no gradient
+    /// between steps and the host update reads them in place. CPU only for now; not with
+    /// `--delayed-param-update`.
+    #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "true", default_value_t = false, action = clap::ArgAction::Set)]
+    pub offload_gradients: bool,
     /// With `--offload-params nvme`: bytes of parameter shards each rank's I/O thread reads
     /// ahead of their gathers, in the order of the model's program (at least the largest
     /// shard, at most all of them; K/M/G suffixes); a full budget waits, never fails.
@@ -529,6 +536,7 @@ impl TrainConfig {
             offload_params: self.offload_params.is_on(),
             params_file: self.offload_params == OffloadTier::Nvme,
             delayed_param_update: self.delayed_param_update,
+            offload_gradients: self.offload_gradients,
             nvme_prefetch_bytes: usize::try_from(self.nvme_prefetch_bytes.0).unwrap_or(usize::MAX),
             host_memory_limit: self.host_memory_limit.map(|m| m.0),
             kept_inputs,
@@ -559,10 +567,13 @@ impl TrainConfig {
             ("optimizer", self.offload_optimizer),
             ("parameters", self.offload_params),
         ];
-        let words: Vec<String> = tiers
+        let mut words: Vec<String> = tiers
             .iter()
             .filter_map(|(what, tier)| tier.place().map(|at| format!("{what} offloaded to {at}")))
             .collect();
+        if self.offload_gradients && self.offload_optimizer.is_on() {
+            words.insert(1, "gradients offloaded to the host".into());
+        }
         words.join(", ")
     }
 

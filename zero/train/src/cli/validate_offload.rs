@@ -1,6 +1,6 @@
 //! The offload flags checked before the ranks start: an `nvme` tier with an existing,
 //! writable `--nvme-path` directory, `--offload-params` at stage 3 with
-//! `--offload-optimizer`, and `--nvme-path` or `--host-memory-limit` only where they mean
+//! `--offload-optimizer`, `--offload-gradients` with `--offload-optimizer` on the CPU, and `--nvme-path` or `--host-memory-limit` only where they mean
 //! something. Each refusal names the flag and,
 //! for the folder, the path and what the system said.
 
@@ -33,6 +33,7 @@ impl TrainConfig {
                     .into(),
             );
         }
+        self.validate_grad_offload()?;
         if self.delayed_param_update && self.offload_params.is_on() {
             return invalid(
                 "--delayed-param-update does not run with --offload-params: leave one out".into(),
@@ -67,6 +68,25 @@ impl TrainConfig {
             )),
             (None, None) => Ok(()),
         }
+    }
+
+    /// `--offload-gradients` only with `--offload-optimizer` (its host arena holds them), not
+    /// beside `--delayed-param-update` (whose thread holds that arena during the next
+    /// backward), and on the CPU only.
+    fn validate_grad_offload(&self) -> Result<(), ConfigError> {
+        if !self.offload_gradients {
+            return Ok(());
+        }
+        let why = if !self.offload_optimizer.is_on() {
+            "needs --offload-optimizer (cpu or nvme): the gradients live in its host arena"
+        } else if self.delayed_param_update {
+            "does not run with --delayed-param-update: leave one out"
+        } else if self.device.is_cuda() {
+            "runs on the CPU only for now: leave it out with --device cuda"
+        } else {
+            return Ok(());
+        };
+        Err(ConfigError::Invalid(format!("--offload-gradients {why}")))
     }
 
     /// `--offload-params` only at stage 3 and with `--offload-optimizer`: below stage 3

@@ -1,0 +1,148 @@
+//! `--offload-gradients` through `zero-train`: the kept gradients accumulated in the host
+//! arena as their reductions land train the losses of gradients on the device to the bit,
+//! at every stage, fp32 and bf16, with gradient accumulation, beside each optimizer tier
+//! and the parameter tiers; the device's plan drops by exactly the gradient bytes a run
+//! measures and the host arena's gains them, peaking at its plan; and a configuration that
+//! cannot run is refused at start-up naming the flag.
+
+mod common;
+use common::{stderr, tiny_stage3, write_corpus, TempDir};
+use std::path::Path;
+use std::process::Command;
+use zero::ZeroStage;
+use zero_gpt::Rng;
+use zero_train::plan::plan_report::stage_plans;
+use zero_train::{train, ByteSize, OffloadTier, PrecisionArg, TrainConfig};
+
+/// train.bin and val.bin of random tokens below 100, and a folder for the files.
+fn corpus(dir: &Path) {
+    let mut rng = Rng::new(5);
+    let tokens: Vec<u16> = (0..6_000).map(|_| (rng.next_u64() % 100) as u16).collect();
+    write_corpus(dir, &tokens, 2_000, 100);
+    std::fs::create_dir(dir.join("nvme")).unwrap();
+}
+
+/// [`tiny_stage3`] at `stage` in `precision`, 1 KiB buckets, two micro-steps a step, the
+/// optimizer and parameters at `tiers`, the gradients offloaded when `grads`.
+fn tiny(
+    data: &Path,
+    (stage, precision): (ZeroStage, PrecisionArg),
+    tiers: (OffloadTier, OffloadTier),
+    grads: bool,
+) -> TrainConfig {
+    let files = tiers.0 == OffloadTier::Nvme || tiers.1 == OffloadTier::Nvme;
+    TrainConfig {
+        zero_stage: stage,
+        precision,
+        batch_size: 4,
+        reduce_bucket_size: ByteSize(1024),
+        offload_optimizer: tiers.0,
+        offload_params: tiers.1,
+        offload_gradients: grads,
+        nvme_path: files.then(|| data.join("nvme")),
+        ..tiny_stage3(data)
+    }
+}
+
+fn bits(l: &[f32]) -> Vec<u32> {
+    l.iter().map(|x| x.to_bits()).collect()
+}
+
+#[test]
+fn offloaded_gradients_train_the_losses_of_gradients_on_the_device_to_the_bit() {
+    let dir = TempDir::new("grads-bits");
+    corpus(&dir.0);
+    use OffloadTier::{Cpu, Nvme, Off};
+    for precision in [PrecisionArg::Fp32, PrecisionArg::Bf16] {
+        for stage in ZeroStage::ALL {
+            let at = (stage, precision);
+            let plain = train(&tiny(&dir.0, at, (Off, Off), false)).unwrap();
+            assert_ne!(plain.losses[0], plain.losses[3], "{at:?}: nothing trained");
+            let mut tiers = vec![(Cpu, Off), (Nvme, Off)];
+            if stage == ZeroStage::Zero3 {
+                tiers.extend([(Cpu, Cpu), (Nvme, Nvme)]);
+            }
+            for t in tiers {
+                let got = train(&tiny(&dir.0, at, t, true)).unwrap();
+                assert_eq!(bits(&got.losses), bits(&plain.losses), "{at:?}, {t:?}");
+            }
+        }
+    }
+}
+
+#[test]
+fn the_gradients_move_from_the_devices_plan_to_the_host_arena() {
+    let dir = TempDir::new("grads-plan");
+    corpus(&dir.0);
+    let at = (ZeroStage::Zero2, PrecisionArg::Bf16);
+    for optimizer in [OffloadTier::Cpu, OffloadTier::Nvme] {
+        let tiers = (optimizer, OffloadTier::Off);
+        let plan_of = |grads| {
+            let (_, plans) = stage_plans(&tiny(&dir.0, at, tiers, grads)).unwrap();
+            plans.into_iter().find(|p| p.stage == at.0).unwrap().plan
+        };
+        let (kept, moved) = (plan_of(false), plan_of(true));
+        let host = moved.offload.unwrap();
+        let ran = train(&tiny(&dir.0, at, tiers, true)).unwrap();
+        let widest = ran.ranks.iter().map(|r| r.optimizer_offloaded_bytes).max();
+        assert_eq!(widest, Some(host.optimizer_arena()), "{optimizer:?}");
+        for r in &ran.ranks {
+            let what = format!("{optimizer:?}, rank {}", r.rank);
+            assert!(r.measured.grads > 0.0, "{what}");
+            assert_eq!(kept.model_states.grads, r.measured.grads, "{what}");
+            assert_eq!(moved.model_states.grads, 0.0, "{what}");
+            assert_eq!(host.grads as f64, r.measured.grads, "{what}");
+            assert_eq!(kept.total() - moved.total(), host.grads, "{what}");
+            assert!(r.peak_bytes <= moved.total(), "{what}");
+        }
+    }
+}
+
+/// `zero-train` on the tiny preset, 2 ranks, 1 step, with `flags`: (success, stderr).
+fn zero_train(data: &Path, flags: &[&str]) -> (bool, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_zero-train"))
+        .args(["--model", "tiny", "--layers", "2", "--seq-len", "16"])
+        .args(["--steps", "1", "--world-size", "2", "--eval-every", "0"])
+        .args(["--sample-tokens", "0", "--data", data.to_str().unwrap()])
+        .args(flags)
+        .output()
+        .unwrap();
+    (out.status.success(), stderr(&out))
+}
+
+#[test]
+fn gradient_offload_that_cannot_run_is_refused_naming_the_flag() {
+    let dir = TempDir::new("grads-refused");
+    corpus(&dir.0);
+    let cases: [(&[&str], &str); 4] = [
+        (&["--offload-gradients"], "needs --offload-optimizer"),
+        (
+            &[
+                "--offload-optimizer",
+                "--offload-gradients",
+                "--delayed-param-update",
+            ],
+            "does not run with --delayed-param-update",
+        ),
+        (
+            &["--offload-optimizer", "--offload-gradients=maybe"],
+            "--offload-gradients",
+        ),
+        (
+            &[
+                "--offload-optimizer",
+                "--offload-gradients",
+                "--device",
+                "cuda",
+            ],
+            "CPU only",
+        ),
+    ];
+    for (flags, expected) in cases {
+        let (ok, err) = zero_train(&dir.0, flags);
+        assert!(!ok, "{flags:?} ran");
+        assert!(err.contains(expected), "{flags:?}: {err}");
+    }
+    let (ok, err) = zero_train(&dir.0, &["--offload-optimizer", "--offload-gradients"]);
+    assert!(ok, "{err}");
+}
