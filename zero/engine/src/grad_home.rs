@@ -49,6 +49,26 @@ impl Engine {
         }
     }
 
+    /// Bytes of the kept gradients in the host arena (`offload_gradients`), measured from
+    /// their blocks; 0 when they are in the engine's arena.
+    ///
+    /// # Errors
+    /// Arena failures (a stale handle would be a bug).
+    pub fn offloaded_grad_bytes(&self) -> Result<u64> {
+        let Some(o) = self
+            .offloaded
+            .as_ref()
+            .filter(|_| self.config.offload_gradients)
+        else {
+            return Ok(0);
+        };
+        let mut bytes = 0u64;
+        for b in &self.units.bufs {
+            bytes += o.arena.block(b.grads)?.size as u64;
+        }
+        Ok(bytes)
+    }
+
     /// Adds `piece` of a landed bucket (in the engine's arena) into `acc` of a unit's kept
     /// gradients, wherever they live (step 2).
     pub(crate) fn accumulate_kept(&mut self, dtype: DType, acc: Span, piece: Span) -> Result<()> {

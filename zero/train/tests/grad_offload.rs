@@ -92,6 +92,7 @@ fn the_gradients_move_from_the_devices_plan_to_the_host_arena() {
             assert_eq!(kept.model_states.grads, r.measured.grads, "{what}");
             assert_eq!(moved.model_states.grads, 0.0, "{what}");
             assert_eq!(host.grads as f64, r.measured.grads, "{what}");
+            assert_eq!(r.grads_offloaded_bytes as f64, r.measured.grads, "{what}");
             assert_eq!(kept.total() - moved.total(), host.grads, "{what}");
             assert!(r.peak_bytes <= moved.total(), "{what}");
         }

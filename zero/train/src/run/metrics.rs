@@ -72,6 +72,9 @@ pub struct RankReport {
     /// unit's update staging; 0 without `--offload-optimizer`). `model_state_bytes` counts
     /// the states wherever they are.
     pub optimizer_offloaded_bytes: u64,
+    /// `--offload-gradients`: bytes of the kept gradients in that host arena, measured from
+    /// their blocks (0 otherwise).
+    pub grads_offloaded_bytes: u64,
     /// `--offload-optimizer nvme`: bytes of the rank's optimizer file, measured on disk
     /// while the run holds it (0 without the file tier).
     pub optimizer_file_bytes: u64,
@@ -113,6 +116,7 @@ impl RankReport {
             "activation_kept_bytes": self.activation_kept_bytes,
             "activation_offloaded_bytes": self.activation_offloaded_bytes,
             "optimizer_offloaded_bytes": self.optimizer_offloaded_bytes,
+            "grads_offloaded_bytes": self.grads_offloaded_bytes,
             "optimizer_file_bytes": self.optimizer_file_bytes,
             "params_offloaded_bytes": self.params_offloaded_bytes,
             "params_file_bytes": self.params_file_bytes,
@@ -249,9 +253,16 @@ fn offload_lines(reports: &[RankReport]) -> String {
         } else {
             "in host memory (--offload-optimizer".to_string()
         };
+        let grads = match r.grads_offloaded_bytes {
+            0 => String::new(),
+            g => format!(
+                ", and its {:.2} MiB of gradients in that host arena (--offload-gradients)",
+                mib(g as f64)
+            ),
+        };
         s.push_str(&format!(
             "rank {}: {:.2} MiB of its model states (the optimizer's) {home}; host arena \
-             peak {:.2} MiB)\n",
+             peak {:.2} MiB){grads}\n",
             r.rank,
             mib(r.measured.optimizer),
             mib(r.optimizer_offloaded_bytes as f64),

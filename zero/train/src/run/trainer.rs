@@ -103,6 +103,7 @@ impl RankOutput {
                 activation_kept_bytes: kept_arena,
                 activation_offloaded_bytes: kept_host,
                 optimizer_offloaded_bytes: 0,
+                grads_offloaded_bytes: engine.offloaded_grad_bytes()?,
                 // Measured from the disk, not the engine's layout: 0 if it cannot be read.
                 optimizer_file_bytes: engine
                     .optimizer_file_path()
