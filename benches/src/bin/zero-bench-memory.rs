@@ -66,6 +66,10 @@ struct Args {
     /// rank's arena only, and a column gives the host arena's peak.
     #[arg(long)]
     offload_optimizer: bool,
+    /// With `--offload-optimizer`: the kept gradients in that host arena too
+    /// (`zero-train --offload-gradients`).
+    #[arg(long, requires = "offload_optimizer")]
+    offload_gradients: bool,
 }
 
 /// One search result.
@@ -103,6 +107,7 @@ fn engine_config(args: &Args, stage: ZeroStage) -> EngineConfig {
     EngineConfig {
         stage,
         offload_optimizer: args.offload_optimizer,
+        offload_gradients: args.offload_gradients,
         ..EngineConfig::default()
     }
 }
@@ -368,10 +373,10 @@ fn print_rows(args: &Args, title: &str, rows: &[Row]) {
         "# N_d={} cap {:.0} MiB/rank{}, fp32, T={} B={} V={}\n",
         args.ranks,
         mib(args.memory_limit),
-        if args.offload_optimizer {
-            " (arena only: optimizer states offloaded)"
-        } else {
-            ""
+        match (args.offload_optimizer, args.offload_gradients) {
+            (true, true) => " (arena only: optimizer states and gradients offloaded)",
+            (true, false) => " (arena only: optimizer states offloaded)",
+            _ => "",
         },
         args.seq_len,
         args.micro_batch,

@@ -6,21 +6,11 @@
 //! cannot run is refused at start-up naming the flag.
 
 mod common;
-use common::{stderr, tiny_stage3, write_corpus, TempDir};
+use common::{loss_bits, offload_corpus, tiny_stage3, tiny_zero_train, TempDir};
 use std::path::Path;
-use std::process::Command;
 use zero::ZeroStage;
-use zero_gpt::Rng;
 use zero_train::plan::plan_report::stage_plans;
 use zero_train::{train, ByteSize, OffloadTier, PrecisionArg, TrainConfig};
-
-/// train.bin and val.bin of random tokens below 100, and a folder for the files.
-fn corpus(dir: &Path) {
-    let mut rng = Rng::new(5);
-    let tokens: Vec<u16> = (0..6_000).map(|_| (rng.next_u64() % 100) as u16).collect();
-    write_corpus(dir, &tokens, 2_000, 100);
-    std::fs::create_dir(dir.join("nvme")).unwrap();
-}
 
 /// [`tiny_stage3`] at `stage` in `precision`, 1 KiB buckets, two micro-steps a step, the
 /// optimizer and parameters at `tiers`, the gradients offloaded when `grads`.
@@ -44,14 +34,10 @@ fn tiny(
     }
 }
 
-fn bits(l: &[f32]) -> Vec<u32> {
-    l.iter().map(|x| x.to_bits()).collect()
-}
-
 #[test]
 fn offloaded_gradients_train_the_losses_of_gradients_on_the_device_to_the_bit() {
     let dir = TempDir::new("grads-bits");
-    corpus(&dir.0);
+    offload_corpus(&dir.0, 5);
     use OffloadTier::{Cpu, Nvme, Off};
     for precision in [PrecisionArg::Fp32, PrecisionArg::Bf16] {
         for stage in ZeroStage::ALL {
@@ -64,7 +50,11 @@ fn offloaded_gradients_train_the_losses_of_gradients_on_the_device_to_the_bit() 
             }
             for t in tiers {
                 let got = train(&tiny(&dir.0, at, t, true)).unwrap();
-                assert_eq!(bits(&got.losses), bits(&plain.losses), "{at:?}, {t:?}");
+                assert_eq!(
+                    loss_bits(&got.losses),
+                    loss_bits(&plain.losses),
+                    "{at:?}, {t:?}"
+                );
             }
         }
     }
@@ -73,7 +63,7 @@ fn offloaded_gradients_train_the_losses_of_gradients_on_the_device_to_the_bit() 
 #[test]
 fn the_gradients_move_from_the_devices_plan_to_the_host_arena() {
     let dir = TempDir::new("grads-plan");
-    corpus(&dir.0);
+    offload_corpus(&dir.0, 5);
     let at = (ZeroStage::Zero2, PrecisionArg::Bf16);
     for optimizer in [OffloadTier::Cpu, OffloadTier::Nvme] {
         let tiers = (optimizer, OffloadTier::Off);
@@ -99,22 +89,10 @@ fn the_gradients_move_from_the_devices_plan_to_the_host_arena() {
     }
 }
 
-/// `zero-train` on the tiny preset, 2 ranks, 1 step, with `flags`: (success, stderr).
-fn zero_train(data: &Path, flags: &[&str]) -> (bool, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_zero-train"))
-        .args(["--model", "tiny", "--layers", "2", "--seq-len", "16"])
-        .args(["--steps", "1", "--world-size", "2", "--eval-every", "0"])
-        .args(["--sample-tokens", "0", "--data", data.to_str().unwrap()])
-        .args(flags)
-        .output()
-        .unwrap();
-    (out.status.success(), stderr(&out))
-}
-
 #[test]
 fn gradient_offload_that_cannot_run_is_refused_naming_the_flag() {
     let dir = TempDir::new("grads-refused");
-    corpus(&dir.0);
+    offload_corpus(&dir.0, 5);
     let cases: [(&[&str], &str); 4] = [
         (&["--offload-gradients"], "needs --offload-optimizer"),
         (
@@ -140,10 +118,10 @@ fn gradient_offload_that_cannot_run_is_refused_naming_the_flag() {
         ),
     ];
     for (flags, expected) in cases {
-        let (ok, err) = zero_train(&dir.0, flags);
+        let (ok, err) = tiny_zero_train(&dir.0, flags);
         assert!(!ok, "{flags:?} ran");
         assert!(err.contains(expected), "{flags:?}: {err}");
     }
-    let (ok, err) = zero_train(&dir.0, &["--offload-optimizer", "--offload-gradients"]);
+    let (ok, err) = tiny_zero_train(&dir.0, &["--offload-optimizer", "--offload-gradients"]);
     assert!(ok, "{err}");
 }

@@ -5,21 +5,11 @@
 //! and a configuration that cannot run is refused at start-up naming the flag.
 
 mod common;
-use common::{stderr, tiny_stage3, write_corpus, TempDir};
+use common::{loss_bits, offload_corpus, tiny_stage3, tiny_zero_train, TempDir};
 use std::path::Path;
-use std::process::Command;
 use zero::ZeroStage;
-use zero_gpt::Rng;
 use zero_train::plan::plan_report::stage_plans;
 use zero_train::{train, ByteSize, OffloadTier, PrecisionArg, TrainConfig};
-
-/// train.bin and val.bin of random tokens below 100.
-fn corpus(dir: &Path) {
-    let mut rng = Rng::new(11);
-    let tokens: Vec<u16> = (0..6_000).map(|_| (rng.next_u64() % 100) as u16).collect();
-    write_corpus(dir, &tokens, 2_000, 100);
-    std::fs::create_dir(dir.join("nvme")).unwrap();
-}
 
 /// [`tiny_stage3`] in `precision` with 1 KiB gradient buckets, the optimizer and the
 /// parameter shards at `tiers`.
@@ -35,14 +25,10 @@ fn tiny(data: &Path, precision: PrecisionArg, tiers: (OffloadTier, OffloadTier))
     }
 }
 
-fn bits(l: &[f32]) -> Vec<u32> {
-    l.iter().map(|x| x.to_bits()).collect()
-}
-
 #[test]
 fn offloaded_shards_train_the_losses_of_shards_on_the_device_to_the_bit() {
     let dir = TempDir::new("params-bits");
-    corpus(&dir.0);
+    offload_corpus(&dir.0, 11);
     use OffloadTier::{Cpu, Nvme, Off};
     for precision in [PrecisionArg::Fp32, PrecisionArg::Bf16] {
         for checkpointing in [false, true] {
@@ -58,7 +44,11 @@ fn offloaded_shards_train_the_losses_of_shards_on_the_device_to_the_bit() {
             assert_ne!(plain.losses[0], plain.losses[3], "{what}: nothing trained");
             for tiers in [(Cpu, Cpu), (Nvme, Cpu), (Cpu, Nvme), (Nvme, Nvme)] {
                 let got = run(tiers);
-                assert_eq!(bits(&got.losses), bits(&plain.losses), "{what}, {tiers:?}");
+                assert_eq!(
+                    loss_bits(&got.losses),
+                    loss_bits(&plain.losses),
+                    "{what}, {tiers:?}"
+                );
             }
         }
     }
@@ -67,7 +57,7 @@ fn offloaded_shards_train_the_losses_of_shards_on_the_device_to_the_bit() {
 #[test]
 fn each_tier_holds_what_the_plan_says() {
     let dir = TempDir::new("params-plan");
-    corpus(&dir.0);
+    offload_corpus(&dir.0, 11);
     for tiers in [
         (OffloadTier::Cpu, OffloadTier::Cpu),
         (OffloadTier::Nvme, OffloadTier::Nvme),
@@ -110,7 +100,7 @@ fn each_tier_holds_what_the_plan_says() {
 #[test]
 fn a_checkpoint_saved_with_shards_in_files_resumes_without_offload_to_the_bit() {
     let dir = TempDir::new("params-resume");
-    corpus(&dir.0);
+    offload_corpus(&dir.0, 11);
     let save = dir.0.join("ckpt");
     let nvme = (OffloadTier::Nvme, OffloadTier::Nvme);
     let off = (OffloadTier::Off, OffloadTier::Off);
@@ -127,26 +117,18 @@ fn a_checkpoint_saved_with_shards_in_files_resumes_without_offload_to_the_bit() 
             ..tiny(&dir.0, PrecisionArg::Fp32, tiers)
         })
         .unwrap();
-        assert_eq!(bits(&resumed.losses), bits(&whole.losses[2..]), "{tiers:?}");
+        assert_eq!(
+            loss_bits(&resumed.losses),
+            loss_bits(&whole.losses[2..]),
+            "{tiers:?}"
+        );
     }
-}
-
-/// `zero-train` on the tiny preset, 2 ranks, 1 step, with `flags`: (success, stderr).
-fn zero_train(data: &Path, flags: &[&str]) -> (bool, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_zero-train"))
-        .args(["--model", "tiny", "--layers", "2", "--seq-len", "16"])
-        .args(["--steps", "1", "--world-size", "2", "--eval-every", "0"])
-        .args(["--sample-tokens", "0", "--data", data.to_str().unwrap()])
-        .args(flags)
-        .output()
-        .unwrap();
-    (out.status.success(), stderr(&out))
 }
 
 #[test]
 fn a_configuration_parameter_offload_cannot_run_is_refused_naming_the_flag() {
     let dir = TempDir::new("params-refused");
-    corpus(&dir.0);
+    offload_corpus(&dir.0, 11);
     let nvme = dir.0.join("nvme");
     let nvme = nvme.to_str().unwrap();
     let cases: [(&[&str], &str); 5] = [
@@ -185,7 +167,7 @@ fn a_configuration_parameter_offload_cannot_run_is_refused_naming_the_flag() {
         ),
     ];
     for (flags, want) in cases {
-        let (ok, text) = zero_train(&dir.0, flags);
+        let (ok, text) = tiny_zero_train(&dir.0, flags);
         assert!(!ok && text.contains(want), "{flags:?}: {text}");
     }
     let flags = [
@@ -196,7 +178,7 @@ fn a_configuration_parameter_offload_cannot_run_is_refused_naming_the_flag() {
         "--offload-params",
         "nvme",
     ];
-    let (ok, text) = zero_train(&dir.0, &[&flags[..], &["--nvme-path", nvme]].concat());
+    let (ok, text) = tiny_zero_train(&dir.0, &[&flags[..], &["--nvme-path", nvme]].concat());
     assert!(ok, "{text}");
     assert_eq!(
         std::fs::read_dir(dir.0.join("nvme")).unwrap().count(),

@@ -37,6 +37,33 @@ pub fn write_corpus(dir: &Path, tokens: &[u16], val: usize, vocab: u32) {
     }
 }
 
+/// train.bin and val.bin of 6,000 random tokens below 100 drawn from `seed` (2,000 of
+/// them in val.bin), and an empty folder `nvme` beside them for the file tiers.
+pub fn offload_corpus(dir: &Path, seed: u64) {
+    let mut rng = zero_gpt::Rng::new(seed);
+    let tokens: Vec<u16> = (0..6_000).map(|_| (rng.next_u64() % 100) as u16).collect();
+    write_corpus(dir, &tokens, 2_000, 100);
+    std::fs::create_dir(dir.join("nvme")).unwrap();
+}
+
+/// The bits of some losses, to compare runs exactly.
+pub fn loss_bits(l: &[f32]) -> Vec<u32> {
+    l.iter().map(|x| x.to_bits()).collect()
+}
+
+/// The `zero-train` binary on the tiny preset cut to 2 layers of 16 tokens, 2 ranks, 1 step,
+/// no evaluation or sample, on the corpus in `data`, with `flags`: (success, stderr).
+pub fn tiny_zero_train(data: &Path, flags: &[&str]) -> (bool, String) {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_zero-train"))
+        .args(["--model", "tiny", "--layers", "2", "--seq-len", "16"])
+        .args(["--steps", "1", "--world-size", "2", "--eval-every", "0"])
+        .args(["--sample-tokens", "0", "--data", data.to_str().unwrap()])
+        .args(flags)
+        .output()
+        .unwrap();
+    (out.status.success(), stderr(&out))
+}
+
 /// train.bin and val.bin of a learnable stream: a repeating pattern with noise (vocab 100).
 pub fn learnable_corpus(dir: &Path) {
     let mut rng = zero_gpt::Rng::new(3);
