@@ -264,22 +264,31 @@ impl Engine {
     /// every unit's owned pieces in update order, in slots as large as the largest piece of
     /// any unit's kept range.
     pub(crate) fn begin_file_step(&mut self) -> Result<()> {
-        let rank = self.rank();
-        let Some(OffloadedOptimizer {
-            file: Some(file),
-            arena,
-            ..
-        }) = &mut self.offloaded
-        else {
+        let Some((order, slot_len)) = self.file_step_order() else {
             return Ok(());
         };
-        let piece = file.layout.piece;
+        match &mut self.offloaded {
+            Some(OffloadedOptimizer {
+                file: Some(file),
+                arena,
+                ..
+            }) => file.begin_step(arena, order, slot_len),
+            _ => Ok(()),
+        }
+    }
+
+    /// With the optimizer's file tier: the pieces a step updates, every unit's owned pieces
+    /// in unit order, and the f32 length of a slot (the largest piece of any rank's kept
+    /// range); `None` without the file.
+    pub(crate) fn file_step_order(&self) -> Option<(Vec<PieceId>, usize)> {
+        let piece = self.offloaded.as_ref()?.file.as_ref()?.layout.piece;
+        let rank = self.rank();
         let (mut order, mut slot_len) = (Vec::new(), 1);
         for (unit, p) in self.units.policies.iter().enumerate() {
             slot_len = slot_len.max(p.len(p.whole_optim).min(piece));
             order.extend((0..p.owned(rank).len.div_ceil(piece)).map(|k| (unit, k)));
         }
-        file.begin_step(arena, order, slot_len)
+        Some((order, slot_len))
     }
 
     /// Ends the step's stream over the optimizer file, if any (`FileStates::end_step`).

@@ -2,14 +2,17 @@
 //! step's host AdamW runs on a thread while the next step computes on the parameters of the
 //! step before. Checked against an engine without it whose model computes each step's
 //! gradients from the parameters it read a step earlier: the same arithmetic, to the bit, at
-//! every stage and precision; different from the undelayed run; the host arena peaks at its
-//! plan; and a configuration it cannot run in is refused at start-up.
+//! every stage and precision, with the optimizer in the host arena or its file and, at stage
+//! 3, the parameter shards offloaded to the host or their file; different from the
+//! undelayed run; the host arena peaks at its plan; and a configuration it cannot run in is
+//! refused at start-up.
 
 mod common;
 
-use common::tiers::{bits, engine, on_ranks};
+use common::tiers::{bits, engine, on_ranks, TempDir};
 use common::FnModel;
 use std::cell::RefCell;
+use std::path::Path;
 use zero::{Engine, EngineConfig, Error, OpUnits, Precision, ZeroStage};
 
 /// `stage` and `precision` with the optimizer in the host arena, in 2 KiB buckets.
@@ -46,10 +49,26 @@ fn train_step(e: &mut Engine, factor: f32, stale: bool, seen: &RefCell<Vec<Optio
     e.step(1e-2).unwrap();
 }
 
+/// `config` with the optimizer's states in its file and, with `params`, the parameter
+/// shards offloaded (`Some(true)`: to their file).
+fn in_files(config: EngineConfig, params: Option<bool>) -> EngineConfig {
+    EngineConfig {
+        optimizer_file: true,
+        offload_params: params.is_some(),
+        params_file: params == Some(true),
+        ..config
+    }
+}
+
 /// Rank 0's exported states after four steps, as bits.
 fn trained(world: usize, config: EngineConfig, stale: bool) -> Vec<u32> {
+    trained_in(world, config, stale, None)
+}
+
+/// [`trained`] with the file tiers' folder `dir`.
+fn trained_in(world: usize, config: EngineConfig, stale: bool, dir: Option<&Path>) -> Vec<u32> {
     let mut runs = on_ranks(world, |c| {
-        let mut e = engine(c, config, None).unwrap();
+        let mut e = engine(c, config, dir).unwrap();
         let seen = RefCell::new(vec![None; 4]);
         for step in 0..4 {
             train_step(&mut e, 1e-3 * (1.0 + step as f32), stale, &seen);
@@ -75,11 +94,48 @@ fn the_delayed_update_is_an_update_from_gradients_one_step_stale_to_the_bit() {
     }
 }
 
+/// With the optimizer's states streamed through its file on the thread, and at stage 3 the
+/// parameter shards in the host arena or their file, the delayed update is still the
+/// update from gradients one step stale, to the bit.
+#[test]
+fn the_delayed_update_from_files_is_the_stale_update_to_the_bit() {
+    let dir = TempDir::new("delayed");
+    for precision in [Precision::Fp32, Precision::Bf16, Precision::Fp16] {
+        for (stage, params) in ZeroStage::ALL.into_iter().map(|s| (s, None)).chain([
+            (ZeroStage::Zero3, Some(false)),
+            (ZeroStage::Zero3, Some(true)),
+        ]) {
+            for world in [1, 2] {
+                let what = format!("{precision:?} {stage} params {params:?} N={world}");
+                let at = |delayed| in_files(config(stage, precision, delayed), params);
+                let delayed = trained_in(world, at(true), false, Some(&dir.0));
+                let reference = trained_in(world, at(false), true, Some(&dir.0));
+                assert!(delayed == reference, "{what}");
+                let in_host = trained(world, config(stage, precision, true), false);
+                assert!(
+                    delayed == in_host,
+                    "{what}: against the host arena's delayed update"
+                );
+            }
+        }
+    }
+}
+
 #[test]
 fn the_host_arena_peaks_at_its_plan() {
-    for precision in [Precision::Fp32, Precision::Bf16] {
+    let dir = TempDir::new("delayed-plan");
+    for (precision, file) in [Precision::Fp32, Precision::Bf16]
+        .into_iter()
+        .flat_map(|p| [(p, false), (p, true)])
+    {
         on_ranks(1, |c| {
-            let mut e = engine(c, config(ZeroStage::Zero2, precision, true), None).unwrap();
+            let delayed = config(ZeroStage::Zero2, precision, true);
+            let config = if file {
+                in_files(delayed, None)
+            } else {
+                delayed
+            };
+            let mut e = engine(c, config, Some(&dir.0)).unwrap();
             let seen = RefCell::new(vec![None; 4]);
             for step in 0..2 {
                 train_step(&mut e, 1e-3 * (1.0 + step as f32), false, &seen);
@@ -91,7 +147,7 @@ fn the_host_arena_peaks_at_its_plan() {
             assert_eq!(
                 host.peak_allocated as u64,
                 plan.optimizer_arena(),
-                "{precision:?}"
+                "{precision:?} file {file}"
             );
         });
     }
@@ -106,22 +162,14 @@ fn a_configuration_the_delayed_update_cannot_run_in_is_refused() {
                 offload_optimizer: false,
                 ..base
             },
-            "--offload-optimizer cpu",
+            "--offload-optimizer cpu or nvme",
         ),
         (
             EngineConfig {
-                optimizer_file: true,
+                offload_gradients: true,
                 ..base
             },
-            "not nvme",
-        ),
-        (
-            EngineConfig {
-                stage: ZeroStage::Zero3,
-                offload_params: true,
-                ..base
-            },
-            "--offload-params",
+            "--delayed-param-update",
         ),
     ];
     for (c, want) in cases {

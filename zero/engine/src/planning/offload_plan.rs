@@ -208,6 +208,26 @@ impl FileLayout {
     }
 }
 
+/// Host bytes of the file tier's two slots (`optimizer_stream`), each one f32 block per
+/// state of the largest piece of any unit's kept range.
+///
+/// # Errors
+/// A block whose bytes overflow.
+pub(crate) fn file_slots_bytes(
+    policies: &[UnitPolicy],
+    precision: Precision,
+    piece: usize,
+) -> Result<u64> {
+    let slot_len = policies
+        .iter()
+        .map(|p| p.len(p.whole_optim).min(piece))
+        .fold(1, usize::max);
+    let slot = block_bytes((slot_len as u64).saturating_mul(4))?;
+    Ok(slot
+        .saturating_mul(states_per_elem(precision) as u64)
+        .saturating_mul(2))
+}
+
 /// f32 optimizer states per element: Adam's m and v, and the master weights where the
 /// stored parameters are half precision.
 fn states_per_elem(precision: Precision) -> usize {
@@ -228,7 +248,7 @@ pub(crate) fn plan_offload(policies: &[UnitPolicy], shape: PlanShape) -> Result<
     let precision = shape.precision;
     let piece = piece_elems(shape.reduce_bucket_bytes, precision);
     let f32_block = |elems: usize| block_bytes((elems as u64).saturating_mul(4));
-    let (mut states, mut grads, mut staging, mut slot_len) = (0u64, 0u64, 0u64, 1);
+    let (mut states, mut grads, mut staging) = (0u64, 0u64, 0u64);
     let per_state = states_per_elem(precision) as u64;
     for p in policies {
         let kept = p.len(p.whole_optim);
@@ -240,13 +260,11 @@ pub(crate) fn plan_offload(policies: &[UnitPolicy], shape: PlanShape) -> Result<
             let len = p.len(p.whole_grads) as u64;
             grads = grads.saturating_add(block_bytes(len.saturating_mul(precision.grad_bytes()))?);
         }
-        slot_len = slot_len.max(kept.min(piece));
     }
     let file = if shape.optimizer_file {
-        // The step's two slots of one piece's states, for the whole step, beside the
-        // staging of the unit being updated; the states in the file instead of the arena.
-        let slot = f32_block(slot_len)?.saturating_mul(per_state);
-        staging = staging.saturating_add(slot.saturating_mul(2));
+        // The step's two slots, for the whole step, beside the staging of the unit being
+        // updated; the states in the file instead of the arena.
+        staging = staging.saturating_add(file_slots_bytes(policies, precision, piece)?);
         states = 0;
         let layout = FileLayout::new(policies, precision, piece);
         zero_alloc::tier::file_bytes(&layout.lens)
@@ -268,7 +286,8 @@ pub(crate) fn plan_offload(policies: &[UnitPolicy], shape: PlanShape) -> Result<
 
 /// Host bytes of the delayed parameter update: per unit, its blocks of owned gradients and
 /// parameters in the storage type, the widest range any of `world` ranks owns; and, in place
-/// of the offloaded update's staging, the thread's one f32 scratch block of a piece.
+/// of the offloaded update's staging, the thread's one f32 scratch block of a piece (the
+/// caller adds the file's slots with the file tier).
 ///
 /// # Errors
 /// A block whose bytes overflow.

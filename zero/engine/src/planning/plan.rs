@@ -8,7 +8,8 @@
 use super::formulas::ModelStateBytes;
 use super::kept_plan::KeptInputs;
 use super::offload_plan::{
-    plan_delayed, plan_offload, plan_param_offload, plan_read_ahead, OffloadPlan,
+    file_slots_bytes, piece_elems, plan_delayed, plan_offload, plan_param_offload, plan_read_ahead,
+    OffloadPlan,
 };
 use super::policy::{UnitPolicy, ZeroStage};
 use super::replay::Replay;
@@ -225,12 +226,20 @@ fn plan_model_states(
         model_states.grads = 0.0;
     }
     if shape.delayed_param_update {
-        (offload.delayed, offload.staging) = plan_delayed(
+        let (blocks, scratch) = plan_delayed(
             policies,
             shape.precision,
             shape.world,
             shape.reduce_bucket_bytes,
         )?;
+        let slots = match shape.optimizer_file {
+            true => {
+                let piece = piece_elems(shape.reduce_bucket_bytes, shape.precision);
+                file_slots_bytes(policies, shape.precision, piece)?
+            }
+            false => 0,
+        };
+        (offload.delayed, offload.staging) = (blocks, scratch.saturating_add(slots));
     }
     if shape.offload_params {
         let elem = shape.precision.param_bytes() as f64;
