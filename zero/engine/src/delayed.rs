@@ -29,6 +29,7 @@ use super::engine::Engine;
 use super::error::{Error, Result};
 use super::kernels::{AdamWBuffers, AdamWStep, Kernels, Span};
 use super::optim::{AdamW, DecaySegment};
+use super::optimizer_file::FileTierStats;
 use super::optimizer_home::{OffloadedOptimizer, OptimSpans};
 use super::optimizer_io::PieceId;
 use super::planning::offload_plan::piece_elems;
@@ -39,8 +40,14 @@ use std::thread::JoinHandle;
 use std::time::Instant;
 use zero_alloc::Handle;
 
-/// A pending update: the thread that owns the host arena until it is joined.
-pub(crate) type Pending = JoinHandle<Finished>;
+/// A pending update: the thread that owns the host arena until it is joined, and the
+/// optimizer file's statistics as they stood when the thread took it (what
+/// [`Engine::optimizer_file`] reports meanwhile).
+#[derive(Debug)]
+pub(crate) struct Pending {
+    thread: JoinHandle<Finished>,
+    pub file_stats: Option<FileTierStats>,
+}
 
 /// What the thread hands back: the host arena (and the file), the spans it recorded when
 /// the engine traces, and how the update went.
@@ -89,6 +96,7 @@ impl Engine {
         let jobs = self.stage_delayed::<S>()?;
         let stream = self.file_step_order();
         let trace = self.trace.is_some().then(Trace::default);
+        let file_stats = self.optimizer_file();
         let host = self.offloaded.take().ok_or_else(no_host)?;
         let scalars = Scalars {
             adam: self.config.adam,
@@ -103,7 +111,7 @@ impl Engine {
             .spawn(move || update_on_host::<S>(host, &jobs, scalars, stream, trace));
         let thread =
             thread.map_err(|e| Error::Order(format!("the delayed update's thread: {e}")))?;
-        self.pending_update = Some(thread);
+        self.pending_update = Some(Pending { thread, file_stats });
         self.progress.micro_steps = 0;
         Ok(())
     }
@@ -119,6 +127,7 @@ impl Engine {
             return Ok(());
         };
         let finished = pending
+            .thread
             .join()
             .map_err(|_| Error::Order("the delayed update's thread panicked".into()))?;
         self.offloaded = Some(finished.host);

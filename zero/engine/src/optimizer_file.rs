@@ -307,8 +307,12 @@ impl Engine {
 
     /// The file tier's statistics (`None` unless the optimizer states are in a file).
     pub fn optimizer_file(&self) -> Option<FileTierStats> {
-        let file = self.offloaded.as_ref()?.file.as_ref()?;
-        Some(file.stats())
+        match &self.offloaded {
+            Some(o) => Some(o.file.as_ref()?.stats()),
+            // A delayed update holds the file: its statistics as they stood when it did
+            // (its own reads and writes count once it lands).
+            None => self.pending_update.as_ref()?.file_stats,
+        }
     }
 
     /// The optimizer file (`None` unless the optimizer states are in a file).

@@ -1,20 +1,18 @@
 //! `--delayed-param-update` through zero-train: the first step's loss is the undelayed run's
 //! (both read the initial parameters) and the later ones are not (the delayed run reads
 //! parameters one step stale); the last step's update lands before the run ends, so a
-//! one-step run exports the undelayed run's parameters byte for byte; and a configuration
-//! it cannot run in is refused naming the flag.
+//! one-step run exports the undelayed run's parameters byte for byte; with the optimizer's
+//! states and the parameter shards in files (stage 3), the delayed run's losses are the host
+//! tier's to the bit; and a configuration it cannot run in is refused naming the flag.
 
 mod common;
-use common::{tiny_stage3, write_corpus, TempDir};
+use common::{loss_bits, offload_corpus, tiny_stage3, TempDir};
 use std::path::Path;
 use zero::ZeroStage;
-use zero_gpt::Rng;
 use zero_train::{train, OffloadTier, TrainConfig};
 
 fn corpus(dir: &Path) {
-    let mut rng = Rng::new(17);
-    let tokens: Vec<u16> = (0..6_000).map(|_| (rng.next_u64() % 100) as u16).collect();
-    write_corpus(dir, &tokens, 2_000, 100);
+    offload_corpus(dir, 17);
 }
 
 /// [`tiny_stage3`] at stage 2 with the optimizer on the host, delayed or not.
@@ -57,18 +55,62 @@ fn a_one_step_run_lands_its_update_before_it_exports() {
     assert!(export(true) == export(false));
 }
 
+/// Stage 3 with the optimizer and the parameter shards at `tiers`, delayed.
+fn in_tiers(data: &Path, tiers: (OffloadTier, OffloadTier)) -> TrainConfig {
+    let files = tiers.0 == OffloadTier::Nvme || tiers.1 == OffloadTier::Nvme;
+    TrainConfig {
+        zero_stage: ZeroStage::Zero3,
+        offload_optimizer: tiers.0,
+        offload_params: tiers.1,
+        nvme_path: files.then(|| data.join("nvme")),
+        ..tiny(data, true)
+    }
+}
+
 #[test]
-fn the_delayed_update_without_the_host_optimizer_is_refused_naming_the_flag() {
+fn the_delayed_update_from_files_trains_the_host_tiers_losses_to_the_bit() {
+    let dir = TempDir::new("dpu-files");
+    corpus(&dir.0);
+    use OffloadTier::{Cpu, Nvme, Off};
+    let host = train(&in_tiers(&dir.0, (Cpu, Off))).unwrap().losses;
+    for tiers in [(Nvme, Off), (Cpu, Cpu), (Nvme, Nvme)] {
+        let run = train(&in_tiers(&dir.0, tiers)).unwrap();
+        assert_eq!(loss_bits(&run.losses), loss_bits(&host), "{tiers:?}");
+        if tiers.0 == Nvme {
+            // Every step's stream, run on the update's thread, is counted: each rank's
+            // files move per step what they move without the delay.
+            let mut plain = in_tiers(&dir.0, tiers);
+            plain.delayed_param_update = false;
+            let plain = train(&plain).unwrap();
+            for (r, p) in run.ranks.iter().zip(&plain.ranks) {
+                let (io, want) = (r.file_io_per_step, p.file_io_per_step);
+                assert!(io.read_bytes > 0, "{tiers:?} rank {}", r.rank);
+                let moved = (io.read_bytes, io.written_bytes);
+                assert_eq!(moved, (want.read_bytes, want.written_bytes), "{tiers:?}");
+            }
+        }
+    }
+    let undelayed = TrainConfig {
+        delayed_param_update: false,
+        ..in_tiers(&dir.0, (Cpu, Off))
+    };
+    let undelayed = train(&undelayed).unwrap().losses;
+    assert_ne!(
+        host[1].to_bits(),
+        undelayed[1].to_bits(),
+        "the update was not delayed"
+    );
+}
+
+#[test]
+fn the_delayed_update_without_the_optimizer_offloaded_is_refused_naming_the_flag() {
     let dir = TempDir::new("dpu-refused");
     corpus(&dir.0);
-    for tier in [OffloadTier::Off, OffloadTier::Nvme] {
-        let err = train(&TrainConfig {
-            offload_optimizer: tier,
-            nvme_path: Some(dir.0.clone()),
-            ..tiny(&dir.0, true)
-        })
-        .unwrap_err()
-        .to_string();
-        assert!(err.contains("--delayed-param-update"), "{tier:?}: {err}");
-    }
+    let err = train(&TrainConfig {
+        offload_optimizer: OffloadTier::Off,
+        ..tiny(&dir.0, true)
+    })
+    .unwrap_err()
+    .to_string();
+    assert!(err.contains("--delayed-param-update"), "{err}");
 }

@@ -343,10 +343,11 @@ pub struct TrainConfig {
     #[arg(long, num_args = 0..=1, default_missing_value = "cpu", default_value = "false", value_parser = OffloadTier::parse, action = clap::ArgAction::Set)]
     #[serde(with = "offload_tier")]
     pub offload_params: OffloadTier,
-    /// DeepSpeed's delayed parameter update, with `--offload-optimizer cpu`: each step's
-    /// host AdamW runs on a thread while the next step's forward and backward run on the
-    /// parameters of the step before (one step stale: not the numbers of a run without
-    /// it). A save, an export and the run's last step land the pending update first.
+    /// DeepSpeed's delayed parameter update, with `--offload-optimizer` (cpu or nvme): each
+    /// step's host AdamW (and with nvme its file's reads and writes) runs on a thread while
+    /// the next step's forward and backward run on the parameters of the step before (one
+    /// step stale: not the numbers of a run without it). A save, an export and the run's
+    /// last step land the pending update first.
     #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "true", default_value_t = false, action = clap::ArgAction::Set)]
     pub delayed_param_update: bool,
     /// With `--offload-optimizer` (cpu or nvme): keep the reduced gradients each rank keeps

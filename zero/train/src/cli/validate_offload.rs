@@ -26,19 +26,14 @@ impl TrainConfig {
             }
         }
         self.validate_param_offload()?;
-        if self.delayed_param_update && self.offload_optimizer != OffloadTier::Cpu {
+        if self.delayed_param_update && !self.offload_optimizer.is_on() {
             return invalid(
-                "--delayed-param-update runs the host update of --offload-optimizer cpu on a \
-                 thread: give --offload-optimizer cpu"
+                "--delayed-param-update runs the host update of --offload-optimizer on a \
+                 thread: give --offload-optimizer cpu or nvme"
                     .into(),
             );
         }
         self.validate_grad_offload()?;
-        if self.delayed_param_update && self.offload_params.is_on() {
-            return invalid(
-                "--delayed-param-update does not run with --offload-params: leave one out".into(),
-            );
-        }
         let nvme = [
             (
                 self.offload_optimizer,

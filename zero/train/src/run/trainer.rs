@@ -417,10 +417,14 @@ impl<'a, B: Placement> Trainer<'a, B> {
         self.out
     }
 
-    /// Joins and applies a pending delayed parameter update (`--delayed-param-update`);
-    /// nothing otherwise.
+    /// Joins and applies a pending delayed parameter update (`--delayed-param-update`),
+    /// counting the file I/O its thread did with the run's; nothing otherwise. (Each step's
+    /// update lands in the next step, whose count then holds it.)
     pub(crate) fn land_update(&mut self) -> Result<(), TrainError> {
-        Ok(self.engine.land_delayed()?)
+        let files_before = self.engine.file_io();
+        self.engine.land_delayed()?;
+        self.file_io = self.file_io.plus(self.engine.file_io().since(files_before));
+        Ok(())
     }
 
     /// Starts recording the engine's timeline (`--trace`).
