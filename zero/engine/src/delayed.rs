@@ -9,8 +9,10 @@
 //!    optimizer's file) comes back from its thread, and each unit's updated owned parameters
 //!    are copied from its host block into the stored parameters, in the engine's arena or the
 //!    offloaded parameters' home (then the all-gather of stages 1-2);
-//! 2. each unit's owned gradients (storage type) and stored parameters (fp32's master copy)
-//!    are copied into the unit's two host blocks, and the engine's gradients are zeroed;
+//! 2. each unit's owned gradients (storage type) and, in fp32, its stored parameters (the
+//!    master copy; half precision's update writes the parameters from its master weights
+//!    without reading them) are copied into the unit's two host blocks, and the engine's
+//!    gradients are zeroed;
 //! 3. the host arena moves to a new thread, which runs every unit's AdamW on its host
 //!    blocks, piece by piece, with the kernels of the offloaded update, while the engine
 //!    returns to the model; with the optimizer's file, the thread streams the step's pieces
@@ -162,8 +164,8 @@ impl Engine {
         Ok(())
     }
 
-    /// Step 2: each unit's owned gradients and stored parameters into its host blocks, the
-    /// engine's gradients zeroed; the thread's jobs.
+    /// Step 2: each unit's owned gradients and (fp32) stored parameters into its host
+    /// blocks, the engine's gradients zeroed; the thread's jobs.
     fn stage_delayed<S: Store>(&mut self) -> Result<Vec<UnitJob>> {
         let (rank, elem) = (self.rank(), std::mem::size_of::<S>());
         let mut jobs = Vec::with_capacity(self.units.specs.len());
@@ -178,11 +180,15 @@ impl Engine {
             let grads_at = policy.part.local(rank, owned, policy.whole_grads).start * elem;
             let view = &mut host.arena.slice_mut::<u8>(grads)?[..bytes];
             self.arena.read_at(b.grads, grads_at, view)?;
-            let params_at = policy.part.local(rank, owned, policy.whole_params).start * elem;
-            let view = &mut host.arena.slice_mut::<u8>(params)?[..bytes];
-            match self.offloaded_params.as_mut().filter(|_| offloaded) {
-                Some(home) => home.read(unit, b.params, params_at, view)?,
-                None => self.arena.read_at(b.params, params_at, view)?,
+            // Half precision's update writes the parameters from the master copy without
+            // reading them: only fp32's stored parameters (its master copy) are staged.
+            if b.master.is_none() {
+                let params_at = policy.part.local(rank, owned, policy.whole_params).start * elem;
+                let view = &mut host.arena.slice_mut::<u8>(params)?[..bytes];
+                match self.offloaded_params.as_mut().filter(|_| offloaded) {
+                    Some(home) => home.read(unit, b.params, params_at, view)?,
+                    None => self.arena.read_at(b.params, params_at, view)?,
+                }
             }
             let all = Span::new(b.grads, 0..policy.len(policy.whole_grads));
             self.kernels.fill_zero(&mut self.arena, S::DTYPE, all)?;
