@@ -39,13 +39,13 @@ use super::kernels::{AdamWBuffers, AdamWStep, HostKernels, Kernels, Span};
 use super::optimizer_file::FileStates;
 use super::param_home::OffloadedParams;
 use super::planning::offload_plan::{piece_elems, FileLayout, OffloadPlan};
-use super::planning::plan::arena_config;
+use super::planning::plan::optimizer_host_config;
 use super::planning::policy::UnitPolicy;
 use super::precision::Store;
 use super::unit_buffers::{alloc_of, UnitBuffers};
 use std::path::Path;
 use zero_alloc::{Arena, ArenaConfig, Backing, Device, Handle};
-use zero_comm::{Communicator, DType};
+use zero_comm::{Communicator, DType, StagingRule};
 
 /// The host arena of offloaded optimizer states, and the kernels that compute on it; with
 /// the file tier, the file, and the accounting arena holding the states' handles.
@@ -108,9 +108,10 @@ impl OffloadedOptimizer {
             Device::Cpu => Backing::Memory,
             Device::Cuda(ordinal) => Backing::CudaRegistered(ordinal),
         };
+        let files = config.plan_shape(world, StagingRule::None).files();
         let config = ArenaConfig {
             backing,
-            ..arena_config(usize::try_from(capacity).unwrap_or(usize::MAX), false)
+            ..optimizer_host_config(usize::try_from(capacity).unwrap_or(usize::MAX), files)
         };
         let mut arena = Arena::new(config)?;
         let delayed = match plan.delayed {

@@ -1,9 +1,9 @@
 //! `--offload-gradients` through `zero-train`: the kept gradients accumulated in the host
 //! arena as their reductions land train the losses of gradients on the device to the bit,
 //! at every stage, fp32 and bf16, with gradient accumulation, beside each optimizer tier
-//! and the parameter tiers; the device's plan drops by exactly the gradient bytes a run
-//! measures and the host arena's gains them, peaking at its plan; and a configuration that
-//! cannot run is refused at start-up naming the flag.
+//! and the parameter tiers; the device's plan drops by exactly its gradient bytes and the
+//! host arena's gains the gradient blocks a run measures, peaking at its plan; and a
+//! configuration that cannot run is refused at start-up naming the flag.
 
 mod common;
 use common::{loss_bits, offload_corpus, tiny_stage3, tiny_zero_train, TempDir};
@@ -79,11 +79,19 @@ fn the_gradients_move_from_the_devices_plan_to_the_host_arena() {
         for r in &ran.ranks {
             let what = format!("{optimizer:?}, rank {}", r.rank);
             assert!(r.measured.grads > 0.0, "{what}");
-            assert_eq!(kept.model_states.grads, r.measured.grads, "{what}");
+            if optimizer == OffloadTier::Cpu {
+                // The host arena's blocks are the rank arena's 256-byte ones.
+                assert_eq!(kept.model_states.grads, r.measured.grads, "{what}");
+            } else {
+                // With a file tier the host arena's blocks are whole 4 KiB ones.
+                assert_eq!(r.measured.grads as u64 % 4096, 0, "{what}");
+                assert!(r.measured.grads >= kept.model_states.grads, "{what}");
+            }
             assert_eq!(moved.model_states.grads, 0.0, "{what}");
             assert_eq!(host.grads as f64, r.measured.grads, "{what}");
             assert_eq!(r.grads_offloaded_bytes as f64, r.measured.grads, "{what}");
-            assert_eq!(kept.total() - moved.total(), host.grads, "{what}");
+            let dropped = kept.total() - moved.total();
+            assert_eq!(dropped as f64, kept.model_states.grads, "{what}");
             assert!(r.peak_bytes <= moved.total(), "{what}");
         }
     }

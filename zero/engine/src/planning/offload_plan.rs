@@ -4,7 +4,7 @@
 //! staging; with the parameters offloaded, the gathered units' stored shards in a host arena
 //! of their own or in a file of their own.
 
-use super::plan::{block_bytes, read_ahead_block_bytes, PlanShape};
+use super::plan::{block_bytes, optimizer_host_block_bytes, read_ahead_block_bytes, PlanShape};
 use super::policy::UnitPolicy;
 use crate::error::{Error, Result};
 use crate::precision::Precision;
@@ -222,7 +222,7 @@ pub(crate) fn file_slots_bytes(
         .iter()
         .map(|p| p.len(p.whole_optim).min(piece))
         .fold(1, usize::max);
-    let slot = block_bytes((slot_len as u64).saturating_mul(4))?;
+    let slot = optimizer_host_block_bytes((slot_len as u64).saturating_mul(4), true)?;
     Ok(slot
         .saturating_mul(states_per_elem(precision) as u64)
         .saturating_mul(2))
@@ -247,18 +247,24 @@ fn states_per_elem(precision: Precision) -> usize {
 pub(crate) fn plan_offload(policies: &[UnitPolicy], shape: PlanShape) -> Result<OffloadPlan> {
     let precision = shape.precision;
     let piece = piece_elems(shape.reduce_bucket_bytes, precision);
-    let f32_block = |elems: usize| block_bytes((elems as u64).saturating_mul(4));
+    let files = shape.files();
+    let host_block = |bytes: u64| optimizer_host_block_bytes(bytes, files);
+    let f32_block = |elems: usize| host_block((elems as u64).saturating_mul(4));
     let (mut states, mut grads, mut staging) = (0u64, 0u64, 0u64);
     let per_state = states_per_elem(precision) as u64;
     for p in policies {
         let kept = p.len(p.whole_optim);
         let widest = (0..shape.world).map(|r| p.owned(r).len).max().unwrap_or(0);
-        let piece_staging = staging_bytes(precision, widest.min(piece), shape.offload_gradients);
+        let piece_staging = staging_bytes(
+            precision,
+            widest.min(piece),
+            (shape.offload_gradients, files),
+        );
         staging = staging.max(piece_staging?);
         states = states.saturating_add(f32_block(kept)?.saturating_mul(per_state));
         if shape.offload_gradients {
             let len = p.len(p.whole_grads) as u64;
-            grads = grads.saturating_add(block_bytes(len.saturating_mul(precision.grad_bytes()))?);
+            grads = grads.saturating_add(host_block(len.saturating_mul(precision.grad_bytes()))?);
         }
     }
     let file = if shape.optimizer_file {
@@ -284,26 +290,25 @@ pub(crate) fn plan_offload(policies: &[UnitPolicy], shape: PlanShape) -> Result<
     })
 }
 
-/// Host bytes of the delayed parameter update: per unit, its blocks of owned gradients and
-/// parameters in the storage type, the widest range any of `world` ranks owns; and, in place
+/// Host bytes of the delayed parameter update on a rank shaped as `shape`: per unit, its
+/// blocks of owned gradients and parameters in the storage type, the widest range any rank
+/// owns; and, in place
 /// of the offloaded update's staging, the thread's one f32 scratch block of a piece (the
 /// caller adds the file's slots with the file tier).
 ///
 /// # Errors
 /// A block whose bytes overflow.
-pub(crate) fn plan_delayed(
-    policies: &[UnitPolicy],
-    precision: Precision,
-    world: usize,
-    reduce_bucket_bytes: usize,
-) -> Result<(u64, u64)> {
+pub(crate) fn plan_delayed(policies: &[UnitPolicy], shape: PlanShape) -> Result<(u64, u64)> {
+    let (precision, world) = (shape.precision, shape.world);
+    let reduce_bucket_bytes = shape.reduce_bucket_bytes;
+    let host_block = |bytes: u64| optimizer_host_block_bytes(bytes, shape.files());
     let piece = piece_elems(reduce_bucket_bytes, precision);
     let (mut blocks, mut scratch) = (0u64, 0u64);
     for p in policies {
         let widest = (0..world).map(|r| p.owned(r).len).max().unwrap_or(0).max(1);
-        let block = block_bytes((widest as u64).saturating_mul(precision.param_bytes()))?;
+        let block = host_block((widest as u64).saturating_mul(precision.param_bytes()))?;
         blocks = blocks.saturating_add(block.saturating_mul(2));
-        scratch = scratch.max(block_bytes((widest.min(piece) as u64).saturating_mul(4))?);
+        scratch = scratch.max(host_block((widest.min(piece) as u64).saturating_mul(4))?);
     }
     Ok((blocks, scratch))
 }
@@ -311,9 +316,13 @@ pub(crate) fn plan_delayed(
 /// Host bytes of one unit's staging (`optimizer_home`'s `Staging`) for an owned range of
 /// `len` elements: the parameters and, unless `grads_on_host` (the update reads them where
 /// they are), the gradients in the storage type, and the update's f32 gradient.
-fn staging_bytes(precision: Precision, len: usize, grads_on_host: bool) -> Result<u64> {
+fn staging_bytes(
+    precision: Precision,
+    len: usize,
+    (grads_on_host, files): (bool, bool),
+) -> Result<u64> {
     let len = len.max(1) as u64;
-    let stored = block_bytes(len.saturating_mul(precision.param_bytes()))?;
+    let stored = optimizer_host_block_bytes(len.saturating_mul(precision.param_bytes()), files)?;
     let copies = if grads_on_host { 1 } else { 2 };
-    Ok(copies * stored + block_bytes(len.saturating_mul(4))?)
+    Ok(copies * stored + optimizer_host_block_bytes(len.saturating_mul(4), files)?)
 }

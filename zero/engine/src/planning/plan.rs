@@ -101,6 +101,13 @@ pub struct PlanShape {
     pub kept_inputs: KeptInputs,
 }
 
+impl PlanShape {
+    /// Whether a file tier is on (the optimizer's or the parameters').
+    pub fn files(&self) -> bool {
+        self.optimizer_file || self.params_file
+    }
+}
+
 /// The configuration of a rank's arena of `capacity` bytes: the one place its alignment
 /// (and so every block's rounding) is chosen.
 pub(crate) fn arena_config(capacity: usize, defragment: bool) -> ArenaConfig {
@@ -122,6 +129,22 @@ pub(crate) fn read_ahead_arena_config(capacity: usize) -> ArenaConfig {
 /// Bytes a block of `bytes` takes in the reads ahead's arena.
 pub(crate) fn read_ahead_block_bytes(bytes: u64) -> Result<u64> {
     block_bytes_in(&read_ahead_arena_config(0), bytes)
+}
+
+/// The configuration of the offloaded optimizer's host arena: with a file tier on
+/// ([`PlanShape::files`]), aligned as the reads ahead's arena is, so the pieces it moves to
+/// and from a file (the update's staging and slots, the delayed update's parameter blocks)
+/// go straight, without the tier pool's copy; otherwise a rank arena's alignment.
+pub(crate) fn optimizer_host_config(capacity: usize, files: bool) -> ArenaConfig {
+    match files {
+        true => read_ahead_arena_config(capacity),
+        false => arena_config(capacity, false),
+    }
+}
+
+/// Bytes a block of `bytes` takes in the offloaded optimizer's host arena.
+pub(crate) fn optimizer_host_block_bytes(bytes: u64, files: bool) -> Result<u64> {
+    block_bytes_in(&optimizer_host_config(0, files), bytes)
 }
 
 fn block_bytes_in(config: &ArenaConfig, bytes: u64) -> Result<u64> {
@@ -226,12 +249,7 @@ fn plan_model_states(
         model_states.grads = 0.0;
     }
     if shape.delayed_param_update {
-        let (blocks, scratch) = plan_delayed(
-            policies,
-            shape.precision,
-            shape.world,
-            shape.reduce_bucket_bytes,
-        )?;
+        let (blocks, scratch) = plan_delayed(policies, shape)?;
         let slots = match shape.optimizer_file {
             true => {
                 let piece = piece_elems(shape.reduce_bucket_bytes, shape.precision);
