@@ -256,3 +256,44 @@ fn an_offloaded_step_holds_each_unit_s_update_and_samples_the_host_arena() {
         .filter(|s| s.name == "host arena bytes")
         .all(|s| s.value > 0));
 }
+
+/// With the delayed update, the update of step 1 runs on its thread during step 2 and its
+/// spans join the timeline when it lands (at step 2's optimizer step): one per unit, each
+/// after step 1's span began, none left out while the engine traces.
+#[test]
+fn a_delayed_update_s_spans_join_the_timeline_when_it_lands() {
+    let comm = zero_comm::local::create(1).unwrap().remove(0);
+    let train = SHAPE.train_program(None);
+    let config = EngineConfig {
+        stage: ZeroStage::Zero2,
+        offload_optimizer: true,
+        delayed_param_update: true,
+        ..EngineConfig::default()
+    };
+    let mut e = Engine::new(comm, SHAPE.units(), &[train.schedule()], config, |u, w| {
+        init(&SHAPE, u, w)
+    })
+    .unwrap();
+    let mut mlp = Mlp::new(SHAPE, None, vec![], vec![]);
+    e.start_trace();
+    for step in 0..2 {
+        let (x, y) = micro_batch(&SHAPE, step, 0, 0);
+        mlp.set_batch(x, y);
+        e.micro_step(&train, &mut mlp).unwrap();
+        e.step(1e-3).unwrap();
+    }
+    let trace = e.take_trace().unwrap();
+    let first = trace.spans.iter().find(|s| s.name == "step 1").unwrap();
+    let delayed: Vec<_> = trace
+        .spans
+        .iter()
+        .filter(|s| s.name.starts_with("delayed update unit"))
+        .collect();
+    let want: Vec<String> = (0..SHAPE.units().len())
+        .map(|u| format!("delayed update unit {u}"))
+        .collect();
+    let names: Vec<String> = delayed.iter().map(|s| s.name.clone()).collect();
+    assert_eq!(names, want, "step 1's update, landed at step 2");
+    assert!(delayed.iter().all(|s| s.lane == Lane::Optimizer));
+    assert!(delayed.iter().all(|s| first.start <= s.start));
+}
