@@ -114,3 +114,22 @@ fn the_delayed_update_without_the_optimizer_offloaded_is_refused_naming_the_flag
     .to_string();
     assert!(err.contains("--delayed-param-update"), "{err}");
 }
+
+/// The run's last update lands after its last step, with the all-gathers that apply it at
+/// stage 2: they count with the run's traffic, so a delayed run reports per step what the
+/// undelayed one does.
+#[test]
+fn a_delayed_run_counts_the_traffic_of_its_last_update() {
+    let dir = TempDir::new("dpu-traffic");
+    corpus(&dir.0);
+    let delayed = train(&tiny(&dir.0, true)).unwrap();
+    let plain = train(&tiny(&dir.0, false)).unwrap();
+    for (d, p) in delayed.ranks.iter().zip(&plain.ranks) {
+        assert!(p.traffic_per_step.all_gather > 0, "stage 2 all-gathers");
+        assert_eq!(d.traffic_per_step, p.traffic_per_step, "rank {}", d.rank);
+        let bytes = |r: &zero_train::run::metrics::RankReport| {
+            (r.comm_bytes_sent_per_step, r.comm_bytes_received_per_step)
+        };
+        assert_eq!(bytes(d), bytes(p), "rank {}", d.rank);
+    }
+}

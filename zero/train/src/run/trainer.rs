@@ -418,11 +418,14 @@ impl<'a, B: Placement> Trainer<'a, B> {
     }
 
     /// Joins and applies a pending delayed parameter update (`--delayed-param-update`),
-    /// counting the file I/O its thread did with the run's; nothing otherwise. (Each step's
-    /// update lands in the next step, whose count then holds it.)
+    /// counting the file I/O its thread did and the all-gathers that apply it (stages 1-2)
+    /// with the run's; nothing otherwise. (Each step's update lands in the next step, whose
+    /// counts then hold it.)
     pub(crate) fn land_update(&mut self) -> Result<(), TrainError> {
         let files_before = self.engine.file_io();
+        let (traffic_before, sent_before) = (self.engine.traffic(), self.bytes_moved());
         self.engine.land_delayed()?;
+        self.count_traffic(traffic_before, sent_before);
         self.file_io = self.file_io.plus(self.engine.file_io().since(files_before));
         Ok(())
     }
