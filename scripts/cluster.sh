@@ -98,6 +98,14 @@ make_host() {
   ip -n "$ns" link set lo up
   ip -n "$ns" addr add "$ip/24" dev eth0
   ip -n "$ns" link set eth0 up
+  # TCP on the host's link is CUBIC where the kernel has it: this machine's default, BBR, paced
+  # itself under the token bucket to 60-92% of a 250 Mbit/s link, varying run to run, where
+  # CUBIC holds 92-95% at 16-64 MiB (docs/mpi.md). The route's `congctl` sets it for this
+  # namespace alone; the sysctl is not writable here.
+  if grep -qw cubic /proc/sys/net/ipv4/tcp_available_congestion_control 2>/dev/null; then
+    ip -n "$ns" route replace "$subnet.0/24" dev eth0 proto kernel scope link src "$ip" \
+      congctl cubic
+  fi
   if [[ $rate != unlimited ]]; then
     # Both directions of the host's link: what it sends leaves eth0, what it receives leaves
     # the bridge through its outer end. A bucket of 10 ms at the rate (at least 64 KiB, so a
