@@ -213,10 +213,15 @@ check_hostfile() {
 
 # Runs `$@` under mpirun on the cluster: hostfile and rank count from the leading
 # --hostfile / --np options (already parsed into $hostfile / $np).
+#
+# The TCP transport's flags are its defaults less `put`: with OpenMPI's emulated RDMA put,
+# two hosts exchanging 2 MiB each way (a 4 MiB all-gather) took 118-130 ms on a 250 Mbit/s
+# link against 67 ms at the rate; with sends only, 70-82 ms, and a 4 MiB all-reduce reaches
+# 95% of the link instead of 67% (docs/mpi.md).
 launch() {
   local flags=(--hostfile "$hostfile" -np "$np" --map-by node
     --mca plm_rsh_agent "$state/agent" --mca plm_rsh_no_tree_spawn 1
-    --mca pml ob1 --mca btl tcp,self
+    --mca pml ob1 --mca btl tcp,self --mca btl_tcp_flags send,inplace,need-ack,need-csum
     --mca btl_tcp_if_include "$subnet.0/24" --mca oob_tcp_if_include "$subnet.0/24")
   if [[ $(id -u) == 0 ]]; then flags+=(--allow-run-as-root); fi
   # The ranks' thread count and logging, when set, reach every host.
