@@ -133,7 +133,13 @@ impl Engine {
             .join()
             .map_err(|_| Error::Order("the delayed update's thread panicked".into()))?;
         self.offloaded = Some(finished.host);
-        if let (Some(mine), Some(theirs)) = (self.trace.as_mut(), finished.trace) {
+        if let Some(theirs) = finished.trace {
+            // Recording may have stopped since the thread started (the traced steps end
+            // with this update in flight): its spans then wait for `take_late_trace`.
+            let mine = match self.trace.as_mut() {
+                Some(mine) => mine,
+                None => self.late_trace.get_or_insert_with(Trace::default),
+            };
             mine.spans.extend(theirs.spans);
         }
         finished.result?;

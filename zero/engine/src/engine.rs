@@ -252,6 +252,9 @@ pub struct Engine {
     pub(crate) kept: KeptStore,
     /// The timeline being recorded ([`Engine::start_trace`]), if any.
     pub(crate) trace: Option<crate::Trace>,
+    /// The spans of a delayed update started while recording that landed after the
+    /// timeline was taken ([`Engine::take_late_trace`]).
+    pub(crate) late_trace: Option<crate::Trace>,
     /// The tensor-parallel group beside this data-parallel one
     /// ([`Engine::with_tensor_parallel`]), if any.
     pub(crate) tp: Option<Communicator>,
@@ -274,6 +277,16 @@ pub(crate) struct Flights {
     pub prefetched: Vec<Option<Prefetch>>,
     /// Gradient reductions launched and not yet accumulated, oldest first.
     pub reductions: VecDeque<InFlight>,
+}
+
+impl Flights {
+    /// Nothing in flight, for `units` units.
+    fn none(units: usize) -> Self {
+        Self {
+            prefetched: (0..units).map(|_| None).collect(),
+            reductions: VecDeque::new(),
+        }
+    }
 }
 
 /// Where training stands: what the next optimizer step applies and what has been moved.
@@ -388,13 +401,11 @@ impl Engine {
                 traffic: Traffic::default(),
                 scaler: LossScaler::for_precision(config.precision),
             },
-            flights: Flights {
-                prefetched: (0..n_units).map(|_| None).collect(),
-                reductions: VecDeque::new(),
-            },
+            flights: Flights::none(n_units),
             lent_bytes: 0,
             kept,
             trace: None,
+            late_trace: None,
             tp: None,
             pending_update: None,
         })

@@ -197,8 +197,17 @@ impl Engine {
     }
 
     /// Stops recording and returns what was recorded (`None` when nothing was started).
+    /// A delayed parameter update started while recording and still running then keeps
+    /// its spans for [`Engine::take_late_trace`].
     pub fn take_trace(&mut self) -> Option<Trace> {
         self.trace.take()
+    }
+
+    /// The spans of delayed parameter updates that started while recording and landed
+    /// after [`Engine::take_trace`] (`None` when there were none): the optimizer track of
+    /// the last traced step, which its update reaches one step later.
+    pub fn take_late_trace(&mut self) -> Option<Trace> {
+        self.late_trace.take()
     }
 
     /// Records `name()` on `lane` from `start` until now, when recording; `name` is only

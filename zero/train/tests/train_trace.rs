@@ -1,6 +1,7 @@
 //! `zero-train --trace FILE`: one Chrome trace document holding every rank's timeline of the
 //! first `--trace-steps` steps: every operation of the GPT's training program once per
-//! micro-step, kept-input copies with `--offload-activations`, the ranks and tracks named; and
+//! micro-step, kept-input copies with `--offload-activations`, the ranks and tracks named, the
+//! last traced step's delayed parameter update (which lands after the recording stops); and
 //! the run's losses unchanged by tracing.
 
 mod common;
@@ -69,5 +70,63 @@ fn the_trace_holds_every_operation_of_the_traced_steps_on_every_rank() {
             e["ph"] == "M" && e["pid"] == rank && e["args"]["name"] == format!("rank {rank}")
         });
         assert!(named, "rank {rank} is named");
+    }
+}
+
+/// Span names on rank 0's optimizer track (tid 4) of the trace at `path`.
+fn optimizer_spans(path: &std::path::Path) -> Vec<String> {
+    let doc: Value = serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap();
+    let events = doc["traceEvents"].as_array().unwrap();
+    events
+        .iter()
+        .filter(|e| e["ph"] == "X" && e["pid"] == 0 && e["tid"] == 4)
+        .map(|e| e["name"].as_str().unwrap().to_string())
+        .collect()
+}
+
+/// With `--delayed-param-update`, step t's update runs during step t+1 and lands there; the
+/// last traced step's update lands after the recording stopped and is still drawn, once per
+/// unit, beside the steps' own spans.
+#[test]
+fn the_last_traced_step_s_delayed_update_is_drawn() {
+    let dir = TempDir::new("trace-delayed");
+    let mut rng = Rng::new(9);
+    let tokens: Vec<u16> = (0..4_000).map(|_| (rng.next_u64() % 100) as u16).collect();
+    write_corpus(&dir.0, &tokens, 1_000, 100);
+    let layers = 2;
+    for (steps, trace_steps) in [(4u64, 2u64), (2, 2)] {
+        let path = dir.0.join(format!("delayed-{steps}.json"));
+        train(&TrainConfig {
+            model: "tiny".into(),
+            layers: Some(layers),
+            seq_len: 16,
+            data: dir.0.clone(),
+            world_size: 2,
+            steps,
+            batch_size: 2,
+            micro_batch_size: 1,
+            eval_every: 0,
+            sample_tokens: 0,
+            offload_optimizer: zero_train::OffloadTier::Cpu,
+            delayed_param_update: true,
+            trace: Some(path.clone()),
+            trace_steps,
+            ..TrainConfig::default()
+        })
+        .unwrap();
+        let names = optimizer_spans(&path);
+        let count = |prefix: &str| names.iter().filter(|n| n.starts_with(prefix)).count();
+        // The GPT's units: the embeddings, each block, the final norm.
+        let units = layers + 2;
+        assert_eq!(
+            count("step "),
+            trace_steps as usize,
+            "{steps} steps: {names:?}"
+        );
+        assert_eq!(
+            count("delayed update unit "),
+            trace_steps as usize * units,
+            "{steps} steps, {trace_steps} traced: every traced step's update, once per unit"
+        );
     }
 }

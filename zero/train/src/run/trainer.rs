@@ -413,7 +413,12 @@ impl<'a, B: Placement> Trainer<'a, B> {
         report.tensor_parallel =
             (self.engine.tensor_parallel()).map(|_| self.tp_traffic.per_step(steps_run));
         // A run shorter than --trace-steps is still recording.
-        self.out.trace = self.trace.take().or_else(|| self.engine.take_trace());
+        let mut trace = self.trace.take().or_else(|| self.engine.take_trace());
+        // The last traced step's delayed update landed after its trace was taken.
+        if let (Some(trace), Some(late)) = (trace.as_mut(), self.engine.take_late_trace()) {
+            trace.spans.extend(late.spans);
+        }
+        self.out.trace = trace;
         self.out
     }
 
