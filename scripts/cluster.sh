@@ -104,7 +104,8 @@ make_host() {
   # namespace alone; the sysctl is not writable here.
   if grep -qw cubic /proc/sys/net/ipv4/tcp_available_congestion_control 2>/dev/null; then
     ip -n "$ns" route replace "$subnet.0/24" dev eth0 proto kernel scope link src "$ip" \
-      congctl cubic
+      congctl cubic ||
+      echo "cluster.sh: warning: $ns keeps the default congestion control (congctl refused)" >&2
   fi
   if [[ $rate != unlimited ]]; then
     # Both directions of the host's link: what it sends leaves eth0, what it receives leaves
