@@ -5,7 +5,7 @@
 //! the run's losses unchanged by tracing.
 
 mod common;
-use common::{write_corpus, TempDir};
+use common::{offload_corpus, write_corpus, TempDir};
 use serde_json::Value;
 use zero::ZeroStage;
 use zero_gpt::{train_ops, Rng};
@@ -90,9 +90,7 @@ fn optimizer_spans(path: &std::path::Path) -> Vec<String> {
 #[test]
 fn the_last_traced_step_s_delayed_update_is_drawn() {
     let dir = TempDir::new("trace-delayed");
-    let mut rng = Rng::new(9);
-    let tokens: Vec<u16> = (0..4_000).map(|_| (rng.next_u64() % 100) as u16).collect();
-    write_corpus(&dir.0, &tokens, 1_000, 100);
+    offload_corpus(&dir.0, 9);
     let layers = 2;
     for (steps, trace_steps) in [(4u64, 2u64), (2, 2)] {
         let path = dir.0.join(format!("delayed-{steps}.json"));
