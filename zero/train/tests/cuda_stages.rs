@@ -2,7 +2,7 @@
 //! the tiny GPT on `CudaBackend`, the engine's states in CUDA arenas, device-local
 //! collectives, in fp32, bf16 and fp16. Every stage gives stage 0's losses and parameters to
 //! the bit, and the run follows the CPU run of the same configuration within the kernels'
-//! stated tolerances.
+//! stated tolerances; so do the optimizer offloaded to the host arena or to its file.
 //!
 //! Without a driver it prints why it skips and passes, unless `ZERO_GPT_REQUIRE_GPU=1`
 //! (`scripts/gpu-check.sh run` sets it). Not yet run on a GPU.
@@ -85,6 +85,15 @@ fn cpu_run(world: usize, config: EngineConfig) -> Run {
 }
 
 fn gpu_run(world: usize, config: EngineConfig) -> Option<Run> {
+    gpu_run_with_files(world, config, None)
+}
+
+/// As [`gpu_run`], the ranks' files of the nvme tier in `nvme` when given.
+fn gpu_run_with_files(
+    world: usize,
+    config: EngineConfig,
+    nvme: Option<&std::path::Path>,
+) -> Option<Run> {
     use zero_train::run::device::cuda::{gemm_math, ranks};
     let math = gemm_math(config.precision);
     let devices = match ranks(0, world, zero_comm::Config::default(), math) {
@@ -103,6 +112,7 @@ fn gpu_run(world: usize, config: EngineConfig) -> Option<Run> {
             .map(|(comm, device)| {
                 s.spawn(move || {
                     let (backend, ops) = device.into_parts().unwrap();
+                    let ops = ops.with_nvme_path(nvme.map(std::path::Path::to_path_buf));
                     let model = Gpt::with_backend(GptConfig::tiny(), backend).unwrap();
                     rank_run(comm, model, ops, config)
                 })
@@ -205,4 +215,47 @@ fn offloaded_optimizer_on_the_gpu_gives_the_same_bits() {
         }
         eprintln!("cuda_stages: {precision:?}: offloaded optimizer equal to the bit");
     }
+}
+
+/// ZeRO-Infinity's optimizer file on the GPU (`--offload-optimizer nvme`): the states stream
+/// from one file per rank through the page-locked host arena and the host AdamW, so the
+/// runs equal stage 0 on the GPU to the bit; and the delayed parameter update beside the
+/// file gives the bits of the delayed update beside the host arena.
+#[test]
+fn the_optimizer_file_on_the_gpu_gives_the_same_bits() {
+    let dir = std::env::temp_dir().join(format!("cuda-stages-nvme-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    for precision in [Precision::Fp32, Precision::Bf16] {
+        let Some(reference) = gpu_run(2, config(ZeroStage::Zero0, precision)) else {
+            std::fs::remove_dir(&dir).unwrap();
+            return;
+        };
+        for stage in [ZeroStage::Zero0, ZeroStage::Zero3] {
+            let filed = EngineConfig {
+                offload_optimizer: true,
+                optimizer_file: true,
+                ..config(stage, precision)
+            };
+            let run = gpu_run_with_files(2, filed, Some(&dir)).unwrap();
+            let what = format!("{precision:?} {stage} optimizer file vs stage 0, N_d=2");
+            assert!(bits(&run) == bits(&reference), "{what}");
+        }
+    }
+    let delayed = EngineConfig {
+        offload_optimizer: true,
+        delayed_param_update: true,
+        ..config(ZeroStage::Zero2, Precision::Fp32)
+    };
+    let host = gpu_run(2, delayed).unwrap();
+    let filed = EngineConfig {
+        optimizer_file: true,
+        ..delayed
+    };
+    let run = gpu_run_with_files(2, filed, Some(&dir)).unwrap();
+    assert!(
+        bits(&run) == bits(&host),
+        "delayed update: file vs host arena"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+    eprintln!("cuda_stages: optimizer file equal to the bit (fp32, bf16, delayed)");
 }

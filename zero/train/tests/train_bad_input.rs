@@ -360,6 +360,45 @@ fn the_gpu_path_names_the_options_it_does_not_support() {
     assert!(!save.exists(), "a refused run wrote its checkpoint folder");
 }
 
+/// On the GPU the optimizer's file tier passes the checks (it streams through the host
+/// arena); the parameters' file tier is refused by name, before anything is made.
+#[test]
+fn on_the_gpu_only_the_parameters_file_tier_is_refused() {
+    let dir = TempDir::new("bad-input-gpu-nvme");
+    corpus(&dir.0);
+    let nvme = dir.0.join("nvme");
+    std::fs::create_dir(&nvme).unwrap();
+    let nvme = nvme.to_str().unwrap();
+    let gpu = with(
+        tiny_args(&dir.0),
+        &["--device", "cuda", "--zero-stage", "3"],
+    );
+    let params = with(
+        gpu.clone(),
+        &[
+            "--offload-optimizer",
+            "cpu",
+            "--offload-params",
+            "nvme",
+            "--nvme-path",
+            nvme,
+        ],
+    );
+    refused(&params, "--offload-params nvme runs on the CPU only");
+    let optimizer = with(gpu, &["--offload-optimizer", "nvme", "--nvme-path", nvme]);
+    let (ok, stderr) = zero_train(&optimizer);
+    assert!(!ok && !stderr.contains("panicked"), "{stderr}");
+    // Past the checks, this GPU-less machine stops at the build or the CUDA library.
+    assert!(!stderr.contains("CPU only"), "{stderr}");
+    let named = stderr.contains("--features cuda") || stderr.contains("libcuda");
+    assert!(named, "{stderr}");
+    assert_eq!(
+        std::fs::read_dir(nvme).unwrap().count(),
+        0,
+        "a refused run made a file"
+    );
+}
+
 #[test]
 fn the_gpu_path_without_the_cuda_build_or_a_gpu_says_which() {
     let dir = TempDir::new("bad-input-gpu");
