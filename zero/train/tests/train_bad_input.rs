@@ -3,7 +3,7 @@
 //! flag (or the manifest field). The binary is spawned, so a panic shows in its stderr.
 
 mod common;
-use common::{write_corpus, TempDir};
+use common::{offload_corpus, write_corpus, TempDir};
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -365,9 +365,8 @@ fn the_gpu_path_names_the_options_it_does_not_support() {
 #[test]
 fn on_the_gpu_only_the_parameters_file_tier_is_refused() {
     let dir = TempDir::new("bad-input-gpu-nvme");
-    corpus(&dir.0);
+    offload_corpus(&dir.0, 3);
     let nvme = dir.0.join("nvme");
-    std::fs::create_dir(&nvme).unwrap();
     let nvme = nvme.to_str().unwrap();
     let gpu = with(
         tiny_args(&dir.0),
