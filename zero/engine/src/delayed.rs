@@ -289,12 +289,7 @@ fn update_job<S: Store>(
         let optim = match host.file.as_mut() {
             Some(file) => {
                 let slot = file.next_piece(&mut host.arena, trace.as_deref_mut(), (unit, k))?;
-                let span = |i: usize| Span::new(slot[i], 0..len);
-                OptimSpans {
-                    m: span(0),
-                    v: span(1),
-                    master: (slot.len() > 2).then(|| span(2)),
-                }
+                OptimSpans::of_slot(&slot, len)
             }
             None => {
                 let kept = job.optim_at + start..job.optim_at + start + len;

@@ -302,6 +302,19 @@ pub(crate) struct OptimSpans {
     pub v: Span,
 }
 
+impl OptimSpans {
+    /// The first `len` elements of a file slot's blocks (m, v, then the master weights
+    /// when the slot has them).
+    pub fn of_slot(slot: &[Handle], len: usize) -> Self {
+        let span = |i: usize| Span::new(slot[i], 0..len);
+        Self {
+            m: span(0),
+            v: span(1),
+            master: (slot.len() > 2).then(|| span(2)),
+        }
+    }
+}
+
 /// The engine's arena, and where a unit's stored parameters are: there too, or in the
 /// offloaded parameters' home (with the unit's number); and whether its reduced gradients
 /// are in the engine's arena or already in the host arena (`grad_home`).

@@ -13,7 +13,7 @@
 
 use super::engine::Engine;
 use super::error::{Error, Result};
-use super::kernels::{AdamWStep, Span};
+use super::kernels::AdamWStep;
 use super::optimizer_file::FileStates;
 use super::optimizer_home::{
     update_piece, DeviceSide, OffloadedOptimizer, OptimSpans, Piece, Staging,
@@ -242,12 +242,7 @@ pub(crate) fn update_from_file<S: Store>(
         updated = file
             .next_piece(arena, trace.as_deref_mut(), (unit, k))
             .and_then(|slot| {
-                let span = |s: usize| Span::new(slot[s], 0..at.len);
-                let optim = OptimSpans {
-                    m: span(0),
-                    v: span(1),
-                    master: (slot.len() > 2).then(|| span(2)),
-                };
+                let optim = OptimSpans::of_slot(&slot, at.len);
                 update_piece::<S>(device, (arena, kernels), &stage, b, at, optim, &step)
             })
             .and_then(|()| file.piece_done(arena));

@@ -292,9 +292,8 @@ pub(crate) fn plan_offload(policies: &[UnitPolicy], shape: PlanShape) -> Result<
 
 /// Host bytes of the delayed parameter update on a rank shaped as `shape`: per unit, its
 /// blocks of owned gradients and parameters in the storage type, the widest range any rank
-/// owns; and, in place
-/// of the offloaded update's staging, the thread's one f32 scratch block of a piece (the
-/// caller adds the file's slots with the file tier).
+/// owns; and, in place of the offloaded update's staging, the thread's one f32 scratch block
+/// of a piece (the caller adds the file's slots with the file tier).
 ///
 /// # Errors
 /// A block whose bytes overflow.
