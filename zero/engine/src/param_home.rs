@@ -14,8 +14,9 @@
 //!    memory copy on the engine's thread; from the file, the shard is taken from its read
 //!    ahead when it has one (`param_read_ahead`: an I/O thread reads the shards of the
 //!    running program's next gathers into a host arena of their own, within
-//!    [`EngineConfig::nvme_prefetch_bytes`]), else read from the file on the engine's
-//!    thread, and each fetch tops the reads ahead up;
+//!    [`EngineConfig::nvme_prefetch_bytes`]), or sent by the fetch itself when it has none
+//!    (and waited for), and each fetch tops the reads ahead up; both copies go through the
+//!    arena's `write_at`, so the rank's arena may be a GPU's;
 //! 2. the offloaded update (`optimizer_home`) reads the shard's pieces from the home
 //!    (fp32, where they are Adam's master copy) and writes the updated pieces back there;
 //!    a write first drops any read ahead of the same unit;
@@ -51,9 +52,10 @@ pub(crate) struct OffloadedParams {
 }
 
 impl OffloadedParams {
-    /// The home `plan` asks for: a host arena of `plan.params` bytes, registered with the
-    /// GPU's context when the arena is a GPU's; with `config.params_file`, the rank's file
-    /// under `nvme_path` and an accounting arena of its bytes.
+    /// The home `plan` asks for: a host arena of `plan.params` bytes; with
+    /// `config.params_file`, the rank's file under `nvme_path`, an accounting arena of its
+    /// bytes, and the reads ahead's host arena. Host arenas are registered with the GPU's
+    /// context when the rank's arena is a GPU's (`states_on`), so copies to it go by DMA.
     pub fn start(
         plan: &OffloadPlan,
         config: &EngineConfig,
@@ -62,11 +64,11 @@ impl OffloadedParams {
         policies: &[UnitPolicy],
         ranks: (usize, usize),
     ) -> Result<Self> {
+        let backing = match states_on {
+            Device::Cpu => Backing::Memory,
+            Device::Cuda(ordinal) => Backing::CudaRegistered(ordinal),
+        };
         if !config.params_file {
-            let backing = match states_on {
-                Device::Cpu => Backing::Memory,
-                Device::Cuda(ordinal) => Backing::CudaRegistered(ordinal),
-            };
             let capacity = usize::try_from(plan.params).unwrap_or(usize::MAX);
             let config = ArenaConfig {
                 backing,
@@ -77,11 +79,6 @@ impl OffloadedParams {
                 file: None,
                 ahead: None,
             });
-        }
-        if states_on != Device::Cpu {
-            return Err(Error::Config(
-                "the parameters' file tier (--offload-params nvme) runs on the CPU only".into(),
-            ));
         }
         let dir = nvme_path.ok_or_else(|| {
             Error::Config(
@@ -94,11 +91,13 @@ impl OffloadedParams {
         let piece = piece_elems(config.reduce_bucket_bytes, config.precision);
         let layout = ParamFileLayout::new(policies, elem, piece);
         let file = ParamFile::create(dir, ranks, layout, config.nvme_chunk_bytes)?;
-        let mirror = usize::try_from(plan.params_file).unwrap_or(usize::MAX);
         let ahead = match usize::try_from(plan.params_read_ahead).unwrap_or(usize::MAX) {
             0 => None,
             bytes => {
-                let arena = Arena::new(read_ahead_arena_config(bytes))?;
+                let arena = Arena::new(ArenaConfig {
+                    backing,
+                    ..read_ahead_arena_config(bytes)
+                })?;
                 let (tier, layout) = file.shared();
                 let budget = (arena, config.nvme_prefetch_bytes);
                 Some(ReadAhead::start(
@@ -109,6 +108,7 @@ impl OffloadedParams {
                 )?)
             }
         };
+        let mirror = usize::try_from(plan.params_file).unwrap_or(usize::MAX);
         Ok(Self {
             arena: Arena::accounting(mirror)?,
             file: Some(file),
@@ -137,25 +137,34 @@ impl OffloadedParams {
     }
 
     /// Copies `unit`'s shard (block `h`, `len` bytes) into block `dst` of `to` from byte
-    /// `at` on: straight from the host arena, or read from the file into `to`'s bytes
-    /// (a host arena's).
+    /// `at` on, with `to`'s `write_at` (host or device memory alike): from the host arena
+    /// straight, from the file through its read ahead, sent now if it has none; true when
+    /// the file's read was sent by this fetch (the gather waited for the file).
     fn copy_into(
         &mut self,
         (unit, h, len): (usize, Handle, usize),
         to: &mut Arena,
         (dst, at): (Handle, usize),
-    ) -> Result<()> {
-        match &mut self.file {
-            None => {
-                let src = self.arena.slice::<u8>(h)?;
-                let src = src.get(..len).ok_or_else(|| short(unit, len))?;
-                Ok(to.write_at(dst, at, src)?)
-            }
-            Some(file) => {
-                let view = to.slice_mut::<u8>(dst)?;
-                let view = view.get_mut(at..at + len).ok_or_else(|| short(unit, len))?;
-                file.read(unit, 0, view)
-            }
+    ) -> Result<bool> {
+        if self.file.is_none() {
+            let src = self.arena.slice::<u8>(h)?;
+            let src = src.get(..len).ok_or_else(|| short(unit, len))?;
+            to.write_at(dst, at, src)?;
+            return Ok(false);
+        }
+        let ahead = self.ahead.as_mut().ok_or_else(|| {
+            Error::Order(format!(
+                "unit {unit} is fetched from a file planned with no reads"
+            ))
+        })?;
+        let waited = !ahead.has(unit);
+        if waited {
+            ahead.read_now(unit, len)?;
+        }
+        let put = |src: &[u8]| Ok(to.write_at(dst, at, src)?);
+        match ahead.take(unit, len, put)? {
+            true => Ok(waited),
+            false => Err(Error::Order(format!("unit {unit}'s read was not sent"))),
         }
     }
 }
@@ -282,23 +291,10 @@ impl Engine {
             .offloaded_params
             .as_mut()
             .ok_or_else(|| Error::Order("a parameter fetch without offloaded parameters".into()))?;
-        let taken = match &mut home.ahead {
-            Some(ahead) if ahead.has(unit) => {
-                let view = self.arena.slice_mut::<u8>(dst)?;
-                let view = view.get_mut(at * elem..at * elem + len);
-                ahead.take(unit, view.ok_or_else(|| short(unit, len))?)?
-            }
-            _ => false,
-        };
-        // A read on this thread is the file's lane; a copy from memory, the copy lane's.
-        let lane = if home.file.is_some() && !taken {
-            Lane::File
-        } else {
-            Lane::Copy
-        };
-        if !taken {
-            home.copy_into((unit, h, len), &mut self.arena, (dst, at * elem))?;
-        }
+        let waited = home.copy_into((unit, h, len), &mut self.arena, (dst, at * elem))?;
+        // A gather that waited for its file read is the file's lane; a copy from memory
+        // (the host tier, or a read ahead), the copy lane's.
+        let lane = if waited { Lane::File } else { Lane::Copy };
         self.trace_span(lane, start, || format!("fetch params unit {unit}"));
         self.read_ahead(Some(unit))
     }

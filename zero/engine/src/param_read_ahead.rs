@@ -16,10 +16,12 @@
 //!    the next fetch to free a block (nothing is refused or waited for here);
 //! 2. a read lends its block to the I/O thread ([`Arena::lend`]), which reads the unit's
 //!    pieces into it and answers the reads in the order sent;
-//! 3. the fetch of a unit with a read ahead takes the replies up to its own, copies the
-//!    block into the all-gather's buffer and frees it ([`ReadAhead::take`]); a unit without
-//!    one (the budget was full, or a gather outside a program) is read on the engine's
-//!    thread, as the file tier does without read-ahead;
+//! 3. the fetch of a unit takes the replies up to its own, copies the block into the
+//!    all-gather's buffer with the arena's `write_at` (host or device memory alike) and
+//!    frees it ([`ReadAhead::take`]); a unit without a read ahead (the budget was full, or a
+//!    gather outside a program) has its read sent then ([`ReadAhead::read_now`]), after the
+//!    other reads ahead are dropped if the budget has no room for it, and is taken the same
+//!    way: every read of a gather runs on the I/O thread, through this arena;
 //! 4. a write of a unit's shard (the update, an import) first drops any read ahead of that
 //!    unit, waiting for it if it is out ([`ReadAhead::forget`]), so no read races a write of
 //!    the same shard and none holds bytes older than the file; reads ahead are issued only
@@ -167,9 +169,32 @@ impl ReadAhead {
         Ok(true)
     }
 
-    /// Step 3: copies `unit`'s shard, read ahead, into `out` and frees its block; false (and
-    /// `out` untouched) when `unit` has no read ahead.
-    pub fn take(&mut self, unit: usize, out: &mut [u8]) -> Result<bool> {
+    /// Step 3 for a unit the walk has not read ahead (a gather outside a program, or a
+    /// budget full): sends its read now, after dropping every other read ahead when the
+    /// budget has no room beside them (nothing held, any shard fits: the arena is planned
+    /// for the largest).
+    pub fn read_now(&mut self, unit: usize, len: usize) -> Result<()> {
+        if self.issue(unit, len)? {
+            return Ok(());
+        }
+        self.forget_all()?;
+        match self.issue(unit, len)? {
+            true => Ok(()),
+            false => Err(Error::Order(format!(
+                "unit {unit}'s read ({len} bytes) found no room with no read ahead held"
+            ))),
+        }
+    }
+
+    /// Step 3: hands `unit`'s shard (its first `len` bytes), read ahead, to `put` (which
+    /// copies it where the gather wants it) and frees its block; false (`put` not called)
+    /// when `unit` has no read ahead.
+    pub fn take(
+        &mut self,
+        unit: usize,
+        len: usize,
+        put: impl FnOnce(&[u8]) -> Result<()>,
+    ) -> Result<bool> {
         let Some(at) = self.wait_for(unit)? else {
             return Ok(false);
         };
@@ -178,13 +203,7 @@ impl ReadAhead {
             .arena
             .slice::<u8>(ahead.block)
             .map_err(Error::from)
-            .and_then(|bytes| {
-                let src = bytes
-                    .get(..out.len())
-                    .ok_or_else(|| short(unit, out.len()))?;
-                out.copy_from_slice(src);
-                Ok(())
-            });
+            .and_then(|bytes| put(bytes.get(..len).ok_or_else(|| short(unit, len))?));
         let freed = self.arena.free(ahead.block).map_err(Error::from);
         copied.and(freed).map(|()| true)
     }
@@ -315,5 +334,80 @@ fn short(unit: usize, len: usize) -> Error {
     Error::BadSpan {
         kernel: "parameter read-ahead",
         message: format!("unit {unit}'s read-ahead block is shorter than {len} bytes"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::optimizer_file::create_tier;
+    use crate::planning::plan::read_ahead_arena_config;
+
+    const PIECE: usize = 4096;
+
+    /// Three units of one piece each, unit u's bytes all `u + 1`, read ahead within two
+    /// pieces' blocks.
+    fn three_units(dir: &std::path::Path) -> ReadAhead {
+        let layout = ParamFileLayout {
+            lens: vec![PIECE as u64; 3],
+            first: vec![0, 1, 2],
+            piece_bytes: PIECE,
+        };
+        let tier = create_tier(dir, (0, 1), "params", &layout.lens).unwrap();
+        let mut pool = ChunkPool::new(1, PIECE).unwrap();
+        for u in 0..3u8 {
+            let bytes = vec![u + 1; PIECE];
+            tier.write_piece(usize::from(u), &bytes, &mut pool).unwrap();
+        }
+        let arena = Arena::new(read_ahead_arena_config(2 * PIECE)).unwrap();
+        ReadAhead::start(Arc::new(tier), layout, PIECE, (arena, 2 * PIECE)).unwrap()
+    }
+
+    /// `unit`'s shard as a gather receives it.
+    fn taken(ahead: &mut ReadAhead, unit: usize) -> Vec<u8> {
+        let mut out = Vec::new();
+        let put = |src: &[u8]| {
+            out.extend_from_slice(src);
+            Ok(())
+        };
+        assert!(
+            ahead.take(unit, PIECE, put).unwrap(),
+            "unit {unit} was not read"
+        );
+        out
+    }
+
+    #[test]
+    fn a_read_sent_by_its_fetch_drops_the_reads_ahead_only_when_the_budget_is_full() {
+        let dir = std::env::temp_dir().join(format!("zero-read-now-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let mut ahead = three_units(&dir);
+        assert!(ahead.issue(1, PIECE).unwrap() && ahead.issue(2, PIECE).unwrap());
+        assert!(
+            !ahead.issue(0, PIECE).unwrap(),
+            "a third block past the budget"
+        );
+        ahead.read_now(0, PIECE).unwrap();
+        assert!(
+            !ahead.has(1) && !ahead.has(2),
+            "the full budget's reads stayed"
+        );
+        assert_eq!(taken(&mut ahead, 0), vec![1u8; PIECE]);
+        assert_eq!(ahead.arena().stats().allocated, 0, "a block left held");
+        assert!(ahead.issue(2, PIECE).unwrap());
+        ahead.read_now(1, PIECE).unwrap();
+        assert!(
+            ahead.has(2),
+            "a read ahead dropped while the budget had room"
+        );
+        assert_eq!(taken(&mut ahead, 1), vec![2u8; PIECE]);
+        assert_eq!(taken(&mut ahead, 2), vec![3u8; PIECE]);
+        assert_eq!(
+            ahead.read_bytes,
+            5 * PIECE as u64,
+            "reads of units 1, 2, 0, 2 and 1"
+        );
+        drop(ahead);
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

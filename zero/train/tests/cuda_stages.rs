@@ -217,10 +217,12 @@ fn offloaded_optimizer_on_the_gpu_gives_the_same_bits() {
     }
 }
 
-/// ZeRO-Infinity's optimizer file on the GPU (`--offload-optimizer nvme`): the states stream
-/// from one file per rank through the page-locked host arena and the host AdamW, so the
-/// runs equal stage 0 on the GPU to the bit; and the delayed parameter update beside the
-/// file gives the bits of the delayed update beside the host arena.
+/// ZeRO-Infinity's files on the GPU (`--offload-optimizer nvme`, and at stage 3
+/// `--offload-params nvme`): the states stream from one file per rank through the
+/// page-locked host arena and the host AdamW, the parameter shards from their file through
+/// the reads ahead's host arena, so the runs equal stage 0 on the GPU to the bit; and the
+/// delayed parameter update beside the file gives the bits of the delayed update beside
+/// the host arena.
 #[test]
 fn the_optimizer_file_on_the_gpu_gives_the_same_bits() {
     let dir = std::env::temp_dir().join(format!("cuda-stages-nvme-{}", std::process::id()));
@@ -230,14 +232,20 @@ fn the_optimizer_file_on_the_gpu_gives_the_same_bits() {
             std::fs::remove_dir(&dir).unwrap();
             return;
         };
-        for stage in [ZeroStage::Zero0, ZeroStage::Zero3] {
+        for (stage, params, budget) in tiers_on_files() {
             let filed = EngineConfig {
                 offload_optimizer: true,
                 optimizer_file: true,
+                offload_params: params,
+                params_file: params,
+                nvme_prefetch_bytes: budget,
                 ..config(stage, precision)
             };
             let run = gpu_run_with_files(2, filed, Some(&dir)).unwrap();
-            let what = format!("{precision:?} {stage} optimizer file vs stage 0, N_d=2");
+            let what = format!(
+                "{precision:?} {stage} optimizer file, parameter file {params} (reads ahead \
+                 within {budget} bytes) vs stage 0, N_d=2"
+            );
             assert!(bits(&run) == bits(&reference), "{what}");
         }
     }
@@ -257,5 +265,18 @@ fn the_optimizer_file_on_the_gpu_gives_the_same_bits() {
         "delayed update: file vs host arena"
     );
     std::fs::remove_dir_all(&dir).unwrap();
-    eprintln!("cuda_stages: optimizer file equal to the bit (fp32, bf16, delayed)");
+    eprintln!("cuda_stages: optimizer and parameter files equal to the bit (fp32, bf16, delayed)");
+}
+
+/// The stages and parameter tiers the file test runs beside the optimizer's file: (stage,
+/// parameters in their file, reads-ahead budget); a budget of one byte holds one shard at a
+/// time, so most gathers wait for a read sent by their own fetch.
+fn tiers_on_files() -> [(ZeroStage, bool, usize); 4] {
+    let default = zero::DEFAULT_NVME_PREFETCH_BYTES;
+    [
+        (ZeroStage::Zero0, false, default),
+        (ZeroStage::Zero3, false, default),
+        (ZeroStage::Zero3, true, default),
+        (ZeroStage::Zero3, true, 1),
+    ]
 }

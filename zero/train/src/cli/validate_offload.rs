@@ -1,5 +1,5 @@
 //! The offload flags checked before the ranks start: an `nvme` tier with an existing,
-//! writable `--nvme-path` directory (the parameters' file on the CPU only), `--offload-params`
+//! writable `--nvme-path` directory, `--offload-params`
 //! at stage 3 with `--offload-optimizer`, `--offload-gradients` with `--offload-optimizer` on
 //! the CPU, and `--nvme-path` or `--host-memory-limit` only where they mean something. Each
 //! refusal names the flag and, for the folder, the path and what the system said.
@@ -52,13 +52,6 @@ impl TrainConfig {
                 "{flag} keeps the {what} in files: give the folder with --nvme-path DIR \
                  (`nvme_path` in --config)"
             )),
-            // The parameter file reads shards into the arena's own bytes, which a GPU's
-            // arena does not expose; the optimizer's file streams through the host arena.
-            _ if self.offload_params == OffloadTier::Nvme && self.device.is_cuda() => invalid(
-                "--offload-params nvme runs on the CPU only for now: use cpu in its place \
-                 with --device cuda"
-                    .into(),
-            ),
             (Some(_), Some(dir)) => writable_dir(dir),
             (None, Some(dir)) => invalid(format!(
                 "--nvme-path {} is the folder of the nvme tier's files: give \
