@@ -11,8 +11,9 @@
 //!    offloaded parameters' home (then the all-gather of stages 1-2);
 //! 2. each unit's owned gradients (storage type) and, in fp32, its stored parameters (the
 //!    master copy; half precision's update writes the parameters from its master weights
-//!    without reading them) are copied into the unit's two host blocks, and the engine's
-//!    gradients are zeroed;
+//!    without reading them) are copied into the unit's two host blocks, and the kept
+//!    gradients are zeroed (in the engine's arena, or with `offload_gradients` in their own
+//!    host arena, `grad_home`);
 //! 3. the host arena moves to a new thread, which runs every unit's AdamW on its host
 //!    blocks, piece by piece, with the kernels of the offloaded update, while the engine
 //!    returns to the model; with the optimizer's file, the thread streams the step's pieces
@@ -24,8 +25,8 @@
 //!
 //! While an update is pending the engine holds no host arena (`Engine::offloaded` is `None`):
 //! nothing can touch the blocks or the file the thread owns. The thread touches neither the
-//! engine's arena nor the offloaded parameters: their stored shards change only in step 1,
-//! on the engine's thread, between programs.
+//! engine's arena, nor the gradients' host arena, nor the offloaded parameters: their stored
+//! shards change only in step 1, on the engine's thread, between programs.
 
 use super::engine::Engine;
 use super::error::{Error, Result};
@@ -170,8 +171,9 @@ impl Engine {
         Ok(())
     }
 
-    /// Step 2: each unit's owned gradients and (fp32) stored parameters into its host
-    /// blocks, the engine's gradients zeroed; the thread's jobs.
+    /// Step 2: each unit's owned gradients (from the engine's arena, or their own host
+    /// arena when offloaded) and (fp32) stored parameters into its host blocks, the kept
+    /// gradients zeroed; the thread's jobs.
     fn stage_delayed<S: Store>(&mut self) -> Result<Vec<UnitJob>> {
         let (rank, elem) = (self.rank(), std::mem::size_of::<S>());
         let mut jobs = Vec::with_capacity(self.units.specs.len());
@@ -185,7 +187,11 @@ impl Engine {
             let bytes = owned.len * elem;
             let grads_at = policy.part.local(rank, owned, policy.whole_grads).start * elem;
             let view = &mut host.arena.slice_mut::<u8>(grads)?[..bytes];
-            self.arena.read_at(b.grads, grads_at, view)?;
+            // Offloaded gradients are in their own host arena (`grad_home`).
+            match &self.host_grads {
+                Some(g) => g.arena.read_at(b.grads, grads_at, view)?,
+                None => self.arena.read_at(b.grads, grads_at, view)?,
+            }
             // Half precision's update writes the parameters from the master copy without
             // reading them: only fp32's stored parameters (its master copy) are staged.
             if b.master.is_none() {
@@ -197,7 +203,6 @@ impl Engine {
                 }
             }
             let all = Span::new(b.grads, 0..policy.len(policy.whole_grads));
-            self.kernels.fill_zero(&mut self.arena, S::DTYPE, all)?;
             jobs.push(UnitJob {
                 grads,
                 params,
@@ -209,6 +214,8 @@ impl Engine {
                 offset: owned.offset,
                 segments: self.units.specs[unit].decay_segments(),
             });
+            let (arena, kernels) = self.grad_home();
+            kernels.fill_zero(arena, S::DTYPE, all)?;
         }
         Ok(jobs)
     }

@@ -21,6 +21,7 @@ use super::collectives::Collectives;
 use super::declared::{confirm_same_schedules, Declared};
 use super::engine_ops::EngineOps;
 use super::error::{Error, Result};
+use super::grad_home::HostGrads;
 use super::inflight::{InFlight, Prefetch};
 use super::kept::KeptStore;
 use super::kernels::Kernels;
@@ -85,7 +86,8 @@ pub struct EngineConfig {
     /// With `offload_optimizer`: the reduced gradients this rank keeps live in the host
     /// arena too, accumulated there as each bucket's reduction lands during backward, so the
     /// rank's arena holds no gradient between steps and the update reads them where they
-    /// are (see the `grad_home` module). CPU arenas only.
+    /// are (see the `grad_home` module); beside `delayed_param_update`, in a host arena of
+    /// their own. CPU arenas only.
     pub offload_gradients: bool,
     /// Bytes of the file tier's pool buffer (rounded up to 4 KiB): a piece larger than it
     /// moves chunk by chunk.
@@ -205,7 +207,7 @@ fn start_offload(
     (device, nvme): (Device, Option<&std::path::Path>),
     policies: &[UnitPolicy],
     ranks: (usize, usize),
-) -> Result<(Option<OffloadedOptimizer>, Option<OffloadedParams>)> {
+) -> Result<Homes> {
     let optimizer = OffloadedOptimizer::start(plan, config, device, nvme, policies, ranks)?;
     let params = if config.offload_params {
         Some(OffloadedParams::start(
@@ -214,8 +216,18 @@ fn start_offload(
     } else {
         None
     };
-    Ok((Some(optimizer), params))
+    let files = config.plan_shape(ranks.1, StagingRule::None).files();
+    let grads = HostGrads::start(&plan, files)?;
+    Ok((Some(optimizer), params, grads))
 }
+
+/// The offloaded homes of the optimizer states, the parameter shards and the gradients
+/// (when apart), as `start_offload` makes them.
+type Homes = (
+    Option<OffloadedOptimizer>,
+    Option<OffloadedParams>,
+    Option<HostGrads>,
+);
 
 /// Parameters (shared) and unreduced gradients (mutable) of some units, from
 /// [`OpUnits::views`](crate::OpUnits::views), in the order the operation declared them.
@@ -235,6 +247,9 @@ pub struct Engine {
     /// ZeRO-Infinity's home of the gathered units' parameter shards (`None`: they are in
     /// `arena`).
     pub(crate) offloaded_params: Option<OffloadedParams>,
+    /// The offloaded gradients' own host arena (`None`: they are in `arena` or in the
+    /// optimizer's host arena; `grad_home`).
+    pub(crate) host_grads: Option<HostGrads>,
     /// Every pass over model-state bytes runs through these.
     pub(crate) kernels: Box<dyn Kernels>,
     /// Every collective over model states runs through these.
@@ -302,6 +317,18 @@ pub(crate) struct Progress {
     pub scaler: LossScaler,
 }
 
+impl Progress {
+    /// Nothing accumulated, stepped or moved yet, with `precision`'s loss scale.
+    fn start(precision: Precision) -> Self {
+        Self {
+            micro_steps: 0,
+            steps: 0,
+            traffic: Traffic::default(),
+            scaler: LossScaler::for_precision(precision),
+        }
+    }
+}
+
 impl Engine {
     /// Registers `specs` on this rank for the passes of `programs` (the schedules of the
     /// model's [`Program`](crate::Program)s: its training micro-step, its forward-only
@@ -357,17 +384,21 @@ impl Engine {
         let mut arena = rank_arena(&config, device, &memory_plan)?;
         let policies = unit_policies(&specs, shape)?;
         let ranks = (comm.rank(), comm.size());
-        let (mut offloaded, mut offloaded_params) = match memory_plan.offload {
+        let (mut offloaded, mut offloaded_params, mut host_grads) = match memory_plan.offload {
             Some(plan) => {
                 let at = (device, nvme_path.as_deref());
                 start_offload(plan, &config, at, &policies, ranks)?
             }
-            None => (None, None),
+            None => (None, None, None),
         };
         let bufs = allocate_units(
             &mut arena,
             kernels.as_ref(),
-            (offloaded.as_mut(), offloaded_params.as_mut()),
+            (
+                offloaded.as_mut(),
+                offloaded_params.as_mut(),
+                host_grads.as_mut(),
+            ),
             &policies,
             &config,
             comm.rank(),
@@ -386,6 +417,7 @@ impl Engine {
             arena,
             offloaded,
             offloaded_params,
+            host_grads,
             kernels,
             collectives,
             config,
@@ -395,12 +427,7 @@ impl Engine {
                 bufs,
             },
             memory_plan,
-            progress: Progress {
-                micro_steps: 0,
-                steps: 0,
-                traffic: Traffic::default(),
-                scaler: LossScaler::for_precision(config.precision),
-            },
+            progress: Progress::start(config.precision),
             flights: Flights::none(n_units),
             lent_bytes: 0,
             kept,

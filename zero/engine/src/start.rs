@@ -3,6 +3,7 @@
 
 use super::engine::EngineConfig;
 use super::error::{Error, Result};
+use super::grad_home::HostGrads;
 use super::host_io::{stored_bytes, write_f32};
 use super::kernels::Kernels;
 use super::optimizer_file::OptimState;
@@ -22,9 +23,10 @@ use zero_comm::Communicator;
 pub(crate) fn allocate_units(
     arena: &mut Arena,
     kernels: &dyn Kernels,
-    (mut offloaded, mut params_home): (
+    (mut offloaded, mut params_home, mut host_grads): (
         Option<&mut OffloadedOptimizer>,
         Option<&mut OffloadedParams>,
+        Option<&mut HostGrads>,
     ),
     policies: &[UnitPolicy],
     config: &EngineConfig,
@@ -34,9 +36,10 @@ pub(crate) fn allocate_units(
     let precision = config.precision;
     let mut bufs = Vec::with_capacity(policies.len());
     for (unit, policy) in policies.iter().enumerate() {
-        let grads = match offloaded.as_deref_mut() {
-            Some(o) if config.offload_gradients => {
-                let len = policy.len(policy.whole_grads);
+        let len = policy.len(policy.whole_grads);
+        let grads = match (host_grads.as_deref_mut(), offloaded.as_deref_mut()) {
+            (Some(g), _) => Some(zeroed(&mut g.arena, &g.kernels, precision.dtype(), len)?),
+            (None, Some(o)) if config.offload_gradients => {
                 Some(zeroed(&mut o.arena, &o.kernels, precision.dtype(), len)?)
             }
             _ => None,

@@ -121,6 +121,64 @@ fn the_delayed_update_from_files_is_the_stale_update_to_the_bit() {
     }
 }
 
+/// With the kept gradients offloaded (`offload_gradients`), they land in a host arena of
+/// their own while the thread holds the optimizer's: the delayed update is still the update
+/// from gradients one step stale, to the bit, with the optimizer in the host arena or its
+/// file; the rank's arena holds no gradient, and the gradients' arena peaks at its plan.
+#[test]
+fn offloaded_gradients_beside_the_delayed_update_are_the_stale_update_to_the_bit() {
+    let dir = TempDir::new("delayed-grads");
+    for precision in [Precision::Fp32, Precision::Bf16, Precision::Fp16] {
+        for stage in ZeroStage::ALL {
+            let reference = trained(2, config(stage, precision, false), true);
+            for file in [false, true] {
+                let what = format!("{precision:?} {stage} file {file}");
+                let delayed = EngineConfig {
+                    offload_gradients: true,
+                    ..config(stage, precision, true)
+                };
+                let c = if file {
+                    in_files(delayed, None)
+                } else {
+                    delayed
+                };
+                let got = trained_with_grads_arena(c, &dir.0, &what);
+                assert!(got == reference, "{what}");
+            }
+        }
+    }
+}
+
+/// [`trained`] on two ranks, checking on each that the gradients' own host arena holds them
+/// all and peaks at its plan, and that the optimizer's host arena peaks within its plan.
+fn trained_with_grads_arena(config: EngineConfig, dir: &Path, what: &str) -> Vec<u32> {
+    let mut runs = on_ranks(2, |c| {
+        let mut e = engine(c, config, Some(dir)).unwrap();
+        let seen = RefCell::new(vec![None; 4]);
+        for step in 0..4 {
+            train_step(&mut e, 1e-3 * (1.0 + step as f32), false, &seen);
+        }
+        let exported = bits(&e.export_states().unwrap());
+        let plan = e.memory_plan().offload.unwrap();
+        assert!(plan.grads_apart && plan.grads > 0, "{what}: {plan:?}");
+        let grads = e.offload_grads_arena().unwrap().stats();
+        assert_eq!(grads.peak_allocated as u64, plan.grads, "{what}");
+        assert_eq!(e.offloaded_grad_bytes().unwrap(), plan.grads, "{what}");
+        assert_eq!(
+            e.measured_model_state_bytes().unwrap().grads,
+            plan.grads as f64
+        );
+        // The delayed update's blocks are planned for the widest owned range: rank 0's.
+        let host = e.offload_arena().unwrap().stats().peak_allocated as u64;
+        match e.rank() {
+            0 => assert_eq!(host, plan.optimizer_arena(), "{what}"),
+            _ => assert!(host <= plan.optimizer_arena(), "{what}"),
+        }
+        exported
+    });
+    runs.swap_remove(0)
+}
+
 #[test]
 fn the_host_arena_peaks_at_its_plan() {
     let dir = TempDir::new("delayed-plan");
@@ -156,22 +214,13 @@ fn the_host_arena_peaks_at_its_plan() {
 #[test]
 fn a_configuration_the_delayed_update_cannot_run_in_is_refused() {
     let base = config(ZeroStage::Zero2, Precision::Fp32, true);
-    let cases = [
-        (
-            EngineConfig {
-                offload_optimizer: false,
-                ..base
-            },
-            "--offload-optimizer cpu or nvme",
-        ),
-        (
-            EngineConfig {
-                offload_gradients: true,
-                ..base
-            },
-            "--delayed-param-update",
-        ),
-    ];
+    let cases = [(
+        EngineConfig {
+            offload_optimizer: false,
+            ..base
+        },
+        "--offload-optimizer cpu or nvme",
+    )];
     for (c, want) in cases {
         let err: Vec<Error> = on_ranks(1, |comm| engine(comm, c, None).map(|_| ()).unwrap_err());
         let text = err[0].to_string();

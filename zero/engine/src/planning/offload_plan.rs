@@ -25,6 +25,10 @@ pub struct OffloadPlan {
     /// Every unit's reduced gradients (storage type, whole or a shard as the stage keeps
     /// them) with `offload_gradients`; 0 otherwise.
     pub grads: u64,
+    /// The gradients have a host arena of their own ([`OffloadPlan::grads_arena`]): beside
+    /// the delayed update, whose thread holds the optimizer's host arena while the next
+    /// backward lands gradients.
+    pub grads_apart: bool,
     /// The staging of one piece of the update, the largest any rank makes (an export gathers
     /// sharded states into heap buffers, not here); with the file tier, two slots of the
     /// largest piece's states besides, held over the whole step (one updated while the
@@ -50,18 +54,30 @@ pub struct OffloadPlan {
 
 impl OffloadPlan {
     /// The optimizer's host arena: its states (unless in the file), the offloaded gradients
-    /// and the update's staging.
+    /// (unless apart) and the update's staging.
     pub fn optimizer_arena(&self) -> u64 {
+        let grads = if self.grads_apart { 0 } else { self.grads };
         self.states
-            .saturating_add(self.grads)
+            .saturating_add(grads)
             .saturating_add(self.staging)
             .saturating_add(self.delayed)
     }
 
+    /// The gradients' own host arena: their bytes when apart, else 0.
+    pub fn grads_arena(&self) -> u64 {
+        if self.grads_apart {
+            self.grads
+        } else {
+            0
+        }
+    }
+
     /// Every byte of host memory the offloaded tiers take: the optimizer's host arena, the
-    /// offloaded parameters' and their reads ahead (what `--host-memory-limit` caps).
+    /// gradients' own, the offloaded parameters' and their reads ahead (what
+    /// `--host-memory-limit` caps).
     pub fn total(&self) -> u64 {
         self.optimizer_arena()
+            .saturating_add(self.grads_arena())
             .saturating_add(self.params)
             .saturating_add(self.params_read_ahead)
     }
@@ -281,6 +297,7 @@ pub(crate) fn plan_offload(policies: &[UnitPolicy], shape: PlanShape) -> Result<
     Ok(OffloadPlan {
         states,
         grads,
+        grads_apart: shape.offload_gradients && shape.delayed_param_update,
         staging,
         file,
         params: 0,

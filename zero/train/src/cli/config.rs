@@ -353,8 +353,9 @@ pub struct TrainConfig {
     /// With `--offload-optimizer` (cpu or nvme): keep the reduced gradients each rank keeps
     /// in the host arena too, accumulated there as each bucket's reduction lands during
     /// backward, as DeepSpeed's ZeRO-Offload does, so the device's arena holds no gradient
-    /// between steps and the host update reads them in place. CPU only for now; not with
-    /// `--delayed-param-update`.
+    /// between steps and the host update reads them in place (beside
+    /// `--delayed-param-update`, in a host arena of their own, copied to the update's
+    /// thread at each step). CPU only for now.
     #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "true", default_value_t = false, action = clap::ArgAction::Set)]
     pub offload_gradients: bool,
     /// With `--offload-params nvme`: bytes of parameter shards each rank's I/O thread reads

@@ -62,17 +62,14 @@ impl TrainConfig {
         }
     }
 
-    /// `--offload-gradients` only with `--offload-optimizer` (its host arena holds them), not
-    /// beside `--delayed-param-update` (whose thread holds that arena during the next
-    /// backward), and on the CPU only.
+    /// `--offload-gradients` only with `--offload-optimizer` (its host update reads them),
+    /// and on the CPU only.
     fn validate_grad_offload(&self) -> Result<(), ConfigError> {
         if !self.offload_gradients {
             return Ok(());
         }
         let why = if !self.offload_optimizer.is_on() {
-            "needs --offload-optimizer (cpu or nvme): the gradients live in its host arena"
-        } else if self.delayed_param_update {
-            "does not run with --delayed-param-update: leave one out"
+            "needs --offload-optimizer (cpu or nvme): its host update reads the gradients"
         } else if self.device.is_cuda() {
             "runs on the CPU only for now: leave it out with --device cuda"
         } else {

@@ -72,9 +72,13 @@ pub struct RankReport {
     /// unit's update staging; 0 without `--offload-optimizer`). `model_state_bytes` counts
     /// the states wherever they are.
     pub optimizer_offloaded_bytes: u64,
-    /// `--offload-gradients`: bytes of the kept gradients in that host arena, measured from
+    /// `--offload-gradients`: bytes of the kept gradients in host memory, measured from
     /// their blocks (0 otherwise).
     pub grads_offloaded_bytes: u64,
+    /// `--offload-gradients` beside `--delayed-param-update`: the peak of the gradients'
+    /// own host arena (0 otherwise: they share the optimizer's host arena, or stay on the
+    /// device).
+    pub grads_arena_peak_bytes: u64,
     /// `--offload-optimizer nvme`: bytes of the rank's optimizer file, measured on disk
     /// while the run holds it (0 without the file tier).
     pub optimizer_file_bytes: u64,
@@ -117,6 +121,7 @@ impl RankReport {
             "activation_offloaded_bytes": self.activation_offloaded_bytes,
             "optimizer_offloaded_bytes": self.optimizer_offloaded_bytes,
             "grads_offloaded_bytes": self.grads_offloaded_bytes,
+            "grads_arena_peak_bytes": self.grads_arena_peak_bytes,
             "optimizer_file_bytes": self.optimizer_file_bytes,
             "params_offloaded_bytes": self.params_offloaded_bytes,
             "params_file_bytes": self.params_file_bytes,
@@ -253,11 +258,17 @@ fn offload_lines(reports: &[RankReport]) -> String {
         } else {
             "in host memory (--offload-optimizer".to_string()
         };
-        let grads = match r.grads_offloaded_bytes {
-            0 => String::new(),
-            g => format!(
+        let grads = match (r.grads_offloaded_bytes, r.grads_arena_peak_bytes) {
+            (0, _) => String::new(),
+            (g, 0) => format!(
                 ", and its {:.2} MiB of gradients in that host arena (--offload-gradients)",
                 mib(g as f64)
+            ),
+            (g, peak) => format!(
+                ", and its {:.2} MiB of gradients in a host arena of their own beside the \
+                 delayed update's (--offload-gradients; peak {:.2} MiB)",
+                mib(g as f64),
+                mib(peak as f64)
             ),
         };
         s.push_str(&format!(

@@ -104,6 +104,7 @@ impl RankOutput {
                 activation_offloaded_bytes: kept_host,
                 optimizer_offloaded_bytes: 0,
                 grads_offloaded_bytes: engine.offloaded_grad_bytes()?,
+                grads_arena_peak_bytes: 0,
                 // Measured from the disk, not the engine's layout: 0 if it cannot be read.
                 optimizer_file_bytes: engine
                     .optimizer_file_path()
@@ -395,6 +396,8 @@ impl<'a, B: Placement> Trainer<'a, B> {
             (self.engine.offload_arena()).map_or(0, |a| a.stats().peak_allocated as u64);
         report.params_offloaded_bytes =
             (self.engine.offload_params_arena()).map_or(0, |a| a.stats().peak_allocated as u64);
+        report.grads_arena_peak_bytes =
+            (self.engine.offload_grads_arena()).map_or(0, |a| a.stats().peak_allocated as u64);
         report.traffic_per_step = Traffic {
             all_reduce: t.all_reduce / steps_run,
             reduce_scatter: t.reduce_scatter / steps_run,
