@@ -94,7 +94,12 @@ impl ShardBuckets {
 
     /// The largest bucket's elements (0 for an empty tensor).
     pub fn max_bucket_elems(&self) -> usize {
-        self.world * self.piece.min(self.shard_len)
+        self.world * self.max_piece_elems()
+    }
+
+    /// The largest piece of one rank's shard a bucket holds (0 for an empty tensor).
+    pub fn max_piece_elems(&self) -> usize {
+        self.piece.min(self.shard_len)
     }
 
     /// Where rank `rank`'s piece lies in `bucket`'s buffer.

@@ -87,7 +87,7 @@ pub struct EngineConfig {
     /// arena too, accumulated there as each bucket's reduction lands during backward, so the
     /// rank's arena holds no gradient between steps and the update reads them where they
     /// are (see the `grad_home` module); beside `delayed_param_update`, in a host arena of
-    /// their own. CPU arenas only.
+    /// their own.
     pub offload_gradients: bool,
     /// Bytes of the file tier's pool buffer (rounded up to 4 KiB): a piece larger than it
     /// moves chunk by chunk.
@@ -217,7 +217,7 @@ fn start_offload(
         None
     };
     let files = config.plan_shape(ranks.1, StagingRule::None).files();
-    let grads = HostGrads::start(&plan, files)?;
+    let grads = HostGrads::start(&plan, files, device)?;
     Ok((Some(optimizer), params, grads))
 }
 
@@ -374,7 +374,7 @@ impl Engine {
             nvme_path,
         } = ops;
         check_units(&specs, &config)?;
-        super::grad_home::check_grad_offload(&config, device)?;
+        super::grad_home::check_grad_offload(&config)?;
         confirm_same_schedules(&comm, programs)?;
         let shape = config.plan_shape(comm.size(), collectives.staging_rule(&comm));
         let memory_plan = match config.memory_limit {

@@ -6,10 +6,11 @@
 //! The data flow with the gradients offloaded:
 //! 1. backward rounds a unit's gradient into buckets in the engine's arena and launches their
 //!    reductions (`backward.rs`), as without offload;
-//! 2. when a bucket's reduction lands, the segments this rank keeps are added from the
-//!    bucket straight into the unit's host block (`HostKernels::accumulate_across`, the
-//!    element loop of every other accumulation), and the bucket is freed: during backward,
-//!    not after it;
+//! 2. when a bucket's reduction lands, each segment this rank keeps is copied with the
+//!    arena's `read_at` (a device-to-host copy on a GPU) into a landing block of the host
+//!    arena, added from there into the unit's host block by the element loop of every other
+//!    accumulation, and the landing block and then the bucket are freed: during backward, not
+//!    after it;
 //! 3. the step's overflow check, norm, update and zeroing read and write the host blocks
 //!    ([`Engine::grad_home`]); the offloaded update reads each piece of gradients where it
 //!    is instead of copying it into its staging (`optimizer_home`).
@@ -20,15 +21,18 @@
 //! each unit's owned range from there into the thread's blocks, as it copies it from the
 //! engine's arena without gradient offload.
 //!
-//! Only arenas with host memory take part: step 2 reads the bucket's bytes in place, which a
-//! CUDA arena has not (refused at start-up, [`check_grad_offload`]).
+//! On a GPU the host arenas are registered with its context, so step 2's copy goes by DMA;
+//! it is a blocking copy, which waits for the reduction and does not overlap the next
+//! bucket's (not run on a GPU).
 
 use super::engine::{Engine, EngineConfig};
 use super::error::{Error, Result};
 use super::kernels::{HostKernels, Kernels, Span};
 use super::planning::offload_plan::OffloadPlan;
 use super::planning::plan::optimizer_host_config;
-use zero_alloc::{Arena, Device};
+use super::transient::free_after;
+use super::unit_buffers::alloc_of;
+use zero_alloc::{Arena, ArenaConfig, Backing, Device};
 use zero_comm::DType;
 
 /// The kept gradients' own host arena (`OffloadPlan::grads_apart`) and the kernels that
@@ -41,14 +45,23 @@ pub(crate) struct HostGrads {
 
 impl HostGrads {
     /// The arena `plan` asks for when the gradients are apart, with the optimizer's host
-    /// arena's blocks (`files`: a file tier is on); `None` otherwise.
-    pub fn start(plan: &OffloadPlan, files: bool) -> Result<Option<Self>> {
+    /// arena's blocks (`files`: a file tier is on), registered with the GPU's context when
+    /// the rank's arena is on `device`'s; `None` otherwise.
+    pub fn start(plan: &OffloadPlan, files: bool, device: Device) -> Result<Option<Self>> {
         if !plan.grads_apart {
             return Ok(None);
         }
-        let capacity = usize::try_from(plan.grads).unwrap_or(usize::MAX);
+        let capacity = usize::try_from(plan.grads_arena()).unwrap_or(usize::MAX);
+        let backing = match device {
+            Device::Cpu => Backing::Memory,
+            Device::Cuda(ordinal) => Backing::CudaRegistered(ordinal),
+        };
+        let config = ArenaConfig {
+            backing,
+            ..optimizer_host_config(capacity, files)
+        };
         Ok(Some(Self {
-            arena: Arena::new(optimizer_host_config(capacity, files))?,
+            arena: Arena::new(config)?,
             kernels: HostKernels::default(),
         }))
     }
@@ -112,17 +125,12 @@ impl Engine {
     /// Adds `piece` of a landed bucket (in the engine's arena) into `acc` of a unit's kept
     /// gradients, wherever they live (step 2).
     pub(crate) fn accumulate_kept(&mut self, dtype: DType, acc: Span, piece: Span) -> Result<()> {
-        if let Some(g) = self.host_grads.as_mut() {
-            let (to, from) = ((&mut g.arena, acc), (&self.arena, piece));
-            return g.kernels.accumulate_across(to, from, dtype);
-        }
-        match self.offloaded.as_mut() {
-            Some(o) if self.config.offload_gradients => {
-                o.kernels
-                    .accumulate_across((&mut o.arena, acc), (&self.arena, piece), dtype)
-            }
-            _ => self.kernels.accumulate(&mut self.arena, dtype, acc, piece),
-        }
+        let host = match (self.host_grads.as_mut(), self.offloaded.as_mut()) {
+            (Some(g), _) => (&mut g.arena, &g.kernels),
+            (None, Some(o)) if self.config.offload_gradients => (&mut o.arena, &o.kernels),
+            _ => return self.kernels.accumulate(&mut self.arena, dtype, acc, piece),
+        };
+        land_on_host(host, acc, (&self.arena, piece), dtype)
     }
 
     /// Whether an accumulation on either arena saw an inf or NaN since the last call.
@@ -140,21 +148,43 @@ impl Engine {
     }
 }
 
-/// Refuses `offload_gradients` where it cannot run: without the optimizer offloaded (whose
-/// host update reads them), or on an arena without host memory (step 2 reads buckets in
-/// place).
-pub(crate) fn check_grad_offload(config: &EngineConfig, device: Device) -> Result<()> {
-    if !config.offload_gradients {
+/// Step 2 on the host: copies `piece` of `from` (the engine's arena: host or device memory)
+/// into a landing block of `host` with the arena's `read_at`, adds it into `acc` by the
+/// element loop of every accumulation, and frees the block.
+fn land_on_host(
+    (host, kernels): (&mut Arena, &HostKernels),
+    acc: Span,
+    (from, piece): (&Arena, Span),
+    dtype: DType,
+) -> Result<()> {
+    let bytes = piece.len * dtype.size();
+    let landing = alloc_of(host, dtype, piece.len)?;
+    let added = (|| {
+        let view = host.slice_mut::<u8>(landing)?;
+        let view = view.get_mut(..bytes).ok_or_else(|| short_landing(bytes))?;
+        from.read_at(piece.block, piece.start * dtype.size(), view)?;
+        let landed = Span::new(landing, 0..piece.len);
+        kernels.accumulate(host, dtype, acc, landed)
+    })();
+    free_after(host, landing, added)
+}
+
+fn short_landing(bytes: usize) -> Error {
+    Error::BadSpan {
+        kernel: "gradient landing",
+        message: format!("a landing block shorter than {bytes} bytes"),
+    }
+}
+
+/// Refuses `offload_gradients` without the optimizer offloaded, whose host update reads
+/// them.
+pub(crate) fn check_grad_offload(config: &EngineConfig) -> Result<()> {
+    if !config.offload_gradients || config.offload_optimizer {
         return Ok(());
     }
-    let why = if !config.offload_optimizer {
-        "needs the optimizer offloaded (--offload-optimizer cpu or nvme): its host update reads the gradients"
-    } else if device != Device::Cpu {
-        "runs on the CPU only: adding a landed bucket from a GPU's arena into host memory is not built"
-    } else {
-        return Ok(());
-    };
-    Err(Error::Config(format!(
-        "gradient offload (--offload-gradients) {why}"
-    )))
+    Err(Error::Config(
+        "gradient offload (--offload-gradients) needs the optimizer offloaded \
+         (--offload-optimizer cpu or nvme): its host update reads the gradients"
+            .into(),
+    ))
 }

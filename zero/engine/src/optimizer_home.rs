@@ -29,8 +29,9 @@
 //! The copies between the arenas are the arena's blocking byte copies (a device-to-host and a
 //! host-to-device copy on a CUDA arena), one piece after the other; only the file's reads and
 //! writes overlap the update (`optimizer_stream`, across the step's units). Not built:
-//! overlapping the arena copies with the update of the previous piece, and DeepSpeed's
-//! one-step delayed update that overlaps the host update with the next forward.
+//! overlapping the arena copies with the update of the previous piece. DeepSpeed's one-step
+//! delayed update, which overlaps the whole host update with the next forward and backward,
+//! is `delayed`.
 
 use super::collectives::Collectives;
 use super::engine::{Engine, EngineConfig};

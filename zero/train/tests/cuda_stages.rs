@@ -217,6 +217,45 @@ fn offloaded_optimizer_on_the_gpu_gives_the_same_bits() {
     }
 }
 
+/// ZeRO-Offload's gradients on the GPU (`--offload-gradients`): each landed bucket's
+/// segment is copied down into a landing block of the registered host arena and added
+/// there by the host's element loop, and the step's norm, update and zeroing read the host
+/// blocks (the host kernels equal the device's to the bit, `kernels_cuda.rs`), so the runs
+/// equal stage 0 on the GPU to the bit; beside the delayed update (the gradients then in a
+/// host arena of their own) they equal the delayed update with the gradients on the device.
+#[test]
+fn offloaded_gradients_on_the_gpu_give_the_same_bits() {
+    for precision in [Precision::Fp32, Precision::Bf16] {
+        let Some(reference) = gpu_run(2, config(ZeroStage::Zero0, precision)) else {
+            return;
+        };
+        for stage in [ZeroStage::Zero0, ZeroStage::Zero2, ZeroStage::Zero3] {
+            let offloaded = EngineConfig {
+                offload_optimizer: true,
+                offload_gradients: true,
+                ..config(stage, precision)
+            };
+            let run = gpu_run(2, offloaded).unwrap();
+            let what = format!("{precision:?} {stage} gradients offloaded vs stage 0, N_d=2");
+            assert!(bits(&run) == bits(&reference), "{what}");
+        }
+        let delayed = EngineConfig {
+            offload_optimizer: true,
+            delayed_param_update: true,
+            ..config(ZeroStage::Zero2, precision)
+        };
+        let on_device = gpu_run(2, delayed).unwrap();
+        let grads = EngineConfig {
+            offload_gradients: true,
+            ..delayed
+        };
+        let run = gpu_run(2, grads).unwrap();
+        let what = format!("{precision:?} delayed update: gradients on the host vs the device");
+        assert!(bits(&run) == bits(&on_device), "{what}");
+        eprintln!("cuda_stages: {precision:?}: offloaded gradients equal to the bit");
+    }
+}
+
 /// ZeRO-Infinity's files on the GPU (`--offload-optimizer nvme`, and at stage 3
 /// `--offload-params nvme`): the states stream from one file per rank through the
 /// page-locked host arena and the host AdamW, the parameter shards from their file through

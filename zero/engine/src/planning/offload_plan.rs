@@ -8,6 +8,7 @@ use super::plan::{block_bytes, optimizer_host_block_bytes, read_ahead_block_byte
 use super::policy::UnitPolicy;
 use crate::error::{Error, Result};
 use crate::precision::Precision;
+use zero_comm::ShardBuckets;
 
 /// Elements of the owned range one offloaded update moves and updates at a time: one
 /// gradient bucket's worth (`reduce_bucket_bytes` of the storage type), which bounds the
@@ -29,6 +30,10 @@ pub struct OffloadPlan {
     /// the delayed update, whose thread holds the optimizer's host arena while the next
     /// backward lands gradients.
     pub grads_apart: bool,
+    /// With `offload_gradients`: the host block one landed bucket's segment is copied into
+    /// before it is added (`grad_home`'s step 2), the largest any unit lands, beside the
+    /// gradients during backward (never beside the update's staging); 0 otherwise.
+    pub landing: u64,
     /// The staging of one piece of the update, the largest any rank makes (an export gathers
     /// sharded states into heap buffers, not here); with the file tier, two slots of the
     /// largest piece's states besides, held over the whole step (one updated while the
@@ -54,21 +59,24 @@ pub struct OffloadPlan {
 
 impl OffloadPlan {
     /// The optimizer's host arena: its states (unless in the file), the offloaded gradients
-    /// (unless apart) and the update's staging.
+    /// (unless apart), and the update's staging or the landing block, whichever is larger
+    /// (one is held during the step, the other during backward).
     pub fn optimizer_arena(&self) -> u64 {
-        let grads = if self.grads_apart { 0 } else { self.grads };
+        let (grads, transient) = match self.grads_apart {
+            true => (0, self.staging),
+            false => (self.grads, self.staging.max(self.landing)),
+        };
         self.states
             .saturating_add(grads)
-            .saturating_add(self.staging)
+            .saturating_add(transient)
             .saturating_add(self.delayed)
     }
 
-    /// The gradients' own host arena: their bytes when apart, else 0.
+    /// The gradients' own host arena: their bytes and the landing block when apart, else 0.
     pub fn grads_arena(&self) -> u64 {
-        if self.grads_apart {
-            self.grads
-        } else {
-            0
+        match self.grads_apart {
+            true => self.grads.saturating_add(self.landing),
+            false => 0,
         }
     }
 
@@ -266,8 +274,9 @@ pub(crate) fn plan_offload(policies: &[UnitPolicy], shape: PlanShape) -> Result<
     let files = shape.files();
     let host_block = |bytes: u64| optimizer_host_block_bytes(bytes, files);
     let f32_block = |elems: usize| host_block((elems as u64).saturating_mul(4));
-    let (mut states, mut grads, mut staging) = (0u64, 0u64, 0u64);
+    let (mut states, mut grads, mut staging, mut landing) = (0u64, 0u64, 0u64, 0u64);
     let per_state = states_per_elem(precision) as u64;
+    let grad_bytes = precision.grad_bytes();
     for p in policies {
         let kept = p.len(p.whole_optim);
         let widest = (0..shape.world).map(|r| p.owned(r).len).max().unwrap_or(0);
@@ -280,7 +289,13 @@ pub(crate) fn plan_offload(policies: &[UnitPolicy], shape: PlanShape) -> Result<
         states = states.saturating_add(f32_block(kept)?.saturating_mul(per_state));
         if shape.offload_gradients {
             let len = p.len(p.whole_grads) as u64;
-            grads = grads.saturating_add(host_block(len.saturating_mul(precision.grad_bytes()))?);
+            grads = grads.saturating_add(host_block(len.saturating_mul(grad_bytes))?);
+            let bucket = shape.reduce_bucket_bytes / grad_bytes as usize;
+            let buckets = ShardBuckets::new(p.part.world(), p.part.shard_len(), bucket)?;
+            let segment = buckets.max_piece_elems() as u64;
+            if segment > 0 {
+                landing = landing.max(host_block(segment.saturating_mul(grad_bytes))?);
+            }
         }
     }
     let file = if shape.optimizer_file {
@@ -298,6 +313,7 @@ pub(crate) fn plan_offload(policies: &[UnitPolicy], shape: PlanShape) -> Result<
         states,
         grads,
         grads_apart: shape.offload_gradients && shape.delayed_param_update,
+        landing,
         staging,
         file,
         params: 0,

@@ -1,8 +1,8 @@
 //! The offload flags checked before the ranks start: an `nvme` tier with an existing,
-//! writable `--nvme-path` directory, `--offload-params`
-//! at stage 3 with `--offload-optimizer`, `--offload-gradients` with `--offload-optimizer` on
-//! the CPU, and `--nvme-path` or `--host-memory-limit` only where they mean something. Each
-//! refusal names the flag and, for the folder, the path and what the system said.
+//! writable `--nvme-path` directory, `--offload-params` at stage 3 with
+//! `--offload-optimizer`, `--offload-gradients` with `--offload-optimizer`, and `--nvme-path`
+//! or `--host-memory-limit` only where they mean something. Each refusal names the flag and,
+//! for the folder, the path and what the system said.
 
 use crate::cli::config::{OffloadTier, TrainConfig};
 use crate::error::ConfigError;
@@ -62,20 +62,16 @@ impl TrainConfig {
         }
     }
 
-    /// `--offload-gradients` only with `--offload-optimizer` (its host update reads them),
-    /// and on the CPU only.
+    /// `--offload-gradients` only with `--offload-optimizer` (its host update reads them).
     fn validate_grad_offload(&self) -> Result<(), ConfigError> {
-        if !self.offload_gradients {
+        if !self.offload_gradients || self.offload_optimizer.is_on() {
             return Ok(());
         }
-        let why = if !self.offload_optimizer.is_on() {
-            "needs --offload-optimizer (cpu or nvme): its host update reads the gradients"
-        } else if self.device.is_cuda() {
-            "runs on the CPU only for now: leave it out with --device cuda"
-        } else {
-            return Ok(());
-        };
-        Err(ConfigError::Invalid(format!("--offload-gradients {why}")))
+        Err(ConfigError::Invalid(
+            "--offload-gradients needs --offload-optimizer (cpu or nvme): its host update \
+             reads the gradients"
+                .into(),
+        ))
     }
 
     /// `--offload-params` only at stage 3 and with `--offload-optimizer`: below stage 3
