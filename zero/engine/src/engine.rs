@@ -113,8 +113,8 @@ pub struct EngineConfig {
     /// the arithmetic of an engine without it.
     pub delayed_param_update: bool,
     /// Cap on the offloaded tiers' host memory in bytes, the optimizer's host arena, the
-    /// offloaded parameters' and the parameter file's reads ahead together (`None`: exactly
-    /// what the plan needs); a cap below the plan is refused at start-up with the bytes
+    /// gradients' own (beside the delayed update), the offloaded parameters' and the
+    /// parameter file's reads ahead together (`None`: exactly what the plan needs); a cap below the plan is refused at start-up with the bytes
     /// needed.
     pub host_memory_limit: Option<u64>,
     /// How the programs' kept inputs (activation checkpointing) are stored: their length,
@@ -174,6 +174,7 @@ impl EngineConfig {
             nvme_prefetch_bytes: self.nvme_prefetch_bytes,
             delayed_param_update: self.offload_optimizer && self.delayed_param_update,
             kept_inputs: self.kept_inputs,
+            device_arena: false,
         }
     }
 }
@@ -196,11 +197,13 @@ fn check_units(specs: &[UnitSpec], config: &EngineConfig) -> Result<()> {
             .map_err(|message| Error::BadUnit { unit, message })?;
     }
     check_param_offload(config)?;
+    super::grad_home::check_grad_offload(config)?;
     super::delayed::check_delayed(config)
 }
 
 /// The offloaded tiers `plan` asks for on `device` (files under `nvme`): the optimizer's
-/// host arena or file, and the parameter shards' home with `config.offload_params`.
+/// host arena or file, the parameter shards' home with `config.offload_params`, and the
+/// gradients' own host arena when the plan sets them apart.
 fn start_offload(
     plan: OffloadPlan,
     config: &EngineConfig,
@@ -374,9 +377,11 @@ impl Engine {
             nvme_path,
         } = ops;
         check_units(&specs, &config)?;
-        super::grad_home::check_grad_offload(&config)?;
         confirm_same_schedules(&comm, programs)?;
-        let shape = config.plan_shape(comm.size(), collectives.staging_rule(&comm));
+        let shape = PlanShape {
+            device_arena: device != Device::Cpu,
+            ..config.plan_shape(comm.size(), collectives.staging_rule(&comm))
+        };
         let memory_plan = match config.memory_limit {
             Some(limit) => check_fits(&specs, programs, shape, limit)?,
             None => plan_memory(&specs, programs, shape)?,

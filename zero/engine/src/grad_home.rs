@@ -6,11 +6,12 @@
 //! The data flow with the gradients offloaded:
 //! 1. backward rounds a unit's gradient into buckets in the engine's arena and launches their
 //!    reductions (`backward.rs`), as without offload;
-//! 2. when a bucket's reduction lands, each segment this rank keeps is copied with the
-//!    arena's `read_at` (a device-to-host copy on a GPU) into a landing block of the host
-//!    arena, added from there into the unit's host block by the element loop of every other
-//!    accumulation, and the landing block and then the bucket are freed: during backward, not
-//!    after it;
+//! 2. when a bucket's reduction lands, each segment this rank keeps is added into the unit's
+//!    host block by the element loop of every other accumulation: straight from the bucket
+//!    when the engine's arena is host memory (`HostKernels::accumulate_across`); from a
+//!    GPU's arena, through a landing block of the host arena it is first copied into with
+//!    the arena's `read_at` ([`land_on_host`], planned as `OffloadPlan::landing`). The
+//!    bucket is then freed: during backward, not after it;
 //! 3. the step's overflow check, norm, update and zeroing read and write the host blocks
 //!    ([`Engine::grad_home`]); the offloaded update reads each piece of gradients where it
 //!    is instead of copying it into its staging (`optimizer_home`).
@@ -23,7 +24,8 @@
 //!
 //! On a GPU the host arenas are registered with its context, so step 2's copy goes by DMA;
 //! it is a blocking copy, which waits for the reduction and does not overlap the next
-//! bucket's (not run on a GPU).
+//! bucket's (not run on a GPU). On the CPU the landing block would only add a copy of every
+//! gradient byte (about 5% of the default job's step, `scripts/bench-compare.sh`).
 
 use super::engine::{Engine, EngineConfig};
 use super::error::{Error, Result};
@@ -125,12 +127,15 @@ impl Engine {
     /// Adds `piece` of a landed bucket (in the engine's arena) into `acc` of a unit's kept
     /// gradients, wherever they live (step 2).
     pub(crate) fn accumulate_kept(&mut self, dtype: DType, acc: Span, piece: Span) -> Result<()> {
-        let host = match (self.host_grads.as_mut(), self.offloaded.as_mut()) {
+        let (host, kernels) = match (self.host_grads.as_mut(), self.offloaded.as_mut()) {
             (Some(g), _) => (&mut g.arena, &g.kernels),
             (None, Some(o)) if self.config.offload_gradients => (&mut o.arena, &o.kernels),
             _ => return self.kernels.accumulate(&mut self.arena, dtype, acc, piece),
         };
-        land_on_host(host, acc, (&self.arena, piece), dtype)
+        match self.arena.device() {
+            Device::Cpu => kernels.accumulate_across((host, acc), (&self.arena, piece), dtype),
+            Device::Cuda(_) => land_on_host((host, kernels), acc, (&self.arena, piece), dtype),
+        }
     }
 
     /// Whether an accumulation on either arena saw an inf or NaN since the last call.
@@ -148,9 +153,9 @@ impl Engine {
     }
 }
 
-/// Step 2 on the host: copies `piece` of `from` (the engine's arena: host or device memory)
-/// into a landing block of `host` with the arena's `read_at`, adds it into `acc` by the
-/// element loop of every accumulation, and frees the block.
+/// Step 2 from a device's arena: copies `piece` of `from` into a landing block of `host`
+/// with the arena's `read_at` (a device-to-host copy), adds it into `acc` by the element
+/// loop of every accumulation, and frees the block.
 fn land_on_host(
     (host, kernels): (&mut Arena, &HostKernels),
     acc: Span,
@@ -187,4 +192,55 @@ pub(crate) fn check_grad_offload(config: &EngineConfig) -> Result<()> {
          (--offload-optimizer cpu or nvme): its host update reads the gradients"
             .into(),
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use zero_alloc::Handle;
+
+    /// A host arena holding `values` as f32 in one block.
+    fn holding(values: &[f32]) -> (Arena, Handle) {
+        let mut arena = Arena::new(ArenaConfig::new(1 << 16)).unwrap();
+        let h = arena.alloc_elems::<f32>(values.len()).unwrap();
+        arena.slice_mut::<f32>(h).unwrap().copy_from_slice(values);
+        (arena, h)
+    }
+
+    /// The landing path (a GPU arena's) on two host arenas: elements 3..8 of the bucket are
+    /// added into elements 2..7 of the gradients, each sum as a plain loop computes it, the
+    /// rest untouched; the landing block is freed, and an inf is flagged.
+    #[test]
+    fn a_landed_segment_is_added_through_a_block_that_is_freed() {
+        let bucket: Vec<f32> = (0..10).map(|i| 0.5 * i as f32).collect();
+        let grads: Vec<f32> = (0..9).map(|i| 1.0 + i as f32).collect();
+        let (from, b) = holding(&bucket);
+        let (mut host, g) = holding(&grads);
+        let before = host.stats().allocated;
+        let kernels = HostKernels::default();
+        let acc = Span::new(g, 2..7);
+        let piece = Span::new(b, 3..8);
+        land_on_host((&mut host, &kernels), acc, (&from, piece), DType::F32).unwrap();
+        let mut want = grads.clone();
+        for k in 0..5 {
+            want[2 + k] = grads[2 + k] + bucket[3 + k];
+        }
+        assert_eq!(host.slice::<f32>(g).unwrap(), &want[..]);
+        assert_eq!(host.stats().allocated, before, "the landing block was kept");
+        assert!(host.stats().peak_allocated > before, "nothing was landed");
+        assert!(!kernels.take_overflow(&mut host).unwrap());
+        let (from, b) = holding(&[f32::INFINITY]);
+        let acc = Span::new(g, 0..1);
+        land_on_host(
+            (&mut host, &kernels),
+            acc,
+            (&from, Span::new(b, 0..1)),
+            DType::F32,
+        )
+        .unwrap();
+        assert!(
+            kernels.take_overflow(&mut host).unwrap(),
+            "an inf went unflagged"
+        );
+    }
 }

@@ -139,7 +139,8 @@ impl OffloadedParams {
     /// Copies `unit`'s shard (block `h`, `len` bytes) into block `dst` of `to` from byte
     /// `at` on, with `to`'s `write_at` (host or device memory alike): from the host arena
     /// straight, from the file through its read ahead, sent now if it has none; true when
-    /// the file's read was sent by this fetch (the gather waited for the file).
+    /// this fetch sent the file's read (the gather waited for the whole read; a read sent
+    /// earlier may have been waited for in part, which the trace's read span shows).
     fn copy_into(
         &mut self,
         (unit, h, len): (usize, Handle, usize),
@@ -292,8 +293,8 @@ impl Engine {
             .as_mut()
             .ok_or_else(|| Error::Order("a parameter fetch without offloaded parameters".into()))?;
         let waited = home.copy_into((unit, h, len), &mut self.arena, (dst, at * elem))?;
-        // A gather that waited for its file read is the file's lane; a copy from memory
-        // (the host tier, or a read ahead), the copy lane's.
+        // A gather that sent its own file read is the file's lane; a copy from memory (the
+        // host tier, or a read ahead), the copy lane's.
         let lane = if waited { Lane::File } else { Lane::Copy };
         self.trace_span(lane, start, || format!("fetch params unit {unit}"));
         self.read_ahead(Some(unit))

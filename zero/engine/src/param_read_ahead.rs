@@ -2,7 +2,7 @@
 //! thread of the rank reads the shards of the units the running program gathers next into
 //! blocks of a host arena of their own, within a look-ahead budget
 //! ([`EngineConfig::nvme_prefetch_bytes`](crate::EngineConfig)), so that a gather finds its
-//! shard in memory instead of reading the file on the engine's thread.
+//! shard in memory instead of waiting for the file.
 //!
 //! The protocol, on the engine's thread:
 //! 1. before and after each fetch of a shard ([`Engine::fetch_shard`](crate::Engine)), the

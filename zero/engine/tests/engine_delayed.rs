@@ -162,11 +162,10 @@ fn trained_with_grads_arena(config: EngineConfig, dir: &Path, what: &str) -> Vec
         let plan = e.memory_plan().offload.unwrap();
         assert!(plan.grads_apart && plan.grads > 0, "{what}: {plan:?}");
         let grads = e.offload_grads_arena().unwrap().stats();
-        // The gradients and the landing block of one bucket's segment, during backward.
-        assert!(plan.landing > 0, "{what}: {plan:?}");
-        let want = plan.grads + plan.landing;
-        assert_eq!(grads.peak_allocated as u64, want, "{what}");
-        assert_eq!(plan.grads_arena(), want, "{what}");
+        // On the CPU a landed segment is added from the bucket in place: no landing block.
+        assert_eq!(plan.landing, 0, "{what}");
+        assert_eq!(grads.peak_allocated as u64, plan.grads, "{what}");
+        assert_eq!(plan.grads_arena(), plan.grads, "{what}");
         assert_eq!(e.offloaded_grad_bytes().unwrap(), plan.grads, "{what}");
         assert_eq!(
             e.measured_model_state_bytes().unwrap().grads,

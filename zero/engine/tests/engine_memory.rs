@@ -303,17 +303,23 @@ fn gradient_clipping_on_shards_equals_clipping_whole() {
 }
 
 /// Whether the gradients are accumulated in the engine's arena or, offloaded, in the host
-/// arena (by the host arena's kernels), an inf on one rank skips the step on every rank.
+/// arena (by the host arena's kernels), or in their own host arena beside the delayed
+/// update, an inf on one rank skips the step on every rank.
 #[test]
 fn an_fp16_overflow_on_one_rank_skips_the_step_everywhere() {
-    for grads in [None, Some(false), Some(true)] {
+    for grads in [
+        None,
+        Some((false, false)),
+        Some((true, false)),
+        Some((true, true)),
+    ] {
         overflow_skips_the_step(grads);
     }
 }
 
 /// `grads`: `None` without offload, else the optimizer offloaded, with or without the
-/// gradients.
-fn overflow_skips_the_step(grads: Option<bool>) {
+/// gradients, and with or without the delayed update.
+fn overflow_skips_the_step(grads: Option<(bool, bool)>) {
     let results = on_ranks(2, |c| {
         let config = match grads {
             None => EngineConfig {
@@ -321,7 +327,10 @@ fn overflow_skips_the_step(grads: Option<bool>) {
                 precision: Precision::Fp16,
                 ..EngineConfig::default()
             },
-            Some(g) => offloaded(ZeroStage::Zero2, Precision::Fp16, g),
+            Some((g, delayed)) => EngineConfig {
+                delayed_param_update: delayed,
+                ..offloaded(ZeroStage::Zero2, Precision::Fp16, g)
+            },
         };
         let mut e = engine_with(c, config);
         let before = params(&mut e);

@@ -309,7 +309,7 @@ fn the_optimizer_file_on_the_gpu_gives_the_same_bits() {
 
 /// The stages and parameter tiers the file test runs beside the optimizer's file: (stage,
 /// parameters in their file, reads-ahead budget); a budget of one byte holds one shard at a
-/// time, so most gathers wait for a read sent by their own fetch.
+/// time, so each gather waits for a read sent one fetch before it.
 fn tiers_on_files() -> [(ZeroStage, bool, usize); 4] {
     let default = zero::DEFAULT_NVME_PREFETCH_BYTES;
     [

@@ -136,6 +136,32 @@ impl Kernels for HostKernels {
     }
 }
 
+impl HostKernels {
+    /// `accumulate` with the addend in another arena: `acc` of `arena` += `x` of `from`,
+    /// flagging an inf or NaN as `accumulate` does (the gradient offload's landing,
+    /// `grad_home`).
+    ///
+    /// # Errors
+    /// Spans of different lengths or outside their blocks, an arena without host memory.
+    pub(crate) fn accumulate_across(
+        &self,
+        (arena, acc): (&mut Arena, Span),
+        (from, x): (&Arena, Span),
+        dtype: DType,
+    ) -> Result<()> {
+        same_len("accumulate", acc, x)?;
+        let overflow = with_dtype!(dtype, S => {
+            let piece = part("accumulate", from.slice::<S>(x.block)?, x)?;
+            let acc = part_mut("accumulate", arena.slice_mut::<S>(acc.block)?, acc)?;
+            zip_mut_any(acc, piece, accumulate)
+        });
+        if overflow {
+            self.overflow.store(true, Ordering::Relaxed);
+        }
+        Ok(())
+    }
+}
+
 /// Checks that element-wise inputs and outputs have one length.
 fn same_len(kernel: &'static str, a: Span, b: Span) -> Result<()> {
     if a.len == b.len {

@@ -30,9 +30,10 @@ pub struct OffloadPlan {
     /// the delayed update, whose thread holds the optimizer's host arena while the next
     /// backward lands gradients.
     pub grads_apart: bool,
-    /// With `offload_gradients`: the host block one landed bucket's segment is copied into
-    /// before it is added (`grad_home`'s step 2), the largest any unit lands, beside the
-    /// gradients during backward (never beside the update's staging); 0 otherwise.
+    /// With `offload_gradients` on a device's arena (`PlanShape::device_arena`): the host
+    /// block one landed bucket's segment is copied into before it is added (`grad_home`'s
+    /// step 2), the largest any unit lands, beside the gradients during backward (never
+    /// beside the update's staging); 0 otherwise.
     pub landing: u64,
     /// The staging of one piece of the update, the largest any rank makes (an export gathers
     /// sharded states into heap buffers, not here); with the file tier, two slots of the
@@ -290,6 +291,8 @@ pub(crate) fn plan_offload(policies: &[UnitPolicy], shape: PlanShape) -> Result<
         if shape.offload_gradients {
             let len = p.len(p.whole_grads) as u64;
             grads = grads.saturating_add(host_block(len.saturating_mul(grad_bytes))?);
+        }
+        if shape.offload_gradients && shape.device_arena {
             let bucket = shape.reduce_bucket_bytes / grad_bytes as usize;
             let buckets = ShardBuckets::new(p.part.world(), p.part.shard_len(), bucket)?;
             let segment = buckets.max_piece_elems() as u64;

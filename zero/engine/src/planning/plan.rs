@@ -99,6 +99,10 @@ pub struct PlanShape {
     pub delayed_param_update: bool,
     /// How the programs' kept inputs are stored.
     pub kept_inputs: KeptInputs,
+    /// The rank's arena is a device's (a GPU's): with `offload_gradients`, a landed bucket's
+    /// segment is copied into a host landing block before it is added
+    /// (`OffloadPlan::landing`).
+    pub device_arena: bool,
 }
 
 impl PlanShape {
@@ -387,6 +391,7 @@ mod tests {
             nvme_prefetch_bytes: 0,
             delayed_param_update: false,
             kept_inputs: KeptInputs::default(),
+            device_arena: false,
         }
     }
 
@@ -505,5 +510,40 @@ mod tests {
         let bad = Schedule::new(vec![crate::Call::Gather(0)]);
         let err = plan_memory(&units(), &[&bad], shape(ZeroStage::Zero0)).unwrap_err();
         assert!(matches!(err, Error::BadProgram(_)), "{err}");
+    }
+
+    /// With the gradients offloaded from a device's arena, a landed segment goes through a
+    /// host block of the largest piece any bucket lands: here 4 ranks, 1 KiB buckets of f32
+    /// (256 elements, 64 per rank), so 64 elements of 4 bytes in a 256-byte block; it sits
+    /// beside the gradients in their own arena beside the delayed update, and shares the
+    /// optimizer's arena's transient room with the update's staging otherwise.
+    #[test]
+    fn a_device_arena_lands_gradients_through_one_host_block() {
+        let at = |device_arena, delayed_param_update| {
+            let s = PlanShape {
+                offload_optimizer: true,
+                offload_gradients: true,
+                reduce_bucket_bytes: 1024,
+                device_arena,
+                delayed_param_update,
+                ..shape(ZeroStage::Zero2)
+            };
+            let p = plan_memory(&units(), &[&Schedule::sequential(2)], s).unwrap();
+            p.offload.unwrap()
+        };
+        assert_eq!(at(false, false).landing, 0);
+        let shared = at(true, false);
+        assert_eq!(shared.landing, 256);
+        assert!(!shared.grads_apart && shared.staging >= shared.landing);
+        let want = shared.states + shared.grads + shared.staging + shared.delayed;
+        assert_eq!(shared.optimizer_arena(), want);
+        let apart = at(true, true);
+        assert!(apart.grads_apart);
+        assert_eq!(apart.grads_arena(), apart.grads + 256);
+        assert_eq!(
+            apart.optimizer_arena(),
+            apart.states + apart.staging + apart.delayed
+        );
+        assert_eq!(apart.total(), apart.optimizer_arena() + apart.grads + 256);
     }
 }

@@ -355,7 +355,8 @@ pub struct TrainConfig {
     /// backward, as DeepSpeed's ZeRO-Offload does, so the device's arena holds no gradient
     /// between steps and the host update reads them in place (beside
     /// `--delayed-param-update`, in a host arena of their own, copied to the update's
-    /// thread at each step). CPU only for now.
+    /// thread at each step). On a GPU each landed bucket is copied to the host first (not
+    /// run on a GPU yet).
     #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "true", default_value_t = false, action = clap::ArgAction::Set)]
     pub offload_gradients: bool,
     /// With `--offload-params nvme`: bytes of parameter shards each rank's I/O thread reads
