@@ -18,6 +18,8 @@ pub(crate) struct Declared {
     schedules: Vec<Schedule>,
     /// (program, index of the call being made) while a program runs.
     cursor: Option<(usize, usize)>,
+    /// The program that ran last (or runs), if any.
+    last: Option<usize>,
 }
 
 impl Declared {
@@ -25,6 +27,7 @@ impl Declared {
         Self {
             schedules,
             cursor: None,
+            last: None,
         }
     }
 
@@ -45,6 +48,9 @@ impl Declared {
 
     /// Marks call `at` of `program` as being made (`None`: no program runs).
     pub fn set_cursor(&mut self, cursor: Option<(usize, usize)>) {
+        if let Some((program, _)) = cursor {
+            self.last = Some(program);
+        }
         self.cursor = cursor;
     }
 
@@ -61,25 +67,42 @@ impl Declared {
     /// order, each once (none outside a program): `held` says which units are held now
     /// (gathered, in flight or being fetched); along the calls a release lets its unit go
     /// and a gather holds it, so a unit released and gathered again is listed.
-    pub fn fetches_ahead(&self, mut held: Vec<bool>) -> Vec<usize> {
-        let Some((program, at)) = self.cursor else {
-            return Vec::new();
-        };
-        let mut out = Vec::new();
-        for call in self.schedules[program].calls().iter().skip(at) {
-            match *call {
-                Call::Gather(unit) if !held[unit] => {
-                    held[unit] = true;
-                    if !out.contains(&unit) {
-                        out.push(unit);
-                    }
-                }
-                Call::Release(unit) => held[unit] = false,
-                _ => {}
+    pub fn fetches_ahead(&self, held: Vec<bool>) -> Vec<usize> {
+        match self.cursor {
+            Some((program, at)) => {
+                let calls = self.schedules[program].calls();
+                fetches_in(calls.get(at..).unwrap_or_default(), held)
             }
+            None => Vec::new(),
         }
-        out
     }
+
+    /// [`Declared::fetches_ahead`] of the program that ran last, from its first call: the
+    /// fetches of its next run, if it runs again (none before any program ran).
+    pub fn fetches_of_next_run(&self, held: Vec<bool>) -> Vec<usize> {
+        match self.last {
+            Some(program) => fetches_in(self.schedules[program].calls(), held),
+            None => Vec::new(),
+        }
+    }
+}
+
+/// The units whose gathers along `calls` find them not held, in order, each once.
+fn fetches_in(calls: &[Call], mut held: Vec<bool>) -> Vec<usize> {
+    let mut out = Vec::new();
+    for call in calls {
+        match *call {
+            Call::Gather(unit) if !held[unit] => {
+                held[unit] = true;
+                if !out.contains(&unit) {
+                    out.push(unit);
+                }
+            }
+            Call::Release(unit) => held[unit] = false,
+            _ => {}
+        }
+    }
+    out
 }
 
 /// Confirms that every rank declared the same schedules: their count and lengths, then their

@@ -167,6 +167,7 @@ impl Engine {
             if policy.syncs_params_after_step() {
                 self.sync_params::<S>(unit)?;
             }
+            self.read_ahead_after_update(unit)?;
         }
         Ok(())
     }

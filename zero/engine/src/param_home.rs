@@ -26,6 +26,7 @@
 //! A prefetched unit's fetch happens one unit ahead of its use (`prefetch_units`); the
 //! file's reads ahead run further ahead, as far as the budget allows.
 
+use super::declared::Declared;
 use super::engine::{Engine, EngineConfig};
 use super::error::{Error, Result};
 use super::host_io::{stored_bytes, stored_values};
@@ -307,6 +308,27 @@ impl Engine {
     /// release), in order; moves the spans of the reads answered into the trace. Nothing
     /// without the file's read-ahead.
     fn read_ahead(&mut self, skip: Option<usize>) -> Result<()> {
+        self.issue_reads(skip, Declared::fetches_ahead, usize::MAX)
+    }
+
+    /// Step 1 between programs, as the update writes the shards in unit order: once unit
+    /// `written`'s update has run, asks for the reads of the first fetches of the program
+    /// that ran last ([`Declared::fetches_of_next_run`](crate::declared::Declared)), in
+    /// order, up to the first unit not updated yet, so the next run's first gathers find
+    /// their shards read during the update. A program that does not gather them drops
+    /// them at its end (step 5).
+    pub(crate) fn read_ahead_after_update(&mut self, written: usize) -> Result<()> {
+        self.issue_reads(None, Declared::fetches_of_next_run, written)
+    }
+
+    /// Sends the reads of the units `walk` lists (given which units are held), in order,
+    /// stopping at the first past `upto` or the first the budget holds back.
+    fn issue_reads(
+        &mut self,
+        skip: Option<usize>,
+        walk: fn(&Declared, Vec<bool>) -> Vec<usize>,
+        upto: usize,
+    ) -> Result<()> {
         let Some(ahead) = self
             .offloaded_params
             .as_mut()
@@ -321,7 +343,10 @@ impl Engine {
                 b.gathered.is_some() || self.flights.prefetched[u].is_some() || Some(u) == skip
             })
             .collect();
-        for unit in self.declared.fetches_ahead(held) {
+        for unit in walk(&self.declared, held)
+            .into_iter()
+            .take_while(|&u| u <= upto)
+        {
             let policy = self.units.policies[unit];
             if policy.gathered() && !ahead.issue(unit, policy.len(false) * elem)? {
                 break;

@@ -24,11 +24,15 @@
 //!    way: every read of a gather runs on the I/O thread, through this arena;
 //! 4. a write of a unit's shard (the update, an import) first drops any read ahead of that
 //!    unit, waiting for it if it is out ([`ReadAhead::forget`]), so no read races a write of
-//!    the same shard and none holds bytes older than the file; reads ahead are issued only
-//!    while a program runs, and the update runs between programs, so the next step's reads
-//!    follow the update's writes;
+//!    the same shard and none holds bytes older than the file; between programs, the update
+//!    writes the shards in unit order, and once a unit's update has run the engine walks
+//!    the first calls of the program that ran last, as in step 1, up to the first unit not
+//!    updated yet ([`Engine::read_ahead_after_update`](crate::Engine)), so the next run's
+//!    first gathers find reads sent after their shards' writes, during the rest of the
+//!    update;
 //! 5. at the end of a program, what was read and not used is dropped
-//!    ([`ReadAhead::forget_all`]).
+//!    ([`ReadAhead::forget_all`]); the reads sent during the update live until the next
+//!    program's end.
 //!
 //! Replies carry the read's span (`read params unit {u}`, on the trace's file lane, timed on
 //! the I/O thread), kept until the engine's next fetch or the program's end moves them into

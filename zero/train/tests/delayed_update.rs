@@ -78,15 +78,20 @@ fn the_delayed_update_from_files_trains_the_host_tiers_losses_to_the_bit() {
         assert_eq!(loss_bits(&run.losses), loss_bits(&host), "{tiers:?}");
         if tiers.0 == Nvme {
             // Every step's stream, run on the update's thread, is counted: each rank's
-            // files move per step what they move without the delay.
+            // files write per step what they write without the delay, and read as much
+            // plus at most one set of parameter shards over the run: the reads sent for a
+            // next run by the last update the run applies, which its final landing drops
+            // (the run without the delay never takes its last ones).
             let mut plain = in_tiers(&dir.0, tiers);
             plain.delayed_param_update = false;
             let plain = train(&plain).unwrap();
             for (r, p) in run.ranks.iter().zip(&plain.ranks) {
                 let (io, want) = (r.file_io_per_step, p.file_io_per_step);
                 assert!(io.read_bytes > 0, "{tiers:?} rank {}", r.rank);
-                let moved = (io.read_bytes, io.written_bytes);
-                assert_eq!(moved, (want.read_bytes, want.written_bytes), "{tiers:?}");
+                assert_eq!(io.written_bytes, want.written_bytes, "{tiers:?}");
+                let extra = io.read_bytes.checked_sub(want.read_bytes);
+                let within = extra.is_some_and(|x| x <= r.params_file_bytes);
+                assert!(within, "{tiers:?}: {io:?} against {want:?}");
             }
         }
     }
