@@ -42,22 +42,18 @@ pub enum Error {
         /// Which stage would fit, or how many bytes the smallest stage needs.
         hint: String,
     },
-    /// The offloaded optimizer's host arena needs more than `--host-memory-limit`.
+    /// The offloaded tiers' host memory needs more than `--host-memory-limit`.
     #[error(
-        "--host-memory-limit is {limit} bytes, but the offloaded optimizer's host arena needs \
-         {needed} bytes per rank ({staging} bytes of them the staging of one piece of the \
-         update{})",
-        if *file { "; the states are in the file" } else { ", the rest its states" }
+        "--host-memory-limit is {limit} bytes, but the offloaded tiers' host memory needs \
+         {needed} bytes per rank: {parts}"
     )]
     HostDoesNotFit {
-        /// Bytes the host arena needs.
+        /// Bytes the host arenas need together.
         needed: u64,
         /// The cap.
         limit: u64,
-        /// Of `needed`, the staging of one piece.
-        staging: u64,
-        /// The states live in the file tier (the arena holds only staging).
-        file: bool,
+        /// What makes up `needed`, part by part.
+        parts: String,
     },
     /// A unit's parameters were used while not gathered (stage 3).
     #[error("unit {unit} is used without being gathered first (call gather before use)")]

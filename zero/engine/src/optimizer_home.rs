@@ -84,8 +84,7 @@ impl OffloadedOptimizer {
             return Err(Error::HostDoesNotFit {
                 needed: plan.total(),
                 limit,
-                staging: plan.staging,
-                file: config.optimizer_file,
+                parts: host_parts(&plan, config.optimizer_file),
             });
         }
         let capacity = plan.optimizer_arena();
@@ -464,9 +463,70 @@ fn copy_up(
     Ok(to.write_at(dst, at, view)?)
 }
 
+/// The parts of `plan`'s host memory that are not empty, in words, for a refusal.
+fn host_parts(plan: &OffloadPlan, file: bool) -> String {
+    let states = match file {
+        true => "the optimizer states (in the file): 0 bytes".to_string(),
+        false => format!("the optimizer states {} bytes", plan.states),
+    };
+    // The landing block counts with the gradients in their own arena, else it shares the
+    // staging's room (`OffloadPlan::optimizer_arena`).
+    let (grads, transient) = match plan.grads_apart {
+        true => (plan.grads_arena(), plan.staging),
+        false => (plan.grads, plan.staging.max(plan.landing)),
+    };
+    let staging = match file {
+        true => "the staging of one piece of the update and the file's two slots",
+        false => "the staging of one piece of the update",
+    };
+    let rest = [
+        ("the gradients", grads),
+        (staging, transient),
+        ("the delayed update's blocks", plan.delayed),
+        ("the parameter shards", plan.params),
+        ("the parameter file's reads ahead", plan.params_read_ahead),
+    ];
+    let listed = rest
+        .iter()
+        .filter(|(_, bytes)| *bytes > 0)
+        .map(|(what, bytes)| format!("{what} {bytes} bytes"));
+    std::iter::once(states)
+        .chain(listed)
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
 fn short_block(bytes: usize) -> Error {
     Error::BadSpan {
         kernel: "offload copy",
         message: format!("a staging block shorter than {bytes} bytes"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The parts a refusal lists add up to the plan's total, whichever arena holds the
+    /// gradients.
+    #[test]
+    fn the_parts_of_a_refusal_add_up_to_what_the_host_needs() {
+        for grads_apart in [false, true] {
+            let plan = OffloadPlan {
+                states: 1000,
+                grads: 300,
+                grads_apart,
+                landing: 40,
+                staging: 25,
+                file: 0,
+                params: 7,
+                params_file: 0,
+                params_read_ahead: 11,
+                delayed: 90,
+            };
+            let text = host_parts(&plan, false);
+            let numbers = text.split(' ').filter_map(|w| w.parse::<u64>().ok());
+            assert_eq!(numbers.sum::<u64>(), plan.total(), "{text}");
+        }
     }
 }
