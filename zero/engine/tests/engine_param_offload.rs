@@ -347,6 +347,22 @@ fn slow_micro_step(e: &mut zero::Engine) {
     e.micro_step(&common::tiers::program(), &mut model).unwrap();
 }
 
+/// The timeline of two steps of [`slow_micro_step`] with both tiers in files under `dir`,
+/// the reads ahead within `budget`, and no all-gather prefetch.
+fn two_traced_slow_steps(comm: zero_comm::Communicator, budget: usize, dir: &Path) -> zero::Trace {
+    let c = EngineConfig {
+        prefetch_units: 0,
+        ..file_with_budget(Precision::Fp32, budget)
+    };
+    let mut e = engine(comm, c, Some(dir)).unwrap();
+    e.start_trace();
+    for _ in 0..2 {
+        slow_micro_step(&mut e);
+        e.step(1e-2).unwrap();
+    }
+    e.take_trace().unwrap()
+}
+
 /// On traced steps without the all-gather prefetch, the file's read of each gathered unit
 /// (its first span on the file lane) starts before the forward of the unit before it ends:
 /// the reads run ahead on the I/O thread, during compute, where reads on the engine's
@@ -356,18 +372,8 @@ fn slow_micro_step(e: &mut zero::Engine) {
 fn traced_reads_of_the_parameter_file_run_ahead_during_compute() {
     let dir = TempDir::new("params-overlap");
     for budget in [100, zero::DEFAULT_NVME_PREFETCH_BYTES] {
-        let c = EngineConfig {
-            prefetch_units: 0,
-            ..file_with_budget(Precision::Fp32, budget)
-        };
         on_ranks(1, |comm| {
-            let mut e = engine(comm, c, Some(&dir.0)).unwrap();
-            e.start_trace();
-            for _ in 0..2 {
-                slow_micro_step(&mut e);
-                e.step(1e-2).unwrap();
-            }
-            let trace = e.take_trace().unwrap();
+            let trace = two_traced_slow_steps(comm, budget, &dir.0);
             let named = |name: String| -> Vec<&zero::Span> {
                 trace.spans.iter().filter(|s| s.name == name).collect()
             };
@@ -414,18 +420,8 @@ fn traced_reads_of_the_parameter_file_run_ahead_during_compute() {
 #[test]
 fn the_next_runs_first_reads_start_during_the_update() {
     let dir = TempDir::new("params-next-run");
-    let c = EngineConfig {
-        prefetch_units: 0,
-        ..file_with_budget(Precision::Fp32, zero::DEFAULT_NVME_PREFETCH_BYTES)
-    };
     on_ranks(1, |comm| {
-        let mut e = engine(comm, c, Some(&dir.0)).unwrap();
-        e.start_trace();
-        for _ in 0..2 {
-            slow_micro_step(&mut e);
-            e.step(1e-2).unwrap();
-        }
-        let trace = e.take_trace().unwrap();
+        let trace = two_traced_slow_steps(comm, zero::DEFAULT_NVME_PREFETCH_BYTES, &dir.0);
         let first = |name: String| {
             let span = trace.spans.iter().find(|s| s.name == name);
             span.unwrap_or_else(|| panic!("no span {name}")).clone()
