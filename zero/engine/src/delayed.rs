@@ -284,12 +284,8 @@ fn update_job<S: Store>(
     s: Scalars,
     mut trace: Option<&mut Trace>,
 ) -> Result<()> {
-    if host.file.is_some() && job.optim_at != 0 {
-        return Err(Error::Order(format!(
-            "unit {unit}'s owned range at element {} of its kept block: the file's pieces \
-             start at 0",
-            job.optim_at
-        )));
+    if host.file.is_some() {
+        super::optimizer_stream::starts_at_a_piece(unit, job.optim_at)?;
     }
     for (k, start) in (0..job.len).step_by(s.piece).enumerate() {
         let len = s.piece.min(job.len - start);

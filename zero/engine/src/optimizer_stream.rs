@@ -178,6 +178,19 @@ impl FileStates {
     }
 }
 
+/// Refuses `unit`'s owned range starting at element `optim_at` of its kept optimizer block
+/// anywhere but 0: the file holds the kept range's pieces from its first element, and the
+/// stream moves them whole (a stage keeps the states of exactly the range a rank owns).
+pub(crate) fn starts_at_a_piece(unit: usize, optim_at: usize) -> Result<()> {
+    match optim_at {
+        0 => Ok(()),
+        at => Err(Error::Order(format!(
+            "unit {unit}'s owned range at element {at} of its kept block: the file's pieces \
+             start at 0"
+        ))),
+    }
+}
+
 fn gone() -> Error {
     Error::Order("the optimizer file's I/O thread is gone".into())
 }
@@ -223,12 +236,7 @@ pub(crate) fn update_from_file<S: Store>(
     let file = file
         .as_mut()
         .ok_or_else(|| Error::Order("no optimizer file".into()))?;
-    if first.optim != 0 {
-        return Err(Error::Order(format!(
-            "an owned range at element {} of its kept block: the file's pieces start at 0",
-            first.optim
-        )));
-    }
+    starts_at_a_piece(unit, first.optim)?;
     let piece = file.layout.piece;
     let stage = Staging::new(arena, S::DTYPE, owned.min(piece), device.grads_on_host)?;
     let mut updated = Ok(());
