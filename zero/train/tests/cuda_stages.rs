@@ -197,20 +197,28 @@ fn stages_on_one_gpu_give_the_same_bits_and_follow_the_cpu() {
 
 /// ZeRO-Offload on the GPU: the host AdamW over the page-locked host arena gives the bits of
 /// the device AdamW (the engine's kernels are bitwise equal to the host's,
-/// `kernels_cuda.rs`), so offloaded runs equal stage 0 on the GPU to the bit.
+/// `kernels_cuda.rs`), so offloaded runs equal stage 0 on the GPU to the bit; at stage 3
+/// also with the parameter shards in their registered host arena (`--offload-params cpu`),
+/// copied up into each gather's buffer.
 #[test]
 fn offloaded_optimizer_on_the_gpu_gives_the_same_bits() {
     for precision in [Precision::Fp32, Precision::Bf16, Precision::Fp16] {
         let Some(reference) = gpu_run(2, config(ZeroStage::Zero0, precision)) else {
             return;
         };
-        for stage in [ZeroStage::Zero0, ZeroStage::Zero3] {
+        for (stage, params) in [
+            (ZeroStage::Zero0, false),
+            (ZeroStage::Zero3, false),
+            (ZeroStage::Zero3, true),
+        ] {
             let offloaded = EngineConfig {
                 offload_optimizer: true,
+                offload_params: params,
                 ..config(stage, precision)
             };
             let run = gpu_run(2, offloaded).unwrap();
-            let what = format!("{precision:?} {stage} offloaded vs stage 0, N_d=2");
+            let what =
+                format!("{precision:?} {stage} offloaded (parameters {params}) vs stage 0, N_d=2");
             assert!(bits(&run) == bits(&reference), "{what}");
         }
         eprintln!("cuda_stages: {precision:?}: offloaded optimizer equal to the bit");
