@@ -10,7 +10,7 @@ use common::{loss_bits, offload_corpus, tiny_stage3, tiny_zero_train, TempDir};
 use std::path::Path;
 use zero::ZeroStage;
 use zero_train::plan::plan_report::stage_plans;
-use zero_train::{train, ByteSize, OffloadTier, PrecisionArg, TrainConfig};
+use zero_train::{train, ByteSize, Device, OffloadTier, PrecisionArg, TrainConfig};
 
 /// [`tiny_stage3`] at `stage` in `precision`, 1 KiB buckets, two micro-steps a step, the
 /// optimizer and parameters at `tiers`, the gradients offloaded when `grads`.
@@ -181,5 +181,44 @@ fn beside_the_delayed_update_offloaded_gradients_train_its_losses_to_the_bit() {
                 assert!(r.peak_bytes <= plan.total(), "{what}");
             }
         }
+    }
+}
+
+/// `zero-train plan --device cuda` counts what a GPU's arena adds to the host: one landing
+/// block of the largest segment a bucket lands (1 KiB buckets of f32 over 2 ranks: 128
+/// elements, 512 bytes), beside the gradients; on the CPU none.
+#[test]
+fn on_a_gpu_the_plan_adds_one_landing_block() {
+    let dir = TempDir::new("grads-gpu-plan");
+    offload_corpus(&dir.0, 5);
+    for delayed_param_update in [false, true] {
+        let at = |device| {
+            let cfg = TrainConfig {
+                device,
+                delayed_param_update,
+                ..tiny(
+                    &dir.0,
+                    (ZeroStage::Zero2, PrecisionArg::Fp32),
+                    (OffloadTier::Cpu, OffloadTier::Off),
+                    true,
+                )
+            };
+            let (_, plans) = stage_plans(&cfg).unwrap();
+            let plan = plans.into_iter().find(|p| p.stage == ZeroStage::Zero2);
+            plan.unwrap().plan.offload.unwrap()
+        };
+        let (cpu, gpu) = (at(Device::Cpu), at(Device::Cuda(None)));
+        assert_eq!((cpu.landing, gpu.landing), (0, 512));
+        let extra = match delayed_param_update {
+            // Beside the delayed update the block sits in the gradients' own arena.
+            true => 512,
+            // Otherwise it shares the room of the update's larger staging.
+            false => 0,
+        };
+        assert_eq!(
+            gpu.total(),
+            cpu.total() + extra,
+            "delayed {delayed_param_update}"
+        );
     }
 }

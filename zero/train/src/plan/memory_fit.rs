@@ -36,7 +36,8 @@ pub struct MemoryQuery {
 impl MemoryQuery {
     /// The query of a run configured by `cfg`, building `model` with its activations placed
     /// as `placement` says, whose engine plans as `shape` says (its
-    /// [`EngineConfig::plan_shape`](zero::EngineConfig::plan_shape)): for the trainer's
+    /// [`EngineConfig::plan_shape`](zero::EngineConfig::plan_shape)), on `cfg`'s device (a
+    /// GPU's arena lands offloaded gradients through a host block): for the trainer's
     /// start-up check and `zero-train plan`.
     pub fn for_run(
         cfg: &TrainConfig,
@@ -49,7 +50,10 @@ impl MemoryQuery {
             micro_batch: cfg.micro_batch_size,
             seq_len: cfg.seq_len,
             placement,
-            shape,
+            shape: PlanShape {
+                device_arena: cfg.device.is_cuda(),
+                ..shape
+            },
             tensor_parallel: cfg.tensor_parallel_size,
         }
     }

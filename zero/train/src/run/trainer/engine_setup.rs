@@ -30,10 +30,7 @@ pub(super) fn build_engine<B: Placement>(
         kept_inputs(&shared.model, b, t, placement)?,
     );
     engine_config.adam.validate()?;
-    let shape = zero::PlanShape {
-        device_arena: cfg.device.is_cuda(),
-        ..engine_config.plan_shape(comm.size(), comm.staging_rule())
-    };
+    let shape = engine_config.plan_shape(comm.size(), comm.staging_rule());
     let query = MemoryQuery::for_run(cfg, shared.model, placement, shape);
     if let (true, Device::Cuda(_)) = (cfg.offload_optimizer.is_on(), cfg.device) {
         // On a GPU the host arena is host memory of its own, outside any cap or GPU budget.
