@@ -114,8 +114,8 @@ pub struct EngineConfig {
     pub delayed_param_update: bool,
     /// Cap on the offloaded tiers' host memory in bytes, the optimizer's host arena, the
     /// gradients' own (beside the delayed update), the offloaded parameters' and the
-    /// parameter file's reads ahead together (`None`: exactly what the plan needs); a cap below the plan is refused at start-up with the bytes
-    /// needed.
+    /// parameter file's reads ahead together (`None`: exactly what the plan needs); a cap
+    /// below the plan is refused at start-up with the bytes needed.
     pub host_memory_limit: Option<u64>,
     /// How the programs' kept inputs (activation checkpointing) are stored: their length,
     /// and whether they live in pinned host memory (ZeRO-R's checkpoint offload).

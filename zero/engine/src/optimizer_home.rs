@@ -40,12 +40,12 @@ use super::kernels::{AdamWBuffers, AdamWStep, HostKernels, Kernels, Span};
 use super::optimizer_file::FileStates;
 use super::param_home::OffloadedParams;
 use super::planning::offload_plan::{piece_elems, FileLayout, OffloadPlan};
-use super::planning::plan::optimizer_host_config;
+use super::planning::plan::{host_backing, optimizer_host_config};
 use super::planning::policy::UnitPolicy;
 use super::precision::Store;
 use super::unit_buffers::{alloc_of, UnitBuffers};
 use std::path::Path;
-use zero_alloc::{Arena, ArenaConfig, Backing, Device, Handle};
+use zero_alloc::{Arena, ArenaConfig, Device, Handle};
 use zero_comm::{Communicator, DType, StagingRule};
 
 /// The host arena of offloaded optimizer states, and the kernels that compute on it; with
@@ -104,10 +104,7 @@ impl OffloadedOptimizer {
         } else {
             (None, None)
         };
-        let backing = match states_on {
-            Device::Cpu => Backing::Memory,
-            Device::Cuda(ordinal) => Backing::CudaRegistered(ordinal),
-        };
+        let backing = host_backing(states_on);
         let files = config.plan_shape(world, StagingRule::None).files();
         let config = ArenaConfig {
             backing,
@@ -470,10 +467,10 @@ fn host_parts(plan: &OffloadPlan, file: bool) -> String {
         false => format!("the optimizer states {} bytes", plan.states),
     };
     // The landing block counts with the gradients in their own arena, else it shares the
-    // staging's room (`OffloadPlan::optimizer_arena`).
-    let (grads, transient) = match plan.grads_apart {
-        true => (plan.grads_arena(), plan.staging),
-        false => (plan.grads, plan.staging.max(plan.landing)),
+    // staging's room (`OffloadPlan::transient`).
+    let grads = match plan.grads_apart {
+        true => plan.grads_arena(),
+        false => plan.grads,
     };
     let staging = match file {
         true => "the staging of one piece of the update and the file's two slots",
@@ -481,7 +478,7 @@ fn host_parts(plan: &OffloadPlan, file: bool) -> String {
     };
     let rest = [
         ("the gradients", grads),
-        (staging, transient),
+        (staging, plan.transient()),
         ("the delayed update's blocks", plan.delayed),
         ("the parameter shards", plan.params),
         ("the parameter file's reads ahead", plan.params_read_ahead),

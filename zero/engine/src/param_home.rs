@@ -33,12 +33,12 @@ use super::host_io::{stored_bytes, stored_values};
 use super::param_file::ParamFile;
 use super::param_read_ahead::ReadAhead;
 use super::planning::offload_plan::{piece_elems, OffloadPlan, ParamFileLayout};
-use super::planning::plan::{arena_config, read_ahead_arena_config};
+use super::planning::plan::{arena_config, host_backing, read_ahead_arena_config};
 use super::planning::policy::{UnitPolicy, ZeroStage};
 use super::trace::Lane;
 use std::ops::Range;
 use std::path::Path;
-use zero_alloc::{Arena, ArenaConfig, Backing, Device, Handle};
+use zero_alloc::{Arena, ArenaConfig, Device, Handle};
 
 /// The offloaded parameter shards' home: a host arena, or the file and its accounting
 /// mirror.
@@ -65,10 +65,7 @@ impl OffloadedParams {
         policies: &[UnitPolicy],
         ranks: (usize, usize),
     ) -> Result<Self> {
-        let backing = match states_on {
-            Device::Cpu => Backing::Memory,
-            Device::Cuda(ordinal) => Backing::CudaRegistered(ordinal),
-        };
+        let backing = host_backing(states_on);
         if !config.params_file {
             let capacity = usize::try_from(plan.params).unwrap_or(usize::MAX);
             let config = ArenaConfig {

@@ -63,14 +63,20 @@ impl OffloadPlan {
     /// (unless apart), and the update's staging or the landing block, whichever is larger
     /// (one is held during the step, the other during backward).
     pub fn optimizer_arena(&self) -> u64 {
-        let (grads, transient) = match self.grads_apart {
-            true => (0, self.staging),
-            false => (self.grads, self.staging.max(self.landing)),
-        };
+        let grads = if self.grads_apart { 0 } else { self.grads };
         self.states
             .saturating_add(grads)
-            .saturating_add(transient)
+            .saturating_add(self.transient())
             .saturating_add(self.delayed)
+    }
+
+    /// The optimizer's host arena's room for blocks held in turn: the update's staging (the
+    /// step) or, beside the gradients, the landing block (backward), whichever is larger.
+    pub fn transient(&self) -> u64 {
+        match self.grads_apart {
+            true => self.staging,
+            false => self.staging.max(self.landing),
+        }
     }
 
     /// The gradients' own host arena: their bytes and the landing block when apart, else 0.

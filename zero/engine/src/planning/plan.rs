@@ -18,7 +18,7 @@ use super::unit::UnitSpec;
 use crate::error::{Error, Result};
 use crate::precision::Precision;
 use zero_alloc::tier::TIER_ALIGN;
-use zero_alloc::ArenaConfig;
+use zero_alloc::{ArenaConfig, Backing, Device};
 use zero_comm::{ShardBuckets, StagingRule};
 
 /// The bytes one rank needs for a configuration.
@@ -143,6 +143,15 @@ pub(crate) fn optimizer_host_config(capacity: usize, files: bool) -> ArenaConfig
     match files {
         true => read_ahead_arena_config(capacity),
         false => arena_config(capacity, false),
+    }
+}
+
+/// The backing of a host arena beside a rank's arena on `device`: plain memory on the CPU,
+/// registered with the GPU's context on a GPU, so copies between the two go by DMA.
+pub(crate) fn host_backing(device: Device) -> Backing {
+    match device {
+        Device::Cpu => Backing::Memory,
+        Device::Cuda(ordinal) => Backing::CudaRegistered(ordinal),
     }
 }
 
